@@ -1,0 +1,1 @@
+//! stageb coordinator (skeleton)

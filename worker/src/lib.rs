@@ -1,0 +1,1 @@
+//! stageb worker (skeleton)
