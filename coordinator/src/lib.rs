@@ -1,1 +1,29 @@
-//! stageb coordinator (skeleton)
+//! `stageb-coordinator`: rank 0. Leases work to workers, validates what comes back, makes
+//! every decision deterministically, and is the only process that writes artifacts.
+//!
+//! # Layout
+//! - [`server`]: the gRPC service (thin: decode, call the scheduler, encode), auth, health.
+//! - [`scheduler`]: the lease table: queues, TTLs, fencing, re-leasing.
+//! - [`prompts`]: the rollout and reflection prompts built from guidance and summaries.
+//! - [`selection`], [`signals`]: one verdict per ticket by majority vote, then the
+//!   mission-scoped fail-first override.
+//! - [`eligibility`]: which tickets carry learnable signal (gradient candidates).
+//! - [`guidance`]: the per-run guidance repository (atomic, snapshotted, hash-chained).
+//! - [`ops`]: validation of reflection operations proposed by the model.
+//! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
+//! - [`metrics`]: accuracy windows and epoch rows, recomputable from selections.
+//! - [`artifacts`]: crash-safe JSONL appends and atomic whole-file writes.
+//! - [`run`]: the epoch loop tying it together.
+
+pub mod artifacts;
+pub mod eligibility;
+pub mod guidance;
+pub mod metrics;
+pub mod need_review;
+pub mod ops;
+pub mod prompts;
+pub mod run;
+pub mod scheduler;
+pub mod selection;
+pub mod server;
+pub mod signals;

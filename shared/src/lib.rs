@@ -12,6 +12,7 @@
 //! - [`contract`]: the strict two-line verdict parser (the rubric every candidate passes on
 //!   rank 0).
 //! - [`digest`]: canonical JSON and sha256 input digests.
+//! - [`reflection_schema`]: typed decision/ops pass outputs and their JSON schemas.
 //! - [`seed`]: stable candidate-seed derivation and the counter-based per-token random draw.
 //! - [`auth`]: the shared token (env or file) and its constant-time check.
 //! - [`telemetry`]: tracing setup (text or JSON logs).
@@ -23,6 +24,7 @@ pub mod digest;
 pub mod domain;
 pub mod error;
 pub mod ingest;
+pub mod reflection_schema;
 pub mod seed;
 pub mod telemetry;
 pub mod text;

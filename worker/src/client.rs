@@ -1,0 +1,1 @@
+//! The worker loop (placeholder until the runtime lands).

@@ -1,0 +1,102 @@
+//! Constrained decoding: which tokens may come next.
+//!
+//! The engine asks a [`TokenConstraint`] for the allowed set before every sampled token and
+//! tells it which token was chosen. Two constraints exist: the two-line verdict contract and
+//! JSON-schema mode for reflection outputs, both compiled by llguidance over a
+//! [`Vocabulary`] (every token id's exact bytes), so multi-byte characters split across
+//! tokens are handled at the byte level.
+
+use std::fmt;
+
+/// The set of token ids allowed at one step (a bitset over the vocabulary).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AllowedTokens {
+    words: Vec<u32>,
+    len: usize,
+}
+
+impl AllowedTokens {
+    pub fn none(len: usize) -> Self {
+        AllowedTokens { words: vec![0; len.div_ceil(32)], len }
+    }
+
+    pub fn all(len: usize) -> Self {
+        let mut a = Self::none(len);
+        for i in 0..len {
+            a.allow(i as u32);
+        }
+        a
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|w| *w == 0)
+    }
+
+    pub fn allow(&mut self, id: u32) {
+        let i = id as usize;
+        if i < self.len {
+            self.words[i / 32] |= 1 << (i % 32);
+        }
+    }
+
+    pub fn is_allowed(&self, id: u32) -> bool {
+        let i = id as usize;
+        i < self.len && self.words[i / 32] & (1 << (i % 32)) != 0
+    }
+
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn from_words(words: Vec<u32>, len: usize) -> Self {
+        AllowedTokens { words, len }
+    }
+}
+
+impl fmt::Debug for AllowedTokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AllowedTokens({} of {})", self.count(), self.len)
+    }
+}
+
+/// What to constrain a generation to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstraintSpec {
+    /// `Verdict: 通过|不通过` `\n` `Reason: <one line, no third-state word>` then end.
+    Contract {
+        /// Cap on the reason's length in characters.
+        max_reason_chars: usize,
+    },
+    /// A JSON value matching this schema, then end.
+    JsonSchema(serde_json::Value),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintError {
+    #[error("constraint grammar could not be built: {0}")]
+    Build(String),
+    #[error("token {token} rejected by the constraint: {detail}")]
+    Rejected { token: u32, detail: String },
+    #[error("constraint error: {0}")]
+    Internal(String),
+}
+
+/// The per-sequence state of a constraint.
+pub trait TokenConstraint: Send {
+    /// Tokens allowed next. When the constraint is complete this contains only end-of-sequence
+    /// ids (or is empty once stopped).
+    fn allowed(&mut self) -> Result<AllowedTokens, ConstraintError>;
+    /// Advance by the chosen token.
+    fn consume(&mut self, token: u32) -> Result<(), ConstraintError>;
+    /// Tokens the grammar forces next regardless of the model (may be empty); consuming them
+    /// without sampling is an optimization, never a change of the language.
+    fn forced(&mut self) -> Vec<u32>;
+    /// True once the output is complete: the engine stops (after EOS, or without it).
+    fn is_finished(&self) -> bool;
+    /// An independent copy in the same state (one per candidate after a shared prefix).
+    fn fork(&self) -> Box<dyn TokenConstraint>;
+}

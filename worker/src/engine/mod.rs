@@ -1,0 +1,146 @@
+//! The inference engine interface every job runs through.
+//!
+//! A worker holds one [`Engine`]. Rollout jobs sample several candidates of one ticket that
+//! share the prompt (prefilled once, decoded together); generate jobs produce one text, usually
+//! in JSON-schema mode for reflection. Everything random is derived from the seeds in the
+//! request, so results never depend on which worker ran the job or what else it was doing.
+
+use stageb_shared::domain::ChatMessage;
+
+/// How one group of candidates is decoded (one `sampler.grid` entry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeRequest {
+    pub decode_index: u32,
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub repetition_penalty: f32,
+    pub max_new_tokens: u32,
+    /// One seed per sample; sample `i` uses `seeds[i]`.
+    pub seeds: Vec<u64>,
+}
+
+/// Sample candidate verdicts for one ticket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutRequest {
+    pub messages: Vec<ChatMessage>,
+    pub decodes: Vec<DecodeRequest>,
+    /// Constrain every candidate to the two-line contract.
+    pub constrained: bool,
+}
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model (or the constraint) ended the sequence.
+    Stop,
+    /// `max_new_tokens` was reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateOutput {
+    pub decode_index: u32,
+    pub sample_index: u32,
+    pub seed: u64,
+    /// The decoded text, exactly as generated (special tokens excluded, never normalized).
+    pub text: String,
+    pub completion_tokens: u32,
+    pub finish: FinishReason,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutOutput {
+    /// In request order: decode by decode, sample by sample.
+    pub candidates: Vec<CandidateOutput>,
+    pub prompt_tokens: u32,
+    pub prefill_us: u64,
+    pub decode_us: u64,
+}
+
+/// One free generation (reflection passes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub messages: Vec<ChatMessage>,
+    /// Constrain the output to this JSON schema.
+    pub json_schema: Option<serde_json::Value>,
+    pub seed: u64,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub repetition_penalty: f32,
+    pub max_new_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOutput {
+    pub text: String,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub finish: FinishReason,
+    pub latency_us: u64,
+}
+
+/// Identity of the model a worker runs: results are only comparable under the same one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModelFingerprint {
+    /// sha256 over the weight files (in a fixed order).
+    pub weights_sha256: String,
+    pub candle_version: String,
+    pub dtype: String,
+    /// Device kind (`cpu`, `cuda`): the ordinal does not change results.
+    pub device: String,
+    pub architecture: String,
+}
+
+impl ModelFingerprint {
+    /// The single string compared at Register and stored with every result.
+    pub fn id(&self) -> String {
+        format!(
+            "{}|candle-{}|{}|{}",
+            self.weights_sha256, self.candle_version, self.dtype, self.device
+        )
+    }
+}
+
+/// Stable error codes a worker reports for a job it could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The prompt does not fit the model's context (never truncated).
+    #[error("prompt of {tokens} tokens exceeds the context limit of {limit}")]
+    PromptTooLong { tokens: usize, limit: usize },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("model error: {0}")]
+    Model(String),
+    #[error("constraint error: {0}")]
+    Constraint(#[from] crate::constraint::ConstraintError),
+}
+
+impl EngineError {
+    /// The stable code sent to rank 0 in `JobError.code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            EngineError::PromptTooLong { .. } => "PROMPT_TOO_LONG",
+            EngineError::InvalidRequest(_) => "INVALID_REQUEST",
+            EngineError::Model(_) => "ENGINE_ERROR",
+            EngineError::Constraint(_) => "CONSTRAINT_ERROR",
+        }
+    }
+}
+
+/// A model that runs stageb jobs. Synchronous and CPU/GPU-bound: callers run it on a blocking
+/// thread.
+pub trait Engine: Send {
+    fn fingerprint(&self) -> &ModelFingerprint;
+    fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError>;
+    fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError>;
+}
