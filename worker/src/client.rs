@@ -1,1 +1,325 @@
-//! The worker loop (placeholder until the runtime lands).
+//! The worker loop: register with rank 0, pull jobs, run them on the engine, hand results
+//! back, and keep leases alive with heartbeats.
+//!
+//! The worker owns no state that matters: everything it needs arrives in a lease and
+//! everything it returns is validated by rank 0. If the coordinator forgets the session (it
+//! restarted, or this worker was paused past its lease TTL), the worker registers again and
+//! carries on; its old leases were re-leased elsewhere and their late results are fenced.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stageb_shared::auth::{AUTH_HEADER, AuthToken};
+use stageb_shared::domain::ChatMessage;
+use stageb_shared::pb;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::engine::{DecodeRequest, Engine, GenerateRequest, RolloutRequest};
+
+/// How a worker reaches its coordinator.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// `host:port` or `http://host:port`.
+    pub coordinator: String,
+    pub token: Option<AuthToken>,
+    /// Human-readable name for logs (`host:pid:rank`).
+    pub name: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// Run id to join; empty joins whatever run the coordinator serves.
+    pub run_id: String,
+    /// How long to keep trying to reach the coordinator before giving up.
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("invalid coordinator address `{0}`")]
+    BadAddress(String),
+    #[error("cannot reach the coordinator at {addr} after {waited:?}: {last}")]
+    Unreachable { addr: String, waited: Duration, last: String },
+    #[error("the coordinator refused this worker: {0}")]
+    Refused(String),
+}
+
+/// What a worker did, for its exit log.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WorkerSummary {
+    pub jobs_done: u64,
+    pub jobs_failed: u64,
+    pub registrations: u64,
+}
+
+#[derive(Clone)]
+struct BearerInterceptor(Option<String>);
+
+impl tonic::service::Interceptor for BearerInterceptor {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            let value = v.parse().map_err(|_| Status::internal("token is not a valid header value"))?;
+            request.metadata_mut().insert(AUTH_HEADER, value);
+        }
+        Ok(request)
+    }
+}
+
+type Client = pb::coordinator_client::CoordinatorClient<
+    tonic::service::interceptor::InterceptedService<Channel, BearerInterceptor>,
+>;
+
+fn endpoint_url(addr: &str) -> String {
+    if addr.starts_with("http://") || addr.starts_with("https://") { addr.to_string() } else { format!("http://{addr}") }
+}
+
+async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
+    let url = endpoint_url(&opts.coordinator);
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|_| WorkerError::BadAddress(opts.coordinator.clone()))?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let start = Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => {
+                let interceptor = BearerInterceptor(opts.token.as_ref().map(AuthToken::bearer));
+                return Ok(pb::coordinator_client::CoordinatorClient::with_interceptor(channel, interceptor)
+                    .max_decoding_message_size(8 * 1024 * 1024)
+                    .max_encoding_message_size(8 * 1024 * 1024));
+            }
+            Err(e) => {
+                if start.elapsed() >= opts.connect_timeout {
+                    return Err(WorkerError::Unreachable {
+                        addr: opts.coordinator.clone(),
+                        waited: start.elapsed(),
+                        last: e.to_string(),
+                    });
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+struct Session {
+    id: String,
+    worker_id: String,
+    heartbeat: Duration,
+}
+
+async fn register(client: &mut Client, opts: &WorkerOptions, fingerprint: &str) -> Result<Session, Status> {
+    let resp = client
+        .register(pb::RegisterRequest {
+            run_id: opts.run_id.clone(),
+            worker: Some(pb::WorkerInfo {
+                name: opts.name.clone(),
+                device: opts.device.clone(),
+                model_fingerprint: fingerprint.to_string(),
+                capacity: 1,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        })
+        .await?
+        .into_inner();
+    Ok(Session {
+        id: resp.session,
+        worker_id: resp.worker_id,
+        heartbeat: Duration::from_millis(resp.heartbeat_interval_ms.max(100) as u64),
+    })
+}
+
+fn messages(ms: Vec<pb::ChatMessage>) -> Vec<ChatMessage> {
+    ms.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect()
+}
+
+/// Run one job on the engine (on a blocking thread) and encode its result.
+async fn run_job<E: Engine + 'static>(engine: &Arc<Mutex<E>>, kind: pb::job::Kind) -> pb::submit_request::Result {
+    let engine = engine.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+        match kind {
+            pb::job::Kind::Rollout(job) => {
+                let request = RolloutRequest {
+                    messages: messages(job.messages),
+                    decodes: job
+                        .decodes
+                        .into_iter()
+                        .map(|d| DecodeRequest {
+                            decode_index: d.decode_index,
+                            temperature: d.temperature,
+                            top_p: d.top_p,
+                            repetition_penalty: d.repetition_penalty,
+                            max_new_tokens: d.max_new_tokens,
+                            seeds: d.seeds,
+                        })
+                        .collect(),
+                    constrained: job.constrained,
+                };
+                match engine.rollout(&request) {
+                    Ok(out) => pb::submit_request::Result::Rollout(pb::RolloutResult {
+                        candidates: out
+                            .candidates
+                            .into_iter()
+                            .map(|c| pb::Candidate {
+                                decode_index: c.decode_index,
+                                sample_index: c.sample_index,
+                                seed: c.seed,
+                                text: c.text,
+                                completion_tokens: c.completion_tokens,
+                                finish_reason: c.finish.as_str().to_string(),
+                            })
+                            .collect(),
+                        prompt_tokens: out.prompt_tokens,
+                        prefill_us: out.prefill_us,
+                        decode_us: out.decode_us,
+                    }),
+                    Err(e) => pb::submit_request::Result::Error(pb::JobError { code: e.code().into(), message: e.to_string() }),
+                }
+            }
+            pb::job::Kind::Generate(job) => {
+                let json_schema = if job.json_schema.is_empty() {
+                    None
+                } else {
+                    match serde_json::from_str(&job.json_schema) {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            return pb::submit_request::Result::Error(pb::JobError {
+                                code: "INVALID_REQUEST".into(),
+                                message: format!("json_schema is not JSON: {e}"),
+                            });
+                        }
+                    }
+                };
+                let request = GenerateRequest {
+                    messages: messages(job.messages),
+                    json_schema,
+                    seed: job.seed,
+                    temperature: job.temperature,
+                    top_p: job.top_p,
+                    repetition_penalty: job.repetition_penalty,
+                    max_new_tokens: job.max_new_tokens,
+                };
+                match engine.generate(&request) {
+                    Ok(out) => pb::submit_request::Result::Generate(pb::GenerateResult {
+                        text: out.text,
+                        prompt_tokens: out.prompt_tokens,
+                        completion_tokens: out.completion_tokens,
+                        finish_reason: out.finish.as_str().to_string(),
+                        latency_us: out.latency_us,
+                    }),
+                    Err(e) => pb::submit_request::Result::Error(pb::JobError { code: e.code().into(), message: e.to_string() }),
+                }
+            }
+        }
+    })
+    .await;
+    joined.unwrap_or_else(|e| {
+        pb::submit_request::Result::Error(pb::JobError { code: "ENGINE_ERROR".into(), message: format!("engine panicked: {e}") })
+    })
+}
+
+/// Pull and run jobs until the coordinator says stop, `shutdown` resolves, or the coordinator
+/// stays unreachable past `connect_timeout`.
+pub async fn run_worker<E: Engine + 'static>(
+    engine: E,
+    opts: WorkerOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, WorkerError> {
+    let fingerprint = engine.fingerprint().id();
+    let engine = Arc::new(Mutex::new(engine));
+    let mut summary = WorkerSummary::default();
+    tokio::pin!(shutdown);
+    'connection: loop {
+        let mut client = tokio::select! {
+            c = connect(&opts) => c?,
+            _ = &mut shutdown => return Ok(summary),
+        };
+        let session = match register(&mut client, &opts, &fingerprint).await {
+            Ok(s) => s,
+            Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue 'connection;
+            }
+            Err(status) => return Err(WorkerError::Refused(status.message().to_string())),
+        };
+        summary.registrations += 1;
+        tracing::info!(worker_id = %session.worker_id, "registered with the coordinator");
+
+        // Heartbeats run beside the job loop and report the leases currently held.
+        let held: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+        let heartbeat = {
+            let mut client = client.clone();
+            let held = held.clone();
+            let session_id = session.id.clone();
+            let every = session.heartbeat;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                let mut done = 0u64;
+                loop {
+                    tick.tick().await;
+                    let lease_ids: Vec<u64> = held.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
+                    done += 1;
+                    let _ = client
+                        .heartbeat(pb::HeartbeatRequest { session: session_id.clone(), lease_ids, jobs_done: done })
+                        .await;
+                }
+            })
+        };
+
+        let outcome: Result<bool, ()> = loop {
+            let lease = pb::LeaseRequest { session: session.id.clone(), max_jobs: 1, wait_ms: 5_000 };
+            let response = tokio::select! {
+                r = client.lease(lease) => r,
+                _ = &mut shutdown => break Ok(true),
+            };
+            let response = match response {
+                Ok(r) => r.into_inner(),
+                Err(status) if status.code() == Code::Unauthenticated => break Err(()),
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), "lease failed: {}", status.message());
+                    break Err(());
+                }
+            };
+            let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
+            if response.jobs.is_empty() {
+                if control != pb::Control::Continue {
+                    break Ok(true);
+                }
+                continue;
+            }
+            for job in response.jobs {
+                let Some(kind) = job.kind else { continue };
+                held.lock().unwrap_or_else(|e| e.into_inner()).insert(job.lease_id);
+                let result = run_job(&engine, kind).await;
+                let failed = matches!(result, pb::submit_request::Result::Error(_));
+                let submit = pb::SubmitRequest { session: session.id.clone(), lease_id: job.lease_id, result: Some(result) };
+                let answer = client.submit(submit).await;
+                held.lock().unwrap_or_else(|e| e.into_inner()).remove(&job.lease_id);
+                match answer {
+                    Ok(r) => {
+                        let status = pb::SubmitStatus::try_from(r.into_inner().status).unwrap_or(pb::SubmitStatus::Unspecified);
+                        if status == pb::SubmitStatus::Fenced {
+                            tracing::warn!(lease = job.lease_id, "result fenced: the lease had expired");
+                        }
+                        if failed { summary.jobs_failed += 1 } else { summary.jobs_done += 1 }
+                    }
+                    Err(status) => tracing::warn!(lease = job.lease_id, "submit failed: {}", status.message()),
+                }
+            }
+        };
+        heartbeat.abort();
+        match outcome {
+            Ok(_) => return Ok(summary),
+            Err(()) => {
+                tracing::info!("session lost; reconnecting");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue 'connection;
+            }
+        }
+    }
+}
