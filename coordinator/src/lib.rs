@@ -12,6 +12,7 @@
 //! - [`ops`]: validation of reflection operations proposed by the model.
 //! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
 //! - [`metrics`]: accuracy windows and epoch rows, recomputable from selections.
+//! - [`reflection`]: the two-pass reflection driver (decision → need-review, ops → guidance).
 //! - [`artifacts`]: crash-safe JSONL appends and atomic whole-file writes.
 //! - [`run`]: the epoch loop tying it together.
 
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod need_review;
 pub mod ops;
 pub mod prompts;
+pub mod reflection;
 pub mod run;
 pub mod scheduler;
 pub mod selection;

@@ -1,1 +1,646 @@
-//! (in progress)
+//! The epoch loop on rank 0: schedule each step's rollouts, turn results into decisions in a
+//! fixed order, write every artifact, and hand gradient candidates to reflection at step
+//! boundaries.
+//!
+//! # Determinism
+//! Each epoch's ticket order is a seeded shuffle; steps are fixed-size slices of it
+//! ([`step_size`]: defined by ticket count, never by how many workers exist). All rollouts of a
+//! step use the guidance version current when the step starts. Workers finish in any order,
+//! but results are processed and written in step order, and every candidate's seed is derived
+//! from `(run seed, epoch, ticket key, decode index, sample index)`. Rows therefore come out
+//! byte-identical with 1 or N workers; only the `runtime` object (which worker, which lease,
+//! how long) differs, and it is the one thing determinism checks drop.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+use stageb_shared::SCHEMA_VERSION;
+use stageb_shared::config::{ConfigNotice, RunConfig};
+use stageb_shared::contract::{self, ContractViolation};
+use stageb_shared::digest;
+use stageb_shared::domain::{Ticket, Verdict};
+use stageb_shared::ingest::Ingested;
+use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
+use tokio::sync::mpsc;
+
+use crate::artifacts::{JsonlWriter, write_json_atomic};
+use crate::eligibility::{self, Eligibility};
+use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
+use crate::metrics;
+use crate::prompts;
+use crate::reflection::{GradientRecord, Reflector, ReflectionError};
+use crate::scheduler::{Completion, DecodeJob, JobFailure, JobId, JobOutput, JobPayload, Provenance, Scheduler};
+use crate::selection::{self, Selection, VoteCandidate};
+use crate::signals;
+
+/// Ranks of the reference deployment (one 8-GPU node). A step is
+/// `per_rank_rollout_batch_size × REFERENCE_RANKS` tickets whatever the actual number of
+/// workers, so a run's decisions never depend on how many workers served it.
+pub const REFERENCE_RANKS: u32 = 8;
+
+/// Tickets per step for a config.
+pub fn step_size(config: &RunConfig) -> usize {
+    (config.runner.per_rank_rollout_batch_size.max(1) * REFERENCE_RANKS) as usize
+}
+
+/// Artifact file names inside `{output.root}/{run_name}/{mission}/`.
+pub mod files {
+    pub const MANIFEST: &str = "manifest.json";
+    pub const TRAJECTORIES: &str = "trajectories.jsonl";
+    pub const SELECTIONS: &str = "selections.jsonl";
+    pub const METRICS: &str = "metrics.jsonl";
+    pub const FAILURE_MALFORMED: &str = "failure_malformed.jsonl";
+    pub const NEED_REVIEW_QUEUE: &str = "need_review_queue.jsonl";
+    pub const NEED_REVIEW: &str = "need_review.json";
+    pub const REFLECTION: &str = "reflection.jsonl";
+    pub const SUMMARY: &str = "summary.json";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot write artifacts under {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Guidance(#[from] GuidanceError),
+    #[error("the mission name `{0}` cannot be used as a directory name")]
+    BadMission(String),
+    #[error("no worker has been alive for {0:?}; giving up")]
+    NoWorkers(Duration),
+    #[error("the scheduler stopped delivering results")]
+    SchedulerClosed,
+    #[error(transparent)]
+    Reflection(#[from] ReflectionError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunError + '_ {
+    move |source| RunError::Io { path: path.to_path_buf(), source }
+}
+
+/// `{output.root}/{run_name}/{mission}/`, refusing names that would escape the root.
+pub fn run_dir(config: &RunConfig, mission: &str) -> Result<PathBuf, RunError> {
+    let bad = |s: &str| s.is_empty() || s == "." || s == ".." || s.contains('/') || s.contains('\\') || s.contains('\0');
+    if bad(mission) {
+        return Err(RunError::BadMission(mission.to_string()));
+    }
+    if bad(&config.output.run_name) {
+        return Err(RunError::BadMission(config.output.run_name.clone()));
+    }
+    Ok(config.output.root.join(&config.output.run_name).join(mission))
+}
+
+/// Everything the loop needs, prepared by the caller.
+pub struct RunInputs {
+    /// With paths resolved.
+    pub config: RunConfig,
+    pub config_path: PathBuf,
+    pub config_sha256: String,
+    pub notices: Vec<ConfigNotice>,
+    pub ingested: Ingested,
+    /// Shown in the manifest (`embedded` or `cluster`).
+    pub mode: String,
+}
+
+/// Live view for the progress display.
+#[derive(Debug, Clone, Default)]
+pub struct ProgressSnapshot {
+    pub epoch: u32,
+    pub epochs: u32,
+    pub done: u64,
+    pub total: u64,
+    pub candidates: u64,
+    pub live_workers: usize,
+}
+
+/// Shared with the progress reporter.
+pub type ProgressHandle = Arc<Mutex<ProgressSnapshot>>;
+
+/// What a run produced, also written as `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub schema_version: u32,
+    pub mission: String,
+    pub run_dir: PathBuf,
+    pub tickets: usize,
+    pub epochs: u32,
+    pub candidates: u64,
+    pub malformed_candidates: u64,
+    pub hard_failures: u64,
+    pub epoch_accuracy: Vec<serde_json::Value>,
+    pub guidance_step: u64,
+    pub guidance_hash: String,
+    pub need_review: usize,
+    pub reflection_cycles: u64,
+    pub runtime: serde_json::Value,
+}
+
+struct Writers {
+    trajectories: JsonlWriter,
+    selections: JsonlWriter,
+    metrics: JsonlWriter,
+    failures: JsonlWriter,
+}
+
+impl Writers {
+    fn create(dir: &Path) -> Result<Self, RunError> {
+        let open = |name: &str| {
+            let p = dir.join(name);
+            JsonlWriter::create(&p).map_err(|source| RunError::Io { path: p, source })
+        };
+        Ok(Writers {
+            trajectories: open(files::TRAJECTORIES)?,
+            selections: open(files::SELECTIONS)?,
+            metrics: open(files::METRICS)?,
+            failures: open(files::FAILURE_MALFORMED)?,
+        })
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.trajectories.sync()?;
+        self.selections.sync()?;
+        self.metrics.sync()?;
+        self.failures.sync()
+    }
+}
+
+/// Where a row was produced: excluded from determinism comparisons.
+fn runtime_json(p: Option<&Provenance>, extra: serde_json::Value) -> serde_json::Value {
+    let mut v = match p {
+        Some(p) => json!({"worker_id": p.worker_id, "lease_id": p.lease_id, "attempt": p.attempt}),
+        None => json!({}),
+    };
+    if let (Some(obj), Some(more)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, val) in more {
+            obj.insert(k.clone(), val.clone());
+        }
+    }
+    v
+}
+
+fn now_iso() -> String {
+    crate::guidance::utc_now_iso()
+}
+
+/// One ticket's rollout outcome as decided on rank 0.
+pub struct TicketOutcome {
+    pub ticket_index: usize,
+    pub selection: Selection,
+    pub eligibility: Eligibility,
+    pub candidates: Vec<VoteCandidate>,
+    /// Raw candidate texts by candidate index (for reflection cases).
+    pub raw_texts: Vec<String>,
+}
+
+/// The rank-0 run loop.
+pub struct RunLoop {
+    inputs: RunInputs,
+    dir: PathBuf,
+    scheduler: Arc<Scheduler>,
+    completions: mpsc::UnboundedReceiver<Completion>,
+    fingerprint: Arc<Mutex<Option<String>>>,
+    progress: ProgressHandle,
+    guidance: GuidanceRepo,
+    reflector: Reflector,
+    writers: Writers,
+    worker_grace: Duration,
+    global_step: u64,
+    candidates_seen: u64,
+    malformed: u64,
+    hard_failures: u64,
+}
+
+impl RunLoop {
+    /// Prepare the run directory (fresh per-run artifacts; guidance reused only when
+    /// `guidance.reset_on_rerun` is false and a previous run left one) and the writers.
+    pub fn prepare(
+        inputs: RunInputs,
+        scheduler: Arc<Scheduler>,
+        completions: mpsc::UnboundedReceiver<Completion>,
+        fingerprint: Arc<Mutex<Option<String>>>,
+        progress: ProgressHandle,
+    ) -> Result<Self, RunError> {
+        let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let options = RepoOptions { retention: inputs.config.guidance.retention.max(1) as usize, ..RepoOptions::default() };
+        let mission = inputs.ingested.mission.clone();
+        let reuse = !inputs.config.guidance.reset_on_rerun && dir.join(crate::guidance::GUIDANCE_FILE).exists();
+        let guidance = if reuse {
+            tracing::info!("reusing the guidance left by the previous run (guidance.reset_on_rerun is false)");
+            GuidanceRepo::open(&dir, &mission, options)?
+        } else {
+            GuidanceRepo::create(&inputs.config.guidance.path, &mission, &dir, options)?
+        };
+        let writers = Writers::create(&dir)?;
+        let reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        Ok(RunLoop {
+            dir,
+            scheduler,
+            completions,
+            fingerprint,
+            progress,
+            guidance,
+            reflector,
+            writers,
+            worker_grace: Duration::from_secs(600),
+            global_step: 0,
+            candidates_seen: 0,
+            malformed: 0,
+            hard_failures: 0,
+            inputs,
+        })
+        .map(|mut r| {
+            r.reflector.set_guidance_reused(reuse);
+            r
+        })
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How long to wait without any live worker before giving up.
+    pub fn with_worker_grace(mut self, grace: Duration) -> Self {
+        self.worker_grace = grace;
+        self
+    }
+
+    fn write_manifest(&self, started_at: &str, finished_at: Option<&str>) -> Result<(), RunError> {
+        let cfg = &self.inputs.config;
+        let fingerprint = self.fingerprint.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let manifest = json!({
+            "schema_version": SCHEMA_VERSION,
+            "stageb_version": env!("CARGO_PKG_VERSION"),
+            "mission": self.inputs.ingested.mission,
+            "mode": self.inputs.mode,
+            "config_path": self.inputs.config_path,
+            "config_sha256": self.inputs.config_sha256,
+            "config": cfg,
+            "config_notices": self.inputs.notices,
+            "input_digests": self.inputs.ingested.input_digests,
+            "tickets_digest": digest::digest_of(&self.inputs.ingested.tickets),
+            "tickets": self.inputs.ingested.tickets.len(),
+            "model": {"path": cfg.model.model_name_or_path, "fingerprint": fingerprint},
+            "seeds": {"run_seed": cfg.seed, "candidate_seed": "sha256(stageb/candidate-seed/v1, run seed, epoch, ticket key, decode index, sample index)"},
+            "schedule": {"step_size": step_size(cfg), "reference_ranks": REFERENCE_RANKS, "epochs": cfg.runner.epochs},
+            "guidance": {
+                "source": cfg.guidance.path,
+                "reused_from_previous_run": self.reflector.guidance_reused(),
+                "initial_hash": self.guidance.versions().first().map(|v| v.version_hash.clone()),
+            },
+            "world_size": self.scheduler.live_workers(),
+            "runtime": {"started_at": started_at, "finished_at": finished_at},
+        });
+        let path = self.dir.join(files::MANIFEST);
+        write_json_atomic(&path, &manifest).map_err(io_err(&path))
+    }
+
+    /// Run every epoch. Returns the summary (also written as `summary.json`).
+    pub async fn run(mut self) -> Result<RunSummary, RunError> {
+        let started = Instant::now();
+        let started_at = now_iso();
+        self.write_manifest(&started_at, None)?;
+        let cfg = self.inputs.config.clone();
+        let tickets = self.inputs.ingested.tickets.clone();
+        let total = tickets.len() as u64 * cfg.runner.epochs as u64;
+        {
+            let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            p.total = total;
+            p.epochs = cfg.runner.epochs;
+        }
+        let mut epoch_rows = Vec::new();
+        for epoch in 1..=cfg.runner.epochs {
+            let row = self.run_epoch(epoch, &tickets, &cfg).await?;
+            epoch_rows.push(row);
+        }
+        self.reflector.finish_run()?;
+        let finished_at = now_iso();
+        self.write_manifest(&started_at, Some(&finished_at))?;
+        let summary = RunSummary {
+            schema_version: SCHEMA_VERSION,
+            mission: self.inputs.ingested.mission.clone(),
+            run_dir: self.dir.clone(),
+            tickets: tickets.len(),
+            epochs: cfg.runner.epochs,
+            candidates: self.candidates_seen,
+            malformed_candidates: self.malformed,
+            hard_failures: self.hard_failures,
+            epoch_accuracy: epoch_rows,
+            guidance_step: self.guidance.step(),
+            guidance_hash: self.guidance.head_hash().to_string(),
+            need_review: self.reflector.need_review_count(),
+            reflection_cycles: self.reflector.cycles(),
+            runtime: json!({
+                "started_at": started_at,
+                "finished_at": finished_at,
+                "elapsed_seconds": started.elapsed().as_secs_f64(),
+                "scheduler": self.scheduler.stats(),
+            }),
+        };
+        let path = self.dir.join(files::SUMMARY);
+        write_json_atomic(&path, &summary).map_err(io_err(&path))?;
+        Ok(summary)
+    }
+
+    async fn run_epoch(&mut self, epoch: u32, tickets: &[Ticket], cfg: &RunConfig) -> Result<serde_json::Value, RunError> {
+        let order = shuffled_indices(tickets.len(), derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]));
+        let epoch_start = Instant::now();
+        let mut window = metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64);
+        self.reflector.start_epoch(epoch);
+        let mut epoch_step = 0u64;
+        for step in order.chunks(step_size(cfg)) {
+            self.global_step += 1;
+            let guidance_lines = self.guidance.render_for_prompt();
+            let guidance_step = self.guidance.step();
+            let g0 = self.guidance.current().g0().to_string();
+            let mut jobs: Vec<(JobId, usize)> = Vec::with_capacity(step.len());
+            for &ti in step {
+                let t = &tickets[ti];
+                jobs.push((self.scheduler.enqueue(rollout_payload(cfg, epoch, t, &guidance_lines)), ti));
+            }
+            let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
+            let mut done = self.await_jobs(&ids).await?;
+            for (job, ti) in jobs {
+                let completion = done.remove(&job).expect("await_jobs returns every requested job");
+                epoch_step += 1;
+                let outcome = self.decide_ticket(epoch, epoch_step, guidance_step, &g0, &tickets[ti], ti, completion, cfg)?;
+                let t = &tickets[ti];
+                window.push(metrics::Outcome {
+                    ticket_key: t.key(),
+                    gt: t.label,
+                    verdict: outcome.selection.verdict,
+                    in_manual_review: outcome.selection.verdict.is_none(),
+                });
+                if outcome.eligibility.eligible {
+                    self.reflector.add_candidate(GradientRecord::from_outcome(t, &outcome, epoch));
+                } else if outcome.selection.verdict.is_some() {
+                    self.reflector.add_stable(outcome.selection.label_match);
+                }
+                if let Some(row) = window.window_row_if_due(self.global_step, epoch_start.elapsed()) {
+                    self.writers.metrics.append(&row).map_err(io_err(&self.dir))?;
+                }
+                let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+                p.epoch = epoch;
+                p.done += 1;
+                p.candidates = self.candidates_seen;
+                p.live_workers = self.scheduler.live_workers();
+            }
+            // Step boundary: make the step durable before guidance may change.
+            self.writers.sync().map_err(io_err(&self.dir))?;
+            self.reflector
+                .on_step_end(epoch, self.global_step, &mut self.guidance, &self.scheduler, &mut self.completions, false)
+                .await?;
+        }
+        // Epoch end: drain reflection (including retries), then close the epoch's metrics.
+        self.reflector
+            .on_step_end(epoch, self.global_step, &mut self.guidance, &self.scheduler, &mut self.completions, true)
+            .await?;
+        let routed = self.reflector.need_review_keys(epoch);
+        window.mark_need_review(&routed);
+        if let Some(row) = window.partial_row(self.global_step, epoch_start.elapsed()) {
+            self.writers.metrics.append(&row).map_err(io_err(&self.dir))?;
+        }
+        let epoch_row = window.epoch_row(self.global_step);
+        self.writers.metrics.append(&epoch_row).map_err(io_err(&self.dir))?;
+        self.writers.sync().map_err(io_err(&self.dir))?;
+        self.reflector.end_epoch(epoch, &mut self.guidance)?;
+        Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
+    }
+
+    /// Wait until every job in `ids` completed, failing if workers vanish for too long.
+    async fn await_jobs(&mut self, ids: &[JobId]) -> Result<HashMap<JobId, Completion>, RunError> {
+        await_completions(&self.scheduler, &mut self.completions, ids, self.worker_grace).await
+    }
+
+    /// Parse, vote, override and write one ticket's rows. Pure decisions come from
+    /// `selection`, `signals` and `eligibility`; this function only orders and records them.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_ticket(
+        &mut self,
+        epoch: u32,
+        epoch_step: u64,
+        guidance_step: u64,
+        g0: &str,
+        ticket: &Ticket,
+        ticket_index: usize,
+        completion: Completion,
+        cfg: &RunConfig,
+    ) -> Result<TicketOutcome, RunError> {
+        let key = ticket.key();
+        let spd = cfg.sampler.samples_per_decode;
+        let provenance = completion.provenance.clone();
+        let mut timing = json!({});
+        let mut job_error: Option<JobFailure> = None;
+        let mut texts: BTreeMap<(u32, u32), (String, u32, String)> = BTreeMap::new();
+        match completion.result {
+            Ok(JobOutput::Rollout { candidates, prompt_tokens, prefill_us, decode_us }) => {
+                timing = json!({"prompt_tokens": prompt_tokens, "prefill_us": prefill_us, "decode_us": decode_us});
+                for c in candidates {
+                    texts.insert((c.decode_index, c.sample_index), (c.text, c.completion_tokens, c.finish_reason));
+                }
+            }
+            Ok(JobOutput::Generate { .. }) => {
+                job_error = Some(JobFailure { code: "WRONG_RESULT_KIND".into(), message: "a rollout returned a generation".into() })
+            }
+            Err(f) => job_error = Some(f),
+        }
+
+        // Candidates in grid order: candidate_index = decode_index × samples_per_decode + sample.
+        let mut vote = Vec::new();
+        let mut raw_texts = Vec::new();
+        let mut rows = Vec::new();
+        for (d, spec) in cfg.sampler.decode_specs().iter().enumerate() {
+            for s in 0..spd {
+                let candidate_index = d as u32 * spd + s;
+                let Some((text, completion_tokens, finish)) = texts.remove(&(d as u32, s)) else { continue };
+                let parsed = contract::parse(&text);
+                let (verdict, reason, violation): (Option<Verdict>, String, Option<ContractViolation>) = match parsed {
+                    Ok(ok) => (Some(ok.verdict), ok.reason, None),
+                    Err(v) => (None, String::new(), Some(v)),
+                };
+                self.candidates_seen += 1;
+                if let Some(v) = &violation {
+                    self.malformed += 1;
+                    tracing::warn!(ticket = %key, candidate_index, code = v.code.code(), "malformed candidate dropped from the vote");
+                    let row = json!({
+                        "schema_version": SCHEMA_VERSION,
+                        "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
+                        "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
+                        "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
+                        "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": text, "error": null,
+                    });
+                    self.writers.failures.append(&row).map_err(io_err(&self.dir))?;
+                }
+                let seed = candidate_seed(cfg.seed, epoch, key.as_str(), d as u32, s);
+                rows.push(json!({
+                    "schema_version": SCHEMA_VERSION,
+                    "group_id": ticket.group_id,
+                    "mission": ticket.mission,
+                    "ticket_key": key,
+                    "gt_label": ticket.label,
+                    "epoch": epoch,
+                    "global_step": self.global_step,
+                    "guidance_step": guidance_step,
+                    "reflection_cycle": self.reflector.cycles(),
+                    "result": {
+                        "candidate_index": candidate_index,
+                        "decode_index": d,
+                        "sample_index": s,
+                        "decode": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
+                                   "repetition_penalty": spec.repetition_penalty, "seed": seed},
+                        "text": text,
+                        "verdict": verdict,
+                        "reason": reason,
+                        "format_ok": violation.is_none(),
+                        "violation": violation.as_ref().map(|v| json!({"code": v.code.code(), "detail": v.detail})),
+                        "finish_reason": finish,
+                        "completion_tokens": completion_tokens,
+                        "label_match": verdict.map(|v| v == ticket.label),
+                    },
+                }));
+                vote.push(VoteCandidate { candidate_index, temperature: spec.temperature, verdict, reason });
+                raw_texts.push(text);
+            }
+        }
+
+        let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
+        let selection = selection::select(&vote, &evidence, ticket.label, cfg.manual_review.min_verdict_agreement);
+        let eligibility = eligibility::assess(&selection, ticket.label);
+
+        // Trajectory rows carry the ticket-level signals, as in the original.
+        for mut row in rows {
+            if let Some(result) = row["result"].as_object_mut() {
+                result.insert("vote_strength".into(), json!(selection.vote_strength));
+                result.insert("low_agreement".into(), json!(selection.low_agreement));
+                result.insert("needs_manual_review".into(), json!(selection.needs_manual_review));
+            }
+            row["runtime"] = runtime_json(provenance.as_ref(), timing.clone());
+            self.writers.trajectories.append(&row).map_err(io_err(&self.dir))?;
+        }
+
+        let ineligible_reason = match (&job_error, selection.verdict) {
+            (Some(f), _) => Some(format!("engine_error:{}", f.code)),
+            (None, None) => Some("no_valid_candidates".to_string()),
+            _ => None,
+        };
+        if selection.verdict.is_none() {
+            // A hard failure: logged, never routed to need-review (seed 003).
+            self.hard_failures += 1;
+            let row = json!({
+                "schema_version": SCHEMA_VERSION,
+                "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
+                "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
+                "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
+                "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
+                "error": job_error.as_ref().map(|f| json!({"code": f.code, "message": f.message})),
+            });
+            self.writers.failures.append(&row).map_err(io_err(&self.dir))?;
+        }
+        let row = json!({
+            "schema_version": SCHEMA_VERSION,
+            "group_id": ticket.group_id,
+            "mission": ticket.mission,
+            "ticket_key": key,
+            "gt_label": ticket.label,
+            "epoch": epoch,
+            "epoch_step": epoch_step,
+            "global_step": self.global_step,
+            "result": selection_result_json(
+                &selection,
+                guidance_step,
+                self.reflector.last_applied_reflection(),
+                self.reflector.cycles(),
+                ineligible_reason,
+            ),
+            "eligibility": eligibility,
+            "guidance_hash": self.guidance.head_hash(),
+            "runtime": runtime_json(provenance.as_ref(), json!({})),
+        });
+        self.writers.selections.append(&row).map_err(io_err(&self.dir))?;
+        Ok(TicketOutcome { ticket_index, selection, eligibility, candidates: vote, raw_texts })
+    }
+}
+
+/// The `result` object of a selections row: the original's fields plus stageb's audit fields.
+fn selection_result_json(
+    selection: &Selection,
+    guidance_step: u64,
+    reflection_change: Option<String>,
+    reflection_cycle: u64,
+    ineligible_reason: Option<String>,
+) -> serde_json::Value {
+    let mut v = serde_json::to_value(selection).unwrap_or_else(|_| json!({}));
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("guidance_step".into(), json!(guidance_step));
+        obj.insert("reflection_change".into(), json!(reflection_change));
+        obj.insert("reflection_cycle".into(), json!(reflection_cycle));
+        obj.insert("eligible".into(), json!(ineligible_reason.is_none()));
+        obj.insert("ineligible_reason".into(), json!(ineligible_reason));
+    }
+    v
+}
+
+/// The rollout job of one ticket: prompt from the step's guidance, one seed per candidate.
+pub fn rollout_payload(cfg: &RunConfig, epoch: u32, ticket: &Ticket, guidance: &[(String, String)]) -> JobPayload {
+    let key = ticket.key();
+    let decodes = cfg
+        .sampler
+        .decode_specs()
+        .iter()
+        .enumerate()
+        .map(|(d, spec)| DecodeJob {
+            decode_index: d as u32,
+            temperature: spec.temperature,
+            top_p: spec.top_p,
+            repetition_penalty: spec.repetition_penalty,
+            max_new_tokens: spec.max_new_tokens,
+            seeds: (0..cfg.sampler.samples_per_decode)
+                .map(|s| candidate_seed(cfg.seed, epoch, key.as_str(), d as u32, s))
+                .collect(),
+        })
+        .collect();
+    JobPayload::Rollout {
+        messages: prompts::rollout_messages(&ticket.mission, guidance, &ticket.per_image),
+        decodes,
+        constrained: cfg.sampler.constrained,
+    }
+}
+
+/// Wait for every job in `ids`. Completions of other jobs are unexpected here and dropped with
+/// a warning. Gives up when no worker has been alive for `grace`.
+pub async fn await_completions(
+    scheduler: &Scheduler,
+    completions: &mut mpsc::UnboundedReceiver<Completion>,
+    ids: &[JobId],
+    grace: Duration,
+) -> Result<HashMap<JobId, Completion>, RunError> {
+    let wanted: std::collections::HashSet<JobId> = ids.iter().copied().collect();
+    let mut out = HashMap::with_capacity(ids.len());
+    let mut lonely_since: Option<Instant> = None;
+    while out.len() < wanted.len() {
+        match tokio::time::timeout(Duration::from_secs(1), completions.recv()).await {
+            Ok(Some(c)) => {
+                if wanted.contains(&c.job) {
+                    out.insert(c.job, c);
+                } else {
+                    tracing::warn!(job = c.job, "completion of a job nobody waits for; dropped");
+                }
+            }
+            Ok(None) => return Err(RunError::SchedulerClosed),
+            Err(_) => {
+                if scheduler.live_workers() == 0 {
+                    let since = *lonely_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= grace {
+                        return Err(RunError::NoWorkers(grace));
+                    }
+                } else {
+                    lonely_since = None;
+                }
+            }
+        }
+    }
+    Ok(out)
+}

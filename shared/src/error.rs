@@ -47,6 +47,8 @@ pub enum ErrorCode {
     InvalidGuidance,
     /// A model file stageb cannot load.
     UnsupportedModel,
+    /// Two `per_image` keys of one Stage-A record normalize to the same `image_{n}`.
+    DuplicateImageKey,
 }
 
 impl ErrorCode {
@@ -70,6 +72,7 @@ impl ErrorCode {
             ErrorCode::InvalidYaml => "E_INVALID_YAML",
             ErrorCode::InvalidGuidance => "E_INVALID_GUIDANCE",
             ErrorCode::UnsupportedModel => "E_UNSUPPORTED_MODEL",
+            ErrorCode::DuplicateImageKey => "E_DUPLICATE_IMAGE_KEY",
         }
     }
 }

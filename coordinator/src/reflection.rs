@@ -1,0 +1,908 @@
+//! The learning loop on rank 0: batches of gradient candidates go through a decision pass
+//! (who is unlearnable even after seeing the label → need-review) and an ops pass on the
+//! learnable rest `L` (validated guidance edits), with closure `L == E` enforced by bounded,
+//! reflection-only retries.
+//!
+//! Deterministic phase first (seed 002): which tickets are reflected on, in what batches and
+//! order, is decided by rank 0 alone; the model is called only when a batch exists, and every
+//! model output is cross-checked: ids are resolved against the batch, every op is validated
+//! ([`crate::ops`]), and coverage `E` is computed from the ops that were actually *applied*,
+//! never from the model's own `coverage` or `has_evidence` (which are logged only).
+//!
+//! Budgets: each ticket gets `1 + retry_budget_per_group_per_epoch` cycles per epoch (retry
+//! batches halve: 16 → 8 → 4), the epoch gets `max_calls_per_epoch` model calls, and a call
+//! whose output is not valid JSON is retried with a new seed (up to [`JSON_RETRIES`]) before it
+//! costs any ticket its budget. Rejected ops go back once with their reasons (validate–revise,
+//! seed 001) and then stay rejected.
+//!
+//! need-review is non-sticky: routing is recorded per epoch and every epoch decides afresh.
+//! Stop-gradient tickets never reach the ops pass, evidence, or hit/miss feedback.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use stageb_shared::SCHEMA_VERSION;
+use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
+use stageb_shared::digest::{digest_of, sha256_hex};
+use stageb_shared::domain::{ChatMessage, Ticket, TicketKey, Verdict};
+use stageb_shared::reflection_schema::{self, DecisionOutput, OpsOutput};
+use stageb_shared::seed::derived_seed;
+use stageb_shared::text;
+use tokio::sync::mpsc;
+
+use crate::artifacts::{JsonlWriter, write_json_atomic};
+use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
+use crate::need_review::{self, NeedReviewReason, NeedReviewRow};
+use crate::ops::{self, OpsContext, OpsValidation, RejectedOp};
+use crate::run::{RunError, TicketOutcome, await_completions, files};
+use crate::scheduler::{Completion, JobOutput, JobPayload, Scheduler};
+
+/// Extra attempts (new seed each) for a reflection call whose output is not valid JSON.
+pub const JSON_RETRIES: u32 = 2;
+/// Revision rounds for rejected ops (validate → revise → validate once more).
+pub const REVISION_ROUNDS: u32 = 1;
+/// Tokens added to a prompt's byte count for the chat template.
+const TEMPLATE_TOKENS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReflectionError {
+    #[error("cannot write reflection artifacts under {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot read the prompt file {path}: {source}")]
+    PromptFile { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Guidance(#[from] GuidanceError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReflectionError + '_ {
+    move |source| ReflectionError::Io { path: path.to_path_buf(), source }
+}
+
+/// One candidate as a reflection case shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseCandidate {
+    pub candidate_index: u32,
+    pub verdict: Option<Verdict>,
+    pub reason: String,
+}
+
+/// Hit/miss feedback a gradient ticket owes the rules that were active when it was decided;
+/// committed only if the ticket ends up a contributor.
+#[derive(Debug, Clone, Default)]
+pub struct PendingFeedback {
+    pub keys: Vec<RuleKey>,
+    pub label_match: bool,
+}
+
+/// A ticket with learnable signal, waiting for reflection.
+#[derive(Debug, Clone)]
+pub struct GradientRecord {
+    pub ticket_key: TicketKey,
+    pub group_id: String,
+    pub mission: String,
+    pub gt: Verdict,
+    pub summaries: Vec<(String, String)>,
+    pub candidates: Vec<CaseCandidate>,
+    pub final_verdict: Option<Verdict>,
+    pub final_reason: String,
+    pub vote_strength: Option<f64>,
+    pub low_agreement: bool,
+    pub eligibility_reasons: Vec<String>,
+    pub priority: u8,
+    pub selection: crate::selection::Selection,
+    /// Arrival order within the epoch (the tie-break after priority).
+    pub order: u64,
+    pub feedback: PendingFeedback,
+}
+
+impl GradientRecord {
+    pub fn from_outcome(ticket: &Ticket, outcome: &TicketOutcome, _epoch: u32) -> Self {
+        GradientRecord {
+            ticket_key: ticket.key(),
+            group_id: ticket.group_id.clone(),
+            mission: ticket.mission.clone(),
+            gt: ticket.label,
+            summaries: ticket.per_image.clone(),
+            candidates: outcome
+                .candidates
+                .iter()
+                .map(|c| CaseCandidate { candidate_index: c.candidate_index, verdict: c.verdict, reason: c.reason.clone() })
+                .collect(),
+            final_verdict: outcome.selection.verdict,
+            final_reason: outcome.selection.reason.clone(),
+            vote_strength: outcome.selection.vote_strength,
+            low_agreement: outcome.selection.low_agreement,
+            eligibility_reasons: outcome.eligibility.reasons.iter().map(|r| r.rule_hit().to_string()).collect(),
+            priority: outcome.eligibility.reflection_priority,
+            selection: outcome.selection.clone(),
+            order: 0,
+            feedback: PendingFeedback { keys: Vec::new(), label_match: outcome.selection.label_match },
+        }
+    }
+
+    fn identity(&self) -> need_review::TicketIdentity {
+        need_review::TicketIdentity {
+            ticket_key: self.ticket_key.clone(),
+            group_id: self.group_id.clone(),
+            mission: self.mission.clone(),
+            gt_label: self.gt,
+        }
+    }
+}
+
+/// Token usage and latency of one model call, for `reflection.jsonl`.
+#[derive(Debug, Clone, Serialize)]
+struct CallRecord {
+    pass: &'static str,
+    attempt: u32,
+    seed: u64,
+    ok: bool,
+    parse_error: Option<Value>,
+    raw_output: String,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    finish_reason: String,
+    runtime: Value,
+}
+
+/// Batch size of retry round `attempt` (16 → 8 → 4 …, never below 1).
+pub fn retry_batch_size(batch_size: u32, attempt: u32) -> usize {
+    ((batch_size as usize) >> attempt.min(31)).max(1)
+}
+
+/// The reflection driver. Owns `need_review_queue.jsonl` and `reflection.jsonl`.
+pub struct Reflector {
+    dir: PathBuf,
+    config: ReflectionConfig,
+    lifecycle: Option<LifecycleConfig>,
+    run_seed: u64,
+    mission: String,
+    decision_system: String,
+    ops_system: String,
+    queue_log: JsonlWriter,
+    reflection_log: JsonlWriter,
+    need_review_rows: Vec<NeedReviewRow>,
+    routed: BTreeMap<u32, BTreeSet<TicketKey>>,
+    epoch: u32,
+    pending: Vec<GradientRecord>,
+    retry: BTreeMap<u32, Vec<GradientRecord>>,
+    retry_counts: HashMap<TicketKey, u32>,
+    calls_epoch: u32,
+    applied_epoch: u32,
+    cycles: u64,
+    arrivals: u64,
+    last_applied: Option<String>,
+    last_applied_keys: Vec<RuleKey>,
+    immediate_hits: Vec<RuleKey>,
+    immediate_misses: Vec<RuleKey>,
+    guidance_reused: bool,
+    worker_grace: Duration,
+}
+
+impl Reflector {
+    pub fn create(dir: &Path, run: &RunConfig, mission: &str) -> Result<Self, ReflectionError> {
+        let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
+            match p {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|source| ReflectionError::PromptFile { path: path.clone(), source }),
+                None => Ok(builtin.to_string()),
+            }
+        };
+        let open = |name: &str| {
+            let p = dir.join(name);
+            JsonlWriter::create(&p).map_err(|source| ReflectionError::Io { path: p, source })
+        };
+        Ok(Reflector {
+            dir: dir.to_path_buf(),
+            config: run.reflection.clone(),
+            lifecycle: run.guidance_lifecycle.clone(),
+            run_seed: run.seed,
+            mission: mission.to_string(),
+            decision_system: read_prompt(&run.reflection.decision_prompt_path, DECISION_SYSTEM)?,
+            ops_system: read_prompt(&run.reflection.ops_prompt_path, OPS_SYSTEM)?,
+            queue_log: open(files::NEED_REVIEW_QUEUE)?,
+            reflection_log: open(files::REFLECTION)?,
+            need_review_rows: Vec::new(),
+            routed: BTreeMap::new(),
+            epoch: 0,
+            pending: Vec::new(),
+            retry: BTreeMap::new(),
+            retry_counts: HashMap::new(),
+            calls_epoch: 0,
+            applied_epoch: 0,
+            cycles: 0,
+            arrivals: 0,
+            last_applied: None,
+            last_applied_keys: Vec::new(),
+            immediate_hits: Vec::new(),
+            immediate_misses: Vec::new(),
+            guidance_reused: false,
+            worker_grace: Duration::from_secs(600),
+        })
+    }
+
+    pub fn set_guidance_reused(&mut self, reused: bool) {
+        self.guidance_reused = reused;
+    }
+
+    pub fn guidance_reused(&self) -> bool {
+        self.guidance_reused
+    }
+
+    /// Reflection cycles run so far (every processed batch counts, applied or not).
+    pub fn cycles(&self) -> u64 {
+        self.cycles
+    }
+
+    /// The id of the last reflection that changed guidance.
+    pub fn last_applied_reflection(&self) -> Option<String> {
+        self.last_applied.clone()
+    }
+
+    pub fn need_review_count(&self) -> usize {
+        self.need_review_rows.len()
+    }
+
+    /// Tickets routed to need-review during `epoch`.
+    pub fn need_review_keys(&self, epoch: u32) -> BTreeSet<TicketKey> {
+        self.routed.get(&epoch).cloned().unwrap_or_default()
+    }
+
+    /// Reset the per-epoch state: need-review is decided afresh every epoch.
+    pub fn start_epoch(&mut self, epoch: u32) {
+        self.epoch = epoch;
+        self.pending.clear();
+        self.retry.clear();
+        self.retry_counts.clear();
+        self.calls_epoch = 0;
+        self.applied_epoch = 0;
+        self.arrivals = 0;
+    }
+
+    /// Record a decided ticket that is *not* a gradient candidate: its feedback on the rules
+    /// of the last applied reflection is immediate (it agreed with its label).
+    pub fn add_stable(&mut self, label_match: bool) {
+        let keys = self.last_applied_keys.clone();
+        if label_match {
+            self.immediate_hits.extend(keys);
+        } else {
+            self.immediate_misses.extend(keys);
+        }
+    }
+
+    /// Queue a gradient candidate; its feedback is buffered until reflection decides.
+    pub fn add_candidate(&mut self, mut record: GradientRecord) {
+        record.order = self.arrivals;
+        self.arrivals += 1;
+        record.feedback.keys = self.last_applied_keys.clone();
+        self.pending.push(record);
+    }
+
+    /// The next batch to reflect on, if one is due. Mid-epoch only full batches are taken;
+    /// at epoch end (`drain`) everything is, including retries created while draining.
+    fn next_batch(&mut self, drain: bool) -> Option<(u32, Vec<GradientRecord>)> {
+        let size = self.config.batch_size.max(1) as usize;
+        if self.pending.len() >= size || (drain && !self.pending.is_empty()) {
+            let n = size.min(self.pending.len());
+            return Some((0, self.pending.drain(..n).collect()));
+        }
+        let attempts: Vec<u32> = self.retry.keys().copied().collect();
+        for attempt in attempts {
+            let bucket = self.retry.get_mut(&attempt).expect("listed above");
+            bucket.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
+            let want = retry_batch_size(self.config.batch_size, attempt);
+            if bucket.len() >= want || (drain && !bucket.is_empty()) {
+                let n = want.min(bucket.len());
+                let batch: Vec<_> = bucket.drain(..n).collect();
+                if bucket.is_empty() {
+                    self.retry.remove(&attempt);
+                }
+                return Some((attempt, batch));
+            }
+        }
+        None
+    }
+
+    /// Called at every step boundary (and with `drain` at epoch end): commit buffered
+    /// feedback, then run every due reflection cycle.
+    pub async fn on_step_end(
+        &mut self,
+        epoch: u32,
+        global_step: u64,
+        guidance: &mut GuidanceRepo,
+        scheduler: &Scheduler,
+        completions: &mut mpsc::UnboundedReceiver<Completion>,
+        drain: bool,
+    ) -> Result<(), RunError> {
+        self.flush_immediate_feedback(guidance)?;
+        while let Some((attempt, batch)) = self.next_batch(drain) {
+            self.run_cycle(epoch, global_step, attempt, batch, guidance, scheduler, completions).await?;
+        }
+        Ok(())
+    }
+
+    fn flush_immediate_feedback(&mut self, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+        if self.immediate_hits.is_empty() && self.immediate_misses.is_empty() {
+            return Ok(());
+        }
+        let hits = std::mem::take(&mut self.immediate_hits);
+        let misses = std::mem::take(&mut self.immediate_misses);
+        guidance.record_feedback(&hits, &misses).map_err(ReflectionError::from)?;
+        Ok(())
+    }
+
+    fn route(
+        &mut self,
+        record: &GradientRecord,
+        reason: NeedReviewReason,
+        reflection_id: Option<&str>,
+        note: Option<String>,
+    ) -> Result<(), ReflectionError> {
+        let at = need_review::RoutingPoint {
+            epoch: self.epoch,
+            reflection_cycle: self.cycles,
+            reflection_id: reflection_id.map(str::to_string),
+        };
+        let row = NeedReviewRow::from_selection(&record.identity(), &record.selection, reason, &at, note);
+        let path = self.dir.join(files::NEED_REVIEW_QUEUE);
+        self.queue_log.append(&row).map_err(io_err(&path))?;
+        self.routed.entry(self.epoch).or_default().insert(record.ticket_key.clone());
+        self.need_review_rows.push(row);
+        Ok(())
+    }
+
+    /// `L \ E` and dropped cases: retried with a smaller batch while budget remains, else
+    /// need-review `budget_exhausted`. Returns the keys routed.
+    fn retry_or_route(&mut self, records: Vec<GradientRecord>, reflection_id: Option<&str>) -> Result<Vec<TicketKey>, ReflectionError> {
+        let mut routed = Vec::new();
+        let mut records = records;
+        records.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
+        for r in records {
+            let count = self.retry_counts.entry(r.ticket_key.clone()).or_insert(0);
+            *count += 1;
+            let count = *count;
+            if count <= self.config.retry_budget_per_group_per_epoch {
+                self.retry.entry(count).or_default().push(r);
+            } else {
+                routed.push(r.ticket_key.clone());
+                self.route(&r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
+            }
+        }
+        Ok(routed)
+    }
+
+    fn calls_left(&self) -> bool {
+        self.config.max_calls_per_epoch.is_none_or(|cap| self.calls_epoch < cap)
+    }
+
+    /// One reflection cycle on `batch`.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_cycle(
+        &mut self,
+        epoch: u32,
+        global_step: u64,
+        attempt: u32,
+        batch: Vec<GradientRecord>,
+        guidance: &mut GuidanceRepo,
+        scheduler: &Scheduler,
+        completions: &mut mpsc::UnboundedReceiver<Completion>,
+    ) -> Result<(), RunError> {
+        let cycle = self.cycles;
+        let batch_keys: Vec<TicketKey> = batch.iter().map(|r| r.ticket_key.clone()).collect();
+        let reflection_id = format!(
+            "r{}",
+            &sha256_hex(format!("{}|{}|{}|{}", self.run_seed, epoch, cycle, digest_of(&batch_keys)).as_bytes())[..12]
+        );
+        let step_before = guidance.step();
+        let hash_before = guidance.head_hash().to_string();
+        let mut row = json!({
+            "schema_version": SCHEMA_VERSION,
+            "epoch": epoch,
+            "global_step": global_step,
+            "reflection_cycle": cycle,
+            "reflection_id": reflection_id,
+            "retry_attempt": attempt,
+            "batch": batch_keys,
+            "guidance_step_before": step_before,
+            "guidance_hash_before": hash_before,
+        });
+        let mut warnings: Vec<String> = Vec::new();
+        let mut calls: Vec<CallRecord> = Vec::new();
+
+        // Budget before anything: no call left → the whole batch is exhausted.
+        if !self.calls_left() {
+            warnings.push("budget_exhausted_before_decision".into());
+            let mut routed = Vec::new();
+            for r in &batch {
+                routed.push(r.ticket_key.clone());
+                self.route(r, NeedReviewReason::BudgetExhausted, None, None)?;
+            }
+            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+        }
+
+        // Pack whole cases under the token budget, highest priority first; at least one case.
+        let mut ordered = batch;
+        ordered.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.order.cmp(&b.order)).then(a.ticket_key.cmp(&b.ticket_key)));
+        let (kept, dropped) = self.pack(&ordered, guidance);
+        if !dropped.is_empty() {
+            warnings.push(format!("dropped_by_token_budget={}", dropped.len()));
+        }
+        let shorthand: BTreeMap<String, TicketKey> =
+            kept.iter().enumerate().map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone())).collect();
+        let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
+
+        // Decision pass.
+        let decision_prompt = self.decision_messages(&kept, guidance, cycle);
+        let decision_schema = tailor_decision_schema(&kept_keys);
+        let decision = self
+            .call_json(epoch, cycle, "decision", decision_prompt, &decision_schema, scheduler, completions, &mut calls, |t| {
+                reflection_schema::parse_decision(t).map(|d| serde_json::to_value(d).unwrap_or_default())
+            })
+            .await?;
+        let Some(decision) = decision.and_then(|v| serde_json::from_value::<DecisionOutput>(v).ok()) else {
+            warnings.push("decision_error".into());
+            let mut retry = kept;
+            retry.extend(dropped);
+            let routed = self.retry_or_route(retry, Some(&reflection_id))?;
+            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+        };
+        let resolved = ops::resolve_ids(&decision.no_evidence_group_ids, &shorthand, &kept_keys);
+        if !resolved.unknown.is_empty() {
+            warnings.push(format!("unknown_ids={}", resolved.unknown.len()));
+        }
+        let stop: BTreeSet<TicketKey> = resolved.keys.iter().cloned().collect();
+        let mut learnable_records = Vec::new();
+        for r in kept {
+            if stop.contains(&r.ticket_key) {
+                // Stop-gradient: routed, feedback dropped, excluded from everything after.
+                self.route(&r, NeedReviewReason::ReflectionNoEvidenceAfterGt, Some(&reflection_id), Some(decision.decision_analysis.clone()))?;
+            } else {
+                learnable_records.push(r);
+            }
+        }
+        let learnable: BTreeSet<TicketKey> = learnable_records.iter().map(|r| r.ticket_key.clone()).collect();
+        row["stop_gradient"] = json!(stop);
+        row["learnable"] = json!(learnable);
+        row["decision"] = json!({"no_evidence_group_ids": decision.no_evidence_group_ids, "resolved": resolved.keys,
+                                 "unknown_ids": resolved.unknown, "decision_analysis": decision.decision_analysis});
+        if learnable_records.is_empty() {
+            let routed = self.retry_or_route(dropped, Some(&reflection_id))?;
+            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+        }
+        if !self.calls_left() {
+            warnings.push("budget_exhausted_before_ops".into());
+            let mut routed = Vec::new();
+            for r in &learnable_records {
+                routed.push(r.ticket_key.clone());
+                self.route(r, NeedReviewReason::BudgetExhausted, Some(&reflection_id), None)?;
+            }
+            routed.extend(self.retry_or_route(dropped, Some(&reflection_id))?);
+            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+        }
+
+        // Ops pass on L only, then validation, then one revision round for rejected ops.
+        let l_shorthand: BTreeMap<String, TicketKey> =
+            learnable_records.iter().enumerate().map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone())).collect();
+        let max_ops = self.config.max_operations.map(|m| m as usize);
+        let ops_schema = tailor_ops_schema(max_ops.unwrap_or(8), &learnable, guidance);
+        let mut validation = OpsValidation::default();
+        let mut proposals: Vec<Value> = Vec::new();
+        let mut revision: Option<Vec<RejectedOp>> = None;
+        for round in 0..=REVISION_ROUNDS {
+            if round > 0 && (revision.as_ref().is_none_or(Vec::is_empty) || !self.calls_left()) {
+                break;
+            }
+            let messages = self.ops_messages(&learnable_records, guidance, cycle, revision.as_deref());
+            let pass = if round == 0 { "ops" } else { "ops_revision" };
+            let out = self
+                .call_json(epoch, cycle, pass, messages, &ops_schema, scheduler, completions, &mut calls, |t| {
+                    reflection_schema::parse_ops(t).map(|o| serde_json::to_value(o).unwrap_or_default())
+                })
+                .await?;
+            let Some(ops_out) = out.and_then(|v| serde_json::from_value::<OpsOutput>(v).ok()) else {
+                warnings.push(format!("{pass}_error"));
+                break;
+            };
+            proposals.push(json!({"round": round, "has_evidence": ops_out.has_evidence,
+                                  "evidence_analysis": ops_out.evidence_analysis, "operations": ops_out.operations,
+                                  "coverage_advisory": ops_out.coverage}));
+            let remaining_cap = max_ops.map(|m| m.saturating_sub(validation.accepted.len()));
+            let ctx = OpsContext {
+                learnable: &learnable,
+                shorthand: &l_shorthand,
+                guidance: guidance.current(),
+                max_operations: remaining_cap,
+            };
+            let v = ops::validate_ops(&ops_out.operations, &ctx);
+            revision = Some(v.rejected.clone());
+            validation.accepted.extend(v.accepted.into_iter().map(|mut a| {
+                a.index += round as usize * 1000;
+                a
+            }));
+            validation.rejected.extend(v.rejected.into_iter().map(|mut r| {
+                r.index += round as usize * 1000;
+                r
+            }));
+        }
+        row["proposals"] = json!(proposals);
+        row["accepted_ops"] = json!(validation.accepted);
+        row["rejected_ops"] = json!(validation.rejected);
+
+        // Apply, unless the epoch's change cap is reached.
+        let mut applied = false;
+        let mut covered: BTreeSet<TicketKey> = BTreeSet::new();
+        if !validation.accepted.is_empty() {
+            if self.config.change_cap_per_epoch.is_some_and(|cap| self.applied_epoch >= cap) {
+                warnings.push("epoch_change_cap_reached".into());
+            } else {
+                match guidance.apply(&validation.ops(), &reflection_id) {
+                    Ok(outcome) => {
+                        applied = true;
+                        self.applied_epoch += 1;
+                        covered = ops::evidence_covered(&outcome.applied);
+                        self.last_applied = Some(reflection_id.clone());
+                        self.last_applied_keys = outcome.touched_keys.clone();
+                        row["applied_ops"] = json!(outcome.applied);
+                        row["skipped_at_apply"] = json!(outcome.skipped);
+                    }
+                    Err(GuidanceError::NothingApplied { .. }) => warnings.push("apply_failed:nothing_applied".into()),
+                    Err(e) => return Err(ReflectionError::from(e).into()),
+                }
+            }
+        }
+        let covered: BTreeSet<TicketKey> = covered.intersection(&learnable).cloned().collect();
+        row["applied"] = json!(applied);
+        row["covered"] = json!(covered);
+        row["coverage"] = json!({"learnable": learnable.len(), "covered": covered.len(),
+                                 "ratio": if learnable.is_empty() { 0.0 } else { covered.len() as f64 / learnable.len() as f64 }});
+
+        // Closure: contributors commit their feedback; L \ E (and dropped cases) retry or exhaust.
+        let mut hits = Vec::new();
+        let mut misses = Vec::new();
+        let mut uncovered = Vec::new();
+        for r in learnable_records {
+            if covered.contains(&r.ticket_key) {
+                if r.feedback.label_match {
+                    hits.extend(r.feedback.keys.iter().copied());
+                } else {
+                    misses.extend(r.feedback.keys.iter().copied());
+                }
+            } else {
+                uncovered.push(r);
+            }
+        }
+        if !hits.is_empty() || !misses.is_empty() {
+            guidance.record_feedback(&hits, &misses).map_err(ReflectionError::from)?;
+        }
+        if !uncovered.is_empty() {
+            warnings.push(format!("uncovered={}", uncovered.len()));
+        }
+        row["uncovered"] = json!(uncovered.iter().map(|r| r.ticket_key.clone()).collect::<Vec<_>>());
+        uncovered.extend(dropped);
+        let routed = self.retry_or_route(uncovered, Some(&reflection_id))?;
+        self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance)
+    }
+
+    fn finish_cycle(
+        &mut self,
+        mut row: Value,
+        warnings: Vec<String>,
+        calls: Vec<CallRecord>,
+        routing: Value,
+        guidance: &GuidanceRepo,
+    ) -> Result<(), RunError> {
+        row["warnings"] = json!(warnings);
+        row["routing"] = routing;
+        row["guidance_step_after"] = json!(guidance.step());
+        row["guidance_hash_after"] = json!(guidance.head_hash());
+        let prompt_tokens: u32 = calls.iter().map(|c| c.prompt_tokens).sum();
+        let completion_tokens: u32 = calls.iter().map(|c| c.completion_tokens).sum();
+        row["token_usage"] = json!({"calls": calls.len(), "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens});
+        row["calls"] = json!(calls);
+        if row.get("applied").is_none() {
+            row["applied"] = json!(false);
+        }
+        let path = self.dir.join(files::REFLECTION);
+        self.reflection_log.append(&row).map_err(io_err(&path))?;
+        self.reflection_log.sync().map_err(io_err(&path))?;
+        self.queue_log.sync().map_err(io_err(&path))?;
+        self.cycles += 1;
+        Ok(())
+    }
+
+    /// Run one JSON-mode generation through the lease mechanism, retrying with a new seed when
+    /// the output does not parse. `None` when every attempt failed or the budget ran out.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_json(
+        &mut self,
+        epoch: u32,
+        cycle: u64,
+        pass: &'static str,
+        messages: Vec<ChatMessage>,
+        schema: &Value,
+        scheduler: &Scheduler,
+        completions: &mut mpsc::UnboundedReceiver<Completion>,
+        calls: &mut Vec<CallRecord>,
+        parse: impl Fn(&str) -> Result<Value, reflection_schema::ReflectionParseError>,
+    ) -> Result<Option<Value>, RunError> {
+        for attempt in 0..=JSON_RETRIES {
+            if !self.calls_left() {
+                return Ok(None);
+            }
+            self.calls_epoch += 1;
+            let seed = derived_seed(
+                self.run_seed,
+                "reflection-call",
+                &[&epoch.to_le_bytes(), &cycle.to_le_bytes(), pass.as_bytes(), &attempt.to_le_bytes()],
+            );
+            let job = scheduler.enqueue(JobPayload::Generate {
+                messages: messages.clone(),
+                json_schema: Some(schema.to_string()),
+                seed,
+                temperature: self.config.temperature,
+                top_p: self.config.top_p,
+                repetition_penalty: self.config.repetition_penalty,
+                max_new_tokens: self.config.max_new_tokens,
+            });
+            let mut done = await_completions(scheduler, completions, &[job], self.worker_grace).await?;
+            let completion = done.remove(&job).expect("awaited");
+            let runtime = match &completion.provenance {
+                Some(p) => json!({"worker_id": p.worker_id, "lease_id": p.lease_id, "attempt": p.attempt}),
+                None => json!({}),
+            };
+            match completion.result {
+                Ok(JobOutput::Generate { text, prompt_tokens, completion_tokens, finish_reason, latency_us }) => {
+                    let parsed = parse(&text);
+                    let mut runtime = runtime;
+                    runtime["latency_us"] = json!(latency_us);
+                    calls.push(CallRecord {
+                        pass,
+                        attempt,
+                        seed,
+                        ok: parsed.is_ok(),
+                        parse_error: parsed.as_ref().err().map(|e| serde_json::to_value(e).unwrap_or(json!(e.to_string()))),
+                        raw_output: text,
+                        prompt_tokens,
+                        completion_tokens,
+                        finish_reason,
+                        runtime,
+                    });
+                    if let Ok(v) = parsed {
+                        return Ok(Some(v));
+                    }
+                }
+                Ok(JobOutput::Rollout { .. }) => {
+                    calls.push(failed_call(pass, attempt, seed, "WRONG_RESULT_KIND", "a generation returned a rollout", runtime));
+                }
+                Err(f) => {
+                    calls.push(failed_call(pass, attempt, seed, &f.code, &f.message, runtime));
+                    // Deterministic failures (an over-long prompt) do not improve with a new seed.
+                    if f.code == "PROMPT_TOO_LONG" || f.code == "INVALID_REQUEST" {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Split `ordered` into cases that fit the token budget and cases dropped whole.
+    fn pack(&self, ordered: &[GradientRecord], guidance: &GuidanceRepo) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
+        let budget = self.config.token_budget.min(self.config.max_reflection_length) as usize;
+        let base = estimate_tokens(&self.decision_system) + estimate_tokens(&header_text(&self.mission, guidance, 0, 0));
+        let mut used = base;
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        for (i, r) in ordered.iter().enumerate() {
+            let cost = estimate_tokens(&case_text(i + 1, r, true));
+            if kept.is_empty() || used + cost <= budget {
+                used += cost;
+                kept.push(r.clone());
+            } else {
+                dropped.push(r.clone());
+            }
+        }
+        (kept, dropped)
+    }
+
+    fn decision_messages(&self, cases: &[GradientRecord], guidance: &GuidanceRepo, cycle: u64) -> Vec<ChatMessage> {
+        let mut user = header_text(&self.mission, guidance, cycle, cases.len());
+        for (i, r) in cases.iter().enumerate() {
+            user.push_str(&case_text(i + 1, r, true));
+        }
+        user.push_str("\n请输出 JSON。");
+        vec![ChatMessage::system(self.decision_system.clone()), ChatMessage::user(user)]
+    }
+
+    fn ops_messages(
+        &self,
+        cases: &[GradientRecord],
+        guidance: &GuidanceRepo,
+        cycle: u64,
+        rejected: Option<&[RejectedOp]>,
+    ) -> Vec<ChatMessage> {
+        let mut user = header_text(&self.mission, guidance, cycle, cases.len());
+        for (i, r) in cases.iter().enumerate() {
+            user.push_str(&case_text(i + 1, r, true));
+        }
+        if let Some(rejected) = rejected.filter(|r| !r.is_empty()) {
+            user.push_str("\n以下操作被拒绝，请按原因修正后重新给出全部操作：\n");
+            for r in rejected {
+                let op = serde_json::to_string(&r.proposed).unwrap_or_default();
+                user.push_str(&format!("- {op} → 拒绝原因: {} ({})\n", r.reason.code(), r.detail));
+            }
+        }
+        user.push_str("\n请输出 JSON。");
+        vec![ChatMessage::system(self.ops_system.clone()), ChatMessage::user(user)]
+    }
+
+    /// Epoch end: optional lifecycle cleanup; buffered feedback of undecided tickets is
+    /// discarded (it never became a contributor).
+    pub fn end_epoch(&mut self, _epoch: u32, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+        self.flush_immediate_feedback(guidance)?;
+        if let Some(lc) = &self.lifecycle
+            && lc.enable_auto_cleanup
+        {
+            let removed = guidance
+                .cleanup_low_confidence(lc.confidence_drop_threshold, lc.min_miss_before_drop as u64)
+                .map_err(ReflectionError::from)?;
+            if !removed.is_empty() {
+                tracing::info!(?removed, "lifecycle cleanup removed low-confidence rules");
+                self.last_applied_keys.retain(|k| !removed.contains(k));
+            }
+        }
+        Ok(())
+    }
+
+    /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).
+    pub fn finish_run(&mut self) -> Result<(), RunError> {
+        let summary = need_review::aggregate(&self.mission, &self.need_review_rows);
+        let path = self.dir.join(files::NEED_REVIEW);
+        write_json_atomic(&path, &summary).map_err(|source| RunError::Io { path, source })
+    }
+}
+
+fn failed_call(pass: &'static str, attempt: u32, seed: u64, code: &str, message: &str, runtime: Value) -> CallRecord {
+    CallRecord {
+        pass,
+        attempt,
+        seed,
+        ok: false,
+        parse_error: Some(json!({"code": code, "message": message})),
+        raw_output: String::new(),
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        finish_reason: String::new(),
+        runtime,
+    }
+}
+
+/// A guaranteed upper bound on a text's token count: byte-level tokenizers never produce a
+/// token of zero bytes, so tokens ≤ bytes. Packing by it can drop a case that would have fit,
+/// but never sends a prompt that does not (prompts are never truncated).
+pub fn estimate_tokens(text: &str) -> usize {
+    text.len() + TEMPLATE_TOKENS
+}
+
+fn header_text(mission: &str, guidance: &GuidanceRepo, cycle: u64, n: usize) -> String {
+    let mut s = format!("任务: {mission}\n反思周期: {cycle}\n指导步骤: {}\n", guidance.step());
+    s.push_str("当前规则:\n");
+    for (k, t) in guidance.render_for_prompt() {
+        s.push_str(&format!("[{k}]. {}\n", text::normalize(&t)));
+    }
+    s.push_str(&format!("批次: {n} 组\n"));
+    s
+}
+
+fn verdict_word(v: Option<Verdict>) -> &'static str {
+    match v {
+        Some(Verdict::Pass) => "通过",
+        Some(Verdict::Fail) => "不通过",
+        None => "格式错误",
+    }
+}
+
+fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> String {
+    let mut s = format!("\n第{n}组 (ticket_key={}):\n", r.ticket_key);
+    if with_label {
+        s.push_str(&format!("  参考答案 gt_label: {}\n", verdict_word(Some(r.gt))));
+    }
+    s.push_str(&format!(
+        "  最终结论: {}；投票一致度: {}\n",
+        verdict_word(r.final_verdict),
+        r.vote_strength.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+    ));
+    s.push_str("  摘要:\n");
+    for (i, (_, summary)) in r.summaries.iter().enumerate() {
+        s.push_str(&format!("    {}. {}\n", i + 1, crate::prompts::sanitize_summary(summary)));
+    }
+    s.push_str("  候选:\n");
+    for c in &r.candidates {
+        let mark = match c.verdict {
+            Some(v) if v == r.gt => "✓",
+            Some(_) => "✗",
+            None => "?",
+        };
+        s.push_str(&format!("    {}: {} | {} | {mark}\n", c.candidate_index, verdict_word(c.verdict), text::normalize(&c.reason)));
+    }
+    s
+}
+
+/// Restrict `no_evidence_group_ids` to the batch's keys: constrain what can be constrained,
+/// validate everything anyway.
+pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>) -> Value {
+    let mut schema = reflection_schema::decision_json_schema();
+    let keys: Vec<&str> = batch.iter().map(TicketKey::as_str).collect();
+    if let Some(arr) = schema.pointer_mut("/properties/no_evidence_group_ids") {
+        arr["items"] = json!({"enum": keys});
+        arr["maxItems"] = json!(keys.len());
+    }
+    schema
+}
+
+/// Restrict op evidence to `L` and op keys to existing `G` keys.
+pub fn tailor_ops_schema(max_operations: usize, learnable: &BTreeSet<TicketKey>, guidance: &GuidanceRepo) -> Value {
+    let mut schema = reflection_schema::ops_json_schema(max_operations);
+    let keys: Vec<&str> = learnable.iter().map(TicketKey::as_str).collect();
+    let g_keys: Vec<String> =
+        guidance.render_for_prompt().into_iter().map(|(k, _)| k).filter(|k| k.starts_with('G')).collect();
+    if let Some(branches) = schema.pointer_mut("/properties/operations/items/anyOf").and_then(Value::as_array_mut) {
+        for b in branches {
+            if let Some(ev) = b.pointer_mut("/properties/evidence") {
+                ev["items"] = json!({"enum": keys});
+                ev["maxItems"] = json!(keys.len().max(1));
+            }
+            if let Some(k) = b.pointer_mut("/properties/key") {
+                *k = json!({"enum": g_keys});
+            }
+            if let Some(m) = b.pointer_mut("/properties/merged_from") {
+                m["items"] = json!({"enum": g_keys});
+            }
+        }
+    }
+    for field in ["learnable_group_ids", "covered_group_ids", "uncovered_group_ids"] {
+        if let Some(arr) = schema.pointer_mut(&format!("/properties/coverage/properties/{field}")) {
+            arr["items"] = json!({"enum": keys});
+            arr["maxItems"] = json!(keys.len());
+        }
+    }
+    schema
+}
+
+const DECISION_SYSTEM: &str = "你是质检规则学习中的 stop-gradient 判定助手。\n\
+每个案例给出了人工标注的参考答案 gt_label、模型的候选结论和图片摘要。\n\
+对每个案例，尝试找出一条可泛化、可验证的判定方向，使以后类似摘要得出与 gt_label 一致的结论。\n\
+只有在认真尝试多个方向后，仍然完全找不到可学习依据的案例，才把它的 ticket_key 放入 no_evidence_group_ids；只要有任何可学习方向，就不要放入。\n\
+不得把原因归为标注错误。\n\
+只输出一个 JSON 对象：{\"no_evidence_group_ids\": [ticket_key...], \"decision_analysis\": \"简要说明尝试过的方向\"}，不要输出其他字段或文字。";
+
+const OPS_SYSTEM: &str = "你是质检规则编辑助手。根据案例修改检查规则，使以后的判定与参考答案 gt_label 一致。\n\
+S* 是只读的结构不变量，不得修改或删除；G0 是检查清单，可以更新但不得删除；G1 及以后可以增加、更新、删除、合并。\n\
+每个操作必须给出非空 evidence，只能使用本批案例的 ticket_key；尽量让本批每个案例都出现在某个操作的 evidence 中。\n\
+规则用自然语言写成“若…则…；否则…”，不得照抄摘要里的对象链（如“挡风板/显示完整”），不得出现 ×、image_、备注: 等摘要标记，不得出现需复核、待定、证据不足等第三态用语。\n\
+优先更新或合并已有规则，新增规则最多一条。\n\
+只输出一个 JSON 对象：{\"has_evidence\": true, \"evidence_analysis\": \"...\", \"operations\": [...]}。";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_batches_halve_and_never_reach_zero() {
+        // The original's _batch_size_for_retry behaviour.
+        assert_eq!(retry_batch_size(32, 0), 32);
+        assert_eq!(retry_batch_size(32, 1), 16);
+        assert_eq!(retry_batch_size(32, 2), 8);
+        assert_eq!(retry_batch_size(3, 2), 1);
+    }
+
+    #[test]
+    fn token_estimate_is_an_upper_bound_for_byte_level_tokenizers() {
+        // 通过 is 4 tokens for SmolLM2 and 6 bytes: the estimate never undercounts.
+        assert!(estimate_tokens("通过") >= 4);
+        assert_eq!(estimate_tokens(""), TEMPLATE_TOKENS);
+    }
+}
