@@ -1,1 +1,438 @@
-fn main() {}
+//! The `stageb` binary: parse arguments, set up logging, call the library, map errors to the
+//! documented exit codes (see [`stageb::exit`]).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand};
+use stageb::cluster::{self, ClusterError, CoordinatorSettings};
+use stageb::exit;
+use stageb_shared::auth::AuthToken;
+use stageb_shared::domain::ChatMessage;
+use stageb_shared::telemetry::{LogFormat, init_tracing};
+use stageb_worker::client::{WorkerOptions, run_worker};
+use stageb_worker::engine::{CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, RolloutRequest};
+
+/// Stage-B training-free verdict loop on a cluster of workers.
+#[derive(Parser)]
+#[command(name = "stageb", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format: text or json (logs go to stderr).
+    #[arg(long, global = true, env = "STAGEB_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Device: auto (CUDA at LOCAL_RANK when built with `cuda`, else CPU), cpu, cuda:N.
+    #[arg(long, env = "STAGEB_DEVICE", default_value = "auto")]
+    device: String,
+    /// Compute threads per worker (default: all cores).
+    #[arg(long, env = "STAGEB_THREADS")]
+    threads: Option<usize>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a mission: coordinator plus local workers in one process (over loopback gRPC).
+    Run {
+        /// The run config (YAML, the Python original's keys).
+        #[arg(long)]
+        config: PathBuf,
+        /// Local workers to start.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Address the coordinator listens on (port 0 picks a free one).
+        #[arg(long, env = "STAGEB_LISTEN", default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Serve a run as rank 0 only; workers join with `stageb worker`.
+    Coordinator {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, env = "STAGEB_LISTEN", default_value = "127.0.0.1:50051")]
+        listen: SocketAddr,
+        /// File holding the shared token (else STAGEB_TOKEN_FILE or STAGEB_TOKEN).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Give up after this many seconds without any live worker.
+        #[arg(long, default_value_t = 600)]
+        worker_grace_s: u64,
+    },
+    /// Run one worker against a coordinator.
+    Worker {
+        /// Coordinator address, host:port.
+        #[arg(long, env = "STAGEB_COORDINATOR")]
+        coordinator: String,
+        /// Model file (GGUF) or directory (safetensors).
+        #[arg(long, env = "STAGEB_MODEL")]
+        model: PathBuf,
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        model_args: ModelArgs,
+        /// Keep trying to reach the coordinator for this long.
+        #[arg(long, default_value_t = 300)]
+        connect_timeout_s: u64,
+    },
+    /// Pick the role from the launcher's environment (torchrun, Slurm, Kubernetes, MPI):
+    /// rank 0 serves the run and runs a local worker, other ranks run a worker.
+    Launch {
+        #[arg(long)]
+        config: PathBuf,
+        /// Port rank 0 listens on (all interfaces; a token is required).
+        #[arg(long, env = "STAGEB_LISTEN_PORT", default_value_t = 50051)]
+        listen_port: u16,
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Check a config and its inputs without running anything.
+    Validate { config: PathBuf },
+    /// Try the engine on one prompt.
+    Generate {
+        #[arg(long, env = "STAGEB_MODEL")]
+        model: PathBuf,
+        /// File with the user message.
+        #[arg(long)]
+        prompt_file: PathBuf,
+        /// Optional system message file.
+        #[arg(long)]
+        system_file: Option<PathBuf>,
+        #[arg(long, default_value_t = 8)]
+        candidates: u32,
+        #[arg(long, default_value_t = 17)]
+        seed: u64,
+        #[arg(long, default_value_t = 0.7)]
+        temperature: f32,
+        #[arg(long, default_value_t = 0.9)]
+        top_p: f32,
+        #[arg(long, default_value_t = 1.0)]
+        repetition_penalty: f32,
+        #[arg(long, default_value_t = 48)]
+        max_new_tokens: u32,
+        /// Decode without the two-line contract constraint.
+        #[arg(long)]
+        unconstrained: bool,
+        /// One JSON object per line per candidate.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        model_args: ModelArgs,
+    },
+    /// Re-derive a run's decisions from its artifacts and check every invariant.
+    Audit {
+        /// `{output.root}/{run_name}/{mission}`.
+        run_dir: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
+    let device: DeviceSpec = args.device.parse().map_err(|e| anyhow!("{e}"))?;
+    Ok(EngineOptions { device, threads: args.threads, ..EngineOptions::default() })
+}
+
+fn load_engine(model: &Path, args: &ModelArgs) -> Result<CandleEngine> {
+    let options = engine_options(args)?;
+    CandleEngine::load(model, &options).with_context(|| format!("loading model {}", model.display()))
+}
+
+/// Map a failure to its exit code: bad input is 2, everything else is 3.
+fn classify(e: &anyhow::Error) -> u8 {
+    match e.downcast_ref::<ClusterError>() {
+        Some(ClusterError::Input(_)) | Some(ClusterError::Launch(_)) => exit::INPUT_ERROR,
+        Some(ClusterError::Bind(stageb_coordinator::server::BindError::Policy(_))) => exit::INPUT_ERROR,
+        Some(ClusterError::Run(stageb_coordinator::run::RunError::Guidance(
+            stageb_coordinator::guidance::GuidanceError::Input(_),
+        ))) => exit::INPUT_ERROR,
+        _ if e.downcast_ref::<stageb_shared::error::InputError>().is_some() => exit::INPUT_ERROR,
+        _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
+        _ => exit::RUNTIME_ERROR,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::RUNTIME_ERROR);
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(classify(&e))
+        }
+    }
+}
+
+fn summary_code(summary: &stageb_coordinator::run::RunSummary) -> u8 {
+    eprintln!(
+        "run complete: {} tickets × {} epochs, {} candidates ({} malformed), {} hard failures, guidance step {}, {} need-review rows\nartifacts: {}",
+        summary.tickets,
+        summary.epochs,
+        summary.candidates,
+        summary.malformed_candidates,
+        summary.hard_failures,
+        summary.guidance_step,
+        summary.need_review,
+        summary.run_dir.display()
+    );
+    if summary.hard_failures > 0 { exit::COMPLETED_WITH_FAILURES } else { exit::OK }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn dispatch(command: Command) -> Result<u8> {
+    match command {
+        Command::Run { config, workers, listen, model } => {
+            if workers == 0 {
+                bail!("--workers must be at least 1 (use `stageb coordinator` for a coordinator alone)");
+            }
+            let inputs = cluster::prepare_inputs(&config, "embedded")?;
+            let model_path = PathBuf::from(&inputs.config.model.model_name_or_path);
+            // Fail on a bad model before starting anything.
+            let options = engine_options(&model)?;
+            let first = CandleEngine::load(&model_path, &options)
+                .with_context(|| format!("loading model {}", model_path.display()))?;
+            let settings = CoordinatorSettings {
+                listen,
+                // The embedded run makes its own token: loopback today, but never unauthenticated.
+                token: Some(AuthToken::generate()),
+                worker_grace: Duration::from_secs(120),
+                progress_every: Duration::from_secs(10),
+                show_progress: true,
+            };
+            let first = std::sync::Mutex::new(Some(first));
+            let summary = cluster::run_coordinator(inputs, settings, move |addr, token| {
+                cluster::spawn_local_workers(workers, addr, token, move |i| {
+                    if let Some(engine) = first.lock().unwrap_or_else(|e| e.into_inner()).take().filter(|_| i == 0) {
+                        return Ok(engine);
+                    }
+                    CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
+                })
+            })
+            .await?;
+            Ok(summary_code(&summary))
+        }
+        Command::Coordinator { config, listen, token_file, worker_grace_s } => {
+            let token = AuthToken::from_sources(token_file.as_deref())?;
+            let inputs = cluster::prepare_inputs(&config, "cluster")?;
+            let settings = CoordinatorSettings {
+                listen,
+                token,
+                worker_grace: Duration::from_secs(worker_grace_s),
+                progress_every: Duration::from_secs(10),
+                show_progress: true,
+            };
+            let summary = cluster::run_coordinator(inputs, settings, |_, _| Vec::new()).await?;
+            Ok(summary_code(&summary))
+        }
+        Command::Worker { coordinator, model, token_file, model_args, connect_timeout_s } => {
+            let token = AuthToken::from_sources(token_file.as_deref())?;
+            let engine = tokio::task::spawn_blocking(move || load_engine(&model, &model_args)).await??;
+            let opts = WorkerOptions {
+                coordinator,
+                token,
+                name: cluster::worker_name(0),
+                device: engine.fingerprint().device.clone(),
+                run_id: String::new(),
+                connect_timeout: Duration::from_secs(connect_timeout_s),
+            };
+            let summary = run_worker(engine, opts, shutdown_signal()).await?;
+            tracing::info!(jobs = summary.jobs_done, failed = summary.jobs_failed, "worker finished");
+            Ok(exit::OK)
+        }
+        Command::Launch { config, listen_port, token_file, model } => {
+            let topo = cluster::resolve_topology(listen_port)?;
+            tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
+                           coordinator = %topo.coordinator, coordinator_from = %topo.coordinator_source, "launch topology");
+            let token = AuthToken::from_sources(token_file.as_deref())?;
+            let model_path = cluster::model_path_of(&config)?;
+            let mut model = model;
+            if model.device == "auto" && cfg!(feature = "cuda") {
+                model.device = format!("cuda:{}", topo.local_rank);
+            }
+            if topo.rank == 0 {
+                let inputs = cluster::prepare_inputs(&config, "cluster")?;
+                let listen: SocketAddr = ([0, 0, 0, 0], listen_port).into();
+                let settings = CoordinatorSettings {
+                    listen,
+                    token,
+                    worker_grace: Duration::from_secs(600),
+                    progress_every: Duration::from_secs(10),
+                    show_progress: true,
+                };
+                let options = engine_options(&model)?;
+                let summary = cluster::run_coordinator(inputs, settings, move |addr, token| {
+                    let local: SocketAddr = ([127, 0, 0, 1], addr.port()).into();
+                    cluster::spawn_local_workers(1, local, token, move |_| {
+                        CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
+                    })
+                })
+                .await?;
+                Ok(summary_code(&summary))
+            } else {
+                let engine = tokio::task::spawn_blocking(move || load_engine(&model_path, &model)).await??;
+                let opts = WorkerOptions {
+                    coordinator: topo.coordinator,
+                    token,
+                    name: cluster::worker_name(topo.rank as usize),
+                    device: engine.fingerprint().device.clone(),
+                    run_id: String::new(),
+                    connect_timeout: Duration::from_secs(600),
+                };
+                run_worker(engine, opts, shutdown_signal()).await?;
+                Ok(exit::OK)
+            }
+        }
+        Command::Validate { config } => validate(&config),
+        Command::Generate {
+            model,
+            prompt_file,
+            system_file,
+            candidates,
+            seed,
+            temperature,
+            top_p,
+            repetition_penalty,
+            max_new_tokens,
+            unconstrained,
+            json,
+            model_args,
+        } => {
+            let user = std::fs::read_to_string(&prompt_file).with_context(|| format!("reading {}", prompt_file.display()))?;
+            let mut messages = Vec::new();
+            if let Some(f) = system_file {
+                messages.push(ChatMessage::system(std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?));
+            }
+            messages.push(ChatMessage::user(user));
+            let seeds: Vec<u64> = (0..candidates).map(|s| stageb_shared::seed::candidate_seed(seed, 0, "generate", 0, s)).collect();
+            let request = RolloutRequest {
+                messages,
+                decodes: vec![DecodeRequest { decode_index: 0, temperature, top_p, repetition_penalty, max_new_tokens, seeds }],
+                constrained: !unconstrained,
+            };
+            let mut engine = load_engine(&model, &model_args)?;
+            let out = engine.rollout(&request).map_err(|e| anyhow!("{e} [{}]", e.code()))?;
+            let fingerprint = engine.fingerprint().clone();
+            for c in &out.candidates {
+                let parsed = stageb_shared::contract::parse(&c.text);
+                if json {
+                    let row = serde_json::json!({
+                        "sample_index": c.sample_index,
+                        "seed": c.seed,
+                        "text": c.text,
+                        "format_ok": parsed.is_ok(),
+                        "verdict": parsed.as_ref().ok().map(|p| p.verdict),
+                        "reason": parsed.as_ref().ok().map(|p| p.reason.clone()),
+                        "violation": parsed.as_ref().err().map(|v| v.code.code()),
+                        "prompt_tokens": out.prompt_tokens,
+                        "completion_tokens": c.completion_tokens,
+                        "finish_reason": c.finish.as_str(),
+                        "model_fingerprint": fingerprint,
+                    });
+                    println!("{row}");
+                } else {
+                    let status = match &parsed {
+                        Ok(_) => "ok".to_string(),
+                        Err(v) => format!("MALFORMED {}", v.code.code()),
+                    };
+                    println!("--- candidate {} (seed {}, {} tokens, {status})\n{}", c.sample_index, c.seed, c.completion_tokens, c.text);
+                }
+            }
+            if !json {
+                eprintln!(
+                    "prompt {} tokens, prefill {:.2}s, decode {:.2}s, model {}",
+                    out.prompt_tokens,
+                    out.prefill_us as f64 / 1e6,
+                    out.decode_us as f64 / 1e6,
+                    fingerprint.id()
+                );
+            }
+            Ok(exit::OK)
+        }
+        Command::Audit { run_dir, json } => {
+            let report = stageb::audit::audit(&run_dir);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for v in &report.violations {
+                    println!("{v}");
+                }
+                println!(
+                    "audited {}: {} tickets, {} epochs, {} selections, {} trajectories, {} reflection cycles: {}",
+                    run_dir.display(),
+                    report.tickets,
+                    report.epochs,
+                    report.selections,
+                    report.trajectories,
+                    report.reflection_cycles,
+                    if report.ok() { "OK".to_string() } else { format!("{} violations", report.violations.len()) }
+                );
+            }
+            Ok(if report.ok() { exit::OK } else { exit::AUDIT_FAILED })
+        }
+    }
+}
+
+/// `stageb validate`: config, Stage-A inputs, guidance section, model file; runs nothing.
+fn validate(config: &Path) -> Result<u8> {
+    let inputs = cluster::prepare_inputs(config, "validate")?;
+    let cfg = &inputs.config;
+    stageb_coordinator::guidance::load_mission_section(&cfg.guidance.path, &inputs.ingested.mission)?;
+    let model = Path::new(&cfg.model.model_name_or_path);
+    if !model.exists() {
+        return Err(stageb_shared::error::InputError::new(
+            stageb_shared::error::ErrorCode::FileNotFound,
+            model.display().to_string(),
+            None,
+            "model file not found (run scripts/fetch-model.sh for the demo model)",
+        )
+        .into());
+    }
+    for n in &inputs.notices {
+        println!("warning: {n}");
+    }
+    println!(
+        "ok: mission {}, {} tickets, {} candidates per ticket, {} epochs, model {}",
+        inputs.ingested.mission,
+        inputs.ingested.tickets.len(),
+        cfg.candidates_per_ticket(),
+        cfg.runner.epochs,
+        model.display()
+    );
+    Ok(exit::OK)
+}

@@ -1,1 +1,1201 @@
-//! (in progress)
+//! Rank 0's validation of ops-pass proposals (reference §7.3, DESIGN §6, seed 001: the
+//! receiving stage validates).
+//!
+//! Every proposed op is checked and either accepted (as a typed [`GuidanceOp`]) or rejected
+//! with a stable [`RejectReason`] code and a detail; nothing is skipped silently (the original
+//! dropped rejected ops without a trace). Checks, in order (the first failure is the reason):
+//! 1. kind ∈ `add|update|delete|merge` (`unknown_op`);
+//! 2. key: required for update/delete/merge (`missing_key`), canonical (`invalid_key`), not
+//!    `S*` (`scaffold_key`), existing (`unknown_key`; stricter than the original, which created a
+//!    missing key on update: a typo must not invent a rule), `G0` not deleted (`g0_delete`).
+//!    An `add`'s key is ignored (adds always take a fresh key or reuse an identical rule's);
+//! 3. merge: `merged_from` non-empty, canonical, existing, distinct, without the target, without
+//!    `S*` (`scaffold_key`) and without `G0` (the checklist cannot be merged away)
+//!    (`merged_from_invalid`);
+//! 4. evidence: non-empty (`empty_evidence`), each id resolved through the `第N组` shorthand,
+//!    and every key ∈ L; one outside key rejects the whole op (`evidence_outside_learnable`),
+//!    never a partial filter and never a "whole bundle" default;
+//! 5. text (add/update/merge): present (`missing_text`); no third-state wording in text or
+//!    rationale (`third_state_text`); no Stage-A object chain (`stage_a_leak`); text ≤ 160 and
+//!    rationale ≤ 120 characters (`text_too_long`, `rationale_too_long`; rejected, never
+//!    truncated: a cut rule can mean something else);
+//! 6. duplicates: an `add` whose text matches an existing `G` rule becomes an `update` of that
+//!    key; text equal to an `S` rule (`duplicate_of_scaffold`) or, for update/merge, to another
+//!    rule (`duplicate_text`) is rejected; an op identical to an accepted one is `duplicate_op`;
+//!    an op touching a key an accepted op already touches is `key_conflict` (op order inside one
+//!    reflection must not matter);
+//! 7. `max_operations` caps *accepted* ops; further valid ops are `max_operations_exceeded`.
+//!
+//! The covered set `E` is computed from the ops that were actually applied
+//! ([`evidence_covered`]), never from accepted proposals: an op skipped at apply time (e.g. a
+//! delete of a key that no longer exists) does not cover its evidence (B9).
+
+use crate::guidance::{AppliedOp, GuidanceOp, MissionGuidance, RuleKey, dedupe_form};
+use serde::{Deserialize, Serialize};
+use stageb_shared::domain::TicketKey;
+pub use stageb_shared::reflection_schema::ProposedOp;
+use stageb_shared::text::{self, THIRD_STATE_REFLECTION};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Cap on a rule's text, in characters.
+pub const MAX_TEXT_CHARS: usize = 160;
+/// Cap on an op's rationale, in characters.
+pub const MAX_RATIONALE_CHARS: usize = 120;
+/// An `add` whose text contains (or is contained in) an existing rule's text with at least this
+/// length ratio is treated as the same rule (the original's deterministic "prefer update").
+pub const SIMILAR_CONTAINMENT_RATIO: f64 = 0.85;
+
+/// Stable rejection codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    UnknownOp,
+    MissingKey,
+    InvalidKey,
+    ScaffoldKey,
+    UnknownKey,
+    G0Delete,
+    MergedFromInvalid,
+    EmptyEvidence,
+    EvidenceOutsideLearnable,
+    MissingText,
+    ThirdStateText,
+    StageALeak,
+    TextTooLong,
+    RationaleTooLong,
+    DuplicateOfScaffold,
+    DuplicateText,
+    DuplicateOp,
+    KeyConflict,
+    MaxOperationsExceeded,
+}
+
+impl RejectReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            RejectReason::UnknownOp => "unknown_op",
+            RejectReason::MissingKey => "missing_key",
+            RejectReason::InvalidKey => "invalid_key",
+            RejectReason::ScaffoldKey => "scaffold_key",
+            RejectReason::UnknownKey => "unknown_key",
+            RejectReason::G0Delete => "g0_delete",
+            RejectReason::MergedFromInvalid => "merged_from_invalid",
+            RejectReason::EmptyEvidence => "empty_evidence",
+            RejectReason::EvidenceOutsideLearnable => "evidence_outside_learnable",
+            RejectReason::MissingText => "missing_text",
+            RejectReason::ThirdStateText => "third_state_text",
+            RejectReason::StageALeak => "stage_a_leak",
+            RejectReason::TextTooLong => "text_too_long",
+            RejectReason::RationaleTooLong => "rationale_too_long",
+            RejectReason::DuplicateOfScaffold => "duplicate_of_scaffold",
+            RejectReason::DuplicateText => "duplicate_text",
+            RejectReason::DuplicateOp => "duplicate_op",
+            RejectReason::KeyConflict => "key_conflict",
+            RejectReason::MaxOperationsExceeded => "max_operations_exceeded",
+        }
+    }
+}
+
+/// What the validator needs besides the proposal.
+#[derive(Debug, Clone, Copy)]
+pub struct OpsContext<'a> {
+    /// L: the learnable ticket keys of this ops pass.
+    pub learnable: &'a BTreeSet<TicketKey>,
+    /// `第N组` → ticket key, as rendered in the prompt's CASES.
+    pub shorthand: &'a BTreeMap<String, TicketKey>,
+    pub guidance: &'a MissionGuidance,
+    /// Cap on accepted ops (`reflection.max_operations`); `None` = unlimited.
+    pub max_operations: Option<usize>,
+}
+
+/// An accepted op, ready for [`crate::guidance::GuidanceRepo::apply`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptedOp {
+    /// Position in the proposal.
+    pub index: usize,
+    pub op: GuidanceOp,
+    /// Set when an `add` was turned into an update of an existing rule with the same text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reused_key: Option<RuleKey>,
+}
+
+/// A rejected op with its reason (recorded in `reflection.jsonl`, and sent back for revision).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedOp {
+    pub index: usize,
+    pub proposed: ProposedOp,
+    pub reason: RejectReason,
+    pub detail: String,
+}
+
+/// The validator's verdict on a proposal, in proposal order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpsValidation {
+    pub accepted: Vec<AcceptedOp>,
+    pub rejected: Vec<RejectedOp>,
+}
+
+impl OpsValidation {
+    /// The accepted ops, in order, for applying.
+    pub fn ops(&self) -> Vec<GuidanceOp> {
+        self.accepted.iter().map(|a| a.op.clone()).collect()
+    }
+
+    /// Union of the accepted ops' evidence (what *would* be covered if all applied; coverage
+    /// itself must use [`evidence_covered`] on the applied ops).
+    pub fn proposed_evidence(&self) -> BTreeSet<TicketKey> {
+        self.accepted
+            .iter()
+            .flat_map(|a| a.op.evidence().iter().cloned())
+            .collect()
+    }
+}
+
+/// Validate a proposal. Pure and deterministic.
+pub fn validate_ops(proposed: &[ProposedOp], ctx: &OpsContext<'_>) -> OpsValidation {
+    let mut out = OpsValidation::default();
+    let mut signatures: Vec<String> = Vec::new();
+    let mut touched: BTreeSet<RuleKey> = BTreeSet::new();
+    for (index, p) in proposed.iter().enumerate() {
+        let checked = check_op(p, ctx).and_then(|(op, reused_key)| {
+            let sig = signature(&op);
+            if signatures.contains(&sig) {
+                return Err((
+                    RejectReason::DuplicateOp,
+                    "identical to an accepted op".to_string(),
+                ));
+            }
+            let keys = op_keys(&op);
+            if let Some(k) = keys.iter().find(|k| touched.contains(k)) {
+                return Err((
+                    RejectReason::KeyConflict,
+                    format!("{k} is already changed by an accepted op"),
+                ));
+            }
+            if ctx
+                .max_operations
+                .is_some_and(|max| out.accepted.len() >= max)
+            {
+                return Err((
+                    RejectReason::MaxOperationsExceeded,
+                    format!("max_operations={} already accepted", out.accepted.len()),
+                ));
+            }
+            signatures.push(sig);
+            touched.extend(keys);
+            Ok(AcceptedOp {
+                index,
+                op,
+                reused_key,
+            })
+        });
+        match checked {
+            Ok(accepted) => out.accepted.push(accepted),
+            Err((reason, detail)) => out.rejected.push(RejectedOp {
+                index,
+                proposed: p.clone(),
+                reason,
+                detail,
+            }),
+        }
+    }
+    out
+}
+
+type Check<T> = Result<T, (RejectReason, String)>;
+
+fn reject<T>(reason: RejectReason, detail: impl Into<String>) -> Check<T> {
+    Err((reason, detail.into()))
+}
+
+fn check_op(p: &ProposedOp, ctx: &OpsContext<'_>) -> Check<(GuidanceOp, Option<RuleKey>)> {
+    let g = ctx.guidance;
+    let kind = p.op.trim().to_lowercase();
+    if !matches!(kind.as_str(), "add" | "update" | "delete" | "merge") {
+        return reject(
+            RejectReason::UnknownOp,
+            format!("op '{}' is not add|update|delete|merge", p.op),
+        );
+    }
+    let key = if kind == "add" {
+        None
+    } else {
+        Some(target_key(p.key.as_deref(), g)?)
+    };
+    if kind == "delete" && key == Some(RuleKey::G0) {
+        return reject(RejectReason::G0Delete, "G0 cannot be deleted");
+    }
+    let merged_from = if kind == "merge" {
+        merged_from(p.merged_from.as_deref(), key.unwrap_or(RuleKey::G0), g)?
+    } else {
+        Vec::new()
+    };
+    let evidence = resolve_evidence(&p.evidence, ctx)?;
+    let rationale = p
+        .rationale
+        .as_deref()
+        .map(text::normalize)
+        .filter(|r| !r.is_empty());
+    if let Some(r) = &rationale {
+        if let Some(w) = text::find_third_state(r, THIRD_STATE_REFLECTION) {
+            return reject(
+                RejectReason::ThirdStateText,
+                format!("rationale contains '{w}'"),
+            );
+        }
+        if r.chars().count() > MAX_RATIONALE_CHARS {
+            return reject(
+                RejectReason::RationaleTooLong,
+                format!(
+                    "rationale has {} characters (max {MAX_RATIONALE_CHARS})",
+                    r.chars().count()
+                ),
+            );
+        }
+    }
+    if kind == "delete" {
+        let key = key.unwrap_or(RuleKey::G0);
+        return Ok((
+            GuidanceOp::Delete {
+                key,
+                rationale,
+                evidence,
+            },
+            None,
+        ));
+    }
+    let rule_text = p
+        .text
+        .as_deref()
+        .map(text::normalize)
+        .filter(|t| !dedupe_form(t).is_empty());
+    let Some(rule_text) = rule_text else {
+        return reject(
+            RejectReason::MissingText,
+            format!("{kind} needs a non-empty text"),
+        );
+    };
+    if let Some(w) = text::find_third_state(&rule_text, THIRD_STATE_REFLECTION) {
+        return reject(RejectReason::ThirdStateText, format!("text contains '{w}'"));
+    }
+    if let Some(marker) = stage_a_leak(&rule_text) {
+        return reject(
+            RejectReason::StageALeak,
+            format!("text looks like a Stage-A object chain ({marker})"),
+        );
+    }
+    let n = rule_text.chars().count();
+    if n > MAX_TEXT_CHARS {
+        return reject(
+            RejectReason::TextTooLong,
+            format!("text has {n} characters (max {MAX_TEXT_CHARS})"),
+        );
+    }
+    match (kind.as_str(), key) {
+        ("add", _) => match similar_rule(g, &rule_text) {
+            Some(k) if k.is_scaffold() => reject(
+                RejectReason::DuplicateOfScaffold,
+                format!("same rule as {k}"),
+            ),
+            Some(k) => Ok((
+                GuidanceOp::Update {
+                    key: k,
+                    text: rule_text,
+                    rationale,
+                    evidence,
+                },
+                Some(k),
+            )),
+            None => Ok((
+                GuidanceOp::Add {
+                    text: rule_text,
+                    rationale,
+                    evidence,
+                },
+                None,
+            )),
+        },
+        ("update", Some(key)) => {
+            duplicate_elsewhere(g, &rule_text, &[key])?;
+            Ok((
+                GuidanceOp::Update {
+                    key,
+                    text: rule_text,
+                    rationale,
+                    evidence,
+                },
+                None,
+            ))
+        }
+        (_, Some(key)) => {
+            let mut own = merged_from.clone();
+            own.push(key);
+            duplicate_elsewhere(g, &rule_text, &own)?;
+            Ok((
+                GuidanceOp::Merge {
+                    key,
+                    merged_from,
+                    text: rule_text,
+                    rationale,
+                    evidence,
+                },
+                None,
+            ))
+        }
+        _ => reject(RejectReason::MissingKey, format!("{kind} needs a key")),
+    }
+}
+
+fn parse_key(raw: &str) -> Check<RuleKey> {
+    raw.trim()
+        .parse::<RuleKey>()
+        .map_err(|e| (RejectReason::InvalidKey, e.to_string()))
+}
+
+fn target_key(raw: Option<&str>, g: &MissionGuidance) -> Check<RuleKey> {
+    let Some(raw) = raw.filter(|k| !k.trim().is_empty()) else {
+        return reject(RejectReason::MissingKey, "update/delete/merge need a key");
+    };
+    let key = parse_key(raw)?;
+    if key.is_scaffold() {
+        return reject(
+            RejectReason::ScaffoldKey,
+            format!("{key} is read-only scaffold"),
+        );
+    }
+    if !g.experiences.contains_key(&key) {
+        return reject(RejectReason::UnknownKey, format!("{key} does not exist"));
+    }
+    Ok(key)
+}
+
+fn merged_from(
+    raw: Option<&[String]>,
+    target: RuleKey,
+    g: &MissionGuidance,
+) -> Check<Vec<RuleKey>> {
+    let raw = raw.unwrap_or_default();
+    if raw.is_empty() {
+        return reject(
+            RejectReason::MergedFromInvalid,
+            "merged_from must be non-empty",
+        );
+    }
+    let mut keys = Vec::new();
+    for r in raw {
+        let k = parse_key(r).map_err(|(_, d)| (RejectReason::MergedFromInvalid, d))?;
+        if k.is_scaffold() {
+            return reject(
+                RejectReason::ScaffoldKey,
+                format!("merged_from contains read-only {k}"),
+            );
+        }
+        if k.is_g0() {
+            return reject(RejectReason::MergedFromInvalid, "G0 cannot be merged away");
+        }
+        if k == target {
+            return reject(
+                RejectReason::MergedFromInvalid,
+                format!("merged_from contains the target {k}"),
+            );
+        }
+        if !g.experiences.contains_key(&k) {
+            return reject(
+                RejectReason::MergedFromInvalid,
+                format!("merged_from {k} does not exist"),
+            );
+        }
+        if keys.contains(&k) {
+            return reject(
+                RejectReason::MergedFromInvalid,
+                format!("merged_from lists {k} twice"),
+            );
+        }
+        keys.push(k);
+    }
+    Ok(keys)
+}
+
+fn resolve_evidence(raw: &[String], ctx: &OpsContext<'_>) -> Check<Vec<TicketKey>> {
+    let mut keys: Vec<TicketKey> = Vec::new();
+    for r in raw {
+        let k = resolve_id(r, ctx.shorthand);
+        if k.as_str().is_empty() {
+            continue;
+        }
+        if !ctx.learnable.contains(&k) {
+            return reject(
+                RejectReason::EvidenceOutsideLearnable,
+                format!(
+                    "evidence '{}' is not a learnable ticket of this pass",
+                    r.trim()
+                ),
+            );
+        }
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    if keys.is_empty() {
+        return reject(
+            RejectReason::EmptyEvidence,
+            "every op needs non-empty evidence",
+        );
+    }
+    Ok(keys)
+}
+
+/// Resolve one id written by the model: `第N组` (spaces allowed) through the shorthand map,
+/// anything else as a ticket key (trimmed). An unmapped shorthand stays as written (and then
+/// fails the membership check).
+pub fn resolve_id(raw: &str, shorthand: &BTreeMap<String, TicketKey>) -> TicketKey {
+    let trimmed = raw.trim();
+    let compact: String = trimmed.chars().filter(|c| !c.is_whitespace()).collect();
+    if let Some(n) = compact
+        .strip_prefix('第')
+        .and_then(|s| s.strip_suffix('组'))
+        && !n.is_empty()
+        && n.chars().all(|c| c.is_ascii_digit())
+        && let Some(k) = shorthand.get(&format!("第{}组", n.trim_start_matches('0')))
+    {
+        return k.clone();
+    }
+    TicketKey(trimmed.to_string())
+}
+
+/// Decision-pass ids resolved against a batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedIds {
+    /// Ticket keys of the batch, in first-mention order, deduplicated.
+    pub keys: Vec<TicketKey>,
+    /// Ids that are not (and do not resolve to) a ticket key of the batch; ignored.
+    pub unknown: Vec<String>,
+}
+
+/// Resolve `no_evidence_group_ids` (or any id list) against the batch: shorthand first, then
+/// ticket keys; unknown ids (including bare group ids without `::label`) are ignored.
+pub fn resolve_ids(
+    raw: &[String],
+    shorthand: &BTreeMap<String, TicketKey>,
+    batch: &BTreeSet<TicketKey>,
+) -> ResolvedIds {
+    let mut out = ResolvedIds::default();
+    for r in raw {
+        let k = resolve_id(r, shorthand);
+        if batch.contains(&k) {
+            if !out.keys.contains(&k) {
+                out.keys.push(k);
+            }
+        } else {
+            out.unknown.push(r.clone());
+        }
+    }
+    out
+}
+
+/// The evidence covered by ops that were actually applied (E). Ops skipped at apply time
+/// are not in `applied`, so they never count (B9).
+pub fn evidence_covered(applied: &[AppliedOp]) -> BTreeSet<TicketKey> {
+    applied
+        .iter()
+        .flat_map(|a| a.evidence.iter().cloned())
+        .collect()
+}
+
+/// `L \ E`, sorted.
+pub fn uncovered(learnable: &BTreeSet<TicketKey>, covered: &BTreeSet<TicketKey>) -> Vec<TicketKey> {
+    learnable.difference(covered).cloned().collect()
+}
+
+/// Why `text` looks like a Stage-A summary fragment rather than a rule, if it does: `image_`
+/// or `imageN`, `×` counts, `备注:`, `标签/`, or two or more `/` (an object chain such as
+/// `BBU设备/显示完整/…`).
+pub fn stage_a_leak(text: &str) -> Option<&'static str> {
+    let lower = text.to_lowercase();
+    if lower.contains("image_") {
+        return Some("image_");
+    }
+    if lower
+        .match_indices("image")
+        .any(|(i, m)| lower[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
+    {
+        return Some("imageN");
+    }
+    if text.contains('×') {
+        return Some("×");
+    }
+    if text.contains("备注:") || text.contains("备注：") {
+        return Some("备注:");
+    }
+    if text.contains("标签/") {
+        return Some("标签/");
+    }
+    if text.chars().filter(|c| matches!(c, '/' | '／')).count() >= 2 {
+        return Some("two or more '/'");
+    }
+    None
+}
+
+/// Punctuation-insensitive comparison form.
+fn loose_form(s: &str) -> String {
+    dedupe_form(s)
+        .to_lowercase()
+        .chars()
+        .filter(|c| {
+            !c.is_whitespace()
+                && !c.is_ascii_punctuation()
+                && !"，。！？；：、（）【】《》“”‘’·~—…".contains(*c)
+        })
+        .collect()
+}
+
+/// An existing rule that is the same as `text`: equal in loose form, or one containing the
+/// other with a length ratio ≥ [`SIMILAR_CONTAINMENT_RATIO`]. Exact matches win over
+/// containment; ties go to the lowest key.
+pub fn similar_rule(g: &MissionGuidance, text: &str) -> Option<RuleKey> {
+    let t = loose_form(text);
+    if t.is_empty() {
+        return None;
+    }
+    if let Some(k) = g
+        .experiences
+        .iter()
+        .find(|(_, v)| loose_form(v) == t)
+        .map(|(k, _)| *k)
+    {
+        return Some(k);
+    }
+    g.experiences
+        .iter()
+        .find(|(_, v)| {
+            let v = loose_form(v);
+            let (a, b) = (t.chars().count() as f64, v.chars().count() as f64);
+            !v.is_empty()
+                && (v.contains(&t) || t.contains(&v))
+                && a.min(b) / a.max(b) >= SIMILAR_CONTAINMENT_RATIO
+        })
+        .map(|(k, _)| *k)
+}
+
+/// Reject text equal (loose form) to a rule other than `own`.
+fn duplicate_elsewhere(g: &MissionGuidance, text: &str, own: &[RuleKey]) -> Check<()> {
+    let t = loose_form(text);
+    match g
+        .experiences
+        .iter()
+        .find(|(k, v)| !own.contains(k) && loose_form(v) == t)
+    {
+        Some((k, _)) if k.is_scaffold() => reject(
+            RejectReason::DuplicateOfScaffold,
+            format!("same text as {k}"),
+        ),
+        Some((k, _)) => reject(RejectReason::DuplicateText, format!("same text as {k}")),
+        None => Ok(()),
+    }
+}
+
+fn signature(op: &GuidanceOp) -> String {
+    let mut evidence: Vec<&str> = op.evidence().iter().map(TicketKey::as_str).collect();
+    evidence.sort_unstable();
+    let merged = match op {
+        GuidanceOp::Merge { merged_from, .. } => merged_from
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        _ => Vec::new(),
+    };
+    format!(
+        "{}|{}|{}|{}|{}",
+        op.kind(),
+        op.key().map(|k| k.to_string()).unwrap_or_default(),
+        op.text().map(loose_form).unwrap_or_default(),
+        evidence.join(","),
+        merged.join(",")
+    )
+}
+
+fn op_keys(op: &GuidanceOp) -> Vec<RuleKey> {
+    let mut keys: Vec<RuleKey> = op.key().into_iter().collect();
+    if let GuidanceOp::Merge { merged_from, .. } = op {
+        keys.extend(merged_from.iter().copied());
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guidance::{RuleMetadata, apply_ops};
+
+    fn guidance() -> MissionGuidance {
+        let mut experiences = BTreeMap::new();
+        experiences.insert(RuleKey::S(1), "若关键点无法确认则判不通过".to_string());
+        experiences.insert(RuleKey::G0, "至少需要检测到挡风板".to_string());
+        experiences.insert(RuleKey::G1, "若挡风板缺失则判不通过".to_string());
+        experiences.insert(RuleKey::G(2), "若挡风板方向反向则判不通过".to_string());
+        experiences.insert(RuleKey::G(3), "若全局图显示完整则以全局图为准".to_string());
+        let mut metadata = BTreeMap::new();
+        metadata.insert(
+            RuleKey::G1,
+            RuleMetadata {
+                updated_at: None,
+                reflection_id: "r0".into(),
+                sources: vec![],
+                rationale: None,
+                hit_count: 1,
+                miss_count: 0,
+                confidence: 0.99,
+                extra: BTreeMap::new(),
+            },
+        );
+        MissionGuidance {
+            mission: "m".into(),
+            step: 1,
+            updated_at: "2025-12-16".into(),
+            experiences,
+            metadata,
+        }
+    }
+
+    fn keys(v: &[&str]) -> BTreeSet<TicketKey> {
+        v.iter().map(|s| TicketKey(s.to_string())).collect()
+    }
+
+    fn op(kind: &str, key: Option<&str>, text: Option<&str>, evidence: &[&str]) -> ProposedOp {
+        ProposedOp {
+            op: kind.into(),
+            key: key.map(Into::into),
+            text: text.map(Into::into),
+            rationale: Some("依据本批样本".into()),
+            evidence: evidence.iter().map(|s| s.to_string()).collect(),
+            merged_from: None,
+        }
+    }
+
+    fn merge(key: &str, from: &[&str], text: &str) -> ProposedOp {
+        ProposedOp {
+            merged_from: Some(from.iter().map(|s| s.to_string()).collect()),
+            ..op("merge", Some(key), Some(text), &["g1::pass"])
+        }
+    }
+
+    struct Fixture {
+        learnable: BTreeSet<TicketKey>,
+        shorthand: BTreeMap<String, TicketKey>,
+        guidance: MissionGuidance,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let mut shorthand = BTreeMap::new();
+            shorthand.insert("第1组".to_string(), TicketKey("g1::pass".into()));
+            shorthand.insert("第2组".to_string(), TicketKey("g2::pass".into()));
+            Fixture {
+                learnable: keys(&["g1::pass", "g2::pass"]),
+                shorthand,
+                guidance: guidance(),
+            }
+        }
+
+        fn validate(&self, ops: &[ProposedOp], max: Option<usize>) -> OpsValidation {
+            let ctx = OpsContext {
+                learnable: &self.learnable,
+                shorthand: &self.shorthand,
+                guidance: &self.guidance,
+                max_operations: max,
+            };
+            validate_ops(ops, &ctx)
+        }
+    }
+
+    fn reasons(v: &OpsValidation) -> Vec<RejectReason> {
+        v.rejected.iter().map(|r| r.reason).collect()
+    }
+
+    #[test]
+    fn evidence_outside_learnable_rejects_the_whole_op() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[op(
+                "add",
+                None,
+                Some("若螺丝松动则判不通过"),
+                &["g1::pass", "STOP"],
+            )],
+            None,
+        );
+        assert!(v.accepted.is_empty());
+        assert_eq!(reasons(&v), vec![RejectReason::EvidenceOutsideLearnable]);
+        assert!(v.proposed_evidence().is_empty());
+    }
+
+    #[test]
+    fn only_the_valid_op_of_two_is_kept() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("add", None, Some("若螺丝松动则判不通过"), &["STOP"]),
+                op("add", None, Some("若挡风板变形则判不通过"), &["g2::pass"]),
+            ],
+            None,
+        );
+        assert_eq!(v.accepted.len(), 1);
+        assert_eq!(v.accepted[0].index, 1);
+        assert_eq!(v.proposed_evidence(), keys(&["g2::pass"]));
+    }
+
+    #[test]
+    fn third_state_text_or_rationale_is_rejected() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[op("add", None, Some("需复核时通过。"), &["g1::pass"])],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::ThirdStateText]);
+        let mut p = op("add", None, Some("若挡风板变形则判不通过"), &["g1::pass"]);
+        p.rationale = Some("需要进一步确认".into());
+        assert_eq!(
+            reasons(&f.validate(&[p], None)),
+            vec![RejectReason::ThirdStateText]
+        );
+        // Traditional characters and case do not slip through.
+        let v = f.validate(
+            &[op(
+                "add",
+                None,
+                Some("若無法判斷則 Need-Review"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::ThirdStateText]);
+    }
+
+    #[test]
+    fn add_with_existing_text_becomes_update_of_that_key() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[op(
+                "add",
+                None,
+                Some("若挡风板缺失则判不通过。"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert_eq!(v.accepted.len(), 1);
+        assert_eq!(v.accepted[0].op.key(), Some(RuleKey::G1));
+        assert_eq!(v.accepted[0].op.kind(), "update");
+        assert_eq!(v.accepted[0].reused_key, Some(RuleKey::G1));
+        // Near-identical (contained, length ratio ≥ 0.85) also reuses the key.
+        let v = f.validate(
+            &[op(
+                "add",
+                None,
+                Some("若挡风板缺失则判不通过了"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert_eq!(v.accepted[0].op.key(), Some(RuleKey::G1));
+        // An add identical to a scaffold rule is rejected, never an S* update.
+        let v = f.validate(
+            &[op(
+                "add",
+                None,
+                Some("若关键点无法确认则判不通过"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert!(v.accepted.is_empty(), "{v:?}");
+    }
+
+    #[test]
+    fn decision_ids_resolve_shorthand_and_drop_unknown() {
+        let f = Fixture::new();
+        let batch = keys(&["g1::pass", "g2::pass"]);
+        let raw: Vec<String> = ["第1组", "g2::pass", "UNKNOWN", " 第 1 组 ", "g1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let r = resolve_ids(&raw, &f.shorthand, &batch);
+        assert_eq!(
+            r.keys,
+            vec![TicketKey("g1::pass".into()), TicketKey("g2::pass".into())]
+        );
+        assert_eq!(r.unknown, vec!["UNKNOWN".to_string(), "g1".to_string()]);
+    }
+
+    #[test]
+    fn evidence_shorthand_is_resolved_and_deduplicated() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[op(
+                "add",
+                None,
+                Some("若挡风板变形则判不通过"),
+                &["第1组", "g1::pass", "第2组"],
+            )],
+            None,
+        );
+        assert_eq!(
+            v.accepted[0].op.evidence(),
+            &[TicketKey("g1::pass".into()), TicketKey("g2::pass".into())]
+        );
+        let v = f.validate(
+            &[op("add", None, Some("若挡风板变形则判不通过"), &["第3组"])],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::EvidenceOutsideLearnable]);
+    }
+
+    #[test]
+    fn empty_evidence_is_rejected_even_for_delete() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("delete", Some("G1"), None, &[]),
+                op("delete", Some("G2"), None, &["  "]),
+            ],
+            None,
+        );
+        assert_eq!(
+            reasons(&v),
+            vec![RejectReason::EmptyEvidence, RejectReason::EmptyEvidence]
+        );
+    }
+
+    #[test]
+    fn scaffold_keys_are_never_targets() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("update", Some("S1"), Some("改写"), &["g1::pass"]),
+                op("delete", Some("S1"), None, &["g1::pass"]),
+                merge("G1", &["S1"], "合并"),
+            ],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::ScaffoldKey; 3]);
+    }
+
+    #[test]
+    fn g0_is_updatable_but_not_deletable_nor_mergeable_away() {
+        let f = Fixture::new();
+        let v = f.validate(&[op("delete", Some("G0"), None, &["g1::pass"])], None);
+        assert_eq!(reasons(&v), vec![RejectReason::G0Delete]);
+        let v = f.validate(&[merge("G1", &["G0"], "合并规则")], None);
+        assert_eq!(reasons(&v), vec![RejectReason::MergedFromInvalid]);
+        let v = f.validate(
+            &[op(
+                "update",
+                Some("G0"),
+                Some("至少需要检测到挡风板和螺丝"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert_eq!(v.accepted.len(), 1);
+    }
+
+    #[test]
+    fn keys_must_exist_and_be_canonical() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("update", Some("G9"), Some("新规则"), &["g1::pass"]),
+                op("update", None, Some("新规则"), &["g1::pass"]),
+                op("update", Some("rule1"), Some("新规则"), &["g1::pass"]),
+                op("delete", Some("G9"), None, &["g1::pass"]),
+            ],
+            None,
+        );
+        assert_eq!(
+            reasons(&v),
+            vec![
+                RejectReason::UnknownKey,
+                RejectReason::MissingKey,
+                RejectReason::InvalidKey,
+                RejectReason::UnknownKey
+            ]
+        );
+    }
+
+    #[test]
+    fn merge_sources_must_be_valid() {
+        let f = Fixture::new();
+        let cases = [
+            (
+                merge("G1", &[], "合并规则"),
+                RejectReason::MergedFromInvalid,
+            ),
+            (
+                merge("G1", &["G1"], "合并规则"),
+                RejectReason::MergedFromInvalid,
+            ),
+            (
+                merge("G1", &["G9"], "合并规则"),
+                RejectReason::MergedFromInvalid,
+            ),
+            (
+                merge("G1", &["G2", "G2"], "合并规则"),
+                RejectReason::MergedFromInvalid,
+            ),
+            (
+                ProposedOp {
+                    merged_from: None,
+                    ..merge("G1", &[], "合并规则")
+                },
+                RejectReason::MergedFromInvalid,
+            ),
+        ];
+        for (p, want) in cases {
+            assert_eq!(
+                reasons(&f.validate(std::slice::from_ref(&p), None)),
+                vec![want],
+                "{p:?}"
+            );
+        }
+        let v = f.validate(
+            &[merge("G1", &["G2", "G3"], "若挡风板缺失或反向则判不通过")],
+            None,
+        );
+        assert_eq!(v.accepted.len(), 1, "{v:?}");
+        let GuidanceOp::Merge { merged_from, .. } = &v.accepted[0].op else {
+            panic!()
+        };
+        assert_eq!(merged_from, &vec![RuleKey::G(2), RuleKey::G(3)]);
+    }
+
+    #[test]
+    fn stage_a_object_chain_is_rejected_natural_rule_is_accepted() {
+        let f = Fixture::new();
+        let leak = "BBU设备/显示完整,机柜空间充足需要安装/这个BBU设备按要求配备了挡风板。";
+        let v = f.validate(&[op("add", None, Some(leak), &["g1::pass"])], None);
+        assert_eq!(reasons(&v), vec![RejectReason::StageALeak]);
+        let rule = "若机柜空间充足且BBU设备按要求配备挡风板则判通过；否则判不通过。";
+        assert_eq!(
+            f.validate(&[op("add", None, Some(rule), &["g1::pass"])], None)
+                .accepted
+                .len(),
+            1
+        );
+        for leak in [
+            "image_1显示缺失则不通过",
+            "若Image2缺失则不通过",
+            "挡风板×2则通过",
+            "备注: 无",
+            "标签/可以识别则通过",
+        ] {
+            assert!(stage_a_leak(leak).is_some(), "{leak}");
+        }
+        assert!(
+            stage_a_leak("若螺丝/光纤之一缺失则不通过").is_none(),
+            "one slash is prose"
+        );
+    }
+
+    #[test]
+    fn length_caps_reject_instead_of_truncating() {
+        let f = Fixture::new();
+        let long = "若".repeat(MAX_TEXT_CHARS + 1);
+        assert_eq!(
+            reasons(&f.validate(&[op("add", None, Some(&long), &["g1::pass"])], None)),
+            vec![RejectReason::TextTooLong]
+        );
+        let exact = format!("若{}则不通过", "长".repeat(MAX_TEXT_CHARS - 5));
+        assert_eq!(
+            f.validate(&[op("add", None, Some(&exact), &["g1::pass"])], None)
+                .accepted
+                .len(),
+            1
+        );
+        let mut p = op("add", None, Some("若挡风板变形则判不通过"), &["g1::pass"]);
+        p.rationale = Some("理".repeat(MAX_RATIONALE_CHARS + 1));
+        assert_eq!(
+            reasons(&f.validate(&[p], None)),
+            vec![RejectReason::RationaleTooLong]
+        );
+    }
+
+    #[test]
+    fn unknown_op_and_missing_text_are_rejected() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("none", None, None, &["g1::pass"]),
+                op("upsert", Some("G1"), Some("x"), &["g1::pass"]),
+                op("add", None, Some(" 。"), &["g1::pass"]),
+            ],
+            None,
+        );
+        assert_eq!(
+            reasons(&v),
+            vec![
+                RejectReason::UnknownOp,
+                RejectReason::UnknownOp,
+                RejectReason::MissingText
+            ]
+        );
+        // Case and spaces in the kind are tolerated.
+        assert_eq!(
+            f.validate(
+                &[op(
+                    " ADD ",
+                    None,
+                    Some("若挡风板变形则判不通过"),
+                    &["g1::pass"]
+                )],
+                None
+            )
+            .accepted
+            .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn identical_ops_are_deduplicated_and_conflicts_rejected() {
+        let f = Fixture::new();
+        let a = op("add", None, Some("若挡风板变形则判不通过"), &["g1::pass"]);
+        let b = op("add", None, Some("若挡风板变形则判不通过。"), &["g1::pass"]);
+        let v = f.validate(&[a, b], None);
+        assert_eq!(reasons(&v), vec![RejectReason::DuplicateOp]);
+        let v = f.validate(
+            &[
+                op(
+                    "update",
+                    Some("G1"),
+                    Some("若挡风板缺失则判不通过，除非另有全局图"),
+                    &["g1::pass"],
+                ),
+                op("delete", Some("G1"), None, &["g2::pass"]),
+            ],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::KeyConflict]);
+        let v = f.validate(
+            &[op(
+                "update",
+                Some("G3"),
+                Some("若挡风板缺失则判不通过"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::DuplicateText]);
+    }
+
+    #[test]
+    fn max_operations_caps_accepted_ops() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("add", None, Some("若螺丝松动则判不通过"), &["STOP"]),
+                op("add", None, Some("若挡风板变形则判不通过"), &["g1::pass"]),
+                op(
+                    "add",
+                    None,
+                    Some("若挡风板颜色异常则判不通过"),
+                    &["g2::pass"],
+                ),
+                op(
+                    "update",
+                    Some("G2"),
+                    Some("若挡风板装反则判不通过"),
+                    &["g2::pass"],
+                ),
+            ],
+            Some(2),
+        );
+        assert_eq!(
+            v.accepted.iter().map(|a| a.index).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(
+            reasons(&v),
+            vec![
+                RejectReason::EvidenceOutsideLearnable,
+                RejectReason::MaxOperationsExceeded
+            ]
+        );
+    }
+
+    #[test]
+    fn reject_reason_codes_are_stable() {
+        let json = serde_json::to_string(&RejectReason::EvidenceOutsideLearnable).unwrap();
+        assert_eq!(json, "\"evidence_outside_learnable\"");
+        assert_eq!(
+            RejectReason::MaxOperationsExceeded.code(),
+            "max_operations_exceeded"
+        );
+        assert_eq!(
+            serde_json::to_string(&RejectReason::G0Delete).unwrap(),
+            "\"g0_delete\""
+        );
+    }
+
+    #[test]
+    fn regression_b13_rules_use_the_reflection_list_reasons_the_rollout_list() {
+        // One list per layer on purpose: hedging words are harmless in a reason but turn a rule
+        // into a third-state instruction.
+        let f = Fixture::new();
+        let v = f.validate(
+            &[op("add", None, Some("若无佐证则判通过"), &["g1::pass"])],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::ThirdStateText]);
+        assert!(
+            text::find_third_state("若无佐证则判通过", stageb_shared::text::THIRD_STATE_ROLLOUT)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn regression_b9_delete_of_missing_key_is_not_coverage() {
+        // Validation already rejects it; here the op reaches apply anyway (e.g. the key was
+        // removed by an earlier op), and coverage must come from what was applied.
+        let g = guidance();
+        let ops = vec![
+            GuidanceOp::Delete {
+                key: RuleKey::G(9),
+                rationale: None,
+                evidence: vec![TicketKey("g1::pass".into())],
+            },
+            GuidanceOp::Add {
+                text: "若挡风板变形则判不通过".into(),
+                rationale: None,
+                evidence: vec![TicketKey("g2::pass".into())],
+            },
+        ];
+        let out = apply_ops(&g, &ops, "rid", "t").unwrap();
+        let e = evidence_covered(&out.applied);
+        assert_eq!(e, keys(&["g2::pass"]));
+        assert_eq!(
+            uncovered(&keys(&["g1::pass", "g2::pass"]), &e),
+            vec![TicketKey("g1::pass".into())]
+        );
+    }
+
+    #[test]
+    fn accepted_ops_apply_cleanly() {
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("add", None, Some("若挡风板变形则判不通过"), &["第1组"]),
+                merge("G1", &["G2"], "若挡风板缺失或反向则判不通过"),
+                op("delete", Some("G3"), None, &["g2::pass"]),
+            ],
+            Some(5),
+        );
+        assert!(v.rejected.is_empty(), "{v:?}");
+        let out = apply_ops(&f.guidance, &v.ops(), "rid", "t").unwrap();
+        assert_eq!(out.applied.len(), 3);
+        assert!(out.skipped.is_empty());
+        assert_eq!(
+            evidence_covered(&out.applied),
+            keys(&["g1::pass", "g2::pass"])
+        );
+    }
+}

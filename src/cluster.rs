@@ -1,0 +1,239 @@
+//! Process roles. Every role talks gRPC, even the embedded default: `stageb run` starts the
+//! coordinator on loopback and N local workers in the same process, so the single-machine path
+//! exercises exactly the protocol a multi-node run uses.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
+use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
+use stageb_coordinator::server::{self, ServiceConfig};
+use stageb_shared::auth::AuthToken;
+use stageb_shared::config::load_config;
+use stageb_shared::error::InputError;
+use stageb_shared::ingest::load_tickets;
+use stageb_worker::client::{WorkerOptions, WorkerSummary, run_worker};
+use stageb_worker::engine::Engine;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Bind(#[from] server::BindError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error("cannot determine the working directory: {0}")]
+    Cwd(std::io::Error),
+    #[error("gRPC server failed: {0}")]
+    Serve(String),
+    #[error("{0}")]
+    Launch(String),
+}
+
+/// Load and validate the config and its Stage-A inputs. Relative paths resolve against the
+/// working directory, as in the original.
+pub fn prepare_inputs(config_path: &Path, mode: &str) -> Result<RunInputs, ClusterError> {
+    let loaded = load_config(config_path)?;
+    for notice in &loaded.notices {
+        tracing::warn!("{notice}");
+    }
+    let cwd = std::env::current_dir().map_err(ClusterError::Cwd)?;
+    let config = loaded.config.with_paths_resolved(&cwd);
+    let ingested = load_tickets(&config.stage_a_paths)?;
+    tracing::info!(mission = %ingested.mission, tickets = ingested.tickets.len(), "inputs loaded");
+    Ok(RunInputs {
+        config,
+        config_path: config_path.to_path_buf(),
+        config_sha256: loaded.source_text_sha256,
+        notices: loaded.notices,
+        ingested,
+        mode: mode.to_string(),
+    })
+}
+
+/// How rank 0 serves a run.
+#[derive(Debug, Clone)]
+pub struct CoordinatorSettings {
+    pub listen: SocketAddr,
+    pub token: Option<AuthToken>,
+    /// How long to wait with no live worker before giving up.
+    pub worker_grace: Duration,
+    /// Period of the progress log line when stderr is not a terminal.
+    pub progress_every: Duration,
+    /// Report progress at all (tests turn it off).
+    pub show_progress: bool,
+}
+
+/// Handles of workers started in this process.
+pub type LocalWorkers = Vec<JoinHandle<Result<WorkerSummary, String>>>;
+
+/// Serve one run as rank 0. `spawn_local` receives the bound address (and the token) and
+/// starts in-process workers; pass a closure returning no handles for a coordinator alone.
+pub async fn run_coordinator(
+    inputs: RunInputs,
+    settings: CoordinatorSettings,
+    spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+) -> Result<RunSummary, ClusterError> {
+    let runner = &inputs.config.runner;
+    let (scheduler, completions) = Scheduler::new(SchedulerConfig {
+        lease_ttl: Duration::from_secs(runner.lease_ttl_s.max(1)),
+        ..SchedulerConfig::default()
+    });
+    let scheduler = Arc::new(scheduler);
+    let run_id = format!("{}-{}", inputs.config.output.run_name, &uuid_hex()[..8]);
+    let service = server::build_service(
+        scheduler.clone(),
+        &ServiceConfig {
+            run_id,
+            token: settings.token.clone(),
+            expected_fingerprint: None,
+            heartbeat_interval: Duration::from_secs(runner.heartbeat_interval_s.max(1)),
+        },
+    );
+    let fingerprint = service.fingerprint_handle();
+    let listener = server::bind(settings.listen, settings.token.as_ref()).await?;
+    let addr = listener.local_addr().map_err(|e| ClusterError::Serve(e.to_string()))?;
+    tracing::info!(%addr, auth = settings.token.is_some(), "coordinator listening");
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let server_task = tokio::spawn(server::serve(listener, service, settings.token.clone(), async {
+        let _ = stop_rx.await;
+    }));
+    let workers = spawn_local(addr, settings.token.clone());
+
+    let progress: ProgressHandle = Arc::new(Mutex::new(Default::default()));
+    let (progress_stop_tx, progress_stop_rx) = oneshot::channel::<()>();
+    let progress_task = settings.show_progress.then(|| {
+        tokio::spawn(crate::progress::report(progress.clone(), settings.progress_every, async {
+            let _ = progress_stop_rx.await;
+        }))
+    });
+
+    let result = async {
+        let run = RunLoop::prepare(inputs, scheduler.clone(), completions, fingerprint, progress)?
+            .with_worker_grace(settings.worker_grace);
+        tracing::info!(run_dir = %run.run_dir().display(), "run started");
+        run.run().await
+    }
+    .await;
+
+    // Tell workers the run is over, give them a moment to take the message, then stop serving.
+    scheduler.set_control(ControlSignal::Stop);
+    for w in workers {
+        match tokio::time::timeout(Duration::from_secs(30), w).await {
+            Ok(Ok(Ok(summary))) => tracing::debug!(?summary, "local worker finished"),
+            Ok(Ok(Err(e))) => tracing::warn!("local worker failed: {e}"),
+            Ok(Err(e)) => tracing::warn!("local worker panicked: {e}"),
+            Err(_) => tracing::warn!("local worker did not stop in time"),
+        }
+    }
+    let _ = progress_stop_tx.send(());
+    if let Some(t) = progress_task {
+        let _ = t.await;
+    }
+    let _ = stop_tx.send(());
+    match server_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("server stopped with an error: {e}"),
+        Err(e) => tracing::warn!("server task failed: {e}"),
+    }
+    Ok(result?)
+}
+
+/// A worker's identity for logs: `host:pid:index`.
+pub fn worker_name(index: usize) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}:{index}", std::process::id())
+}
+
+fn uuid_hex() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Start `n` in-process workers, each with its own engine built by `make_engine(index)` on a
+/// blocking thread (model loading is CPU-heavy).
+pub fn spawn_local_workers<E, F>(n: usize, addr: SocketAddr, token: Option<AuthToken>, make_engine: F) -> LocalWorkers
+where
+    E: Engine + 'static,
+    F: Fn(usize) -> Result<E, String> + Send + Sync + 'static,
+{
+    let make_engine = Arc::new(make_engine);
+    (0..n)
+        .map(|i| {
+            let make_engine = make_engine.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                let engine = tokio::task::spawn_blocking(move || make_engine(i))
+                    .await
+                    .map_err(|e| format!("engine loader panicked: {e}"))??;
+                let opts = WorkerOptions {
+                    coordinator: addr.to_string(),
+                    token,
+                    name: worker_name(i),
+                    device: "local".into(),
+                    run_id: String::new(),
+                    connect_timeout: Duration::from_secs(30),
+                };
+                run_worker(engine, opts, std::future::pending()).await.map_err(|e| e.to_string())
+            })
+        })
+        .collect()
+}
+
+/// The role and addresses `stageb launch` resolved from the environment, with where each
+/// value came from (logged at startup).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchTopology {
+    pub rank: u32,
+    pub rank_source: String,
+    pub local_rank: u32,
+    pub coordinator: String,
+    pub coordinator_source: String,
+}
+
+fn env_u32(names: &[&str]) -> Option<(u32, String)> {
+    names.iter().find_map(|n| std::env::var(n).ok().and_then(|v| v.trim().parse().ok()).map(|v| (v, n.to_string())))
+}
+
+/// Resolve the launch topology: rank from `STAGEB_RANK`, `RANK` (torchrun), `SLURM_PROCID`,
+/// `JOB_COMPLETION_INDEX` (Kubernetes Indexed Job), `OMPI_COMM_WORLD_RANK`; local rank from
+/// `STAGEB_LOCAL_RANK`, `LOCAL_RANK`, `SLURM_LOCALID`, `OMPI_COMM_WORLD_LOCAL_RANK`; the
+/// coordinator from `STAGEB_COORDINATOR`, else `MASTER_ADDR:(MASTER_PORT+1)` (torchrun's own
+/// store keeps `MASTER_PORT`).
+pub fn resolve_topology(default_port: u16) -> Result<LaunchTopology, ClusterError> {
+    let (rank, rank_source) = env_u32(&["STAGEB_RANK", "RANK", "SLURM_PROCID", "JOB_COMPLETION_INDEX", "OMPI_COMM_WORLD_RANK"])
+        .unwrap_or((0, "default (single process)".into()));
+    let (local_rank, _) =
+        env_u32(&["STAGEB_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"]).unwrap_or((0, String::new()));
+    let (coordinator, coordinator_source) = if let Ok(c) = std::env::var("STAGEB_COORDINATOR") {
+        (c, "STAGEB_COORDINATOR".to_string())
+    } else if let Ok(addr) = std::env::var("MASTER_ADDR") {
+        let port = std::env::var("MASTER_PORT")
+            .ok()
+            .and_then(|p| p.parse::<u16>().ok())
+            .map(|p| p.saturating_add(1))
+            .unwrap_or(default_port);
+        (format!("{addr}:{port}"), "MASTER_ADDR:MASTER_PORT+1".to_string())
+    } else if rank == 0 {
+        (format!("127.0.0.1:{default_port}"), "default".to_string())
+    } else {
+        return Err(ClusterError::Launch(
+            "rank > 0 but no coordinator address: set STAGEB_COORDINATOR (or MASTER_ADDR/MASTER_PORT)".into(),
+        ));
+    };
+    Ok(LaunchTopology { rank, rank_source, local_rank, coordinator, coordinator_source })
+}
+
+/// The model path of a config, resolved like the original (relative to the working directory).
+pub fn model_path_of(config_path: &Path) -> Result<PathBuf, ClusterError> {
+    let loaded = load_config(config_path)?;
+    let cwd = std::env::current_dir().map_err(ClusterError::Cwd)?;
+    Ok(stageb_shared::config::resolve_config_path(Path::new(&loaded.config.model.model_name_or_path), &cwd))
+}

@@ -1,0 +1,30 @@
+//! `stageb`: the one CLI users run, as a thin layer over the library crates.
+//!
+//! # Layout
+//! - [`cluster`]: process roles: the embedded default (coordinator plus local workers in one
+//!   process, still over loopback gRPC), a standalone coordinator, a standalone worker, and
+//!   `launch` (role from torchrun / Slurm / Kubernetes environment variables).
+//! - [`progress`]: rank 0's progress display (a bar on a terminal, periodic log lines
+//!   otherwise).
+//! - [`audit`]: re-derives decisions from a run directory and checks every invariant.
+//!
+//! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to
+//! documented exit codes.
+
+pub mod audit;
+pub mod cluster;
+pub mod progress;
+
+/// Exit codes (documented in the README).
+pub mod exit {
+    /// The run completed (or the command succeeded).
+    pub const OK: u8 = 0;
+    /// The run completed, but some tickets had no usable candidate (hard failures).
+    pub const COMPLETED_WITH_FAILURES: u8 = 1;
+    /// Bad usage, config or input: nothing was run.
+    pub const INPUT_ERROR: u8 = 2;
+    /// The run could not complete (I/O, lost workers, refused connection).
+    pub const RUNTIME_ERROR: u8 = 3;
+    /// `stageb audit` found invariant violations.
+    pub const AUDIT_FAILED: u8 = 4;
+}
