@@ -21,7 +21,12 @@ const SUMMARY_THIRD_STATE_MARKERS: &[&str] = &["需人工复核", "需要复核"
 /// Sanitize one Stage-A summary for a rollout prompt.
 pub fn sanitize_summary(summary: &str) -> String {
     let mut s = text::normalize(summary);
-    for sep in ["需复核,备注:", "需复核，备注:", "需复核,备注：", "需复核，备注："] {
+    for sep in [
+        "需复核,备注:",
+        "需复核，备注:",
+        "需复核,备注：",
+        "需复核，备注：",
+    ] {
         s = s.replace(sep, "备注:");
     }
     for marker in SUMMARY_THIRD_STATE_MARKERS {
@@ -34,17 +39,18 @@ fn is_scaffold(key: &str) -> bool {
     key.starts_with('S')
 }
 
-const ROLLOUT_SYSTEM: &str = "你是通信机房质检助手，始终用简体中文回答。\n\
-根据一组图片的文字摘要，判断这一组是否通过本次质检任务。\n\
-规则优先级：结构不变量（S*）最高；G0 是检查清单；G1 及以后的规则补充如何判定。与本任务检查清单无关的问题不影响判定。\n\
-若摘要中无法找到支持通过的依据，判不通过。\n\
-只输出两行，不要多余内容：\n\
-Verdict: 通过 或 Verdict: 不通过\n\
-Reason: 一行理由，说明依据\n\
-结论只能是通过或不通过，不得使用其他结论。";
+/// Short on purpose: every token of the system prompt is prefilled for every ticket, and small
+/// models copy placeholder text, so the format is described rather than templated.
+const ROLLOUT_SYSTEM: &str = "你是通信机房质检助手。根据图片摘要判断这一组是否通过质检任务。\n\
+结构不变量（S*）优先级最高，G0 是检查清单，G1 及以后是补充规则；与任务无关的问题不影响判定；找不到通过依据时判不通过。\n\
+输出两行：第一行 Verdict: 通过 或 Verdict: 不通过；第二行以 Reason: 开头，用一句话写出判断依据。";
 
 /// The `[system, user]` messages of one ticket's rollout.
-pub fn rollout_messages(mission: &str, guidance: &GuidanceLines, per_image: &[(String, String)]) -> Vec<ChatMessage> {
+pub fn rollout_messages(
+    mission: &str,
+    guidance: &GuidanceLines,
+    per_image: &[(String, String)],
+) -> Vec<ChatMessage> {
     let mut user = String::new();
     user.push_str(&format!("任务: {mission}\n"));
     let scaffold: Vec<_> = guidance.iter().filter(|(k, _)| is_scaffold(k)).collect();
@@ -62,7 +68,7 @@ pub fn rollout_messages(mission: &str, guidance: &GuidanceLines, per_image: &[(S
     for (i, (_, summary)) in per_image.iter().enumerate() {
         user.push_str(&format!("{}. {}\n", i + 1, sanitize_summary(summary)));
     }
-    user.push_str("请按两行格式给出结论。");
+    user.push_str("请给出结论。");
     vec![ChatMessage::system(ROLLOUT_SYSTEM), ChatMessage::user(user)]
 }
 
@@ -88,10 +94,16 @@ mod tests {
 
     #[test]
     fn keys_are_listed_in_the_order_given_scaffold_first() {
-        let msgs = rollout_messages("挡风板安装检查", &guidance(), &[("image_1".into(), "挡风板/显示完整".into())]);
+        let msgs = rollout_messages(
+            "挡风板安装检查",
+            &guidance(),
+            &[("image_1".into(), "挡风板/显示完整".into())],
+        );
         let user = &msgs[1].content;
         let pos = |k: &str| user.find(k).unwrap();
-        assert!(pos("[S1]") < pos("[G0]") && pos("[G0]") < pos("[G2]") && pos("[G2]") < pos("[G10]"));
+        assert!(
+            pos("[S1]") < pos("[G0]") && pos("[G0]") < pos("[G2]") && pos("[G2]") < pos("[G10]")
+        );
         assert_eq!(msgs[0].role, "system");
     }
 }

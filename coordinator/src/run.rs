@@ -33,8 +33,10 @@ use crate::eligibility::{self, Eligibility};
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
 use crate::metrics;
 use crate::prompts;
-use crate::reflection::{GradientRecord, Reflector, ReflectionError};
-use crate::scheduler::{Completion, DecodeJob, JobFailure, JobId, JobOutput, JobPayload, Provenance, Scheduler};
+use crate::reflection::{GradientRecord, ReflectionError, Reflector};
+use crate::scheduler::{
+    Completion, DecodeJob, JobFailure, JobId, JobOutput, JobPayload, Provenance, Scheduler,
+};
 use crate::selection::{self, Selection, VoteCandidate};
 use crate::signals;
 
@@ -78,19 +80,33 @@ pub enum RunError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunError + '_ {
-    move |source| RunError::Io { path: path.to_path_buf(), source }
+    move |source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// `{output.root}/{run_name}/{mission}/`, refusing names that would escape the root.
 pub fn run_dir(config: &RunConfig, mission: &str) -> Result<PathBuf, RunError> {
-    let bad = |s: &str| s.is_empty() || s == "." || s == ".." || s.contains('/') || s.contains('\\') || s.contains('\0');
+    let bad = |s: &str| {
+        s.is_empty()
+            || s == "."
+            || s == ".."
+            || s.contains('/')
+            || s.contains('\\')
+            || s.contains('\0')
+    };
     if bad(mission) {
         return Err(RunError::BadMission(mission.to_string()));
     }
     if bad(&config.output.run_name) {
         return Err(RunError::BadMission(config.output.run_name.clone()));
     }
-    Ok(config.output.root.join(&config.output.run_name).join(mission))
+    Ok(config
+        .output
+        .root
+        .join(&config.output.run_name)
+        .join(mission))
 }
 
 /// Everything the loop needs, prepared by the caller.
@@ -225,11 +241,17 @@ impl RunLoop {
     ) -> Result<Self, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        let options = RepoOptions { retention: inputs.config.guidance.retention.max(1) as usize, ..RepoOptions::default() };
+        let options = RepoOptions {
+            retention: inputs.config.guidance.retention.max(1) as usize,
+            ..RepoOptions::default()
+        };
         let mission = inputs.ingested.mission.clone();
-        let reuse = !inputs.config.guidance.reset_on_rerun && dir.join(crate::guidance::GUIDANCE_FILE).exists();
+        let reuse = !inputs.config.guidance.reset_on_rerun
+            && dir.join(crate::guidance::GUIDANCE_FILE).exists();
         let guidance = if reuse {
-            tracing::info!("reusing the guidance left by the previous run (guidance.reset_on_rerun is false)");
+            tracing::info!(
+                "reusing the guidance left by the previous run (guidance.reset_on_rerun is false)"
+            );
             GuidanceRepo::open(&dir, &mission, options)?
         } else {
             GuidanceRepo::create(&inputs.config.guidance.path, &mission, &dir, options)?
@@ -270,7 +292,11 @@ impl RunLoop {
 
     fn write_manifest(&self, started_at: &str, finished_at: Option<&str>) -> Result<(), RunError> {
         let cfg = &self.inputs.config;
-        let fingerprint = self.fingerprint.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let fingerprint = self
+            .fingerprint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let manifest = json!({
             "schema_version": SCHEMA_VERSION,
             "stageb_version": env!("CARGO_PKG_VERSION"),
@@ -345,8 +371,16 @@ impl RunLoop {
         Ok(summary)
     }
 
-    async fn run_epoch(&mut self, epoch: u32, tickets: &[Ticket], cfg: &RunConfig) -> Result<serde_json::Value, RunError> {
-        let order = shuffled_indices(tickets.len(), derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]));
+    async fn run_epoch(
+        &mut self,
+        epoch: u32,
+        tickets: &[Ticket],
+        cfg: &RunConfig,
+    ) -> Result<serde_json::Value, RunError> {
+        let order = shuffled_indices(
+            tickets.len(),
+            derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]),
+        );
         let epoch_start = Instant::now();
         let mut window = metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64);
         self.reflector.start_epoch(epoch);
@@ -359,14 +393,29 @@ impl RunLoop {
             let mut jobs: Vec<(JobId, usize)> = Vec::with_capacity(step.len());
             for &ti in step {
                 let t = &tickets[ti];
-                jobs.push((self.scheduler.enqueue(rollout_payload(cfg, epoch, t, &guidance_lines)), ti));
+                jobs.push((
+                    self.scheduler
+                        .enqueue(rollout_payload(cfg, epoch, t, &guidance_lines)),
+                    ti,
+                ));
             }
             let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
             let mut done = self.await_jobs(&ids).await?;
             for (job, ti) in jobs {
-                let completion = done.remove(&job).expect("await_jobs returns every requested job");
+                let completion = done
+                    .remove(&job)
+                    .expect("await_jobs returns every requested job");
                 epoch_step += 1;
-                let outcome = self.decide_ticket(epoch, epoch_step, guidance_step, &g0, &tickets[ti], ti, completion, cfg)?;
+                let outcome = self.decide_ticket(
+                    epoch,
+                    epoch_step,
+                    guidance_step,
+                    &g0,
+                    &tickets[ti],
+                    ti,
+                    completion,
+                    cfg,
+                )?;
                 let t = &tickets[ti];
                 window.push(metrics::Outcome {
                     ticket_key: t.key(),
@@ -375,12 +424,17 @@ impl RunLoop {
                     in_manual_review: outcome.selection.verdict.is_none(),
                 });
                 if outcome.eligibility.eligible {
-                    self.reflector.add_candidate(GradientRecord::from_outcome(t, &outcome, epoch));
+                    self.reflector
+                        .add_candidate(GradientRecord::from_outcome(t, &outcome, epoch));
                 } else if outcome.selection.verdict.is_some() {
                     self.reflector.add_stable(outcome.selection.label_match);
                 }
-                if let Some(row) = window.window_row_if_due(self.global_step, epoch_start.elapsed()) {
-                    self.writers.metrics.append(&row).map_err(io_err(&self.dir))?;
+                if let Some(row) = window.window_row_if_due(self.global_step, epoch_start.elapsed())
+                {
+                    self.writers
+                        .metrics
+                        .append(&row)
+                        .map_err(io_err(&self.dir))?;
                 }
                 let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
                 p.epoch = epoch;
@@ -391,20 +445,40 @@ impl RunLoop {
             // Step boundary: make the step durable before guidance may change.
             self.writers.sync().map_err(io_err(&self.dir))?;
             self.reflector
-                .on_step_end(epoch, self.global_step, &mut self.guidance, &self.scheduler, &mut self.completions, false)
+                .on_step_end(
+                    epoch,
+                    self.global_step,
+                    &mut self.guidance,
+                    &self.scheduler,
+                    &mut self.completions,
+                    false,
+                )
                 .await?;
         }
         // Epoch end: drain reflection (including retries), then close the epoch's metrics.
         self.reflector
-            .on_step_end(epoch, self.global_step, &mut self.guidance, &self.scheduler, &mut self.completions, true)
+            .on_step_end(
+                epoch,
+                self.global_step,
+                &mut self.guidance,
+                &self.scheduler,
+                &mut self.completions,
+                true,
+            )
             .await?;
         let routed = self.reflector.need_review_keys(epoch);
         window.mark_need_review(&routed);
         if let Some(row) = window.partial_row(self.global_step, epoch_start.elapsed()) {
-            self.writers.metrics.append(&row).map_err(io_err(&self.dir))?;
+            self.writers
+                .metrics
+                .append(&row)
+                .map_err(io_err(&self.dir))?;
         }
         let epoch_row = window.epoch_row(self.global_step);
-        self.writers.metrics.append(&epoch_row).map_err(io_err(&self.dir))?;
+        self.writers
+            .metrics
+            .append(&epoch_row)
+            .map_err(io_err(&self.dir))?;
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.reflector.end_epoch(epoch, &mut self.guidance)?;
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
@@ -412,7 +486,13 @@ impl RunLoop {
 
     /// Wait until every job in `ids` completed, failing if workers vanish for too long.
     async fn await_jobs(&mut self, ids: &[JobId]) -> Result<HashMap<JobId, Completion>, RunError> {
-        await_completions(&self.scheduler, &mut self.completions, ids, self.worker_grace).await
+        await_completions(
+            &self.scheduler,
+            &mut self.completions,
+            ids,
+            self.worker_grace,
+        )
+        .await
     }
 
     /// Parse, vote, override and write one ticket's rows. Pure decisions come from
@@ -436,14 +516,25 @@ impl RunLoop {
         let mut job_error: Option<JobFailure> = None;
         let mut texts: BTreeMap<(u32, u32), (String, u32, String)> = BTreeMap::new();
         match completion.result {
-            Ok(JobOutput::Rollout { candidates, prompt_tokens, prefill_us, decode_us }) => {
+            Ok(JobOutput::Rollout {
+                candidates,
+                prompt_tokens,
+                prefill_us,
+                decode_us,
+            }) => {
                 timing = json!({"prompt_tokens": prompt_tokens, "prefill_us": prefill_us, "decode_us": decode_us});
                 for c in candidates {
-                    texts.insert((c.decode_index, c.sample_index), (c.text, c.completion_tokens, c.finish_reason));
+                    texts.insert(
+                        (c.decode_index, c.sample_index),
+                        (c.text, c.completion_tokens, c.finish_reason),
+                    );
                 }
             }
             Ok(JobOutput::Generate { .. }) => {
-                job_error = Some(JobFailure { code: "WRONG_RESULT_KIND".into(), message: "a rollout returned a generation".into() })
+                job_error = Some(JobFailure {
+                    code: "WRONG_RESULT_KIND".into(),
+                    message: "a rollout returned a generation".into(),
+                })
             }
             Err(f) => job_error = Some(f),
         }
@@ -455,9 +546,15 @@ impl RunLoop {
         for (d, spec) in cfg.sampler.decode_specs().iter().enumerate() {
             for s in 0..spd {
                 let candidate_index = d as u32 * spd + s;
-                let Some((text, completion_tokens, finish)) = texts.remove(&(d as u32, s)) else { continue };
+                let Some((text, completion_tokens, finish)) = texts.remove(&(d as u32, s)) else {
+                    continue;
+                };
                 let parsed = contract::parse(&text);
-                let (verdict, reason, violation): (Option<Verdict>, String, Option<ContractViolation>) = match parsed {
+                let (verdict, reason, violation): (
+                    Option<Verdict>,
+                    String,
+                    Option<ContractViolation>,
+                ) = match parsed {
                     Ok(ok) => (Some(ok.verdict), ok.reason, None),
                     Err(v) => (None, String::new(), Some(v)),
                 };
@@ -472,7 +569,10 @@ impl RunLoop {
                         "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
                         "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": text, "error": null,
                     });
-                    self.writers.failures.append(&row).map_err(io_err(&self.dir))?;
+                    self.writers
+                        .failures
+                        .append(&row)
+                        .map_err(io_err(&self.dir))?;
                 }
                 let seed = candidate_seed(cfg.seed, epoch, key.as_str(), d as u32, s);
                 rows.push(json!({
@@ -501,13 +601,23 @@ impl RunLoop {
                         "label_match": verdict.map(|v| v == ticket.label),
                     },
                 }));
-                vote.push(VoteCandidate { candidate_index, temperature: spec.temperature, verdict, reason });
+                vote.push(VoteCandidate {
+                    candidate_index,
+                    temperature: spec.temperature,
+                    verdict,
+                    reason,
+                });
                 raw_texts.push(text);
             }
         }
 
         let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
-        let selection = selection::select(&vote, &evidence, ticket.label, cfg.manual_review.min_verdict_agreement);
+        let selection = selection::select(
+            &vote,
+            &evidence,
+            ticket.label,
+            cfg.manual_review.min_verdict_agreement,
+        );
         let eligibility = eligibility::assess(&selection, ticket.label);
 
         // Trajectory rows carry the ticket-level signals, as in the original.
@@ -515,10 +625,16 @@ impl RunLoop {
             if let Some(result) = row["result"].as_object_mut() {
                 result.insert("vote_strength".into(), json!(selection.vote_strength));
                 result.insert("low_agreement".into(), json!(selection.low_agreement));
-                result.insert("needs_manual_review".into(), json!(selection.needs_manual_review));
+                result.insert(
+                    "needs_manual_review".into(),
+                    json!(selection.needs_manual_review),
+                );
             }
             row["runtime"] = runtime_json(provenance.as_ref(), timing.clone());
-            self.writers.trajectories.append(&row).map_err(io_err(&self.dir))?;
+            self.writers
+                .trajectories
+                .append(&row)
+                .map_err(io_err(&self.dir))?;
         }
 
         let ineligible_reason = match (&job_error, selection.verdict) {
@@ -537,7 +653,10 @@ impl RunLoop {
                 "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
                 "error": job_error.as_ref().map(|f| json!({"code": f.code, "message": f.message})),
             });
-            self.writers.failures.append(&row).map_err(io_err(&self.dir))?;
+            self.writers
+                .failures
+                .append(&row)
+                .map_err(io_err(&self.dir))?;
         }
         let row = json!({
             "schema_version": SCHEMA_VERSION,
@@ -559,8 +678,17 @@ impl RunLoop {
             "guidance_hash": self.guidance.head_hash(),
             "runtime": runtime_json(provenance.as_ref(), json!({})),
         });
-        self.writers.selections.append(&row).map_err(io_err(&self.dir))?;
-        Ok(TicketOutcome { ticket_index, selection, eligibility, candidates: vote, raw_texts })
+        self.writers
+            .selections
+            .append(&row)
+            .map_err(io_err(&self.dir))?;
+        Ok(TicketOutcome {
+            ticket_index,
+            selection,
+            eligibility,
+            candidates: vote,
+            raw_texts,
+        })
     }
 }
 
@@ -584,7 +712,12 @@ fn selection_result_json(
 }
 
 /// The rollout job of one ticket: prompt from the step's guidance, one seed per candidate.
-pub fn rollout_payload(cfg: &RunConfig, epoch: u32, ticket: &Ticket, guidance: &[(String, String)]) -> JobPayload {
+pub fn rollout_payload(
+    cfg: &RunConfig,
+    epoch: u32,
+    ticket: &Ticket,
+    guidance: &[(String, String)],
+) -> JobPayload {
     let key = ticket.key();
     let decodes = cfg
         .sampler
@@ -643,4 +776,72 @@ pub async fn await_completions(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stageb_shared::domain::SourceLocation;
+
+    const CONFIG: &str = "seed: 17\nstage_a_paths: [a.jsonl]\nmodel: {model_name_or_path: m.gguf}\n\
+guidance: {path: g.json, retention: 2}\noutput: {root: runs, run_name: t}\n\
+sampler: {samples_per_decode: 2, grid: [{temperature: 0.5, top_p: 0.9, max_new_tokens: 32}]}\n\
+reflection: {batch_size: 4}\nselection: {policy: top_label, tie_break: temperature}\nrunner: {epochs: 1}\n";
+
+    fn ticket(label: Verdict) -> Ticket {
+        Ticket {
+            group_id: "QC-1".into(),
+            mission: "挡风板安装检查".into(),
+            label,
+            per_image: vec![("image_1".into(), "挡风板/显示完整/安装方向正确×1".into())],
+            images: vec![],
+            label_source: "human".into(),
+            label_timestamp: None,
+            source: SourceLocation {
+                file: "a.jsonl".into(),
+                line: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn the_label_never_reaches_the_rollout_prompt() {
+        // The job builder receives the whole ticket, label included: both tickets of a
+        // resubmitted group must get byte-identical prompts (only their seeds differ, because
+        // the ticket key is part of the seed).
+        let cfg = stageb_shared::config::parse_config(CONFIG, "test.yaml")
+            .unwrap()
+            .config;
+        let guidance = vec![("G0".to_string(), "检查挡风板".to_string())];
+        let messages = |label| match rollout_payload(&cfg, 1, &ticket(label), &guidance) {
+            JobPayload::Rollout { messages, .. } => messages,
+            other => panic!("unexpected payload {other:?}"),
+        };
+        let (pass, fail) = (messages(Verdict::Pass), messages(Verdict::Fail));
+        assert_eq!(pass, fail);
+        let all: String = pass.iter().map(|m| m.content.as_str()).collect();
+        assert!(!all.contains("::pass") && !all.contains("::fail") && !all.contains("gt_label"));
+    }
+
+    #[test]
+    fn step_size_does_not_depend_on_the_number_of_workers() {
+        let cfg = stageb_shared::config::parse_config(CONFIG, "test.yaml")
+            .unwrap()
+            .config;
+        assert_eq!(
+            step_size(&cfg),
+            (cfg.runner.per_rank_rollout_batch_size * REFERENCE_RANKS) as usize
+        );
+    }
+
+    #[test]
+    fn run_dir_refuses_names_that_escape_the_root() {
+        let mut cfg = stageb_shared::config::parse_config(CONFIG, "test.yaml")
+            .unwrap()
+            .config;
+        assert!(run_dir(&cfg, "../etc").is_err());
+        assert!(run_dir(&cfg, "a/b").is_err());
+        cfg.output.run_name = "..".into();
+        assert!(run_dir(&cfg, "挡风板安装检查").is_err());
+    }
 }
