@@ -5,8 +5,26 @@
 //! JSON-schema mode for reflection outputs, both compiled by llguidance over a
 //! [`Vocabulary`] (every token id's exact bytes), so multi-byte characters split across
 //! tokens are handled at the byte level.
+//!
+//! # Layout
+//! - [`vocab`]: [`Vocabulary`] (exact bytes per token id, byte-level BPE or SentencePiece) and
+//!   the `toktrie` environment over it.
+//! - `contract_grammar`: the contract as a Lark grammar, exactly as strict as
+//!   `stageb_shared::contract::parse` (banned words via regex `&`/`~`).
+//! - `reason_cap`: the reason-length cap applied on top of that grammar (measured: counting
+//!   inside the llguidance regex made masks ~20× slower).
+//! - `factory`: [`ConstraintFactory`] (llguidance's parser factory, built once per model) and
+//!   the llguidance-backed [`TokenConstraint`]s.
 
 use std::fmt;
+
+mod contract_grammar;
+mod factory;
+mod reason_cap;
+pub mod vocab;
+
+pub use factory::ConstraintFactory;
+pub use vocab::{VocabStyle, Vocabulary};
 
 /// The set of token ids allowed at one step (a bitset over the vocabulary).
 #[derive(Clone, PartialEq, Eq)]
@@ -17,7 +35,10 @@ pub struct AllowedTokens {
 
 impl AllowedTokens {
     pub fn none(len: usize) -> Self {
-        AllowedTokens { words: vec![0; len.div_ceil(32)], len }
+        AllowedTokens {
+            words: vec![0; len.div_ceil(32)],
+            len,
+        }
     }
 
     pub fn all(len: usize) -> Self {
@@ -40,6 +61,13 @@ impl AllowedTokens {
         let i = id as usize;
         if i < self.len {
             self.words[i / 32] |= 1 << (i % 32);
+        }
+    }
+
+    pub fn disallow(&mut self, id: u32) {
+        let i = id as usize;
+        if i < self.len {
+            self.words[i / 32] &= !(1 << (i % 32));
         }
     }
 
