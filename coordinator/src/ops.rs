@@ -17,7 +17,7 @@
 //!    never a partial filter and never a "whole bundle" default;
 //! 5. text (add/update/merge): present (`missing_text`); no third-state wording in text or
 //!    rationale (`third_state_text`); no Stage-A object chain (`stage_a_leak`); text ≤ 160 and
-//!    rationale ≤ 120 characters (`text_too_long`, `rationale_too_long`; rejected, never
+//!    rationale ≤ 80 characters (the schema's bound) (`text_too_long`, `rationale_too_long`; rejected, never
 //!    truncated: a cut rule can mean something else);
 //! 6. duplicates: an `add` whose text matches an existing `G` rule becomes an `update` of that
 //!    key; text equal to an `S` rule (`duplicate_of_scaffold`) or, for update/merge, to another
@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Cap on a rule's text, in characters.
 pub const MAX_TEXT_CHARS: usize = 160;
 /// Cap on an op's rationale, in characters.
-pub const MAX_RATIONALE_CHARS: usize = 120;
+pub const MAX_RATIONALE_CHARS: usize = stageb_shared::reflection_schema::RATIONALE_MAX_CHARS;
 /// An `add` whose text contains (or is contained in) an existing rule's text with at least this
 /// length ratio is treated as the same rule (the original's deterministic "prefer update").
 pub const SIMILAR_CONTAINMENT_RATIO: f64 = 0.85;

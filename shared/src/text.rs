@@ -51,7 +51,10 @@ pub fn simplify_char(c: char) -> char {
         return c;
     }
     let mut buf = [0u8; 4];
-    fast2s::convert(c.encode_utf8(&mut buf)).chars().next().unwrap_or(c)
+    fast2s::convert(c.encode_utf8(&mut buf))
+        .chars()
+        .next()
+        .unwrap_or(c)
 }
 
 /// Traditional→simplified, character by character.
@@ -103,9 +106,20 @@ pub fn normalize(s: &str) -> String {
     normalize_spaces(&to_simplified(s))
 }
 
-/// The matching form: simplified, lowercase, without whitespace, `-` or `_`.
+/// Full-width ASCII forms (`Ｎ`, `－`, `＿`) as their ASCII letters, so `ＮＥＥＤ－ＲＥＶＩＥＷ`
+/// folds like `need-review`. The ideographic space is already whitespace.
+pub fn halfwidth_char(c: char) -> char {
+    match c as u32 {
+        0xFF01..=0xFF5E => char::from_u32(c as u32 - 0xFF01 + 0x21).unwrap_or(c),
+        _ => c,
+    }
+}
+
+/// The matching form: full-width ASCII narrowed, simplified, lowercase, without whitespace, `-`
+/// or `_`.
 pub fn fold(s: &str) -> String {
     s.chars()
+        .map(halfwidth_char)
         .map(simplify_char)
         .flat_map(char::to_lowercase)
         .filter(|c| !c.is_whitespace() && *c != '-' && *c != '_')
@@ -123,7 +137,8 @@ pub fn find_third_state(text: &str, list: &'static [&'static str]) -> Option<&'s
 pub fn traditional_variants(c: char) -> Vec<char> {
     static INVERSE: OnceLock<std::collections::HashMap<char, BTreeSet<char>>> = OnceLock::new();
     let inverse = INVERSE.get_or_init(|| {
-        let mut map: std::collections::HashMap<char, BTreeSet<char>> = std::collections::HashMap::new();
+        let mut map: std::collections::HashMap<char, BTreeSet<char>> =
+            std::collections::HashMap::new();
         for range in [0x3400u32..=0x4DBF, 0x4E00..=0x9FFF, 0xF900..=0xFAFF] {
             for cp in range {
                 if let Some(t) = char::from_u32(cp) {
@@ -148,16 +163,34 @@ mod tests {
     #[test]
     fn traditional_and_case_variants_are_caught() {
         // Regression for the original's B11: case-sensitive, traditional-blind checks.
-        assert_eq!(find_third_state("需複核", THIRD_STATE_ROLLOUT), Some("复核"));
-        assert_eq!(find_third_state("結論：Need-Review", THIRD_STATE_ROLLOUT), Some("needreview"));
-        assert_eq!(find_third_state("needs_review later", THIRD_STATE_ROLLOUT), Some("needsreview"));
-        assert_eq!(find_third_state("證據不足", THIRD_STATE_ROLLOUT), Some("证据不足"));
-        assert_eq!(find_third_state("挡风板安装正确", THIRD_STATE_ROLLOUT), None);
+        assert_eq!(
+            find_third_state("需複核", THIRD_STATE_ROLLOUT),
+            Some("复核")
+        );
+        assert_eq!(
+            find_third_state("結論：Need-Review", THIRD_STATE_ROLLOUT),
+            Some("needreview")
+        );
+        assert_eq!(
+            find_third_state("needs_review later", THIRD_STATE_ROLLOUT),
+            Some("needsreview")
+        );
+        assert_eq!(
+            find_third_state("證據不足", THIRD_STATE_ROLLOUT),
+            Some("证据不足")
+        );
+        assert_eq!(
+            find_third_state("挡风板安装正确", THIRD_STATE_ROLLOUT),
+            None
+        );
     }
 
     #[test]
     fn spaces_between_cjk_are_dropped_but_not_between_words() {
-        assert_eq!(normalize_spaces("  挡 风板  安装 ， ok  fine "), "挡风板安装，ok fine");
+        assert_eq!(
+            normalize_spaces("  挡 风板  安装 ， ok  fine "),
+            "挡风板安装，ok fine"
+        );
         assert_eq!(normalize("擋風板"), "挡风板");
     }
 
