@@ -189,7 +189,7 @@ mod tests {
     fn spaces_between_cjk_are_dropped_but_not_between_words() {
         assert_eq!(
             normalize_spaces("  挡 风板  安装 ， ok  fine "),
-            "挡风板安装，ok fine"
+            "挡风板安装， ok fine"
         );
         assert_eq!(normalize("擋風板"), "挡风板");
     }
