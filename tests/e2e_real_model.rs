@@ -34,7 +34,7 @@ fn model_path() -> PathBuf {
 
 /// A mission of the first `tickets` tickets of the small demo, with a config that keeps the
 /// real model's work small: 2 candidates of 24 tokens each, one epoch, a capped reflection.
-fn write_mission(dir: &Path, tickets: usize, run_name: &str, extra_runner: &str) -> PathBuf {
+fn write_mission(dir: &Path, tickets: usize, epochs: u32, run_name: &str, extra_runner: &str) -> PathBuf {
     let src = std::fs::read_to_string(workspace().join("examples/demo/small/stage_a.jsonl")).unwrap();
     let lines: Vec<&str> = src.lines().filter(|l| !l.trim().is_empty()).take(tickets).collect();
     std::fs::write(dir.join("stage_a.jsonl"), lines.join("\n") + "\n").unwrap();
@@ -49,8 +49,8 @@ fn write_mission(dir: &Path, tickets: usize, run_name: &str, extra_runner: &str)
          \x20   - {{temperature: 0.3, top_p: 0.9, max_new_tokens: 24, repetition_penalty: 1.05}}\n\
          \x20   - {{temperature: 0.9, top_p: 0.9, max_new_tokens: 24, repetition_penalty: 1.05}}\n\
          manual_review: {{min_verdict_agreement: 0.67}}\n\
-         runner: {{epochs: 1, per_rank_rollout_batch_size: 1, logging_steps: 2{extra_runner}}}\n\
-         reflection: {{batch_size: 4, max_operations: 2, temperature: 0.3, top_p: 0.9, max_new_tokens: 96,\n\
+         runner: {{epochs: {epochs}, per_rank_rollout_batch_size: 1, logging_steps: 2{extra_runner}}}\n\
+         reflection: {{batch_size: 4, max_operations: 2, temperature: 0.3, top_p: 0.9, max_new_tokens: 160,\n\
          \x20            max_reflection_length: 4096, token_budget: 4096, max_calls_per_epoch: 2}}\n\
          selection: {{policy: top_label, tie_break: temperature}}\n",
         dir = dir.display(),
@@ -109,14 +109,16 @@ fn assert_audit_ok(run_dir: &Path) {
 }
 
 /// The first milestone: a real model answering through the coordinator writes every artifact;
-/// one selection per ticket, one trajectory per candidate, metrics recomputed from selections
-/// match (the audit checks them all). The same config with 3 workers gives byte-identical
-/// selections and trajectories once the `runtime` objects are removed.
+/// one selection per ticket per epoch, one trajectory per candidate, metrics recomputed from
+/// selections match, the guidance chain verifies (the audit checks them all). Two epochs, so the
+/// learning loop runs on the real model in JSON-schema mode: every completed reflection output
+/// parses, and every rejected op carries a reason. The same config with 3 workers gives
+/// byte-identical selections and trajectories once the `runtime` objects are removed.
 #[test]
 fn real_model_run_is_complete_audited_and_world_size_invariant() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
-    let config = write_mission(tmp.path(), 3, "one-worker", "");
+    let config = write_mission(tmp.path(), 3, 2, "one-worker", "");
     let started = Instant::now();
     let one = run_embedded(&config, 1);
     eprintln!("1 worker: {:?}", started.elapsed());
@@ -130,8 +132,9 @@ fn real_model_run_is_complete_audited_and_world_size_invariant() {
     assert_eq!(one.tickets, 3);
     let selections = rows_without_runtime(&dir_one.join("selections.jsonl"));
     let trajectories = rows_without_runtime(&dir_one.join("trajectories.jsonl"));
-    assert_eq!(selections.len(), 3, "one selection per ticket");
-    assert_eq!(trajectories.len(), 3 * 2, "one trajectory per candidate");
+    assert_eq!(selections.len(), 3 * 2, "one selection per ticket per epoch");
+    assert_eq!(trajectories.len(), 3 * 2 * 2, "one trajectory per candidate");
+    assert_reflection_outputs_are_sound(&dir_one);
     assert_audit_ok(&dir_one);
 
     // Constrained decoding: every candidate of the real model satisfies the contract.
@@ -141,7 +144,7 @@ fn real_model_run_is_complete_audited_and_world_size_invariant() {
 
     let tmp3 = tempfile::tempdir().unwrap();
     // Same config text apart from the directory; the run name differs only in the path.
-    let config3 = write_mission(tmp3.path(), 3, "one-worker", "");
+    let config3 = write_mission(tmp3.path(), 3, 2, "one-worker", "");
     let started = Instant::now();
     run_embedded(&config3, 3);
     eprintln!("3 workers: {:?}", started.elapsed());
@@ -149,6 +152,29 @@ fn real_model_run_is_complete_audited_and_world_size_invariant() {
     assert_audit_ok(&dir_three);
     assert_eq!(rows_without_runtime(&dir_three.join("selections.jsonl")), selections, "selections differ between 1 and 3 workers");
     assert_eq!(rows_without_runtime(&dir_three.join("trajectories.jsonl")), trajectories, "trajectories differ between 1 and 3 workers");
+}
+
+/// JSON-schema mode guarantees that an output which *completed* parses into the typed schema;
+/// only an output cut at `max_new_tokens` may fail, and it is recorded with a code and retried.
+fn assert_reflection_outputs_are_sound(run_dir: &Path) {
+    let text = std::fs::read_to_string(run_dir.join("reflection.jsonl")).unwrap();
+    let mut calls = 0;
+    for line in text.lines() {
+        let row: Value = serde_json::from_str(line).unwrap();
+        for call in row["calls"].as_array().into_iter().flatten() {
+            calls += 1;
+            if call["ok"] != true {
+                assert!(call["parse_error"]["code"].is_string(), "a failed call without a code: {call}");
+                if call["prompt_tokens"].as_u64().unwrap_or(0) > 0 {
+                    assert_eq!(call["finish_reason"], "length", "a completed JSON-mode output did not parse: {call}");
+                }
+            }
+        }
+        for rejected in row["rejected_ops"].as_array().into_iter().flatten() {
+            assert!(rejected["reason"].as_str().is_some_and(|r| !r.is_empty()), "rejected op without a reason: {rejected}");
+        }
+    }
+    eprintln!("{calls} reflection calls checked");
 }
 
 struct Proc(Child);
@@ -186,7 +212,7 @@ fn spawn_worker(port: u16, log: &Path) -> Proc {
 fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
-    let config = write_mission(tmp.path(), 4, "fault", ", lease_ttl_s: 3, heartbeat_interval_s: 1");
+    let config = write_mission(tmp.path(), 4, 1, "fault", ", lease_ttl_s: 3, heartbeat_interval_s: 1");
     let port = free_port();
     let coordinator_log = tmp.path().join("coordinator.log");
     let mut coordinator = Proc(

@@ -50,15 +50,24 @@ const TEMPLATE_TOKENS: usize = 64;
 #[derive(Debug, thiserror::Error)]
 pub enum ReflectionError {
     #[error("cannot write reflection artifacts under {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot read the prompt file {path}: {source}")]
-    PromptFile { path: PathBuf, source: std::io::Error },
+    PromptFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Guidance(#[from] GuidanceError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReflectionError + '_ {
-    move |source| ReflectionError::Io { path: path.to_path_buf(), source }
+    move |source| ReflectionError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// One candidate as a reflection case shows it.
@@ -109,17 +118,29 @@ impl GradientRecord {
             candidates: outcome
                 .candidates
                 .iter()
-                .map(|c| CaseCandidate { candidate_index: c.candidate_index, verdict: c.verdict, reason: c.reason.clone() })
+                .map(|c| CaseCandidate {
+                    candidate_index: c.candidate_index,
+                    verdict: c.verdict,
+                    reason: c.reason.clone(),
+                })
                 .collect(),
             final_verdict: outcome.selection.verdict,
             final_reason: outcome.selection.reason.clone(),
             vote_strength: outcome.selection.vote_strength,
             low_agreement: outcome.selection.low_agreement,
-            eligibility_reasons: outcome.eligibility.reasons.iter().map(|r| r.rule_hit().to_string()).collect(),
+            eligibility_reasons: outcome
+                .eligibility
+                .reasons
+                .iter()
+                .map(|r| r.rule_hit().to_string())
+                .collect(),
             priority: outcome.eligibility.reflection_priority,
             selection: outcome.selection.clone(),
             order: 0,
-            feedback: PendingFeedback { keys: Vec::new(), label_match: outcome.selection.label_match },
+            feedback: PendingFeedback {
+                keys: Vec::new(),
+                label_match: outcome.selection.label_match,
+            },
         }
     }
 
@@ -186,8 +207,12 @@ impl Reflector {
     pub fn create(dir: &Path, run: &RunConfig, mission: &str) -> Result<Self, ReflectionError> {
         let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
             match p {
-                Some(path) => std::fs::read_to_string(path)
-                    .map_err(|source| ReflectionError::PromptFile { path: path.clone(), source }),
+                Some(path) => {
+                    std::fs::read_to_string(path).map_err(|source| ReflectionError::PromptFile {
+                        path: path.clone(),
+                        source,
+                    })
+                }
                 None => Ok(builtin.to_string()),
             }
         };
@@ -319,7 +344,16 @@ impl Reflector {
     ) -> Result<(), RunError> {
         self.flush_immediate_feedback(guidance)?;
         while let Some((attempt, batch)) = self.next_batch(drain) {
-            self.run_cycle(epoch, global_step, attempt, batch, guidance, scheduler, completions).await?;
+            self.run_cycle(
+                epoch,
+                global_step,
+                attempt,
+                batch,
+                guidance,
+                scheduler,
+                completions,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -330,7 +364,9 @@ impl Reflector {
         }
         let hits = std::mem::take(&mut self.immediate_hits);
         let misses = std::mem::take(&mut self.immediate_misses);
-        guidance.record_feedback(&hits, &misses).map_err(ReflectionError::from)?;
+        guidance
+            .record_feedback(&hits, &misses)
+            .map_err(ReflectionError::from)?;
         Ok(())
     }
 
@@ -346,17 +382,25 @@ impl Reflector {
             reflection_cycle: self.cycles,
             reflection_id: reflection_id.map(str::to_string),
         };
-        let row = NeedReviewRow::from_selection(&record.identity(), &record.selection, reason, &at, note);
+        let row =
+            NeedReviewRow::from_selection(&record.identity(), &record.selection, reason, &at, note);
         let path = self.dir.join(files::NEED_REVIEW_QUEUE);
         self.queue_log.append(&row).map_err(io_err(&path))?;
-        self.routed.entry(self.epoch).or_default().insert(record.ticket_key.clone());
+        self.routed
+            .entry(self.epoch)
+            .or_default()
+            .insert(record.ticket_key.clone());
         self.need_review_rows.push(row);
         Ok(())
     }
 
     /// `L \ E` and dropped cases: retried with a smaller batch while budget remains, else
     /// need-review `budget_exhausted`. Returns the keys routed.
-    fn retry_or_route(&mut self, records: Vec<GradientRecord>, reflection_id: Option<&str>) -> Result<Vec<TicketKey>, ReflectionError> {
+    fn retry_or_route(
+        &mut self,
+        records: Vec<GradientRecord>,
+        reflection_id: Option<&str>,
+    ) -> Result<Vec<TicketKey>, ReflectionError> {
         let mut routed = Vec::new();
         let mut records = records;
         records.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
@@ -375,7 +419,9 @@ impl Reflector {
     }
 
     fn calls_left(&self) -> bool {
-        self.config.max_calls_per_epoch.is_none_or(|cap| self.calls_epoch < cap)
+        self.config
+            .max_calls_per_epoch
+            .is_none_or(|cap| self.calls_epoch < cap)
     }
 
     /// One reflection cycle on `batch`.
@@ -394,7 +440,16 @@ impl Reflector {
         let batch_keys: Vec<TicketKey> = batch.iter().map(|r| r.ticket_key.clone()).collect();
         let reflection_id = format!(
             "r{}",
-            &sha256_hex(format!("{}|{}|{}|{}", self.run_seed, epoch, cycle, digest_of(&batch_keys)).as_bytes())[..12]
+            &sha256_hex(
+                format!(
+                    "{}|{}|{}|{}",
+                    self.run_seed,
+                    epoch,
+                    cycle,
+                    digest_of(&batch_keys)
+                )
+                .as_bytes()
+            )[..12]
         );
         let step_before = guidance.step();
         let hash_before = guidance.head_hash().to_string();
@@ -420,34 +475,67 @@ impl Reflector {
                 routed.push(r.ticket_key.clone());
                 self.route(r, NeedReviewReason::BudgetExhausted, None, None)?;
             }
-            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+            return self.finish_cycle(
+                row,
+                warnings,
+                calls,
+                json!({"budget_exhausted": routed}),
+                guidance,
+            );
         }
 
         // Pack whole cases under the token budget, highest priority first; at least one case.
         let mut ordered = batch;
-        ordered.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.order.cmp(&b.order)).then(a.ticket_key.cmp(&b.ticket_key)));
+        ordered.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.order.cmp(&b.order))
+                .then(a.ticket_key.cmp(&b.ticket_key))
+        });
         let (kept, dropped) = self.pack(&ordered, guidance);
         if !dropped.is_empty() {
             warnings.push(format!("dropped_by_token_budget={}", dropped.len()));
         }
-        let shorthand: BTreeMap<String, TicketKey> =
-            kept.iter().enumerate().map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone())).collect();
+        let shorthand: BTreeMap<String, TicketKey> = kept
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone()))
+            .collect();
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
 
         // Decision pass.
         let decision_prompt = self.decision_messages(&kept, guidance, cycle);
-        let decision_schema = tailor_decision_schema(&kept_keys);
+        let decision_schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
         let decision = self
-            .call_json(epoch, cycle, "decision", decision_prompt, &decision_schema, scheduler, completions, &mut calls, |t| {
-                reflection_schema::parse_decision(t).map(|d| serde_json::to_value(d).unwrap_or_default())
-            })
+            .call_json(
+                epoch,
+                cycle,
+                "decision",
+                decision_prompt,
+                &decision_schema,
+                scheduler,
+                completions,
+                &mut calls,
+                |t| {
+                    reflection_schema::parse_decision(t)
+                        .map(|d| serde_json::to_value(d).unwrap_or_default())
+                },
+            )
             .await?;
-        let Some(decision) = decision.and_then(|v| serde_json::from_value::<DecisionOutput>(v).ok()) else {
+        let Some(decision) =
+            decision.and_then(|v| serde_json::from_value::<DecisionOutput>(v).ok())
+        else {
             warnings.push("decision_error".into());
             let mut retry = kept;
             retry.extend(dropped);
             let routed = self.retry_or_route(retry, Some(&reflection_id))?;
-            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+            return self.finish_cycle(
+                row,
+                warnings,
+                calls,
+                json!({"budget_exhausted": routed}),
+                guidance,
+            );
         };
         let resolved = ops::resolve_ids(&decision.no_evidence_group_ids, &shorthand, &kept_keys);
         if !resolved.unknown.is_empty() {
@@ -458,36 +546,64 @@ impl Reflector {
         for r in kept {
             if stop.contains(&r.ticket_key) {
                 // Stop-gradient: routed, feedback dropped, excluded from everything after.
-                self.route(&r, NeedReviewReason::ReflectionNoEvidenceAfterGt, Some(&reflection_id), Some(decision.decision_analysis.clone()))?;
+                self.route(
+                    &r,
+                    NeedReviewReason::ReflectionNoEvidenceAfterGt,
+                    Some(&reflection_id),
+                    Some(decision.decision_analysis.clone()),
+                )?;
             } else {
                 learnable_records.push(r);
             }
         }
-        let learnable: BTreeSet<TicketKey> = learnable_records.iter().map(|r| r.ticket_key.clone()).collect();
+        let learnable: BTreeSet<TicketKey> = learnable_records
+            .iter()
+            .map(|r| r.ticket_key.clone())
+            .collect();
         row["stop_gradient"] = json!(stop);
         row["learnable"] = json!(learnable);
         row["decision"] = json!({"no_evidence_group_ids": decision.no_evidence_group_ids, "resolved": resolved.keys,
                                  "unknown_ids": resolved.unknown, "decision_analysis": decision.decision_analysis});
         if learnable_records.is_empty() {
             let routed = self.retry_or_route(dropped, Some(&reflection_id))?;
-            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+            return self.finish_cycle(
+                row,
+                warnings,
+                calls,
+                json!({"budget_exhausted": routed}),
+                guidance,
+            );
         }
         if !self.calls_left() {
             warnings.push("budget_exhausted_before_ops".into());
             let mut routed = Vec::new();
             for r in &learnable_records {
                 routed.push(r.ticket_key.clone());
-                self.route(r, NeedReviewReason::BudgetExhausted, Some(&reflection_id), None)?;
+                self.route(
+                    r,
+                    NeedReviewReason::BudgetExhausted,
+                    Some(&reflection_id),
+                    None,
+                )?;
             }
             routed.extend(self.retry_or_route(dropped, Some(&reflection_id))?);
-            return self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance);
+            return self.finish_cycle(
+                row,
+                warnings,
+                calls,
+                json!({"budget_exhausted": routed}),
+                guidance,
+            );
         }
 
         // Ops pass on L only, then validation, then one revision round for rejected ops.
-        let l_shorthand: BTreeMap<String, TicketKey> =
-            learnable_records.iter().enumerate().map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone())).collect();
+        let l_shorthand: BTreeMap<String, TicketKey> = learnable_records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone()))
+            .collect();
         let max_ops = self.config.max_operations.map(|m| m as usize);
-        let ops_schema = tailor_ops_schema(max_ops.unwrap_or(8), &learnable, guidance);
+        let ops_schema = tailor_ops_schema(max_ops.unwrap_or(8), &learnable, guidance, self.config.max_new_tokens);
         let mut validation = OpsValidation::default();
         let mut proposals: Vec<Value> = Vec::new();
         let mut revision: Option<Vec<RejectedOp>> = None;
@@ -495,14 +611,27 @@ impl Reflector {
             if round > 0 && (revision.as_ref().is_none_or(Vec::is_empty) || !self.calls_left()) {
                 break;
             }
-            let messages = self.ops_messages(&learnable_records, guidance, cycle, revision.as_deref());
+            let messages =
+                self.ops_messages(&learnable_records, guidance, cycle, revision.as_deref());
             let pass = if round == 0 { "ops" } else { "ops_revision" };
             let out = self
-                .call_json(epoch, cycle, pass, messages, &ops_schema, scheduler, completions, &mut calls, |t| {
-                    reflection_schema::parse_ops(t).map(|o| serde_json::to_value(o).unwrap_or_default())
-                })
+                .call_json(
+                    epoch,
+                    cycle,
+                    pass,
+                    messages,
+                    &ops_schema,
+                    scheduler,
+                    completions,
+                    &mut calls,
+                    |t| {
+                        reflection_schema::parse_ops(t)
+                            .map(|o| serde_json::to_value(o).unwrap_or_default())
+                    },
+                )
                 .await?;
-            let Some(ops_out) = out.and_then(|v| serde_json::from_value::<OpsOutput>(v).ok()) else {
+            let Some(ops_out) = out.and_then(|v| serde_json::from_value::<OpsOutput>(v).ok())
+            else {
                 warnings.push(format!("{pass}_error"));
                 break;
             };
@@ -516,16 +645,41 @@ impl Reflector {
                 guidance: guidance.current(),
                 max_operations: remaining_cap,
             };
-            let v = ops::validate_ops(&ops_out.operations, &ctx);
+            let mut v = ops::validate_ops(&ops_out.operations, &ctx);
+            if round > 0 {
+                // A revision is validated on its own; it must not repeat or collide with what
+                // the first round already got accepted (one op per key per cycle).
+                let taken: BTreeSet<String> =
+                    validation.accepted.iter().filter_map(|a| a.op.key().map(|k| k.to_string())).collect();
+                let seen: Vec<String> =
+                    validation.accepted.iter().map(|a| serde_json::to_string(&a.op).unwrap_or_default()).collect();
+                let (keep, clash): (Vec<_>, Vec<_>) = v.accepted.into_iter().partition(|a| {
+                    !a.op.key().is_some_and(|k| taken.contains(&k.to_string()))
+                        && !seen.contains(&serde_json::to_string(&a.op).unwrap_or_default())
+                });
+                v.accepted = keep;
+                for a in clash {
+                    v.rejected.push(RejectedOp {
+                        index: a.index,
+                        proposed: ops_out.operations[a.index].clone(),
+                        reason: ops::RejectReason::DuplicateOp,
+                        detail: "repeats or touches the same key as an op accepted in the first round".into(),
+                    });
+                }
+            }
             revision = Some(v.rejected.clone());
-            validation.accepted.extend(v.accepted.into_iter().map(|mut a| {
-                a.index += round as usize * 1000;
-                a
-            }));
-            validation.rejected.extend(v.rejected.into_iter().map(|mut r| {
-                r.index += round as usize * 1000;
-                r
-            }));
+            validation
+                .accepted
+                .extend(v.accepted.into_iter().map(|mut a| {
+                    a.index += round as usize * 1000;
+                    a
+                }));
+            validation
+                .rejected
+                .extend(v.rejected.into_iter().map(|mut r| {
+                    r.index += round as usize * 1000;
+                    r
+                }));
         }
         row["proposals"] = json!(proposals);
         row["accepted_ops"] = json!(validation.accepted);
@@ -535,7 +689,11 @@ impl Reflector {
         let mut applied = false;
         let mut covered: BTreeSet<TicketKey> = BTreeSet::new();
         if !validation.accepted.is_empty() {
-            if self.config.change_cap_per_epoch.is_some_and(|cap| self.applied_epoch >= cap) {
+            if self
+                .config
+                .change_cap_per_epoch
+                .is_some_and(|cap| self.applied_epoch >= cap)
+            {
                 warnings.push("epoch_change_cap_reached".into());
             } else {
                 match guidance.apply(&validation.ops(), &reflection_id) {
@@ -548,7 +706,9 @@ impl Reflector {
                         row["applied_ops"] = json!(outcome.applied);
                         row["skipped_at_apply"] = json!(outcome.skipped);
                     }
-                    Err(GuidanceError::NothingApplied { .. }) => warnings.push("apply_failed:nothing_applied".into()),
+                    Err(GuidanceError::NothingApplied { .. }) => {
+                        warnings.push("apply_failed:nothing_applied".into())
+                    }
                     Err(e) => return Err(ReflectionError::from(e).into()),
                 }
             }
@@ -575,15 +735,28 @@ impl Reflector {
             }
         }
         if !hits.is_empty() || !misses.is_empty() {
-            guidance.record_feedback(&hits, &misses).map_err(ReflectionError::from)?;
+            guidance
+                .record_feedback(&hits, &misses)
+                .map_err(ReflectionError::from)?;
         }
         if !uncovered.is_empty() {
             warnings.push(format!("uncovered={}", uncovered.len()));
         }
-        row["uncovered"] = json!(uncovered.iter().map(|r| r.ticket_key.clone()).collect::<Vec<_>>());
+        row["uncovered"] = json!(
+            uncovered
+                .iter()
+                .map(|r| r.ticket_key.clone())
+                .collect::<Vec<_>>()
+        );
         uncovered.extend(dropped);
         let routed = self.retry_or_route(uncovered, Some(&reflection_id))?;
-        self.finish_cycle(row, warnings, calls, json!({"budget_exhausted": routed}), guidance)
+        self.finish_cycle(
+            row,
+            warnings,
+            calls,
+            json!({"budget_exhausted": routed}),
+            guidance,
+        )
     }
 
     fn finish_cycle(
@@ -636,7 +809,12 @@ impl Reflector {
             let seed = derived_seed(
                 self.run_seed,
                 "reflection-call",
-                &[&epoch.to_le_bytes(), &cycle.to_le_bytes(), pass.as_bytes(), &attempt.to_le_bytes()],
+                &[
+                    &epoch.to_le_bytes(),
+                    &cycle.to_le_bytes(),
+                    pass.as_bytes(),
+                    &attempt.to_le_bytes(),
+                ],
             );
             let job = scheduler.enqueue(JobPayload::Generate {
                 messages: messages.clone(),
@@ -647,14 +825,23 @@ impl Reflector {
                 repetition_penalty: self.config.repetition_penalty,
                 max_new_tokens: self.config.max_new_tokens,
             });
-            let mut done = await_completions(scheduler, completions, &[job], self.worker_grace).await?;
+            let mut done =
+                await_completions(scheduler, completions, &[job], self.worker_grace).await?;
             let completion = done.remove(&job).expect("awaited");
             let runtime = match &completion.provenance {
-                Some(p) => json!({"worker_id": p.worker_id, "lease_id": p.lease_id, "attempt": p.attempt}),
+                Some(p) => {
+                    json!({"worker_id": p.worker_id, "lease_id": p.lease_id, "attempt": p.attempt})
+                }
                 None => json!({}),
             };
             match completion.result {
-                Ok(JobOutput::Generate { text, prompt_tokens, completion_tokens, finish_reason, latency_us }) => {
+                Ok(JobOutput::Generate {
+                    text,
+                    prompt_tokens,
+                    completion_tokens,
+                    finish_reason,
+                    latency_us,
+                }) => {
                     let parsed = parse(&text);
                     let mut runtime = runtime;
                     runtime["latency_us"] = json!(latency_us);
@@ -663,7 +850,10 @@ impl Reflector {
                         attempt,
                         seed,
                         ok: parsed.is_ok(),
-                        parse_error: parsed.as_ref().err().map(|e| serde_json::to_value(e).unwrap_or(json!(e.to_string()))),
+                        parse_error: parsed
+                            .as_ref()
+                            .err()
+                            .map(|e| serde_json::to_value(e).unwrap_or(json!(e.to_string()))),
                         raw_output: text,
                         prompt_tokens,
                         completion_tokens,
@@ -675,10 +865,19 @@ impl Reflector {
                     }
                 }
                 Ok(JobOutput::Rollout { .. }) => {
-                    calls.push(failed_call(pass, attempt, seed, "WRONG_RESULT_KIND", "a generation returned a rollout", runtime));
+                    calls.push(failed_call(
+                        pass,
+                        attempt,
+                        seed,
+                        "WRONG_RESULT_KIND",
+                        "a generation returned a rollout",
+                        runtime,
+                    ));
                 }
                 Err(f) => {
-                    calls.push(failed_call(pass, attempt, seed, &f.code, &f.message, runtime));
+                    calls.push(failed_call(
+                        pass, attempt, seed, &f.code, &f.message, runtime,
+                    ));
                     // Deterministic failures (an over-long prompt) do not improve with a new seed.
                     if f.code == "PROMPT_TOO_LONG" || f.code == "INVALID_REQUEST" {
                         return Ok(None);
@@ -690,9 +889,17 @@ impl Reflector {
     }
 
     /// Split `ordered` into cases that fit the token budget and cases dropped whole.
-    fn pack(&self, ordered: &[GradientRecord], guidance: &GuidanceRepo) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
-        let budget = self.config.token_budget.min(self.config.max_reflection_length) as usize;
-        let base = estimate_tokens(&self.decision_system) + estimate_tokens(&header_text(&self.mission, guidance, 0, 0));
+    fn pack(
+        &self,
+        ordered: &[GradientRecord],
+        guidance: &GuidanceRepo,
+    ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
+        let budget = self
+            .config
+            .token_budget
+            .min(self.config.max_reflection_length) as usize;
+        let base = estimate_tokens(&self.decision_system)
+            + estimate_tokens(&header_text(&self.mission, guidance, 0, 0));
         let mut used = base;
         let mut kept = Vec::new();
         let mut dropped = Vec::new();
@@ -708,13 +915,21 @@ impl Reflector {
         (kept, dropped)
     }
 
-    fn decision_messages(&self, cases: &[GradientRecord], guidance: &GuidanceRepo, cycle: u64) -> Vec<ChatMessage> {
+    fn decision_messages(
+        &self,
+        cases: &[GradientRecord],
+        guidance: &GuidanceRepo,
+        cycle: u64,
+    ) -> Vec<ChatMessage> {
         let mut user = header_text(&self.mission, guidance, cycle, cases.len());
         for (i, r) in cases.iter().enumerate() {
             user.push_str(&case_text(i + 1, r, true));
         }
         user.push_str("\n请输出 JSON。");
-        vec![ChatMessage::system(self.decision_system.clone()), ChatMessage::user(user)]
+        vec![
+            ChatMessage::system(self.decision_system.clone()),
+            ChatMessage::user(user),
+        ]
     }
 
     fn ops_messages(
@@ -729,14 +944,21 @@ impl Reflector {
             user.push_str(&case_text(i + 1, r, true));
         }
         if let Some(rejected) = rejected.filter(|r| !r.is_empty()) {
-            user.push_str("\n以下操作被拒绝，请按原因修正后重新给出全部操作：\n");
+            user.push_str("\n以下操作被拒绝。只需给出按原因修正后的这些操作，不要重复已接受的操作：\n");
             for r in rejected {
                 let op = serde_json::to_string(&r.proposed).unwrap_or_default();
-                user.push_str(&format!("- {op} → 拒绝原因: {} ({})\n", r.reason.code(), r.detail));
+                user.push_str(&format!(
+                    "- {op} → 拒绝原因: {} ({})\n",
+                    r.reason.code(),
+                    r.detail
+                ));
             }
         }
         user.push_str("\n请输出 JSON。");
-        vec![ChatMessage::system(self.ops_system.clone()), ChatMessage::user(user)]
+        vec![
+            ChatMessage::system(self.ops_system.clone()),
+            ChatMessage::user(user),
+        ]
     }
 
     /// Epoch end: optional lifecycle cleanup; buffered feedback of undecided tickets is
@@ -747,7 +969,10 @@ impl Reflector {
             && lc.enable_auto_cleanup
         {
             let removed = guidance
-                .cleanup_low_confidence(lc.confidence_drop_threshold, lc.min_miss_before_drop as u64)
+                .cleanup_low_confidence(
+                    lc.confidence_drop_threshold,
+                    lc.min_miss_before_drop as u64,
+                )
                 .map_err(ReflectionError::from)?;
             if !removed.is_empty() {
                 tracing::info!(?removed, "lifecycle cleanup removed low-confidence rules");
@@ -765,7 +990,14 @@ impl Reflector {
     }
 }
 
-fn failed_call(pass: &'static str, attempt: u32, seed: u64, code: &str, message: &str, runtime: Value) -> CallRecord {
+fn failed_call(
+    pass: &'static str,
+    attempt: u32,
+    seed: u64,
+    code: &str,
+    message: &str,
+    runtime: Value,
+) -> CallRecord {
     CallRecord {
         pass,
         attempt,
@@ -788,7 +1020,10 @@ pub fn estimate_tokens(text: &str) -> usize {
 }
 
 fn header_text(mission: &str, guidance: &GuidanceRepo, cycle: u64, n: usize) -> String {
-    let mut s = format!("任务: {mission}\n反思周期: {cycle}\n指导步骤: {}\n", guidance.step());
+    let mut s = format!(
+        "任务: {mission}\n反思周期: {cycle}\n指导步骤: {}\n",
+        guidance.step()
+    );
     s.push_str("当前规则:\n");
     for (k, t) in guidance.render_for_prompt() {
         s.push_str(&format!("[{k}]. {}\n", text::normalize(&t)));
@@ -808,16 +1043,25 @@ fn verdict_word(v: Option<Verdict>) -> &'static str {
 fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> String {
     let mut s = format!("\n第{n}组 (ticket_key={}):\n", r.ticket_key);
     if with_label {
-        s.push_str(&format!("  参考答案 gt_label: {}\n", verdict_word(Some(r.gt))));
+        s.push_str(&format!(
+            "  参考答案 gt_label: {}\n",
+            verdict_word(Some(r.gt))
+        ));
     }
     s.push_str(&format!(
         "  最终结论: {}；投票一致度: {}\n",
         verdict_word(r.final_verdict),
-        r.vote_strength.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+        r.vote_strength
+            .map(|v| format!("{v:.2}"))
+            .unwrap_or_else(|| "-".into())
     ));
     s.push_str("  摘要:\n");
     for (i, (_, summary)) in r.summaries.iter().enumerate() {
-        s.push_str(&format!("    {}. {}\n", i + 1, crate::prompts::sanitize_summary(summary)));
+        s.push_str(&format!(
+            "    {}. {}\n",
+            i + 1,
+            crate::prompts::sanitize_summary(summary)
+        ));
     }
     s.push_str("  候选:\n");
     for c in &r.candidates {
@@ -826,15 +1070,36 @@ fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> String {
             Some(_) => "✗",
             None => "?",
         };
-        s.push_str(&format!("    {}: {} | {} | {mark}\n", c.candidate_index, verdict_word(c.verdict), text::normalize(&c.reason)));
+        s.push_str(&format!(
+            "    {}: {} | {} | {mark}\n",
+            c.candidate_index,
+            verdict_word(c.verdict),
+            text::normalize(&c.reason)
+        ));
     }
     s
 }
 
+/// Cap on a free-text analysis field for a call of `max_new_tokens`: the analyses are logged,
+/// never used, so they must not eat the budget the structured part needs (a JSON output cut at
+/// `max_new_tokens` does not parse and costs a retry).
+fn analysis_cap(max_new_tokens: u32) -> usize {
+    (max_new_tokens as usize / 6).clamp(16, reflection_schema::ANALYSIS_MAX_CHARS)
+}
+
+fn cap_string(schema: &mut Value, pointer: &str, cap: usize) {
+    if let Some(s) = schema.pointer_mut(pointer)
+        && let Some(n) = s.get("maxLength").and_then(Value::as_u64)
+    {
+        s["maxLength"] = json!((n as usize).min(cap));
+    }
+}
+
 /// Restrict `no_evidence_group_ids` to the batch's keys: constrain what can be constrained,
 /// validate everything anyway.
-pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>) -> Value {
+pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>, max_new_tokens: u32) -> Value {
     let mut schema = reflection_schema::decision_json_schema();
+    cap_string(&mut schema, "/properties/decision_analysis", analysis_cap(max_new_tokens));
     let keys: Vec<&str> = batch.iter().map(TicketKey::as_str).collect();
     if let Some(arr) = schema.pointer_mut("/properties/no_evidence_group_ids") {
         arr["items"] = json!({"enum": keys});
@@ -844,12 +1109,25 @@ pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>) -> Value {
 }
 
 /// Restrict op evidence to `L` and op keys to existing `G` keys.
-pub fn tailor_ops_schema(max_operations: usize, learnable: &BTreeSet<TicketKey>, guidance: &GuidanceRepo) -> Value {
+pub fn tailor_ops_schema(
+    max_operations: usize,
+    learnable: &BTreeSet<TicketKey>,
+    guidance: &GuidanceRepo,
+    max_new_tokens: u32,
+) -> Value {
     let mut schema = reflection_schema::ops_json_schema(max_operations);
+    cap_string(&mut schema, "/properties/evidence_analysis", analysis_cap(max_new_tokens));
     let keys: Vec<&str> = learnable.iter().map(TicketKey::as_str).collect();
-    let g_keys: Vec<String> =
-        guidance.render_for_prompt().into_iter().map(|(k, _)| k).filter(|k| k.starts_with('G')).collect();
-    if let Some(branches) = schema.pointer_mut("/properties/operations/items/anyOf").and_then(Value::as_array_mut) {
+    let g_keys: Vec<String> = guidance
+        .render_for_prompt()
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with('G'))
+        .collect();
+    if let Some(branches) = schema
+        .pointer_mut("/properties/operations/items/anyOf")
+        .and_then(Value::as_array_mut)
+    {
         for b in branches {
             if let Some(ev) = b.pointer_mut("/properties/evidence") {
                 ev["items"] = json!({"enum": keys});
@@ -863,7 +1141,11 @@ pub fn tailor_ops_schema(max_operations: usize, learnable: &BTreeSet<TicketKey>,
             }
         }
     }
-    for field in ["learnable_group_ids", "covered_group_ids", "uncovered_group_ids"] {
+    for field in [
+        "learnable_group_ids",
+        "covered_group_ids",
+        "uncovered_group_ids",
+    ] {
         if let Some(arr) = schema.pointer_mut(&format!("/properties/coverage/properties/{field}")) {
             arr["items"] = json!({"enum": keys});
             arr["maxItems"] = json!(keys.len());

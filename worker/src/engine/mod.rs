@@ -7,6 +7,17 @@
 
 use stageb_shared::domain::ChatMessage;
 
+pub mod candle_engine;
+pub mod chat_template;
+pub mod gguf;
+pub mod safetensors;
+pub mod sampler;
+pub mod tokenizer;
+pub mod transformer;
+
+pub use candle_engine::{CandleEngine, DeviceSpec, EngineOptions};
+pub use gguf::WeightFormat;
+
 /// How one group of candidates is decoded (one `sampler.grid` entry).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecodeRequest {

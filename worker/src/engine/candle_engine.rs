@@ -1,0 +1,696 @@
+//! [`CandleEngine`]: the [`Engine`] on candle, from loading a model to returning candidates.
+//!
+//! A job runs in a fixed schedule so its output depends only on the request:
+//! 1. render the messages with the model's chat template and tokenize (no extra specials);
+//! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0 (chunk
+//!    boundaries change CPU logits, so they are fixed, never derived from other work);
+//! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
+//!    decode them as one lockstep batch; a finished row keeps being fed a pad token and its
+//!    output is ignored, so the batch shape never changes mid-job;
+//! 4. per row and step: logits → constraint mask (if any) → [`sampler::sample`] with
+//!    `uniform_at(candidate seed, step)` → constraint `consume`; a row stops on a stop token,
+//!    when its constraint is finished, or at `max_new_tokens`.
+//!
+//! The text returned is the tokenizer's decoding of the generated tokens without special
+//! tokens, never normalized.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use sha2::{Digest, Sha256};
+use stageb_shared::domain::ChatMessage;
+use stageb_shared::seed::uniform_at;
+use tokenizers::Tokenizer;
+
+use super::chat_template::ChatTemplate;
+use super::gguf::{self, WeightFormat, model_err};
+use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
+use super::transformer::{KvCache, Transformer};
+use super::{
+    CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
+    ModelFingerprint, RolloutOutput, RolloutRequest,
+};
+use crate::constraint::{ConstraintFactory, ConstraintSpec, TokenConstraint, Vocabulary};
+
+/// The candle release the engine is built against (`Cargo.toml` pins `0.11.1`); part of the
+/// fingerprint because kernels change numerics between releases.
+pub const CANDLE_VERSION: &str = "0.11.1";
+
+/// Prompt tokens per prefill forward call. Fixed: it is part of every result's identity.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Default context cap (prompt + generated tokens).
+pub const DEFAULT_MAX_CONTEXT: usize = 4096;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    /// CPU, or `cuda:$LOCAL_RANK` when built with the `cuda` feature and a GPU exists.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = EngineError;
+
+    /// `auto`, `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        match s {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| {
+                    EngineError::InvalidRequest(format!("unknown device `{s}` (auto, cpu, cuda:N)"))
+                }),
+        }
+    }
+}
+
+/// How to load and run a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    pub device: DeviceSpec,
+    /// Compute threads; `None` = candle's default (RAYON_NUM_THREADS or the physical cores).
+    pub threads: Option<usize>,
+    /// Cap on prompt + generated tokens.
+    pub max_context: usize,
+    /// GGUF only: keep the file's quantization or dequantize at load.
+    pub weight_format: WeightFormat,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            device: DeviceSpec::Auto,
+            threads: None,
+            max_context: DEFAULT_MAX_CONTEXT,
+            weight_format: WeightFormat::Auto,
+        }
+    }
+}
+
+fn select_device(spec: DeviceSpec) -> Result<Device, EngineError> {
+    let cuda =
+        |i: usize| Device::new_cuda(i).map_err(|e| EngineError::Model(format!("cuda:{i}: {e}")));
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(i) => cuda(i),
+        DeviceSpec::Auto => {
+            if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() {
+                let rank = std::env::var("LOCAL_RANK")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                cuda(rank)
+            } else {
+                Ok(Device::Cpu)
+            }
+        }
+    }
+}
+
+/// One loaded model with its tokenizer, chat template and stop tokens.
+pub struct CandleEngine {
+    model: Transformer,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    stop_ids: Vec<u32>,
+    fingerprint: ModelFingerprint,
+    constraints: OnceLock<Result<ConstraintFactory, String>>,
+    pool: Option<rayon::ThreadPool>,
+    scratch: Scratch,
+}
+
+impl std::fmt::Debug for CandleEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CandleEngine")
+            .field("fingerprint", &self.fingerprint)
+            .field("stop_ids", &self.stop_ids)
+            .finish_non_exhaustive()
+    }
+}
+
+fn sha256_files(files: &[PathBuf]) -> Result<String, EngineError> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for f in files {
+        let mut file = std::fs::File::open(f).map_err(|e| model_err(f, e))?;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| model_err(f, e))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// One row of a lockstep decode batch.
+struct Row {
+    params: SamplingParams,
+    seed: u64,
+    max_new: usize,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    seen: Option<SeenTokens>,
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+}
+
+impl CandleEngine {
+    /// Loads a GGUF file or an HF safetensors directory.
+    pub fn load(model_path: &Path, options: &EngineOptions) -> Result<CandleEngine, EngineError> {
+        if options.max_context < 2 {
+            return Err(EngineError::InvalidRequest(
+                "max_context must be at least 2".into(),
+            ));
+        }
+        let pool = match options.threads {
+            Some(n) if n > 0 => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .map_err(|e| EngineError::Model(format!("thread pool: {e}")))?,
+            ),
+            _ => None,
+        };
+        let device = select_device(options.device)?;
+        let device_kind = if device.is_cuda() { "cuda" } else { "cpu" };
+        let load = || -> Result<CandleEngine, EngineError> {
+            if model_path.is_dir() {
+                Self::load_safetensors(model_path, &device, device_kind, options)
+            } else {
+                Self::load_gguf(model_path, &device, device_kind, options)
+            }
+        };
+        let mut engine = match &pool {
+            Some(p) => p.install(load)?,
+            None => load()?,
+        };
+        engine.pool = pool;
+        Ok(engine)
+    }
+
+    fn load_gguf(
+        path: &Path,
+        device: &Device,
+        device_kind: &str,
+        options: &EngineOptions,
+    ) -> Result<CandleEngine, EngineError> {
+        let is_gguf = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        let mut file = std::fs::File::open(path).map_err(|e| model_err(path, e))?;
+        let ct = gguf_file::Content::read(&mut file).map_err(|e| {
+            if is_gguf {
+                model_err(path, format!("not a readable GGUF file: {e}"))
+            } else {
+                model_err(path, format!("unsupported model file (expected a .gguf file or a safetensors directory): {e}"))
+            }
+        })?;
+        // Check the architecture before the (more expensive) tokenizer.
+        gguf::read_config(&ct, path)?;
+        let tokenizer = super::tokenizer::from_gguf(&ct, path)?;
+        let template_src = gguf::md_string(&ct, "tokenizer.chat_template");
+        let tok_name = |key: &str| {
+            ct.metadata
+                .get(key)
+                .and_then(|v| v.to_u32().ok())
+                .and_then(|id| tokenizer.id_to_token(id))
+                .unwrap_or_default()
+        };
+        let template = ChatTemplate::new(
+            template_src.as_deref(),
+            &tok_name("tokenizer.ggml.bos_token_id"),
+            &tok_name("tokenizer.ggml.eos_token_id"),
+        )?;
+        let stop_ids = super::tokenizer::stop_token_ids(
+            &tokenizer,
+            &super::tokenizer::gguf_declared_stops(&ct),
+            Some(template.source()),
+        );
+        let loaded = gguf::load(
+            path,
+            &mut file,
+            &ct,
+            device,
+            options.weight_format,
+            options.max_context,
+        )?;
+        let fingerprint = ModelFingerprint {
+            weights_sha256: sha256_files(&[path.to_path_buf()])?,
+            candle_version: CANDLE_VERSION.to_string(),
+            dtype: if loaded.dequantized {
+                "f32-dequantized".into()
+            } else {
+                "gguf-quantized".into()
+            },
+            device: device_kind.to_string(),
+            architecture: loaded.transformer.config.architecture.clone(),
+        };
+        Self::finish(
+            loaded.transformer,
+            tokenizer,
+            template,
+            stop_ids,
+            fingerprint,
+        )
+    }
+
+    fn load_safetensors(
+        dir: &Path,
+        device: &Device,
+        device_kind: &str,
+        options: &EngineOptions,
+    ) -> Result<CandleEngine, EngineError> {
+        super::safetensors::read_config(dir)?;
+        let tokenizer = super::tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let (template_src, bos, eos) = super::safetensors::tokenizer_config(dir)?;
+        let template = ChatTemplate::new(template_src.as_deref(), &bos, &eos)?;
+        let mut declared = super::safetensors::declared_eos_ids(dir);
+        declared.extend(tokenizer.token_to_id(&eos));
+        let stop_ids =
+            super::tokenizer::stop_token_ids(&tokenizer, &declared, Some(template.source()));
+        let files = super::safetensors::weight_files(dir)?;
+        let model = super::safetensors::load(dir, device, options.max_context)?;
+        let fingerprint = ModelFingerprint {
+            weights_sha256: sha256_files(&files)?,
+            candle_version: CANDLE_VERSION.to_string(),
+            dtype: "f32".into(),
+            device: device_kind.to_string(),
+            architecture: model.config.architecture.clone(),
+        };
+        Self::finish(model, tokenizer, template, stop_ids, fingerprint)
+    }
+
+    fn finish(
+        model: Transformer,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        stop_ids: Vec<u32>,
+        fingerprint: ModelFingerprint,
+    ) -> Result<CandleEngine, EngineError> {
+        if stop_ids.is_empty() {
+            return Err(EngineError::Model(
+                "the model declares no end-of-sequence token".into(),
+            ));
+        }
+        Ok(CandleEngine {
+            model,
+            tokenizer,
+            template,
+            stop_ids,
+            fingerprint,
+            constraints: OnceLock::new(),
+            pool: None,
+            scratch: Scratch::default(),
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// Token ids that end a generation (sorted).
+    pub fn stop_token_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    pub fn transformer(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// The prompt text for `messages` (chat template, generation prompt appended).
+    pub fn render_prompt(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        self.template.render(messages)
+    }
+
+    /// Token ids of `text` exactly as the prompt path tokenizes it (special tokens parsed, none
+    /// added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| EngineError::InvalidRequest(format!("tokenize: {e}")))
+    }
+
+    /// The constraint factory over this model's vocabulary (built on first use: it walks the
+    /// whole token trie).
+    pub fn constraint_factory(&self) -> Result<&ConstraintFactory, EngineError> {
+        let r = self.constraints.get_or_init(|| {
+            let vocab = Vocabulary::from_tokenizer(&self.tokenizer, &self.stop_ids)
+                .map_err(|e| e.to_string())?;
+            let vocab = if vocab.len() < self.model.config.vocab_size {
+                vocab.padded_to(self.model.config.vocab_size)
+            } else {
+                vocab
+            };
+            ConstraintFactory::new(vocab).map_err(|e| e.to_string())
+        });
+        r.as_ref()
+            .map_err(|e| EngineError::Model(format!("constraint vocabulary: {e}")))
+    }
+
+    /// Logits of the last prompt token after the fixed prefill schedule, and the b=1 cache.
+    pub fn prefill(
+        &self,
+        prompt: &[u32],
+        capacity: usize,
+    ) -> Result<(Vec<f32>, KvCache), EngineError> {
+        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
+        let mut cache = self.model.new_cache(1, capacity).map_err(me)?;
+        let mut logits = None;
+        for chunk in prompt.chunks(PREFILL_CHUNK) {
+            let input = Tensor::new(chunk, self.model.device())
+                .and_then(|t| t.unsqueeze(0))
+                .map_err(me)?;
+            logits = Some(self.model.forward(&input, &mut cache).map_err(me)?);
+        }
+        let logits = logits.ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?;
+        let v = logits
+            .squeeze(0)
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(me)?;
+        Ok((v, cache))
+    }
+
+    fn run_pooled<T: Send>(&mut self, f: impl FnOnce(&mut Self) -> T + Send) -> T {
+        match self.pool.take() {
+            Some(pool) => {
+                let r = pool.install(|| f(self));
+                self.pool = Some(pool);
+                r
+            }
+            None => f(self),
+        }
+    }
+
+    /// Prefills `prompt` once and decodes every row in one lockstep batch.
+    fn run_rows(&mut self, prompt: &[u32], rows: &mut [Row]) -> Result<(u64, u64), EngineError> {
+        let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
+        let limit = self.model.max_context();
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the rendered prompt is empty".into(),
+            ));
+        }
+        if prompt.len() + max_new > limit {
+            return Err(EngineError::PromptTooLong {
+                tokens: prompt.len(),
+                limit: limit.saturating_sub(max_new),
+            });
+        }
+        let t0 = Instant::now();
+        let (first_logits, cache) = self.prefill(prompt, prompt.len())?;
+        let prefill_us = t0.elapsed().as_micros() as u64;
+        if rows.is_empty() || max_new == 0 {
+            return Ok((prefill_us, 0));
+        }
+        let t1 = Instant::now();
+        let vocab = self.model.config.vocab_size;
+        let needs_seen = rows.iter().any(|r| r.params.repetition_penalty != 1.0);
+        if needs_seen {
+            let mut seen = SeenTokens::new(vocab);
+            for &t in prompt {
+                seen.insert(t);
+            }
+            for r in rows.iter_mut() {
+                if r.params.repetition_penalty != 1.0 {
+                    r.seen = Some(seen.clone());
+                }
+            }
+        }
+        let n = rows.len();
+        // The prompt's last logits are the same for every row; step 0 samples from them.
+        let mut step_logits: Vec<Vec<f32>> = vec![first_logits];
+        let mut shared_first = true;
+        let b1 = cache;
+        let mut cache = if max_new > 1 {
+            Some(
+                b1.expand(n, prompt.len() + max_new)
+                    .map_err(|e| EngineError::Model(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        drop(b1);
+        let pad = self.stop_ids[0];
+        for step in 0..max_new {
+            let mut next = Vec::with_capacity(n);
+            for (i, row) in rows.iter_mut().enumerate() {
+                if row.finish.is_some() {
+                    next.push(pad);
+                    continue;
+                }
+                let logits = if shared_first {
+                    &step_logits[0]
+                } else {
+                    &step_logits[i]
+                };
+                let tok = self.step_row(row, logits, step as u64)?;
+                next.push(tok.unwrap_or(pad));
+            }
+            shared_first = false;
+            if rows.iter().all(|r| r.finish.is_some()) || step + 1 == max_new {
+                break;
+            }
+            let Some(cache) = cache.as_mut() else { break };
+            let me = |e: candle_core::Error| EngineError::Model(e.to_string());
+            let input = Tensor::from_vec(next, (n, 1), self.model.device()).map_err(me)?;
+            let logits = self.model.forward(&input, cache).map_err(me)?;
+            step_logits = logits.to_vec2::<f32>().map_err(me)?;
+        }
+        for r in rows.iter_mut() {
+            if r.finish.is_none() {
+                r.finish = Some(FinishReason::Length);
+            }
+        }
+        Ok((prefill_us, t1.elapsed().as_micros() as u64))
+    }
+
+    /// Samples one token for `row` and advances its state. `None` when the row ended without
+    /// producing a token.
+    fn step_row(
+        &mut self,
+        row: &mut Row,
+        logits: &[f32],
+        step: u64,
+    ) -> Result<Option<u32>, EngineError> {
+        let allowed = match row.constraint.as_mut() {
+            Some(c) => {
+                if c.is_finished() {
+                    row.finish = Some(FinishReason::Stop);
+                    return Ok(None);
+                }
+                let a = c.allowed()?;
+                if a.is_empty() {
+                    row.finish = Some(FinishReason::Stop);
+                    return Ok(None);
+                }
+                Some(a)
+            }
+            None => None,
+        };
+        let u = uniform_at(row.seed, step);
+        let tok = sampler::sample(
+            logits,
+            &row.params,
+            row.seen.as_ref(),
+            allowed.as_ref(),
+            u,
+            &mut self.scratch,
+        )
+        .ok_or_else(|| {
+            EngineError::Model(format!(
+                "no token can be sampled at step {step} (all logits masked)"
+            ))
+        })?;
+        if let Some(c) = row.constraint.as_mut() {
+            c.consume(tok)?;
+        }
+        if let Some(s) = row.seen.as_mut() {
+            s.insert(tok);
+        }
+        row.tokens.push(tok);
+        if self.stop_ids.contains(&tok) || row.constraint.as_ref().is_some_and(|c| c.is_finished())
+        {
+            row.finish = Some(FinishReason::Stop);
+        } else if row.tokens.len() >= row.max_new {
+            row.finish = Some(FinishReason::Length);
+        }
+        Ok(Some(tok))
+    }
+
+    /// The text of a row: its tokens without stop/special tokens, decoded as generated.
+    fn row_text(&self, row: &Row) -> Result<String, EngineError> {
+        let ids: Vec<u32> = row
+            .tokens
+            .iter()
+            .copied()
+            .filter(|t| !self.stop_ids.contains(t))
+            .collect();
+        self.tokenizer
+            .decode(&ids, true)
+            .map_err(|e| EngineError::Model(format!("detokenize: {e}")))
+    }
+}
+
+fn check_params(
+    temperature: f32,
+    top_p: f32,
+    repetition_penalty: f32,
+) -> Result<SamplingParams, EngineError> {
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(EngineError::InvalidRequest(format!(
+            "temperature must be >= 0, got {temperature}"
+        )));
+    }
+    if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
+        return Err(EngineError::InvalidRequest(format!(
+            "top_p must be in (0, 1], got {top_p}"
+        )));
+    }
+    if !repetition_penalty.is_finite() || repetition_penalty <= 0.0 {
+        return Err(EngineError::InvalidRequest(format!(
+            "repetition_penalty must be > 0, got {repetition_penalty}"
+        )));
+    }
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        repetition_penalty,
+    })
+}
+
+impl Engine for CandleEngine {
+    fn fingerprint(&self) -> &ModelFingerprint {
+        &self.fingerprint
+    }
+
+    fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
+        self.run_pooled(|eng| eng.rollout_inner(request))
+    }
+
+    fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        self.run_pooled(|eng| eng.generate_inner(request))
+    }
+}
+
+impl CandleEngine {
+    fn rollout_inner(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
+        let prompt = self.encode(&self.render_prompt(&request.messages)?)?;
+        let base = if request.constrained {
+            let spec = ConstraintSpec::Contract {
+                max_reason_chars: stageb_shared::contract::MAX_REASON_CHARS,
+            };
+            Some(self.constraint_factory()?.build(&spec)?)
+        } else {
+            None
+        };
+        let mut rows = Vec::new();
+        let mut ids = Vec::new();
+        for d in &request.decodes {
+            let params = check_params(d.temperature, d.top_p, d.repetition_penalty)?;
+            if d.max_new_tokens == 0 {
+                return Err(EngineError::InvalidRequest(format!(
+                    "decode {}: max_new_tokens is 0",
+                    d.decode_index
+                )));
+            }
+            for (i, &seed) in d.seeds.iter().enumerate() {
+                rows.push(Row {
+                    params,
+                    seed,
+                    max_new: d.max_new_tokens as usize,
+                    constraint: base.as_ref().map(|c| c.fork()),
+                    seen: None,
+                    tokens: Vec::new(),
+                    finish: None,
+                });
+                ids.push((d.decode_index, i as u32));
+            }
+        }
+        let (prefill_us, decode_us) = self.run_rows(&prompt, &mut rows)?;
+        let mut candidates = Vec::with_capacity(rows.len());
+        for (row, (decode_index, sample_index)) in rows.iter().zip(ids) {
+            candidates.push(CandidateOutput {
+                decode_index,
+                sample_index,
+                seed: row.seed,
+                text: self.row_text(row)?,
+                completion_tokens: row.tokens.len() as u32,
+                finish: row.finish.unwrap_or(FinishReason::Length),
+            });
+        }
+        Ok(RolloutOutput {
+            candidates,
+            prompt_tokens: prompt.len() as u32,
+            prefill_us,
+            decode_us,
+        })
+    }
+
+    fn generate_inner(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        let t0 = Instant::now();
+        let prompt = self.encode(&self.render_prompt(&request.messages)?)?;
+        let params = check_params(
+            request.temperature,
+            request.top_p,
+            request.repetition_penalty,
+        )?;
+        if request.max_new_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_new_tokens is 0".into()));
+        }
+        let constraint = match &request.json_schema {
+            Some(s) => Some(
+                self.constraint_factory()?
+                    .build(&ConstraintSpec::JsonSchema(s.clone()))?,
+            ),
+            None => None,
+        };
+        let mut rows = vec![Row {
+            params,
+            seed: request.seed,
+            max_new: request.max_new_tokens as usize,
+            constraint,
+            seen: None,
+            tokens: Vec::new(),
+            finish: None,
+        }];
+        self.run_rows(&prompt, &mut rows)?;
+        let row = &rows[0];
+        Ok(GenerateOutput {
+            text: self.row_text(row)?,
+            prompt_tokens: prompt.len() as u32,
+            completion_tokens: row.tokens.len() as u32,
+            finish: row.finish.unwrap_or(FinishReason::Length),
+            latency_us: t0.elapsed().as_micros() as u64,
+        })
+    }
+}
+
+/// The model file named by `STAGEB_MODEL`, else the demo model under the workspace's
+/// `.cache/models/`, if it exists (tests and `stageb generate` use this).
+pub fn default_model_path(workspace_root: &Path) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("STAGEB_MODEL")
+        && !p.is_empty()
+    {
+        return Some(PathBuf::from(p));
+    }
+    let p = workspace_root.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    p.exists().then_some(p)
+}

@@ -1,0 +1,85 @@
+//! Rendering chat messages into a prompt with the model's own Jinja chat template.
+//!
+//! The template comes from the model (`tokenizer.chat_template` in GGUF metadata, or
+//! `chat_template` in `tokenizer_config.json`); ChatML is the fallback when a model has none.
+//! Rendering follows HF `apply_chat_template`: `trim_blocks` and `lstrip_blocks` on,
+//! `add_generation_prompt = true`, `bos_token`/`eos_token` in the context, Python string methods
+//! through minijinja-contrib's `pycompat` (Qwen templates call `startswith`, `strip`, …).
+//! Nothing is stripped from the result: the prompt is exactly what the template writes.
+
+use minijinja::{Environment, ErrorKind, context};
+use stageb_shared::domain::ChatMessage;
+
+use super::EngineError;
+
+/// ChatML, used when the model carries no template.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
+     message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ \
+     '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn raise_exception(msg: String) -> Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Compiles `source` (or ChatML when `None`).
+    pub fn new(
+        source: Option<&str>,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<Self, EngineError> {
+        let source = source.unwrap_or(CHATML_TEMPLATE).to_string();
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned("chat", source.clone())
+            .map_err(|e| EngineError::Model(format!("chat template does not compile: {e}")))?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The prompt for `messages`, ending with the assistant turn's opening.
+    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| EngineError::Model(format!("chat template: {e}")))?;
+        let msgs: Vec<_> = messages
+            .iter()
+            .map(|m| context! { role => m.role, content => m.content })
+            .collect();
+        tmpl.render(context! {
+            messages => msgs,
+            add_generation_prompt => true,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(|e| EngineError::InvalidRequest(format!("chat template failed to render: {e}")))
+    }
+}

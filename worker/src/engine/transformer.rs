@@ -1,0 +1,401 @@
+//! Our decoder-only transformer (llama family: llama, qwen2, qwen3) and its KV cache.
+//!
+//! Written in the candle idiom after `candle-transformers`' `quantized_llama`, but owned here
+//! because the engine needs what the stock model cannot give:
+//! - the weights ([`Transformer`], immutable, `&self` forward) are separate from the per-batch
+//!   state ([`KvCache`]), so one loaded model serves many caches;
+//! - a b=1 prompt cache can be expanded to b=n rows ([`KvCache::expand`]) so a ticket's prompt
+//!   is prefilled once and all its candidates decode together;
+//! - the cache is preallocated to a fixed capacity and written in place (`slice_set`), never
+//!   rebuilt with `Tensor::cat` per step;
+//! - attention is GQA-aware: query heads are grouped per KV head by a free reshape, so keys and
+//!   values are never repeated in memory;
+//! - b>1 with seq_len>1 works (the last-position slice is made contiguous).
+//!
+//! Weights are either kept quantized (`QMatMul`) or dequantized once at load to dense tensors
+//! (exact for GGUF block formats: dequantization is the format's definition of the weight).
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Tensor};
+
+/// Which RoPE pairing the checkpoint expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (2i, 2i+1): GGUF llama (the converter permutes q/k into this layout).
+    Interleaved,
+    /// Pairs (i, i+d/2): HF checkpoints and GGUF qwen2/qwen3.
+    Neox,
+}
+
+/// Hyper-parameters of one loaded model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerConfig {
+    pub architecture: String,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub hidden: usize,
+    pub vocab_size: usize,
+    pub rms_eps: f64,
+    pub rope_theta: f64,
+    pub rope_style: RopeStyle,
+    /// Per-frequency divisors (llama-3 style scaling baked into GGUF `rope_freqs.weight`).
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// The model's trained context (metadata), before our own cap.
+    pub trained_context: Option<usize>,
+}
+
+/// One projection: quantized or dense, with an optional bias (qwen2 q/k/v).
+#[derive(Debug, Clone)]
+pub enum LinearWeight {
+    Quantized(QMatMul),
+    /// Stored transposed, `(in, out)` contiguous: the matmul's right-hand side is then
+    /// row-major, which gemm reads without a strided repack of the whole matrix every call
+    /// (that repack dominated small-batch decode).
+    Dense(Tensor),
+}
+
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: LinearWeight,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A dense layer from a checkpoint matrix `(out, in)`.
+    pub fn dense(w: &Tensor, bias: Option<Tensor>) -> candle_core::Result<Linear> {
+        Ok(Linear {
+            weight: LinearWeight::Dense(w.t()?.contiguous()?),
+            bias,
+        })
+    }
+
+    /// `x` is `(rows, in)`; returns `(rows, out)`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = match &self.weight {
+            LinearWeight::Quantized(q) => q.forward(x)?,
+            LinearWeight::Dense(w) => x.matmul(w)?,
+        };
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Layer {
+    pub attn_norm: Tensor,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    /// qwen3: RMS norm over each head's query/key vector before RoPE.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    pub ffn_norm: Tensor,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
+}
+
+/// The weights of a loaded model. Immutable after load; every forward takes `&self`.
+#[derive(Debug)]
+pub struct Transformer {
+    pub config: TransformerConfig,
+    /// `(vocab, hidden)`, dense (looked up by row).
+    pub embedding: Tensor,
+    pub layers: Vec<Layer>,
+    pub final_norm: Tensor,
+    pub lm_head: Linear,
+    /// RoPE tables `(max_context, rot_dim/2)`.
+    cos: Tensor,
+    sin: Tensor,
+    max_context: usize,
+    device: Device,
+}
+
+/// The attention state of a batch of `b` rows that all sit at the same position (lockstep).
+///
+/// Deliberately not `Clone`: the tensors are written in place, so a shallow clone would alias.
+/// Use [`KvCache::expand`] (or `expand(1)`) for an independent copy.
+#[derive(Debug)]
+pub struct KvCache {
+    /// Per layer `(k, v)`, each `(b, n_kv_head, capacity, head_dim)`.
+    layers: Vec<(Tensor, Tensor)>,
+    batch: usize,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    pub fn new(
+        config: &TransformerConfig,
+        batch: usize,
+        capacity: usize,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let shape = (batch, config.n_kv_head, capacity, config.head_dim);
+        let mut layers = Vec::with_capacity(config.n_layer);
+        for _ in 0..config.n_layer {
+            layers.push((
+                Tensor::zeros(shape, DType::F32, device)?,
+                Tensor::zeros(shape, DType::F32, device)?,
+            ));
+        }
+        Ok(KvCache {
+            layers,
+            batch,
+            len: 0,
+            capacity,
+        })
+    }
+
+    /// Tokens already in the cache (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// A new cache of `n` rows, each a copy of row 0 of this one, with room for `capacity`
+    /// positions. The prompt is prefilled once at b=1 and then expanded for the candidates.
+    pub fn expand(&self, n: usize, capacity: usize) -> candle_core::Result<KvCache> {
+        if capacity < self.len {
+            candle_core::bail!(
+                "cannot expand a cache of {} tokens to capacity {capacity}",
+                self.len
+            )
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (k, v) in &self.layers {
+            let (_, h, _, d) = k.dims4()?;
+            let shape = (n, h, capacity, d);
+            let k2 = Tensor::zeros(shape, DType::F32, k.device())?;
+            let v2 = Tensor::zeros(shape, DType::F32, v.device())?;
+            if self.len > 0 {
+                let ks = k
+                    .narrow(0, 0, 1)?
+                    .narrow(2, 0, self.len)?
+                    .broadcast_as((n, h, self.len, d))?;
+                let vs = v
+                    .narrow(0, 0, 1)?
+                    .narrow(2, 0, self.len)?
+                    .broadcast_as((n, h, self.len, d))?;
+                k2.slice_set(&ks.contiguous()?, 2, 0)?;
+                v2.slice_set(&vs.contiguous()?, 2, 0)?;
+            }
+            layers.push((k2, v2));
+        }
+        Ok(KvCache {
+            layers,
+            batch: n,
+            len: self.len,
+            capacity,
+        })
+    }
+
+    /// Writes this step's keys/values (`(b, n_kv, t, d)`, contiguous) at the current position of
+    /// `layer` and returns views over everything cached so far, including them.
+    fn append(
+        &self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let t = k.dim(2)?;
+        let (kc, vc) = &self.layers[layer];
+        kc.slice_set(k, 2, self.len)?;
+        vc.slice_set(v, 2, self.len)?;
+        Ok((
+            kc.narrow(2, 0, self.len + t)?,
+            vc.narrow(2, 0, self.len + t)?,
+        ))
+    }
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)
+}
+
+impl Transformer {
+    pub fn new(
+        config: TransformerConfig,
+        embedding: Tensor,
+        layers: Vec<Layer>,
+        final_norm: Tensor,
+        lm_head: Linear,
+        max_context: usize,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let rot = config.head_dim;
+        let half = rot / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1f32 / (config.rope_theta as f32).powf((2 * i) as f32 / rot as f32))
+            .collect();
+        if let Some(factors) = &config.rope_freq_factors {
+            if factors.len() != half {
+                candle_core::bail!("rope_freqs has {} entries, expected {half}", factors.len())
+            }
+            for (f, s) in inv_freq.iter_mut().zip(factors) {
+                *f /= *s;
+            }
+        }
+        let inv_freq = Tensor::new(inv_freq.as_slice(), device)?.reshape((1, half))?;
+        let pos = Tensor::arange(0u32, max_context as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((max_context, 1))?;
+        let freqs = pos.matmul(&inv_freq)?;
+        Ok(Transformer {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+            config,
+            embedding,
+            layers,
+            final_norm,
+            lm_head,
+            max_context,
+            device: device.clone(),
+        })
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A fresh cache of `batch` rows with room for `capacity` tokens.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> candle_core::Result<KvCache> {
+        KvCache::new(
+            &self.config,
+            batch,
+            capacity.min(self.max_context),
+            &self.device,
+        )
+    }
+
+    fn rope(&self, x: &Tensor, pos: usize, t: usize) -> candle_core::Result<Tensor> {
+        let cos = self.cos.narrow(0, pos, t)?;
+        let sin = self.sin.narrow(0, pos, t)?;
+        match self.config.rope_style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(x, &cos, &sin),
+            RopeStyle::Neox => candle_nn::rotary_emb::rope(x, &cos, &sin),
+        }
+    }
+
+    /// Runs `tokens` (`(b, t)` u32, all rows at position `cache.len()`) through the model,
+    /// appends their keys/values to `cache`, and returns the logits of the last position,
+    /// `(b, vocab)` in f32.
+    pub fn forward(&self, tokens: &Tensor, cache: &mut KvCache) -> candle_core::Result<Tensor> {
+        let (b, t) = tokens.dims2()?;
+        let pos = cache.len;
+        if b != cache.batch {
+            candle_core::bail!("batch of {b} rows fed to a cache of {} rows", cache.batch)
+        }
+        if t == 0 {
+            candle_core::bail!("empty input")
+        }
+        if pos + t > cache.capacity {
+            candle_core::bail!(
+                "{} positions exceed the cache capacity {}",
+                pos + t,
+                cache.capacity
+            )
+        }
+        let cfg = &self.config;
+        let kv_len = pos + t;
+        // Additive causal mask over the new rows: (t, kv_len), 0 where visible, -inf where not.
+        let mask = if t > 1 {
+            let mut m = vec![0f32; t * kv_len];
+            for i in 0..t {
+                for j in (pos + i + 1)..kv_len {
+                    m[i * kv_len + j] = f32::NEG_INFINITY;
+                }
+            }
+            Some(Tensor::from_vec(m, (t, kv_len), &self.device)?)
+        } else {
+            None
+        };
+        let n_rep = cfg.n_head / cfg.n_kv_head;
+        let scale = 1.0 / (cfg.head_dim as f64).sqrt();
+        let flat = tokens.flatten_all()?;
+        let mut x = self.embedding.index_select(&flat, 0)?; // (b*t, hidden)
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
+            let q = layer
+                .wq
+                .forward(&h)?
+                .reshape((b, t, cfg.n_head, cfg.head_dim))?;
+            let k = layer
+                .wk
+                .forward(&h)?
+                .reshape((b, t, cfg.n_kv_head, cfg.head_dim))?;
+            let v = layer
+                .wv
+                .forward(&h)?
+                .reshape((b, t, cfg.n_kv_head, cfg.head_dim))?;
+            let q = match &layer.q_norm {
+                Some(w) => rms_norm(&q, w, cfg.rms_eps)?,
+                None => q,
+            };
+            let k = match &layer.k_norm {
+                Some(w) => rms_norm(&k, w, cfg.rms_eps)?,
+                None => k,
+            };
+            let q = self.rope(&q.transpose(1, 2)?.contiguous()?, pos, t)?;
+            let k = self.rope(&k.transpose(1, 2)?.contiguous()?, pos, t)?;
+            let v = v.transpose(1, 2)?.contiguous()?;
+            let (kc, vc) = cache.append(li, &k, &v)?;
+            // GQA without repeat_kv: query heads h*n_rep..(h+1)*n_rep share KV head h, and they
+            // are adjacent in `q`, so `(b, n_head, t, d)` → `(b, n_kv, n_rep*t, d)` is a free
+            // reshape and every KV head is read once per step.
+            let q = q.reshape((b, cfg.n_kv_head, n_rep * t, cfg.head_dim))?;
+            let att = (q.matmul(&kc.t()?)? * scale)?;
+            let att = match &mask {
+                Some(m) => att
+                    .reshape((b, cfg.n_kv_head, n_rep, t, kv_len))?
+                    .broadcast_add(m)?
+                    .reshape((b, cfg.n_kv_head, n_rep * t, kv_len))?,
+                None => att,
+            };
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let y = att.matmul(&vc)?; // (b, n_kv, n_rep*t, d)
+            let y = y
+                .reshape((b, cfg.n_head, t, cfg.head_dim))?
+                .transpose(1, 2)?
+                .reshape((b * t, cfg.n_head * cfg.head_dim))?;
+            let x1 = (layer.wo.forward(&y)? + &x)?;
+            let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
+            let gate = layer.w_gate.forward(&h)?;
+            let up = layer.w_up.forward(&h)?;
+            let ff = layer
+                .w_down
+                .forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
+            x = (ff + x1)?;
+        }
+        cache.len += t;
+        // Only the last position of every row needs logits.
+        let last = x
+            .reshape((b, t, cfg.hidden))?
+            .narrow(1, t - 1, 1)?
+            .squeeze(1)?
+            .contiguous()?;
+        let last = rms_norm(&last, &self.final_norm, cfg.rms_eps)?;
+        let logits = self.lm_head.forward(&last)?;
+        logits.to_dtype(DType::F32)
+    }
+}
