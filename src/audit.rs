@@ -63,8 +63,19 @@ impl AuditReport {
         self.violations.is_empty()
     }
 
-    fn fail(&mut self, check: &'static str, file: &str, line: Option<usize>, detail: impl Into<String>) {
-        self.violations.push(Violation { check, file: file.to_string(), line, detail: detail.into() });
+    fn fail(
+        &mut self,
+        check: &'static str,
+        file: &str,
+        line: Option<usize>,
+        detail: impl Into<String>,
+    ) {
+        self.violations.push(Violation {
+            check,
+            file: file.to_string(),
+            line,
+            detail: detail.into(),
+        });
     }
 }
 
@@ -76,7 +87,12 @@ fn rows(report: &mut AuditReport, dir: &Path, name: &str) -> Vec<(usize, Value)>
         return Vec::new();
     };
     if !bytes.is_empty() && bytes.last() != Some(&b'\n') {
-        report.fail("jsonl_framing", name, None, "the file does not end with a newline (torn last line)");
+        report.fail(
+            "jsonl_framing",
+            name,
+            None,
+            "the file does not end with a newline (torn last line)",
+        );
     }
     let Ok(text) = String::from_utf8(bytes) else {
         report.fail("jsonl_utf8", name, None, "not UTF-8");
@@ -87,7 +103,12 @@ fn rows(report: &mut AuditReport, dir: &Path, name: &str) -> Vec<(usize, Value)>
         match serde_json::from_str::<Value>(line) {
             Ok(v) => {
                 if v.get("schema_version").is_none() {
-                    report.fail("schema_version", name, Some(i + 1), "row without schema_version");
+                    report.fail(
+                        "schema_version",
+                        name,
+                        Some(i + 1),
+                        "row without schema_version",
+                    );
                 }
                 out.push((i + 1, v));
             }
@@ -103,16 +124,30 @@ fn verdict_of(v: &Value) -> Option<Verdict> {
 
 /// Audit a run directory (`{output.root}/{run_name}/{mission}`).
 pub fn audit(dir: &Path) -> AuditReport {
-    let mut report = AuditReport { run_dir: dir.to_path_buf(), ..Default::default() };
-    let manifest: Value = match fs::read(dir.join(files::MANIFEST)).ok().and_then(|b| serde_json::from_slice(&b).ok()) {
+    let mut report = AuditReport {
+        run_dir: dir.to_path_buf(),
+        ..Default::default()
+    };
+    let manifest: Value = match fs::read(dir.join(files::MANIFEST))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
         Some(m) => m,
         None => {
             report.fail("manifest", files::MANIFEST, None, "missing or not JSON");
             return report;
         }
     };
-    let Some(config) = manifest.get("config").and_then(|c| serde_json::from_value::<RunConfig>(c.clone()).ok()) else {
-        report.fail("manifest", files::MANIFEST, None, "no readable resolved config");
+    let Some(config) = manifest
+        .get("config")
+        .and_then(|c| serde_json::from_value::<RunConfig>(c.clone()).ok())
+    else {
+        report.fail(
+            "manifest",
+            files::MANIFEST,
+            None,
+            "no readable resolved config",
+        );
         return report;
     };
     let tickets = manifest.get("tickets").and_then(Value::as_u64).unwrap_or(0) as usize;
@@ -135,14 +170,29 @@ pub fn audit(dir: &Path) -> AuditReport {
     for (line, row) in &selections {
         let epoch = row["epoch"].as_u64().unwrap_or(0);
         let key = row["ticket_key"].as_str().unwrap_or("").to_string();
-        if by_epoch.entry(epoch).or_default().insert(key.clone(), (*line, row.clone())).is_some() {
-            report.fail("one_selection_per_ticket", files::SELECTIONS, Some(*line), format!("{key} selected twice in epoch {epoch}"));
+        if by_epoch
+            .entry(epoch)
+            .or_default()
+            .insert(key.clone(), (*line, row.clone()))
+            .is_some()
+        {
+            report.fail(
+                "one_selection_per_ticket",
+                files::SELECTIONS,
+                Some(*line),
+                format!("{key} selected twice in epoch {epoch}"),
+            );
         }
     }
     for epoch in 1..=config.runner.epochs as u64 {
         let n = by_epoch.get(&epoch).map_or(0, BTreeMap::len);
         if n != tickets {
-            report.fail("one_selection_per_ticket", files::SELECTIONS, None, format!("epoch {epoch} has {n} selections for {tickets} tickets"));
+            report.fail(
+                "one_selection_per_ticket",
+                files::SELECTIONS,
+                None,
+                format!("epoch {epoch} has {n} selections for {tickets} tickets"),
+            );
         }
     }
 
@@ -158,29 +208,72 @@ pub fn audit(dir: &Path) -> AuditReport {
         let parsed = contract::parse(text);
         let format_ok = r["format_ok"].as_bool().unwrap_or(false);
         if parsed.is_ok() != format_ok {
-            report.fail("trajectory_parse", files::TRAJECTORIES, Some(*line), format!("format_ok={format_ok} but the parser says {}", parsed.is_ok()));
+            report.fail(
+                "trajectory_parse",
+                files::TRAJECTORIES,
+                Some(*line),
+                format!(
+                    "format_ok={format_ok} but the parser says {}",
+                    parsed.is_ok()
+                ),
+            );
         }
         if let Ok(p) = &parsed
-            && (verdict_of(&r["verdict"]) != Some(p.verdict) || r["reason"].as_str() != Some(p.reason.as_str()))
+            && (verdict_of(&r["verdict"]) != Some(p.verdict)
+                || r["reason"].as_str() != Some(p.reason.as_str()))
         {
-            report.fail("trajectory_parse", files::TRAJECTORIES, Some(*line), "verdict/reason differ from the parsed text");
+            report.fail(
+                "trajectory_parse",
+                files::TRAJECTORIES,
+                Some(*line),
+                "verdict/reason differ from the parsed text",
+            );
         }
         if !format_ok {
             malformed.insert((epoch, key.clone(), idx));
         }
-        if cands.entry((epoch, key.clone())).or_default().insert(idx, row.clone()).is_some() {
-            report.fail("one_row_per_candidate", files::TRAJECTORIES, Some(*line), format!("{key} candidate {idx} twice"));
+        if cands
+            .entry((epoch, key.clone()))
+            .or_default()
+            .insert(idx, row.clone())
+            .is_some()
+        {
+            report.fail(
+                "one_row_per_candidate",
+                files::TRAJECTORIES,
+                Some(*line),
+                format!("{key} candidate {idx} twice"),
+            );
         }
     }
-    for ((epoch, key), (line, sel)) in by_epoch.iter().flat_map(|(e, m)| m.iter().map(move |(k, v)| ((*e, k.clone()), v))) {
+    for ((epoch, key), (line, sel)) in by_epoch
+        .iter()
+        .flat_map(|(e, m)| m.iter().map(move |(k, v)| ((*e, k.clone()), v)))
+    {
         let Some(cs) = cands.get(&(epoch, key.clone())) else {
-            if sel["result"]["ineligible_reason"].as_str().is_none_or(|r| !r.starts_with("engine_error")) {
-                report.fail("one_row_per_candidate", files::TRAJECTORIES, None, format!("{key} epoch {epoch} has no candidates"));
+            if sel["result"]["ineligible_reason"]
+                .as_str()
+                .is_none_or(|r| !r.starts_with("engine_error"))
+            {
+                report.fail(
+                    "one_row_per_candidate",
+                    files::TRAJECTORIES,
+                    None,
+                    format!("{key} epoch {epoch} has no candidates"),
+                );
             }
             continue;
         };
         if cs.len() != per_ticket {
-            report.fail("one_row_per_candidate", files::TRAJECTORIES, None, format!("{key} epoch {epoch}: {} candidates, expected {per_ticket}", cs.len()));
+            report.fail(
+                "one_row_per_candidate",
+                files::TRAJECTORIES,
+                None,
+                format!(
+                    "{key} epoch {epoch}: {} candidates, expected {per_ticket}",
+                    cs.len()
+                ),
+            );
         }
         // Re-derive the vote.
         let (mut pass, mut fail) = (0u64, 0u64);
@@ -194,22 +287,52 @@ pub fn audit(dir: &Path) -> AuditReport {
         let r = &sel["result"];
         let counts = &r["vote_counts"];
         if counts["pass"].as_u64() != Some(pass) || counts["fail"].as_u64() != Some(fail) {
-            report.fail("selection_rederived", files::SELECTIONS, Some(*line), format!("{key}: vote counts differ from trajectories ({pass} pass, {fail} fail)"));
+            report.fail(
+                "selection_rederived",
+                files::SELECTIONS,
+                Some(*line),
+                format!("{key}: vote counts differ from trajectories ({pass} pass, {fail} fail)"),
+            );
         }
-        let vote_verdict = if pass + fail == 0 { None } else if pass > fail { Some(Verdict::Pass) } else { Some(Verdict::Fail) };
+        let vote_verdict = if pass + fail == 0 {
+            None
+        } else if pass > fail {
+            Some(Verdict::Pass)
+        } else {
+            Some(Verdict::Fail)
+        };
         if verdict_of(&r["vote_verdict"]) != vote_verdict {
-            report.fail("selection_rederived", files::SELECTIONS, Some(*line), format!("{key}: vote verdict differs (majority, ties to fail)"));
+            report.fail(
+                "selection_rederived",
+                files::SELECTIONS,
+                Some(*line),
+                format!("{key}: vote verdict differs (majority, ties to fail)"),
+            );
         }
         if let Some(v) = vote_verdict {
-            let strength = (if v == Verdict::Pass { pass } else { fail }) as f64 / (pass + fail) as f64;
-            if r["vote_strength"].as_f64().is_none_or(|s| (s - strength).abs() > 1e-9) {
-                report.fail("selection_rederived", files::SELECTIONS, Some(*line), format!("{key}: vote_strength should be {strength}"));
+            let strength =
+                (if v == Verdict::Pass { pass } else { fail }) as f64 / (pass + fail) as f64;
+            if r["vote_strength"]
+                .as_f64()
+                .is_none_or(|s| (s - strength).abs() > 1e-9)
+            {
+                report.fail(
+                    "selection_rederived",
+                    files::SELECTIONS,
+                    Some(*line),
+                    format!("{key}: vote_strength should be {strength}"),
+                );
             }
         }
         let gt = verdict_of(&sel["gt_label"]);
         let final_verdict = verdict_of(&r["verdict"]);
         if final_verdict.is_some() && r["label_match"].as_bool() != Some(final_verdict == gt) {
-            report.fail("selection_rederived", files::SELECTIONS, Some(*line), format!("{key}: label_match inconsistent with the final verdict"));
+            report.fail(
+                "selection_rederived",
+                files::SELECTIONS,
+                Some(*line),
+                format!("{key}: label_match inconsistent with the final verdict"),
+            );
         }
     }
 
@@ -217,39 +340,86 @@ pub fn audit(dir: &Path) -> AuditReport {
     let mut failure_keys = BTreeSet::new();
     for (line, row) in &failures {
         if row["reason"] == "format_error" {
-            let k = (row["epoch"].as_u64().unwrap_or(0), row["ticket_key"].as_str().unwrap_or("").to_string(), row["candidate_index"].as_u64().unwrap_or(u64::MAX));
+            let k = (
+                row["epoch"].as_u64().unwrap_or(0),
+                row["ticket_key"].as_str().unwrap_or("").to_string(),
+                row["candidate_index"].as_u64().unwrap_or(u64::MAX),
+            );
             if !malformed.contains(&k) {
-                report.fail("failure_malformed", files::FAILURE_MALFORMED, Some(*line), "format_error row for a candidate that is not malformed");
+                report.fail(
+                    "failure_malformed",
+                    files::FAILURE_MALFORMED,
+                    Some(*line),
+                    "format_error row for a candidate that is not malformed",
+                );
             }
             failure_keys.insert(k);
         }
     }
     for k in malformed.difference(&failure_keys) {
-        report.fail("failure_malformed", files::FAILURE_MALFORMED, None, format!("malformed candidate {} #{} (epoch {}) not logged", k.1, k.2, k.0));
+        report.fail(
+            "failure_malformed",
+            files::FAILURE_MALFORMED,
+            None,
+            format!(
+                "malformed candidate {} #{} (epoch {}) not logged",
+                k.1, k.2, k.0
+            ),
+        );
     }
 
     // need_review.json is the aggregation of the queue; need-review rows are per epoch.
-    let queue_rows: Vec<NeedReviewRow> = queue.iter().filter_map(|(_, v)| serde_json::from_value(v.clone()).ok()).collect();
+    let queue_rows: Vec<NeedReviewRow> = queue
+        .iter()
+        .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
+        .collect();
     if queue_rows.len() != queue.len() {
-        report.fail("need_review", files::NEED_REVIEW_QUEUE, None, "rows that do not match the schema");
+        report.fail(
+            "need_review",
+            files::NEED_REVIEW_QUEUE,
+            None,
+            "rows that do not match the schema",
+        );
     }
     let mission = manifest["mission"].as_str().unwrap_or("").to_string();
-    match fs::read(dir.join(files::NEED_REVIEW)).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
+    match fs::read(dir.join(files::NEED_REVIEW))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+    {
         Some(written) => {
-            let expected = serde_json::to_value(need_review::aggregate(&mission, &queue_rows)).unwrap_or_default();
+            let expected = serde_json::to_value(need_review::aggregate(&mission, &queue_rows))
+                .unwrap_or_default();
             if written != expected {
-                report.fail("need_review", files::NEED_REVIEW, None, "differs from the aggregation of need_review_queue.jsonl");
+                report.fail(
+                    "need_review",
+                    files::NEED_REVIEW,
+                    None,
+                    "differs from the aggregation of need_review_queue.jsonl",
+                );
             }
         }
-        None => report.fail("need_review", files::NEED_REVIEW, None, "missing or not JSON"),
+        None => report.fail(
+            "need_review",
+            files::NEED_REVIEW,
+            None,
+            "missing or not JSON",
+        ),
     }
 
     // Metrics epoch rows recomputed from selections and the epoch's need-review routing.
-    for (line, row) in metric_rows.iter().filter(|(_, r)| r["event"] == "epoch_end") {
+    for (line, row) in metric_rows
+        .iter()
+        .filter(|(_, r)| r["event"] == "epoch_end")
+    {
         let epoch = row["epoch"].as_u64().unwrap_or(0);
-        let routed: BTreeSet<TicketKey> =
-            queue_rows.iter().filter(|q| q.epoch as u64 == epoch).map(|q| q.ticket_key.clone()).collect();
-        let Some(sels) = by_epoch.get(&epoch) else { continue };
+        let routed: BTreeSet<TicketKey> = queue_rows
+            .iter()
+            .filter(|q| q.epoch as u64 == epoch)
+            .map(|q| q.ticket_key.clone())
+            .collect();
+        let Some(sels) = by_epoch.get(&epoch) else {
+            continue;
+        };
         let mut ordered: Vec<&(usize, Value)> = sels.values().collect();
         ordered.sort_by_key(|(l, _)| *l);
         let outcomes: Vec<metrics::Outcome> = ordered
@@ -265,10 +435,22 @@ pub fn audit(dir: &Path) -> AuditReport {
                 }
             })
             .collect();
-        for (view, name) in [(metrics::ManualReview::Include, "include_manual_review"), (metrics::ManualReview::Exclude, "exclude_manual_review")] {
-            let expected = serde_json::to_value(metrics::counts(&outcomes, view)).unwrap_or_default();
+        for (view, name) in [
+            (metrics::ManualReview::Include, "include_manual_review"),
+            (metrics::ManualReview::Exclude, "exclude_manual_review"),
+        ] {
+            let expected =
+                serde_json::to_value(metrics::counts(&outcomes, view)).unwrap_or_default();
             if row[name] != expected {
-                report.fail("metrics_recomputed", files::METRICS, Some(*line), format!("epoch {epoch} {name}: written {} ≠ recomputed {expected}", row[name]));
+                report.fail(
+                    "metrics_recomputed",
+                    files::METRICS,
+                    Some(*line),
+                    format!(
+                        "epoch {epoch} {name}: written {} ≠ recomputed {expected}",
+                        row[name]
+                    ),
+                );
             }
         }
     }
@@ -276,17 +458,33 @@ pub fn audit(dir: &Path) -> AuditReport {
     // Reflection: stop-gradient isolation and evidence ⊆ learnable.
     for (line, row) in &reflections {
         let set = |v: &Value| -> BTreeSet<String> {
-            v.as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()).unwrap_or_default()
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
         };
         let learnable = set(&row["learnable"]);
         let stop = set(&row["stop_gradient"]);
         if !learnable.is_disjoint(&stop) {
-            report.fail("stop_gradient_isolation", files::REFLECTION, Some(*line), "a ticket is both learnable and stop-gradient");
+            report.fail(
+                "stop_gradient_isolation",
+                files::REFLECTION,
+                Some(*line),
+                "a ticket is both learnable and stop-gradient",
+            );
         }
         for op in row["applied_ops"].as_array().into_iter().flatten() {
             for ev in set(&op["evidence"]) {
                 if !learnable.contains(&ev) {
-                    report.fail("evidence_subset_of_learnable", files::REFLECTION, Some(*line), format!("applied op evidence {ev} is not learnable in this cycle"));
+                    report.fail(
+                        "evidence_subset_of_learnable",
+                        files::REFLECTION,
+                        Some(*line),
+                        format!("applied op evidence {ev} is not learnable in this cycle"),
+                    );
                 }
             }
         }
@@ -296,10 +494,20 @@ pub fn audit(dir: &Path) -> AuditReport {
     match guidance::verify_chain(dir) {
         Ok(chain) => {
             if reflections.iter().any(|(_, r)| r["applied"] == true) && chain.versions < 2 {
-                report.fail("guidance_chain", guidance::GUIDANCE_FILE, None, "reflections were applied but the chain has no new version");
+                report.fail(
+                    "guidance_chain",
+                    guidance::GUIDANCE_FILE,
+                    None,
+                    "reflections were applied but the chain has no new version",
+                );
             }
         }
-        Err(e) => report.fail("guidance_chain", guidance::GUIDANCE_FILE, None, e.to_string()),
+        Err(e) => report.fail(
+            "guidance_chain",
+            guidance::GUIDANCE_FILE,
+            None,
+            e.to_string(),
+        ),
     }
     if let Err(detail) = scaffold_unchanged(dir, &mission) {
         report.fail("scaffold_untouched", guidance::GUIDANCE_FILE, None, detail);

@@ -97,25 +97,42 @@ pub async fn run_coordinator(
     );
     let fingerprint = service.fingerprint_handle();
     let listener = server::bind(settings.listen, settings.token.as_ref()).await?;
-    let addr = listener.local_addr().map_err(|e| ClusterError::Serve(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ClusterError::Serve(e.to_string()))?;
     tracing::info!(%addr, auth = settings.token.is_some(), "coordinator listening");
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server_task = tokio::spawn(server::serve(listener, service, settings.token.clone(), async {
-        let _ = stop_rx.await;
-    }));
+    let server_task = tokio::spawn(server::serve(
+        listener,
+        service,
+        settings.token.clone(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
     let workers = spawn_local(addr, settings.token.clone());
 
     let progress: ProgressHandle = Arc::new(Mutex::new(Default::default()));
     let (progress_stop_tx, progress_stop_rx) = oneshot::channel::<()>();
     let progress_task = settings.show_progress.then(|| {
-        tokio::spawn(crate::progress::report(progress.clone(), settings.progress_every, async {
-            let _ = progress_stop_rx.await;
-        }))
+        tokio::spawn(crate::progress::report(
+            progress.clone(),
+            settings.progress_every,
+            async {
+                let _ = progress_stop_rx.await;
+            },
+        ))
     });
 
     let result = async {
-        let run = RunLoop::prepare(inputs, scheduler.clone(), completions, fingerprint, progress)?
-            .with_worker_grace(settings.worker_grace);
+        let run = RunLoop::prepare(
+            inputs,
+            scheduler.clone(),
+            completions,
+            fingerprint,
+            progress,
+        )?
+        .with_worker_grace(settings.worker_grace);
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
         run.run().await
     }
@@ -148,7 +165,11 @@ pub async fn run_coordinator(
 pub fn worker_name(index: usize) -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "localhost".into());
     format!("{host}:{}:{index}", std::process::id())
 }
@@ -159,7 +180,12 @@ fn uuid_hex() -> String {
 
 /// Start `n` in-process workers, each with its own engine built by `make_engine(index)` on a
 /// blocking thread (model loading is CPU-heavy).
-pub fn spawn_local_workers<E, F>(n: usize, addr: SocketAddr, token: Option<AuthToken>, make_engine: F) -> LocalWorkers
+pub fn spawn_local_workers<E, F>(
+    n: usize,
+    addr: SocketAddr,
+    token: Option<AuthToken>,
+    make_engine: F,
+) -> LocalWorkers
 where
     E: Engine + 'static,
     F: Fn(usize) -> Result<E, String> + Send + Sync + 'static,
@@ -181,7 +207,9 @@ where
                     run_id: String::new(),
                     connect_timeout: Duration::from_secs(30),
                 };
-                run_worker(engine, opts, std::future::pending()).await.map_err(|e| e.to_string())
+                run_worker(engine, opts, std::future::pending())
+                    .await
+                    .map_err(|e| e.to_string())
             })
         })
         .collect()
@@ -199,7 +227,12 @@ pub struct LaunchTopology {
 }
 
 fn env_u32(names: &[&str]) -> Option<(u32, String)> {
-    names.iter().find_map(|n| std::env::var(n).ok().and_then(|v| v.trim().parse().ok()).map(|v| (v, n.to_string())))
+    names.iter().find_map(|n| {
+        std::env::var(n)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .map(|v| (v, n.to_string()))
+    })
 }
 
 /// Resolve the launch topology: rank from `STAGEB_RANK`, `RANK` (torchrun), `SLURM_PROCID`,
@@ -208,10 +241,21 @@ fn env_u32(names: &[&str]) -> Option<(u32, String)> {
 /// coordinator from `STAGEB_COORDINATOR`, else `MASTER_ADDR:(MASTER_PORT+1)` (torchrun's own
 /// store keeps `MASTER_PORT`).
 pub fn resolve_topology(default_port: u16) -> Result<LaunchTopology, ClusterError> {
-    let (rank, rank_source) = env_u32(&["STAGEB_RANK", "RANK", "SLURM_PROCID", "JOB_COMPLETION_INDEX", "OMPI_COMM_WORLD_RANK"])
-        .unwrap_or((0, "default (single process)".into()));
-    let (local_rank, _) =
-        env_u32(&["STAGEB_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"]).unwrap_or((0, String::new()));
+    let (rank, rank_source) = env_u32(&[
+        "STAGEB_RANK",
+        "RANK",
+        "SLURM_PROCID",
+        "JOB_COMPLETION_INDEX",
+        "OMPI_COMM_WORLD_RANK",
+    ])
+    .unwrap_or((0, "default (single process)".into()));
+    let (local_rank, _) = env_u32(&[
+        "STAGEB_LOCAL_RANK",
+        "LOCAL_RANK",
+        "SLURM_LOCALID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+    ])
+    .unwrap_or((0, String::new()));
     let (coordinator, coordinator_source) = if let Ok(c) = std::env::var("STAGEB_COORDINATOR") {
         (c, "STAGEB_COORDINATOR".to_string())
     } else if let Ok(addr) = std::env::var("MASTER_ADDR") {
@@ -220,7 +264,10 @@ pub fn resolve_topology(default_port: u16) -> Result<LaunchTopology, ClusterErro
             .and_then(|p| p.parse::<u16>().ok())
             .map(|p| p.saturating_add(1))
             .unwrap_or(default_port);
-        (format!("{addr}:{port}"), "MASTER_ADDR:MASTER_PORT+1".to_string())
+        (
+            format!("{addr}:{port}"),
+            "MASTER_ADDR:MASTER_PORT+1".to_string(),
+        )
     } else if rank == 0 {
         (format!("127.0.0.1:{default_port}"), "default".to_string())
     } else {
@@ -228,12 +275,21 @@ pub fn resolve_topology(default_port: u16) -> Result<LaunchTopology, ClusterErro
             "rank > 0 but no coordinator address: set STAGEB_COORDINATOR (or MASTER_ADDR/MASTER_PORT)".into(),
         ));
     };
-    Ok(LaunchTopology { rank, rank_source, local_rank, coordinator, coordinator_source })
+    Ok(LaunchTopology {
+        rank,
+        rank_source,
+        local_rank,
+        coordinator,
+        coordinator_source,
+    })
 }
 
 /// The model path of a config, resolved like the original (relative to the working directory).
 pub fn model_path_of(config_path: &Path) -> Result<PathBuf, ClusterError> {
     let loaded = load_config(config_path)?;
     let cwd = std::env::current_dir().map_err(ClusterError::Cwd)?;
-    Ok(stageb_shared::config::resolve_config_path(Path::new(&loaded.config.model.model_name_or_path), &cwd))
+    Ok(stageb_shared::config::resolve_config_path(
+        Path::new(&loaded.config.model.model_name_or_path),
+        &cwd,
+    ))
 }

@@ -6,15 +6,18 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use clap::{Args, Parser, Subcommand};
 use stageb::cluster::{self, ClusterError, CoordinatorSettings};
 use stageb::exit;
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
+use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::telemetry::{LogFormat, init_tracing};
 use stageb_worker::client::{WorkerOptions, run_worker};
-use stageb_worker::engine::{CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, RolloutRequest};
+use stageb_worker::engine::{
+    CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, RolloutRequest,
+};
 
 /// Stage-B training-free verdict loop on a cluster of workers.
 #[derive(Parser)]
@@ -140,23 +143,55 @@ enum Command {
 
 fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
     let device: DeviceSpec = args.device.parse().map_err(|e| anyhow!("{e}"))?;
-    Ok(EngineOptions { device, threads: args.threads, ..EngineOptions::default() })
+    Ok(EngineOptions {
+        device,
+        threads: args.threads,
+        ..EngineOptions::default()
+    })
 }
 
 fn load_engine(model: &Path, args: &ModelArgs) -> Result<CandleEngine> {
     let options = engine_options(args)?;
-    CandleEngine::load(model, &options).with_context(|| format!("loading model {}", model.display()))
+    Ok(load_model(model, &options)?)
+}
+
+/// Load a model, reporting a missing or unloadable file as bad input (exit code 2) with a
+/// stable code: at startup the model file is the user's input like any other.
+fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine, InputError> {
+    if !model.exists() {
+        return Err(InputError::new(
+            ErrorCode::FileNotFound,
+            model.display().to_string(),
+            None,
+            "model not found (scripts/fetch-model.sh fetches the demo model)",
+        ));
+    }
+    CandleEngine::load(model, options).map_err(|e| {
+        InputError::new(
+            ErrorCode::UnsupportedModel,
+            model.display().to_string(),
+            None,
+            e.to_string(),
+        )
+    })
 }
 
 /// Map a failure to its exit code: bad input is 2, everything else is 3.
 fn classify(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<ClusterError>() {
         Some(ClusterError::Input(_)) | Some(ClusterError::Launch(_)) => exit::INPUT_ERROR,
-        Some(ClusterError::Bind(stageb_coordinator::server::BindError::Policy(_))) => exit::INPUT_ERROR,
+        Some(ClusterError::Bind(stageb_coordinator::server::BindError::Policy(_))) => {
+            exit::INPUT_ERROR
+        }
         Some(ClusterError::Run(stageb_coordinator::run::RunError::Guidance(
             stageb_coordinator::guidance::GuidanceError::Input(_),
         ))) => exit::INPUT_ERROR,
-        _ if e.downcast_ref::<stageb_shared::error::InputError>().is_some() => exit::INPUT_ERROR,
+        _ if e
+            .downcast_ref::<stageb_shared::error::InputError>()
+            .is_some() =>
+        {
+            exit::INPUT_ERROR
+        }
         _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
         _ => exit::RUNTIME_ERROR,
     }
@@ -165,7 +200,10 @@ fn classify(e: &anyhow::Error) -> u8 {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -193,17 +231,22 @@ fn summary_code(summary: &stageb_coordinator::run::RunSummary) -> u8 {
         summary.need_review,
         summary.run_dir.display()
     );
-    if summary.hard_failures > 0 { exit::COMPLETED_WITH_FAILURES } else { exit::OK }
+    if summary.hard_failures > 0 {
+        exit::COMPLETED_WITH_FAILURES
+    } else {
+        exit::OK
+    }
 }
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return std::future::pending().await,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -217,16 +260,23 @@ async fn shutdown_signal() {
 
 async fn dispatch(command: Command) -> Result<u8> {
     match command {
-        Command::Run { config, workers, listen, model } => {
+        Command::Run {
+            config,
+            workers,
+            listen,
+            model,
+        } => {
             if workers == 0 {
-                bail!("--workers must be at least 1 (use `stageb coordinator` for a coordinator alone)");
+                return Err(ClusterError::Launch(
+                    "--workers must be at least 1 (use `stageb coordinator` for a coordinator alone)".into(),
+                )
+                .into());
             }
             let inputs = cluster::prepare_inputs(&config, "embedded")?;
             let model_path = PathBuf::from(&inputs.config.model.model_name_or_path);
             // Fail on a bad model before starting anything.
             let options = engine_options(&model)?;
-            let first = CandleEngine::load(&model_path, &options)
-                .with_context(|| format!("loading model {}", model_path.display()))?;
+            let first = load_model(&model_path, &options)?;
             let settings = CoordinatorSettings {
                 listen,
                 // The embedded run makes its own token: loopback today, but never unauthenticated.
@@ -238,7 +288,12 @@ async fn dispatch(command: Command) -> Result<u8> {
             let first = std::sync::Mutex::new(Some(first));
             let summary = cluster::run_coordinator(inputs, settings, move |addr, token| {
                 cluster::spawn_local_workers(workers, addr, token, move |i| {
-                    if let Some(engine) = first.lock().unwrap_or_else(|e| e.into_inner()).take().filter(|_| i == 0) {
+                    if let Some(engine) = first
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take()
+                        .filter(|_| i == 0)
+                    {
                         return Ok(engine);
                     }
                     CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
@@ -247,7 +302,12 @@ async fn dispatch(command: Command) -> Result<u8> {
             .await?;
             Ok(summary_code(&summary))
         }
-        Command::Coordinator { config, listen, token_file, worker_grace_s } => {
+        Command::Coordinator {
+            config,
+            listen,
+            token_file,
+            worker_grace_s,
+        } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
             let inputs = cluster::prepare_inputs(&config, "cluster")?;
             let settings = CoordinatorSettings {
@@ -260,9 +320,16 @@ async fn dispatch(command: Command) -> Result<u8> {
             let summary = cluster::run_coordinator(inputs, settings, |_, _| Vec::new()).await?;
             Ok(summary_code(&summary))
         }
-        Command::Worker { coordinator, model, token_file, model_args, connect_timeout_s } => {
+        Command::Worker {
+            coordinator,
+            model,
+            token_file,
+            model_args,
+            connect_timeout_s,
+        } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
-            let engine = tokio::task::spawn_blocking(move || load_engine(&model, &model_args)).await??;
+            let engine =
+                tokio::task::spawn_blocking(move || load_engine(&model, &model_args)).await??;
             let opts = WorkerOptions {
                 coordinator,
                 token,
@@ -272,10 +339,19 @@ async fn dispatch(command: Command) -> Result<u8> {
                 connect_timeout: Duration::from_secs(connect_timeout_s),
             };
             let summary = run_worker(engine, opts, shutdown_signal()).await?;
-            tracing::info!(jobs = summary.jobs_done, failed = summary.jobs_failed, "worker finished");
+            tracing::info!(
+                jobs = summary.jobs_done,
+                failed = summary.jobs_failed,
+                "worker finished"
+            );
             Ok(exit::OK)
         }
-        Command::Launch { config, listen_port, token_file, model } => {
+        Command::Launch {
+            config,
+            listen_port,
+            token_file,
+            model,
+        } => {
             let topo = cluster::resolve_topology(listen_port)?;
             tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
                            coordinator = %topo.coordinator, coordinator_from = %topo.coordinator_source, "launch topology");
@@ -305,7 +381,8 @@ async fn dispatch(command: Command) -> Result<u8> {
                 .await?;
                 Ok(summary_code(&summary))
             } else {
-                let engine = tokio::task::spawn_blocking(move || load_engine(&model_path, &model)).await??;
+                let engine =
+                    tokio::task::spawn_blocking(move || load_engine(&model_path, &model)).await??;
                 let opts = WorkerOptions {
                     coordinator: topo.coordinator,
                     token,
@@ -333,20 +410,35 @@ async fn dispatch(command: Command) -> Result<u8> {
             json,
             model_args,
         } => {
-            let user = std::fs::read_to_string(&prompt_file).with_context(|| format!("reading {}", prompt_file.display()))?;
+            let user = std::fs::read_to_string(&prompt_file)
+                .with_context(|| format!("reading {}", prompt_file.display()))?;
             let mut messages = Vec::new();
             if let Some(f) = system_file {
-                messages.push(ChatMessage::system(std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?));
+                messages.push(ChatMessage::system(
+                    std::fs::read_to_string(&f)
+                        .with_context(|| format!("reading {}", f.display()))?,
+                ));
             }
             messages.push(ChatMessage::user(user));
-            let seeds: Vec<u64> = (0..candidates).map(|s| stageb_shared::seed::candidate_seed(seed, 0, "generate", 0, s)).collect();
+            let seeds: Vec<u64> = (0..candidates)
+                .map(|s| stageb_shared::seed::candidate_seed(seed, 0, "generate", 0, s))
+                .collect();
             let request = RolloutRequest {
                 messages,
-                decodes: vec![DecodeRequest { decode_index: 0, temperature, top_p, repetition_penalty, max_new_tokens, seeds }],
+                decodes: vec![DecodeRequest {
+                    decode_index: 0,
+                    temperature,
+                    top_p,
+                    repetition_penalty,
+                    max_new_tokens,
+                    seeds,
+                }],
                 constrained: !unconstrained,
             };
             let mut engine = load_engine(&model, &model_args)?;
-            let out = engine.rollout(&request).map_err(|e| anyhow!("{e} [{}]", e.code()))?;
+            let out = engine
+                .rollout(&request)
+                .map_err(|e| anyhow!("{e} [{}]", e.code()))?;
             let fingerprint = engine.fingerprint().clone();
             for c in &out.candidates {
                 let parsed = stageb_shared::contract::parse(&c.text);
@@ -370,7 +462,10 @@ async fn dispatch(command: Command) -> Result<u8> {
                         Ok(_) => "ok".to_string(),
                         Err(v) => format!("MALFORMED {}", v.code.code()),
                     };
-                    println!("--- candidate {} (seed {}, {} tokens, {status})\n{}", c.sample_index, c.seed, c.completion_tokens, c.text);
+                    println!(
+                        "--- candidate {} (seed {}, {} tokens, {status})\n{}",
+                        c.sample_index, c.seed, c.completion_tokens, c.text
+                    );
                 }
             }
             if !json {
@@ -400,10 +495,18 @@ async fn dispatch(command: Command) -> Result<u8> {
                     report.selections,
                     report.trajectories,
                     report.reflection_cycles,
-                    if report.ok() { "OK".to_string() } else { format!("{} violations", report.violations.len()) }
+                    if report.ok() {
+                        "OK".to_string()
+                    } else {
+                        format!("{} violations", report.violations.len())
+                    }
                 );
             }
-            Ok(if report.ok() { exit::OK } else { exit::AUDIT_FAILED })
+            Ok(if report.ok() {
+                exit::OK
+            } else {
+                exit::AUDIT_FAILED
+            })
         }
     }
 }
@@ -412,16 +515,44 @@ async fn dispatch(command: Command) -> Result<u8> {
 fn validate(config: &Path) -> Result<u8> {
     let inputs = cluster::prepare_inputs(config, "validate")?;
     let cfg = &inputs.config;
-    stageb_coordinator::guidance::load_mission_section(&cfg.guidance.path, &inputs.ingested.mission)?;
+    stageb_coordinator::guidance::load_mission_section(
+        &cfg.guidance.path,
+        &inputs.ingested.mission,
+    )?;
     let model = Path::new(&cfg.model.model_name_or_path);
     if !model.exists() {
-        return Err(stageb_shared::error::InputError::new(
-            stageb_shared::error::ErrorCode::FileNotFound,
+        return Err(InputError::new(
+            ErrorCode::FileNotFound,
             model.display().to_string(),
             None,
             "model file not found (run scripts/fetch-model.sh for the demo model)",
         )
         .into());
+    }
+    for prompt in [
+        &cfg.reflection.decision_prompt_path,
+        &cfg.reflection.ops_prompt_path,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let text = std::fs::read_to_string(prompt).map_err(|e| {
+            InputError::new(
+                ErrorCode::FileNotFound,
+                prompt.display().to_string(),
+                None,
+                format!("cannot read prompt: {e}"),
+            )
+        })?;
+        if text.trim().is_empty() {
+            return Err(InputError::new(
+                ErrorCode::EmptyFile,
+                prompt.display().to_string(),
+                None,
+                "prompt file is empty",
+            )
+            .into());
+        }
     }
     for n in &inputs.notices {
         println!("warning: {n}");

@@ -9,18 +9,28 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stageb_coordinator::run::ProgressHandle;
 
 /// Report progress until `stop` resolves.
-pub async fn report(progress: ProgressHandle, every: Duration, stop: impl std::future::Future<Output = ()>) {
+pub async fn report(
+    progress: ProgressHandle,
+    every: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
     tokio::pin!(stop);
     let start = Instant::now();
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);
         b.set_style(
-            ProgressStyle::with_template("{spinner} epoch {prefix} [{bar:30}] {pos}/{len} tickets {msg} ETA {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} tickets {msg} ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b
     });
-    let tick = if bar.is_some() { Duration::from_millis(250) } else { every };
+    let tick = if bar.is_some() {
+        Duration::from_millis(250)
+    } else {
+        every
+    };
     let mut interval = tokio::time::interval(tick);
     loop {
         tokio::select! {

@@ -28,17 +28,36 @@ fn model_path() -> PathBuf {
     let p = std::env::var_os("STAGEB_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(p.exists(), "model {} not found: run scripts/fetch-model.sh (or scripts/test.sh)", p.display());
+    assert!(
+        p.exists(),
+        "model {} not found: run scripts/fetch-model.sh (or scripts/test.sh)",
+        p.display()
+    );
     p
 }
 
 /// A mission of the first `tickets` tickets of the small demo, with a config that keeps the
 /// real model's work small: 2 candidates of 24 tokens each, one epoch, a capped reflection.
-fn write_mission(dir: &Path, tickets: usize, epochs: u32, run_name: &str, extra_runner: &str) -> PathBuf {
-    let src = std::fs::read_to_string(workspace().join("examples/demo/small/stage_a.jsonl")).unwrap();
-    let lines: Vec<&str> = src.lines().filter(|l| !l.trim().is_empty()).take(tickets).collect();
+fn write_mission(
+    dir: &Path,
+    tickets: usize,
+    epochs: u32,
+    run_name: &str,
+    extra_runner: &str,
+) -> PathBuf {
+    let src =
+        std::fs::read_to_string(workspace().join("examples/demo/small/stage_a.jsonl")).unwrap();
+    let lines: Vec<&str> = src
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(tickets)
+        .collect();
     std::fs::write(dir.join("stage_a.jsonl"), lines.join("\n") + "\n").unwrap();
-    std::fs::copy(workspace().join("examples/demo/guidance.json"), dir.join("guidance.json")).unwrap();
+    std::fs::copy(
+        workspace().join("examples/demo/guidance.json"),
+        dir.join("guidance.json"),
+    )
+    .unwrap();
     let config = format!(
         "seed: 17\n\
          stage_a_paths: [{dir}/stage_a.jsonl]\n\
@@ -67,7 +86,10 @@ fn mission_dir(root: &Path, run_name: &str) -> PathBuf {
 
 /// Run a config in this process with `workers` local workers on the real engine.
 fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSummary {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let inputs = cluster::prepare_inputs(config, "embedded").expect("inputs");
         let settings = CoordinatorSettings {
@@ -80,7 +102,10 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
         let model = model_path();
         cluster::run_coordinator(inputs, settings, move |addr, token| {
             cluster::spawn_local_workers(workers, addr, token, move |_| {
-                let options = EngineOptions { threads: Some(1), ..EngineOptions::default() };
+                let options = EngineOptions {
+                    threads: Some(1),
+                    ..EngineOptions::default()
+                };
                 CandleEngine::load(&model, &options).map_err(|e| e.to_string())
             })
         })
@@ -105,7 +130,17 @@ fn rows_without_runtime(path: &Path) -> Vec<Value> {
 
 fn assert_audit_ok(run_dir: &Path) {
     let report = stageb::audit::audit(run_dir);
-    assert!(report.ok(), "audit of {} failed:\n{}", run_dir.display(), report.violations.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("\n"));
+    assert!(
+        report.ok(),
+        "audit of {} failed:\n{}",
+        run_dir.display(),
+        report
+            .violations
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// The first milestone: a real model answering through the coordinator writes every artifact;
@@ -118,40 +153,68 @@ fn assert_audit_ok(run_dir: &Path) {
 fn real_model_run_is_complete_audited_and_world_size_invariant() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
-    let config = write_mission(tmp.path(), 3, 2, "one-worker", "");
+    let config = write_mission(tmp.path(), 6, 2, "one-worker", "");
     let started = Instant::now();
     let one = run_embedded(&config, 1);
     eprintln!("1 worker: {:?}", started.elapsed());
     let dir_one = mission_dir(tmp.path(), "one-worker");
     for f in [
-        "manifest.json", "trajectories.jsonl", "selections.jsonl", "metrics.jsonl", "failure_malformed.jsonl",
-        "need_review_queue.jsonl", "need_review.json", "reflection.jsonl", "guidance.json", "summary.json",
+        "manifest.json",
+        "trajectories.jsonl",
+        "selections.jsonl",
+        "metrics.jsonl",
+        "failure_malformed.jsonl",
+        "need_review_queue.jsonl",
+        "need_review.json",
+        "reflection.jsonl",
+        "guidance.json",
+        "summary.json",
     ] {
         assert!(dir_one.join(f).exists(), "missing artifact {f}");
     }
-    assert_eq!(one.tickets, 3);
+    assert_eq!(one.tickets, 6);
     let selections = rows_without_runtime(&dir_one.join("selections.jsonl"));
     let trajectories = rows_without_runtime(&dir_one.join("trajectories.jsonl"));
-    assert_eq!(selections.len(), 3 * 2, "one selection per ticket per epoch");
-    assert_eq!(trajectories.len(), 3 * 2 * 2, "one trajectory per candidate");
+    assert_eq!(
+        selections.len(),
+        6 * 2,
+        "one selection per ticket per epoch"
+    );
+    assert_eq!(
+        trajectories.len(),
+        6 * 2 * 2,
+        "one trajectory per candidate"
+    );
     assert_reflection_outputs_are_sound(&dir_one);
     assert_audit_ok(&dir_one);
 
     // Constrained decoding: every candidate of the real model satisfies the contract.
     for t in &trajectories {
-        assert_eq!(t["result"]["format_ok"], true, "malformed candidate under constraints: {}", t["result"]["text"]);
+        assert_eq!(
+            t["result"]["format_ok"], true,
+            "malformed candidate under constraints: {}",
+            t["result"]["text"]
+        );
     }
 
     let tmp3 = tempfile::tempdir().unwrap();
     // Same config text apart from the directory; the run name differs only in the path.
-    let config3 = write_mission(tmp3.path(), 3, 2, "one-worker", "");
+    let config3 = write_mission(tmp3.path(), 6, 2, "one-worker", "");
     let started = Instant::now();
     run_embedded(&config3, 3);
     eprintln!("3 workers: {:?}", started.elapsed());
     let dir_three = mission_dir(tmp3.path(), "one-worker");
     assert_audit_ok(&dir_three);
-    assert_eq!(rows_without_runtime(&dir_three.join("selections.jsonl")), selections, "selections differ between 1 and 3 workers");
-    assert_eq!(rows_without_runtime(&dir_three.join("trajectories.jsonl")), trajectories, "trajectories differ between 1 and 3 workers");
+    assert_eq!(
+        rows_without_runtime(&dir_three.join("selections.jsonl")),
+        selections,
+        "selections differ between 1 and 3 workers"
+    );
+    assert_eq!(
+        rows_without_runtime(&dir_three.join("trajectories.jsonl")),
+        trajectories,
+        "trajectories differ between 1 and 3 workers"
+    );
 }
 
 /// JSON-schema mode guarantees that an output which *completed* parses into the typed schema;
@@ -164,17 +227,30 @@ fn assert_reflection_outputs_are_sound(run_dir: &Path) {
         for call in row["calls"].as_array().into_iter().flatten() {
             calls += 1;
             if call["ok"] != true {
-                assert!(call["parse_error"]["code"].is_string(), "a failed call without a code: {call}");
+                assert!(
+                    call["parse_error"]["code"].is_string(),
+                    "a failed call without a code: {call}"
+                );
                 if call["prompt_tokens"].as_u64().unwrap_or(0) > 0 {
-                    assert_eq!(call["finish_reason"], "length", "a completed JSON-mode output did not parse: {call}");
+                    assert_eq!(
+                        call["finish_reason"], "length",
+                        "a completed JSON-mode output did not parse: {call}"
+                    );
                 }
             }
         }
         for rejected in row["rejected_ops"].as_array().into_iter().flatten() {
-            assert!(rejected["reason"].as_str().is_some_and(|r| !r.is_empty()), "rejected op without a reason: {rejected}");
+            assert!(
+                rejected["reason"].as_str().is_some_and(|r| !r.is_empty()),
+                "rejected op without a reason: {rejected}"
+            );
         }
     }
     eprintln!("{calls} reflection calls checked");
+    assert!(
+        calls > 0,
+        "the run never reflected, so the learning loop went untested"
+    );
 }
 
 struct Proc(Child);
@@ -187,14 +263,24 @@ impl Drop for Proc {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn spawn_worker(port: u16, log: &Path) -> Proc {
     let log = std::fs::File::create(log).unwrap();
     Proc(
         Command::new(env!("CARGO_BIN_EXE_stageb"))
-            .args(["worker", "--coordinator", &format!("127.0.0.1:{port}"), "--threads", "1"])
+            .args([
+                "worker",
+                "--coordinator",
+                &format!("127.0.0.1:{port}"),
+                "--threads",
+                "1",
+            ])
             .arg("--model")
             .arg(model_path())
             .env_remove("STAGEB_TOKEN")
@@ -212,14 +298,25 @@ fn spawn_worker(port: u16, log: &Path) -> Proc {
 fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
-    let config = write_mission(tmp.path(), 4, 1, "fault", ", lease_ttl_s: 3, heartbeat_interval_s: 1");
+    let config = write_mission(
+        tmp.path(),
+        4,
+        1,
+        "fault",
+        ", lease_ttl_s: 3, heartbeat_interval_s: 1",
+    );
     let port = free_port();
     let coordinator_log = tmp.path().join("coordinator.log");
     let mut coordinator = Proc(
         Command::new(env!("CARGO_BIN_EXE_stageb"))
             .args(["coordinator", "--config"])
             .arg(&config)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--worker-grace-s", "60"])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--worker-grace-s",
+                "60",
+            ])
             .env_remove("STAGEB_TOKEN")
             .env_remove("STAGEB_TOKEN_FILE")
             .env("RUST_LOG", "info")
@@ -248,7 +345,9 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut registered = 0;
     while registered < 2 {
-        let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("workers never registered");
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("workers never registered");
         if line.contains("worker registered") {
             registered += 1;
         }
@@ -261,7 +360,10 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
         if let Some(s) = coordinator.0.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "the run did not complete after the kill");
+        assert!(
+            Instant::now() < deadline,
+            "the run did not complete after the kill"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     drop(survivor);
@@ -269,11 +371,20 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     assert_eq!(status.code(), Some(0), "coordinator failed:\n{log}");
     let dir = mission_dir(tmp.path(), "fault");
     assert_audit_ok(&dir);
-    let summary: Value = serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
-    let expired = summary["runtime"]["scheduler"]["leases_expired"].as_u64().unwrap();
-    assert!(expired >= 1, "the killed worker's lease should have expired and been re-leased; log:\n{log}");
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    let expired = summary["runtime"]["scheduler"]["leases_expired"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        expired >= 1,
+        "the killed worker's lease should have expired and been re-leased; log:\n{log}"
+    );
     let selections = rows_without_runtime(&dir.join("selections.jsonl"));
     assert_eq!(selections.len(), 4, "exactly one selection per ticket");
-    let keys: std::collections::BTreeSet<_> = selections.iter().map(|s| s["ticket_key"].as_str().unwrap().to_string()).collect();
+    let keys: std::collections::BTreeSet<_> = selections
+        .iter()
+        .map(|s| s["ticket_key"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(keys.len(), 4, "no ticket written twice");
 }

@@ -23,8 +23,16 @@ pub struct JsonlWriter {
 impl JsonlWriter {
     /// Create (or truncate) `path`: per-run artifacts start fresh.
     pub fn create(path: &Path) -> io::Result<Self> {
-        let file = OpenOptions::new().create(true).write(true).truncate(true).open(path)?;
-        Ok(JsonlWriter { path: path.to_path_buf(), file, rows: 0 })
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)?;
+        Ok(JsonlWriter {
+            path: path.to_path_buf(),
+            file,
+            rows: 0,
+        })
     }
 
     /// Open `path` for appending after a crash: a torn last line (no trailing newline) is cut
@@ -47,7 +55,11 @@ impl JsonlWriter {
             rows = bytes[..keep].iter().filter(|b| **b == b'\n').count() as u64;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(JsonlWriter { path: path.to_path_buf(), file, rows })
+        Ok(JsonlWriter {
+            path: path.to_path_buf(),
+            file,
+            rows,
+        })
     }
 
     pub fn append<T: Serialize>(&mut self, row: &T) -> io::Result<()> {
@@ -74,9 +86,18 @@ impl JsonlWriter {
 
 /// Replace `path` atomically with `bytes`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| io::Error::other("atomic write needs a file name"))?;
-    let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("atomic write needs a file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     let result = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -97,7 +118,8 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> io::Result<()>
     write_atomic(path, &bytes)
 }
 
-/// Read every complete row of a JSONL file (a torn last line is ignored).
+/// Read every row of a JSONL file; a line that does not parse (a torn last line included) is
+/// an `InvalidData` error naming the file.
 pub fn read_jsonl(path: &Path) -> io::Result<Vec<serde_json::Value>> {
     let file = File::open(path)?;
     let mut out = Vec::new();
@@ -108,7 +130,12 @@ pub fn read_jsonl(path: &Path) -> io::Result<Vec<serde_json::Value>> {
         }
         match serde_json::from_str(&line) {
             Ok(v) => out.push(v),
-            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                ));
+            }
         }
     }
     Ok(out)
@@ -128,7 +155,10 @@ mod tests {
         assert_eq!(w.rows(), 2);
         w.append(&json!({"a": 3})).unwrap();
         w.sync().unwrap();
-        assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n");
+        assert_eq!(
+            fs::read_to_string(&p).unwrap(),
+            "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n"
+        );
     }
 
     #[test]
@@ -137,8 +167,14 @@ mod tests {
         let p = dir.path().join("m.json");
         write_json_atomic(&p, &json!({"v": 1})).unwrap();
         write_json_atomic(&p, &json!({"v": 2})).unwrap();
-        assert_eq!(serde_json::from_slice::<serde_json::Value>(&fs::read(&p).unwrap()).unwrap()["v"], 2);
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&fs::read(&p).unwrap()).unwrap()["v"],
+            2
+        );
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
     }
 
@@ -152,7 +188,16 @@ mod tests {
         fs::create_dir(&target_dir).unwrap();
         assert!(write_atomic(&target_dir, b"new").is_err());
         assert_eq!(fs::read(&p).unwrap(), b"old");
-        let temps = fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp-")).count();
+        let temps = fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains(".tmp-")
+            })
+            .count();
         assert_eq!(temps, 0);
     }
 }

@@ -59,6 +59,8 @@ pub enum ReflectionError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("the prompt file {path} is empty")]
+    EmptyPrompt { path: PathBuf },
     #[error(transparent)]
     Guidance(#[from] GuidanceError),
 }
@@ -208,10 +210,16 @@ impl Reflector {
         let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
             match p {
                 Some(path) => {
-                    std::fs::read_to_string(path).map_err(|source| ReflectionError::PromptFile {
-                        path: path.clone(),
-                        source,
-                    })
+                    let text = std::fs::read_to_string(path).map_err(|source| {
+                        ReflectionError::PromptFile {
+                            path: path.clone(),
+                            source,
+                        }
+                    })?;
+                    if text.trim().is_empty() {
+                        return Err(ReflectionError::EmptyPrompt { path: path.clone() });
+                    }
+                    Ok(text)
                 }
                 None => Ok(builtin.to_string()),
             }
@@ -247,6 +255,11 @@ impl Reflector {
             guidance_reused: false,
             worker_grace: Duration::from_secs(600),
         })
+    }
+
+    /// How long reflection calls wait with no live worker before giving up.
+    pub fn set_worker_grace(&mut self, grace: Duration) {
+        self.worker_grace = grace;
     }
 
     pub fn set_guidance_reused(&mut self, reused: bool) {
@@ -394,6 +407,20 @@ impl Reflector {
         Ok(())
     }
 
+    /// Route every record to need-review `budget_exhausted` (the epoch's call budget is spent).
+    fn exhaust_all(
+        &mut self,
+        records: &[GradientRecord],
+        reflection_id: Option<&str>,
+    ) -> Result<Vec<TicketKey>, ReflectionError> {
+        let mut routed = Vec::with_capacity(records.len());
+        for r in records {
+            routed.push(r.ticket_key.clone());
+            self.route(r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
+        }
+        Ok(routed)
+    }
+
     /// `L \ E` and dropped cases: retried with a smaller batch while budget remains, else
     /// need-review `budget_exhausted`. Returns the keys routed.
     fn retry_or_route(
@@ -470,11 +497,7 @@ impl Reflector {
         // Budget before anything: no call left → the whole batch is exhausted.
         if !self.calls_left() {
             warnings.push("budget_exhausted_before_decision".into());
-            let mut routed = Vec::new();
-            for r in &batch {
-                routed.push(r.ticket_key.clone());
-                self.route(r, NeedReviewReason::BudgetExhausted, None, None)?;
-            }
+            let routed = self.exhaust_all(&batch, None)?;
             return self.finish_cycle(
                 row,
                 warnings,
@@ -576,16 +599,7 @@ impl Reflector {
         }
         if !self.calls_left() {
             warnings.push("budget_exhausted_before_ops".into());
-            let mut routed = Vec::new();
-            for r in &learnable_records {
-                routed.push(r.ticket_key.clone());
-                self.route(
-                    r,
-                    NeedReviewReason::BudgetExhausted,
-                    Some(&reflection_id),
-                    None,
-                )?;
-            }
+            let mut routed = self.exhaust_all(&learnable_records, Some(&reflection_id))?;
             routed.extend(self.retry_or_route(dropped, Some(&reflection_id))?);
             return self.finish_cycle(
                 row,
@@ -603,7 +617,12 @@ impl Reflector {
             .map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone()))
             .collect();
         let max_ops = self.config.max_operations.map(|m| m as usize);
-        let ops_schema = tailor_ops_schema(max_ops.unwrap_or(8), &learnable, guidance, self.config.max_new_tokens);
+        let ops_schema = tailor_ops_schema(
+            max_ops.unwrap_or(8),
+            &learnable,
+            guidance,
+            self.config.max_new_tokens,
+        );
         let mut validation = OpsValidation::default();
         let mut proposals: Vec<Value> = Vec::new();
         let mut revision: Option<Vec<RejectedOp>> = None;
@@ -649,12 +668,18 @@ impl Reflector {
             if round > 0 {
                 // A revision is validated on its own; it must not repeat or collide with what
                 // the first round already got accepted (one op per key per cycle).
-                let taken: BTreeSet<String> =
-                    validation.accepted.iter().filter_map(|a| a.op.key().map(|k| k.to_string())).collect();
-                let seen: Vec<String> =
-                    validation.accepted.iter().map(|a| serde_json::to_string(&a.op).unwrap_or_default()).collect();
+                let taken: BTreeSet<String> = validation
+                    .accepted
+                    .iter()
+                    .flat_map(|a| touched_keys(&a.op))
+                    .collect();
+                let seen: Vec<String> = validation
+                    .accepted
+                    .iter()
+                    .map(|a| serde_json::to_string(&a.op).unwrap_or_default())
+                    .collect();
                 let (keep, clash): (Vec<_>, Vec<_>) = v.accepted.into_iter().partition(|a| {
-                    !a.op.key().is_some_and(|k| taken.contains(&k.to_string()))
+                    !touched_keys(&a.op).iter().any(|k| taken.contains(k))
                         && !seen.contains(&serde_json::to_string(&a.op).unwrap_or_default())
                 });
                 v.accepted = keep;
@@ -663,7 +688,9 @@ impl Reflector {
                         index: a.index,
                         proposed: ops_out.operations[a.index].clone(),
                         reason: ops::RejectReason::DuplicateOp,
-                        detail: "repeats or touches the same key as an op accepted in the first round".into(),
+                        detail:
+                            "repeats or touches the same key as an op accepted in the first round"
+                                .into(),
                     });
                 }
             }
@@ -898,7 +925,10 @@ impl Reflector {
             .config
             .token_budget
             .min(self.config.max_reflection_length) as usize;
-        let base = estimate_tokens(&self.decision_system)
+        // Both passes see the same cases; budget for the longer of the two system prompts.
+        let system = self.decision_system.len().max(self.ops_system.len());
+        let base = system
+            + estimate_tokens("")
             + estimate_tokens(&header_text(&self.mission, guidance, 0, 0));
         let mut used = base;
         let mut kept = Vec::new();
@@ -944,7 +974,9 @@ impl Reflector {
             user.push_str(&case_text(i + 1, r, true));
         }
         if let Some(rejected) = rejected.filter(|r| !r.is_empty()) {
-            user.push_str("\n以下操作被拒绝。只需给出按原因修正后的这些操作，不要重复已接受的操作：\n");
+            user.push_str(
+                "\n以下操作被拒绝。只需给出按原因修正后的这些操作，不要重复已接受的操作：\n",
+            );
             for r in rejected {
                 let op = serde_json::to_string(&r.proposed).unwrap_or_default();
                 user.push_str(&format!(
@@ -988,6 +1020,15 @@ impl Reflector {
         let path = self.dir.join(files::NEED_REVIEW);
         write_json_atomic(&path, &summary).map_err(|source| RunError::Io { path, source })
     }
+}
+
+/// Every key an op changes: its target and, for a merge, the keys merged away.
+fn touched_keys(op: &crate::guidance::GuidanceOp) -> Vec<String> {
+    let mut keys: Vec<String> = op.key().map(|k| k.to_string()).into_iter().collect();
+    if let crate::guidance::GuidanceOp::Merge { merged_from, .. } = op {
+        keys.extend(merged_from.iter().map(|k| k.to_string()));
+    }
+    keys
 }
 
 fn failed_call(
@@ -1099,7 +1140,11 @@ fn cap_string(schema: &mut Value, pointer: &str, cap: usize) {
 /// validate everything anyway.
 pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>, max_new_tokens: u32) -> Value {
     let mut schema = reflection_schema::decision_json_schema();
-    cap_string(&mut schema, "/properties/decision_analysis", analysis_cap(max_new_tokens));
+    cap_string(
+        &mut schema,
+        "/properties/decision_analysis",
+        analysis_cap(max_new_tokens),
+    );
     let keys: Vec<&str> = batch.iter().map(TicketKey::as_str).collect();
     if let Some(arr) = schema.pointer_mut("/properties/no_evidence_group_ids") {
         arr["items"] = json!({"enum": keys});
@@ -1116,7 +1161,11 @@ pub fn tailor_ops_schema(
     max_new_tokens: u32,
 ) -> Value {
     let mut schema = reflection_schema::ops_json_schema(max_operations);
-    cap_string(&mut schema, "/properties/evidence_analysis", analysis_cap(max_new_tokens));
+    cap_string(
+        &mut schema,
+        "/properties/evidence_analysis",
+        analysis_cap(max_new_tokens),
+    );
     let keys: Vec<&str> = learnable.iter().map(TicketKey::as_str).collect();
     let g_keys: Vec<String> = guidance
         .render_for_prompt()

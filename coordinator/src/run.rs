@@ -223,7 +223,11 @@ pub struct RunLoop {
     reflector: Reflector,
     writers: Writers,
     worker_grace: Duration,
+    /// Tickets decided so far, across epochs (the original's `global_step`).
     global_step: u64,
+    /// Schedule steps started so far, across epochs (guidance is fixed within one).
+    schedule_step: u64,
+    initial_guidance_hash: String,
     candidates_seen: u64,
     malformed: u64,
     hard_failures: u64,
@@ -248,6 +252,14 @@ impl RunLoop {
         let mission = inputs.ingested.mission.clone();
         let reuse = !inputs.config.guidance.reset_on_rerun
             && dir.join(crate::guidance::GUIDANCE_FILE).exists();
+        if !reuse {
+            // A reseeded run starts a new chain: the previous run's snapshots would otherwise
+            // share names with this run's and be pruned in their place.
+            let snapshots = dir.join(crate::guidance::SNAPSHOTS_DIR);
+            if snapshots.exists() {
+                std::fs::remove_dir_all(&snapshots).map_err(io_err(&snapshots))?;
+            }
+        }
         let guidance = if reuse {
             tracing::info!(
                 "reusing the guidance left by the previous run (guidance.reset_on_rerun is false)"
@@ -258,6 +270,7 @@ impl RunLoop {
         };
         let writers = Writers::create(&dir)?;
         let reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        let initial_guidance_hash = guidance.head_hash().to_string();
         Ok(RunLoop {
             dir,
             scheduler,
@@ -269,6 +282,8 @@ impl RunLoop {
             writers,
             worker_grace: Duration::from_secs(600),
             global_step: 0,
+            schedule_step: 0,
+            initial_guidance_hash,
             candidates_seen: 0,
             malformed: 0,
             hard_failures: 0,
@@ -287,6 +302,7 @@ impl RunLoop {
     /// How long to wait without any live worker before giving up.
     pub fn with_worker_grace(mut self, grace: Duration) -> Self {
         self.worker_grace = grace;
+        self.reflector.set_worker_grace(grace);
         self
     }
 
@@ -315,10 +331,10 @@ impl RunLoop {
             "guidance": {
                 "source": cfg.guidance.path,
                 "reused_from_previous_run": self.reflector.guidance_reused(),
-                "initial_hash": self.guidance.versions().first().map(|v| v.version_hash.clone()),
+                "initial_hash": self.initial_guidance_hash,
             },
-            "world_size": self.scheduler.live_workers(),
-            "runtime": {"started_at": started_at, "finished_at": finished_at},
+            // Timing-dependent (workers come and go), hence under `runtime`.
+            "runtime": {"started_at": started_at, "finished_at": finished_at, "live_workers": self.scheduler.live_workers()},
         });
         let path = self.dir.join(files::MANIFEST);
         write_json_atomic(&path, &manifest).map_err(io_err(&path))
@@ -382,11 +398,12 @@ impl RunLoop {
             derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]),
         );
         let epoch_start = Instant::now();
-        let mut window = metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64);
+        let mut window = metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64)
+            .with_epoch_size(tickets.len());
         self.reflector.start_epoch(epoch);
         let mut epoch_step = 0u64;
         for step in order.chunks(step_size(cfg)) {
-            self.global_step += 1;
+            self.schedule_step += 1;
             let guidance_lines = self.guidance.render_for_prompt();
             let guidance_step = self.guidance.step();
             let g0 = self.guidance.current().g0().to_string();
@@ -406,6 +423,7 @@ impl RunLoop {
                     .remove(&job)
                     .expect("await_jobs returns every requested job");
                 epoch_step += 1;
+                self.global_step += 1;
                 let outcome = self.decide_ticket(
                     epoch,
                     epoch_step,
@@ -667,6 +685,7 @@ impl RunLoop {
             "epoch": epoch,
             "epoch_step": epoch_step,
             "global_step": self.global_step,
+            "schedule_step": self.schedule_step,
             "result": selection_result_json(
                 &selection,
                 guidance_step,

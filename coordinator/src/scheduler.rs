@@ -35,7 +35,11 @@ pub struct DecodeJob {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobPayload {
-    Rollout { messages: Vec<ChatMessage>, decodes: Vec<DecodeJob>, constrained: bool },
+    Rollout {
+        messages: Vec<ChatMessage>,
+        decodes: Vec<DecodeJob>,
+        constrained: bool,
+    },
     Generate {
         messages: Vec<ChatMessage>,
         json_schema: Option<String>,
@@ -59,8 +63,19 @@ pub struct CandidateText {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobOutput {
-    Rollout { candidates: Vec<CandidateText>, prompt_tokens: u32, prefill_us: u64, decode_us: u64 },
-    Generate { text: String, prompt_tokens: u32, completion_tokens: u32, finish_reason: String, latency_us: u64 },
+    Rollout {
+        candidates: Vec<CandidateText>,
+        prompt_tokens: u32,
+        prefill_us: u64,
+        decode_us: u64,
+    },
+    Generate {
+        text: String,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        finish_reason: String,
+        latency_us: u64,
+    },
 }
 
 /// A job that could not be run (after retries where retrying makes sense).
@@ -136,7 +151,11 @@ impl Default for SchedulerConfig {
 #[derive(Debug)]
 struct JobState {
     payload: JobPayload,
+    /// Leases issued (the `attempt` number recorded with a result).
     attempts: u32,
+    /// Errors reported by workers; only these count against `max_attempts`.
+    errors: u32,
+    /// Leases that expired; they count against `max_expiries` instead.
     expiries: u32,
     done: bool,
 }
@@ -164,7 +183,6 @@ struct Inner {
     jobs: HashMap<JobId, JobState>,
     leases: HashMap<LeaseId, LeaseState>,
     accepted: HashMap<LeaseId, String>,
-    fenced: HashSet<LeaseId>,
     sessions: HashMap<String, SessionState>,
     control: Option<ControlSignal>,
     stats: SchedulerStats,
@@ -194,7 +212,12 @@ impl Scheduler {
         let (tx, rx) = mpsc::unbounded_channel();
         let s = Scheduler {
             config,
-            inner: Mutex::new(Inner { next_job: 1, next_lease: 1, next_worker: 1, ..Default::default() }),
+            inner: Mutex::new(Inner {
+                next_job: 1,
+                next_lease: 1,
+                next_worker: 1,
+                ..Default::default()
+            }),
             work_available: Notify::new(),
             completions: tx,
         };
@@ -217,7 +240,16 @@ impl Scheduler {
             let mut g = self.lock();
             let id = g.next_job;
             g.next_job += 1;
-            g.jobs.insert(id, JobState { payload, attempts: 0, expiries: 0, done: false });
+            g.jobs.insert(
+                id,
+                JobState {
+                    payload,
+                    attempts: 0,
+                    errors: 0,
+                    expiries: 0,
+                    done: false,
+                },
+            );
             g.queue.push_back(id);
             id
         };
@@ -234,7 +266,10 @@ impl Scheduler {
         let session = uuid::Uuid::new_v4().simple().to_string();
         g.sessions.insert(
             session.clone(),
-            SessionState { worker_id: worker_id.clone(), last_seen: Instant::now() },
+            SessionState {
+                worker_id: worker_id.clone(),
+                last_seen: Instant::now(),
+            },
         );
         (worker_id, session)
     }
@@ -247,7 +282,10 @@ impl Scheduler {
     pub fn live_workers(&self) -> usize {
         let g = self.lock();
         let horizon = self.config.lease_ttl * 2;
-        g.sessions.values().filter(|s| s.last_seen.elapsed() < horizon).count()
+        g.sessions
+            .values()
+            .filter(|s| s.last_seen.elapsed() < horizon)
+            .count()
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -288,7 +326,9 @@ impl Scheduler {
                 }
                 let mut out = Vec::new();
                 while out.len() < max_jobs.max(1) {
-                    let Some(job_id) = g.queue.pop_front() else { break };
+                    let Some(job_id) = g.queue.pop_front() else {
+                        break;
+                    };
                     let lease_id = g.next_lease;
                     g.next_lease += 1;
                     let (payload, attempt) = match g.jobs.get_mut(&job_id) {
@@ -300,7 +340,12 @@ impl Scheduler {
                     };
                     g.leases.insert(
                         lease_id,
-                        LeaseState { job: job_id, session: session.to_string(), deadline: now + self.config.lease_ttl, attempt },
+                        LeaseState {
+                            job: job_id,
+                            session: session.to_string(),
+                            deadline: now + self.config.lease_ttl,
+                            attempt,
+                        },
                     );
                     g.stats.leases_issued += 1;
                     out.push((lease_id, payload));
@@ -319,7 +364,11 @@ impl Scheduler {
 
     /// Extend the session's live leases; returns the ids among `lease_ids` that are no longer
     /// valid (the worker should drop that work).
-    pub fn heartbeat(&self, session: &str, lease_ids: &[LeaseId]) -> Result<(Vec<LeaseId>, ControlSignal), SubmitError> {
+    pub fn heartbeat(
+        &self,
+        session: &str,
+        lease_ids: &[LeaseId],
+    ) -> Result<(Vec<LeaseId>, ControlSignal), SubmitError> {
         let mut g = self.lock();
         let now = Instant::now();
         match g.sessions.get_mut(session) {
@@ -372,24 +421,38 @@ impl Scheduler {
             }
             let job_id = lease.job;
             let attempt = lease.attempt;
-            let job = g.jobs.get(&job_id).expect("a live lease always has its job");
+            let job = g
+                .jobs
+                .get(&job_id)
+                .expect("a live lease always has its job");
             if let Ok(output) = &result {
-                validate_output(&job.payload, output, self.config.max_text_bytes).map_err(SubmitError::Mismatch)?;
+                validate_output(&job.payload, output, self.config.max_text_bytes)
+                    .map_err(SubmitError::Mismatch)?;
             }
             g.leases.remove(&lease_id);
             g.accepted.insert(lease_id, session.to_string());
-            let provenance = Some(Provenance { worker_id, lease_id, attempt });
+            let provenance = Some(Provenance {
+                worker_id,
+                lease_id,
+                attempt,
+            });
             match result {
                 Ok(output) => {
                     g.jobs.get_mut(&job_id).expect("job exists").done = true;
                     g.stats.submits_accepted += 1;
-                    Completion { job: job_id, result: Ok(output), provenance }
+                    Completion {
+                        job: job_id,
+                        result: Ok(output),
+                        provenance,
+                    }
                 }
                 Err(failure) => {
                     g.stats.job_errors += 1;
-                    let deterministic = failure.code == "PROMPT_TOO_LONG" || failure.code == "INVALID_REQUEST";
+                    let deterministic =
+                        failure.code == "PROMPT_TOO_LONG" || failure.code == "INVALID_REQUEST";
                     let job = g.jobs.get_mut(&job_id).expect("job exists");
-                    if !deterministic && job.attempts < self.config.max_attempts {
+                    job.errors += 1;
+                    if !deterministic && job.errors < self.config.max_attempts {
                         tracing::warn!(job = job_id, code = %failure.code, "worker reported an error; re-queueing");
                         g.queue.push_front(job_id);
                         drop(g);
@@ -397,7 +460,11 @@ impl Scheduler {
                         return Ok(SubmitOutcome::Accepted);
                     }
                     job.done = true;
-                    Completion { job: job_id, result: Err(failure), provenance }
+                    Completion {
+                        job: job_id,
+                        result: Err(failure),
+                        provenance,
+                    }
                 }
             }
         };
@@ -412,12 +479,16 @@ impl Scheduler {
         let n = {
             let mut g = self.lock();
             let now = Instant::now();
-            let expired: Vec<LeaseId> = g.leases.iter().filter(|(_, l)| l.deadline <= now).map(|(id, _)| *id).collect();
+            let expired: Vec<LeaseId> = g
+                .leases
+                .iter()
+                .filter(|(_, l)| l.deadline <= now)
+                .map(|(id, _)| *id)
+                .collect();
             let mut expired_sorted = expired.clone();
             expired_sorted.sort_unstable();
             for id in expired_sorted.iter().rev() {
                 let lease = g.leases.remove(id).expect("listed above");
-                g.fenced.insert(*id);
                 g.stats.leases_expired += 1;
                 let max_expiries = self.config.max_expiries;
                 let job = g.jobs.get_mut(&lease.job).expect("a lease's job exists");
@@ -426,7 +497,11 @@ impl Scheduler {
                     job.done = true;
                     failed.push(lease.job);
                 } else {
-                    tracing::warn!(lease = id, job = lease.job, "lease expired; re-queueing its job");
+                    tracing::warn!(
+                        lease = id,
+                        job = lease.job,
+                        "lease expired; re-queueing its job"
+                    );
                     g.queue.push_front(lease.job);
                 }
             }
@@ -437,7 +512,9 @@ impl Scheduler {
                 job,
                 result: Err(JobFailure {
                     code: "LEASE_EXPIRED".into(),
-                    message: "the job's lease expired too many times (workers lost while running it)".into(),
+                    message:
+                        "the job's lease expired too many times (workers lost while running it)"
+                            .into(),
                 }),
                 provenance: None,
             });
@@ -451,12 +528,19 @@ impl Scheduler {
 
 /// Rank 0 trusts nothing a worker says about identity or shape: a rollout must return exactly
 /// one candidate per requested (decode, sample) with the seed it was given.
-fn validate_output(payload: &JobPayload, output: &JobOutput, max_text_bytes: usize) -> Result<(), String> {
+fn validate_output(
+    payload: &JobPayload,
+    output: &JobOutput,
+    max_text_bytes: usize,
+) -> Result<(), String> {
     match (payload, output) {
         (JobPayload::Rollout { decodes, .. }, JobOutput::Rollout { candidates, .. }) => {
             let expected: usize = decodes.iter().map(|d| d.seeds.len()).sum();
             if candidates.len() != expected {
-                return Err(format!("expected {expected} candidates, got {}", candidates.len()));
+                return Err(format!(
+                    "expected {expected} candidates, got {}",
+                    candidates.len()
+                ));
             }
             let mut seen = HashSet::new();
             for c in candidates {
@@ -469,20 +553,32 @@ fn validate_output(payload: &JobPayload, output: &JobOutput, max_text_bytes: usi
                     .get(c.sample_index as usize)
                     .ok_or_else(|| format!("unknown sample index {}", c.sample_index))?;
                 if *seed != c.seed {
-                    return Err(format!("candidate ({}, {}) has the wrong seed", c.decode_index, c.sample_index));
+                    return Err(format!(
+                        "candidate ({}, {}) has the wrong seed",
+                        c.decode_index, c.sample_index
+                    ));
                 }
                 if !seen.insert((c.decode_index, c.sample_index)) {
-                    return Err(format!("candidate ({}, {}) returned twice", c.decode_index, c.sample_index));
+                    return Err(format!(
+                        "candidate ({}, {}) returned twice",
+                        c.decode_index, c.sample_index
+                    ));
                 }
                 if c.text.len() > max_text_bytes {
-                    return Err(format!("candidate text of {} bytes exceeds {max_text_bytes}", c.text.len()));
+                    return Err(format!(
+                        "candidate text of {} bytes exceeds {max_text_bytes}",
+                        c.text.len()
+                    ));
                 }
             }
             Ok(())
         }
         (JobPayload::Generate { .. }, JobOutput::Generate { text, .. }) => {
             if text.len() > max_text_bytes * 4 {
-                return Err(format!("generated text of {} bytes is too long", text.len()));
+                return Err(format!(
+                    "generated text of {} bytes is too long",
+                    text.len()
+                ));
             }
             Ok(())
         }
@@ -497,7 +593,14 @@ mod tests {
     fn rollout_job(seeds: Vec<u64>) -> JobPayload {
         JobPayload::Rollout {
             messages: vec![ChatMessage::user("x")],
-            decodes: vec![DecodeJob { decode_index: 0, temperature: 0.7, top_p: 0.9, repetition_penalty: 1.0, max_new_tokens: 8, seeds }],
+            decodes: vec![DecodeJob {
+                decode_index: 0,
+                temperature: 0.7,
+                top_p: 0.9,
+                repetition_penalty: 1.0,
+                max_new_tokens: 8,
+                seeds,
+            }],
             constrained: true,
         }
     }
@@ -523,7 +626,10 @@ mod tests {
     }
 
     fn scheduler(ttl_ms: u64) -> (Scheduler, mpsc::UnboundedReceiver<Completion>) {
-        Scheduler::new(SchedulerConfig { lease_ttl: Duration::from_millis(ttl_ms), ..Default::default() })
+        Scheduler::new(SchedulerConfig {
+            lease_ttl: Duration::from_millis(ttl_ms),
+            ..Default::default()
+        })
     }
 
     #[tokio::test]
@@ -533,11 +639,20 @@ mod tests {
         let (_, session) = s.register("a");
         let (leases, _) = s.lease(&session, 1, Duration::ZERO).await.unwrap();
         let lease = leases[0].0;
-        assert_eq!(s.submit(&session, lease, Ok(output_for(&[1, 2]))).unwrap(), SubmitOutcome::Accepted);
-        assert_eq!(s.submit(&session, lease, Ok(output_for(&[1, 2]))).unwrap(), SubmitOutcome::Duplicate);
+        assert_eq!(
+            s.submit(&session, lease, Ok(output_for(&[1, 2]))).unwrap(),
+            SubmitOutcome::Accepted
+        );
+        assert_eq!(
+            s.submit(&session, lease, Ok(output_for(&[1, 2]))).unwrap(),
+            SubmitOutcome::Duplicate
+        );
         let c = rx.try_recv().unwrap();
         assert_eq!(c.job, job);
-        assert!(rx.try_recv().is_err(), "a duplicate must not produce a second completion");
+        assert!(
+            rx.try_recv().is_err(),
+            "a duplicate must not produce a second completion"
+        );
     }
 
     #[tokio::test]
@@ -547,10 +662,20 @@ mod tests {
         let (_, holder) = s.register("holder");
         let (_, thief) = s.register("thief");
         let (leases, _) = s.lease(&holder, 1, Duration::ZERO).await.unwrap();
-        assert_eq!(s.submit(&thief, leases[0].0, Ok(output_for(&[1]))).unwrap(), SubmitOutcome::Fenced);
-        assert_eq!(s.submit(&thief, 999, Ok(output_for(&[1]))).unwrap(), SubmitOutcome::Fenced);
+        assert_eq!(
+            s.submit(&thief, leases[0].0, Ok(output_for(&[1]))).unwrap(),
+            SubmitOutcome::Fenced
+        );
+        assert_eq!(
+            s.submit(&thief, 999, Ok(output_for(&[1]))).unwrap(),
+            SubmitOutcome::Fenced
+        );
         assert!(rx.try_recv().is_err());
-        assert_eq!(s.submit(&holder, leases[0].0, Ok(output_for(&[1]))).unwrap(), SubmitOutcome::Accepted);
+        assert_eq!(
+            s.submit(&holder, leases[0].0, Ok(output_for(&[1])))
+                .unwrap(),
+            SubmitOutcome::Accepted
+        );
     }
 
     #[tokio::test]
@@ -566,8 +691,14 @@ mod tests {
         assert_eq!(second.len(), 1);
         assert_ne!(first[0].0, second[0].0, "lease ids are never reused");
         // The late result of the dead worker is refused; the live one completes the job once.
-        assert_eq!(s.submit(&dead, first[0].0, Ok(output_for(&[1]))).unwrap(), SubmitOutcome::Fenced);
-        assert_eq!(s.submit(&alive, second[0].0, Ok(output_for(&[1]))).unwrap(), SubmitOutcome::Accepted);
+        assert_eq!(
+            s.submit(&dead, first[0].0, Ok(output_for(&[1]))).unwrap(),
+            SubmitOutcome::Fenced
+        );
+        assert_eq!(
+            s.submit(&alive, second[0].0, Ok(output_for(&[1]))).unwrap(),
+            SubmitOutcome::Accepted
+        );
         let c = rx.try_recv().unwrap();
         assert_eq!(c.provenance.unwrap().attempt, 2);
         assert!(rx.try_recv().is_err());
@@ -593,17 +724,32 @@ mod tests {
         s.enqueue(rollout_job(vec![1, 2]));
         let (_, w) = s.register("w");
         let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
-        assert!(matches!(s.submit(&w, leases[0].0, Ok(output_for(&[1]))), Err(SubmitError::Mismatch(_))));
-        assert!(matches!(s.submit(&w, leases[0].0, Ok(output_for(&[1, 3]))), Err(SubmitError::Mismatch(_))));
+        assert!(matches!(
+            s.submit(&w, leases[0].0, Ok(output_for(&[1]))),
+            Err(SubmitError::Mismatch(_))
+        ));
+        assert!(matches!(
+            s.submit(&w, leases[0].0, Ok(output_for(&[1, 3]))),
+            Err(SubmitError::Mismatch(_))
+        ));
         assert!(rx.try_recv().is_err());
-        assert_eq!(s.submit(&w, leases[0].0, Ok(output_for(&[1, 2]))).unwrap(), SubmitOutcome::Accepted);
+        assert_eq!(
+            s.submit(&w, leases[0].0, Ok(output_for(&[1, 2]))).unwrap(),
+            SubmitOutcome::Accepted
+        );
     }
 
     #[tokio::test]
     async fn unknown_sessions_are_refused() {
         let (s, _rx) = scheduler(10_000);
-        assert!(matches!(s.lease("nope", 1, Duration::ZERO).await, Err(SubmitError::UnknownSession)));
-        assert!(matches!(s.heartbeat("nope", &[]), Err(SubmitError::UnknownSession)));
+        assert!(matches!(
+            s.lease("nope", 1, Duration::ZERO).await,
+            Err(SubmitError::UnknownSession)
+        ));
+        assert!(matches!(
+            s.heartbeat("nope", &[]),
+            Err(SubmitError::UnknownSession)
+        ));
     }
 
     #[tokio::test]
@@ -613,8 +759,14 @@ mod tests {
         let (_, w) = s.register("w");
         for _ in 0..3 {
             let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
-            let err = JobFailure { code: "ENGINE_ERROR".into(), message: "boom".into() };
-            assert_eq!(s.submit(&w, leases[0].0, Err(err)).unwrap(), SubmitOutcome::Accepted);
+            let err = JobFailure {
+                code: "ENGINE_ERROR".into(),
+                message: "boom".into(),
+            };
+            assert_eq!(
+                s.submit(&w, leases[0].0, Err(err)).unwrap(),
+                SubmitOutcome::Accepted
+            );
         }
         let c = rx.try_recv().unwrap();
         assert_eq!(c.result.unwrap_err().code, "ENGINE_ERROR");

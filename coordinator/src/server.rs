@@ -18,7 +18,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::scheduler::{
-    CandidateText, ControlSignal, JobFailure, JobOutput, JobPayload, Scheduler, SubmitError, SubmitOutcome,
+    CandidateText, ControlSignal, JobFailure, JobOutput, JobPayload, Scheduler, SubmitError,
+    SubmitOutcome,
 };
 
 /// Largest message either side may send (prompts, reflection outputs).
@@ -60,17 +61,28 @@ fn control_to_pb(c: ControlSignal) -> i32 {
 
 fn session_error(e: SubmitError) -> Status {
     match e {
-        SubmitError::UnknownSession => Status::unauthenticated("unknown or expired session; register again"),
+        SubmitError::UnknownSession => {
+            Status::unauthenticated("unknown or expired session; register again")
+        }
         SubmitError::Mismatch(m) => Status::invalid_argument(m),
     }
 }
 
 fn payload_to_pb(lease_id: u64, payload: JobPayload) -> pb::Job {
     let messages = |ms: Vec<ChatMessage>| {
-        ms.into_iter().map(|m| pb::ChatMessage { role: m.role, content: m.content }).collect::<Vec<_>>()
+        ms.into_iter()
+            .map(|m| pb::ChatMessage {
+                role: m.role,
+                content: m.content,
+            })
+            .collect::<Vec<_>>()
     };
     let kind = match payload {
-        JobPayload::Rollout { messages: ms, decodes, constrained } => pb::job::Kind::Rollout(pb::RolloutJob {
+        JobPayload::Rollout {
+            messages: ms,
+            decodes,
+            constrained,
+        } => pb::job::Kind::Rollout(pb::RolloutJob {
             messages: messages(ms),
             decodes: decodes
                 .into_iter()
@@ -85,24 +97,35 @@ fn payload_to_pb(lease_id: u64, payload: JobPayload) -> pb::Job {
                 .collect(),
             constrained,
         }),
-        JobPayload::Generate { messages: ms, json_schema, seed, temperature, top_p, repetition_penalty, max_new_tokens } => {
-            pb::job::Kind::Generate(pb::GenerateJob {
-                messages: messages(ms),
-                json_schema: json_schema.unwrap_or_default(),
-                seed,
-                temperature,
-                top_p,
-                repetition_penalty,
-                max_new_tokens,
-            })
-        }
+        JobPayload::Generate {
+            messages: ms,
+            json_schema,
+            seed,
+            temperature,
+            top_p,
+            repetition_penalty,
+            max_new_tokens,
+        } => pb::job::Kind::Generate(pb::GenerateJob {
+            messages: messages(ms),
+            json_schema: json_schema.unwrap_or_default(),
+            seed,
+            temperature,
+            top_p,
+            repetition_penalty,
+            max_new_tokens,
+        }),
     };
-    pb::Job { lease_id, kind: Some(kind) }
+    pb::Job {
+        lease_id,
+        kind: Some(kind),
+    }
 }
 
 /// Decode a submission at the edge. The worker's identity claims are ignored: only the lease
 /// id is used, and the scheduler maps it to the job itself.
-fn decode_result(result: Option<pb::submit_request::Result>) -> Result<Result<JobOutput, JobFailure>, Status> {
+fn decode_result(
+    result: Option<pb::submit_request::Result>,
+) -> Result<Result<JobOutput, JobFailure>, Status> {
     match result {
         Some(pb::submit_request::Result::Rollout(r)) => Ok(Ok(JobOutput::Rollout {
             candidates: r
@@ -132,7 +155,10 @@ fn decode_result(result: Option<pb::submit_request::Result>) -> Result<Result<Jo
             if e.code.is_empty() || e.code.len() > 64 {
                 return Err(Status::invalid_argument("job error needs a short code"));
             }
-            Ok(Err(JobFailure { code: e.code, message: e.message.chars().take(2000).collect() }))
+            Ok(Err(JobFailure {
+                code: e.code,
+                message: e.message.chars().take(2000).collect(),
+            }))
         }
         None => Err(Status::invalid_argument("submission carries no result")),
     }
@@ -140,12 +166,19 @@ fn decode_result(result: Option<pb::submit_request::Result>) -> Result<Result<Jo
 
 #[tonic::async_trait]
 impl pb::coordinator_server::Coordinator for CoordinatorService {
-    async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
         let req = request.into_inner();
         if !req.run_id.is_empty() && req.run_id != self.run_id {
-            return Err(Status::permission_denied("this coordinator serves a different run"));
+            return Err(Status::permission_denied(
+                "this coordinator serves a different run",
+            ));
         }
-        let worker = req.worker.ok_or_else(|| Status::invalid_argument("worker info is required"))?;
+        let worker = req
+            .worker
+            .ok_or_else(|| Status::invalid_argument("worker info is required"))?;
         if worker.model_fingerprint.is_empty() {
             return Err(Status::invalid_argument("model fingerprint is required"));
         }
@@ -174,33 +207,60 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }))
     }
 
-    async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
         let req = request.into_inner();
         let wait = Duration::from_millis(req.wait_ms as u64).min(MAX_LEASE_WAIT);
         let max = (req.max_jobs as usize).clamp(1, 16);
-        let (jobs, control) = self.scheduler.lease(&req.session, max, wait).await.map_err(session_error)?;
+        let (jobs, control) = self
+            .scheduler
+            .lease(&req.session, max, wait)
+            .await
+            .map_err(session_error)?;
         Ok(Response::new(pb::LeaseResponse {
-            jobs: jobs.into_iter().map(|(id, p)| payload_to_pb(id, p)).collect(),
+            jobs: jobs
+                .into_iter()
+                .map(|(id, p)| payload_to_pb(id, p))
+                .collect(),
             control: control_to_pb(control),
         }))
     }
 
-    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+    async fn submit(
+        &self,
+        request: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
         let req = request.into_inner();
         let result = decode_result(req.result)?;
-        let outcome = self.scheduler.submit(&req.session, req.lease_id, result).map_err(session_error)?;
+        let outcome = self
+            .scheduler
+            .submit(&req.session, req.lease_id, result)
+            .map_err(session_error)?;
         let status = match outcome {
             SubmitOutcome::Accepted => pb::SubmitStatus::Accepted,
             SubmitOutcome::Duplicate => pb::SubmitStatus::Duplicate,
             SubmitOutcome::Fenced => pb::SubmitStatus::Fenced,
         };
-        Ok(Response::new(pb::SubmitResponse { status: status as i32 }))
+        Ok(Response::new(pb::SubmitResponse {
+            status: status as i32,
+        }))
     }
 
-    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = request.into_inner();
-        let (fenced, control) = self.scheduler.heartbeat(&req.session, &req.lease_ids).map_err(session_error)?;
-        Ok(Response::new(pb::HeartbeatResponse { control: control_to_pb(control), fenced_lease_ids: fenced }))
+        let (fenced, control) = self
+            .scheduler
+            .heartbeat(&req.session, &req.lease_ids)
+            .map_err(session_error)?;
+        Ok(Response::new(pb::HeartbeatResponse {
+            control: control_to_pb(control),
+            fenced_lease_ids: fenced,
+        }))
     }
 }
 
@@ -212,8 +272,14 @@ pub struct AuthInterceptor {
 
 impl tonic::service::Interceptor for AuthInterceptor {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.token else { return Ok(request) };
-        let presented = request.metadata().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let Some(token) = &self.token else {
+            return Ok(request);
+        };
+        let presented = request
+            .metadata()
+            .get(AUTH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         if token.matches_bearer(presented) {
             Ok(request)
         } else {
@@ -243,7 +309,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let scheduler = service.scheduler.clone();
-    let reap_every = (scheduler.config().lease_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    let reap_every =
+        (scheduler.config().lease_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(2));
     let reaper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(reap_every);
         loop {
@@ -252,7 +319,9 @@ pub async fn serve(
         }
     });
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<pb::coordinator_server::CoordinatorServer<CoordinatorService>>().await;
+    health_reporter
+        .set_serving::<pb::coordinator_server::CoordinatorServer<CoordinatorService>>()
+        .await;
     let svc = pb::coordinator_server::CoordinatorServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -271,7 +340,9 @@ pub async fn serve(
 /// Bind `addr`, refusing a non-loopback address without a token.
 pub async fn bind(addr: SocketAddr, token: Option<&AuthToken>) -> Result<TcpListener, BindError> {
     stageb_shared::auth::check_listen_policy(&addr, token)?;
-    TcpListener::bind(addr).await.map_err(|source| BindError::Io { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError::Io { addr, source })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -279,6 +350,8 @@ pub enum BindError {
     #[error(transparent)]
     Policy(#[from] stageb_shared::auth::AuthError),
     #[error("cannot listen on {addr}: {source}")]
-    Io { addr: SocketAddr, source: std::io::Error },
+    Io {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
-

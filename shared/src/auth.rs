@@ -20,7 +20,10 @@ pub const AUTH_HEADER: &str = "authorization";
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("cannot read token file {path}: {source}")]
-    TokenFile { path: PathBuf, source: std::io::Error },
+    TokenFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("token from {origin} is empty")]
     EmptyToken { origin: String },
     #[error(
@@ -43,14 +46,20 @@ impl AuthToken {
     pub fn new(secret: impl Into<String>) -> Result<Self, AuthError> {
         let s = secret.into().trim().to_string();
         if s.is_empty() {
-            return Err(AuthError::EmptyToken { origin: "argument".into() });
+            return Err(AuthError::EmptyToken {
+                origin: "argument".into(),
+            });
         }
         Ok(AuthToken(s))
     }
 
     /// A fresh random token (256 bits) for runs that manage their own workers.
     pub fn generate() -> Self {
-        AuthToken(format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()))
+        AuthToken(format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        ))
     }
 
     /// The token from an explicit file, else `STAGEB_TOKEN_FILE`, else `STAGEB_TOKEN`; `None`
@@ -60,17 +69,23 @@ impl AuthToken {
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os(TOKEN_FILE_ENV).map(PathBuf::from));
         if let Some(path) = file {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|source| AuthError::TokenFile { path: path.clone(), source })?;
+            let text = std::fs::read_to_string(&path).map_err(|source| AuthError::TokenFile {
+                path: path.clone(),
+                source,
+            })?;
             let t = text.trim();
             if t.is_empty() {
-                return Err(AuthError::EmptyToken { origin: path.display().to_string() });
+                return Err(AuthError::EmptyToken {
+                    origin: path.display().to_string(),
+                });
             }
             return Ok(Some(AuthToken(t.to_string())));
         }
         match std::env::var(TOKEN_ENV) {
             Ok(v) if !v.trim().is_empty() => Ok(Some(AuthToken(v.trim().to_string()))),
-            Ok(_) => Err(AuthError::EmptyToken { origin: TOKEN_ENV.into() }),
+            Ok(_) => Err(AuthError::EmptyToken {
+                origin: TOKEN_ENV.into(),
+            }),
             Err(_) => Ok(None),
         }
     }
@@ -128,7 +143,10 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:7000".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:7000".parse().unwrap();
         assert!(check_listen_policy(&lo, None).is_ok());
-        assert!(matches!(check_listen_policy(&any, None), Err(AuthError::NonLoopbackWithoutToken { .. })));
+        assert!(matches!(
+            check_listen_policy(&any, None),
+            Err(AuthError::NonLoopbackWithoutToken { .. })
+        ));
         assert!(check_listen_policy(&any, Some(&AuthToken::generate())).is_ok());
     }
 }

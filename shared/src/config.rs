@@ -96,6 +96,8 @@ pub struct GuidanceConfig {
     pub path: PathBuf,
     /// Number of guidance snapshots kept (> 0).
     pub retention: u32,
+    /// Re-running a run name reseeds guidance from `path` (default `true`); `false` asks to
+    /// continue from the guidance the previous run left. Per-run artifacts always start fresh.
     pub reset_on_rerun: bool,
 }
 
@@ -203,7 +205,8 @@ pub struct ManualReviewConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerConfig {
     pub epochs: u32,
-    /// Tickets per worker per step (the step is `per_rank × world size` tickets). Default 1.
+    /// Tickets per reference rank per step: a step is `per_rank × 8` tickets whatever the number
+    /// of workers (stageb-coordinator `run::REFERENCE_RANKS`). Default 1.
     pub per_rank_rollout_batch_size: u32,
     /// Metrics window in tickets. Default 256.
     pub logging_steps: u32,
@@ -1270,7 +1273,7 @@ fn build_run_config(doc: &Doc, top: &Section) -> Result<RunConfig, InputError> {
     let guidance = GuidanceConfig {
         path: PathBuf::from(guidance_section.req_string(doc, "path")?),
         retention: guidance_section.req_u32(doc, "retention", 1)?,
-        reset_on_rerun: guidance_section.opt_bool(doc, "reset_on_rerun", false)?,
+        reset_on_rerun: guidance_section.opt_bool(doc, "reset_on_rerun", true)?,
     };
 
     let output_section = top.req_section(doc, "output")?;

@@ -94,15 +94,29 @@ pub struct InputError {
 }
 
 impl InputError {
-    pub fn new(code: ErrorCode, file: impl Into<String>, line: Option<usize>, message: impl Into<String>) -> Self {
-        InputError { code, file: file.into(), line, message: message.into() }
+    pub fn new(
+        code: ErrorCode,
+        file: impl Into<String>,
+        line: Option<usize>,
+        message: impl Into<String>,
+    ) -> Self {
+        InputError {
+            code,
+            file: file.into(),
+            line,
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for InputError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
-            Some(line) => write!(f, "{}:{}: {} [{}]", self.file, line, self.message, self.code),
+            Some(line) => write!(
+                f,
+                "{}:{}: {} [{}]",
+                self.file, line, self.message, self.code
+            ),
             None => write!(f, "{}: {} [{}]", self.file, self.message, self.code),
         }
     }

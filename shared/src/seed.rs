@@ -18,7 +18,13 @@ fn put(hasher: &mut Sha256, bytes: &[u8]) {
 }
 
 /// The seed of one rollout candidate.
-pub fn candidate_seed(run_seed: u64, epoch: u32, ticket_key: &str, decode_index: u32, sample_index: u32) -> u64 {
+pub fn candidate_seed(
+    run_seed: u64,
+    epoch: u32,
+    ticket_key: &str,
+    decode_index: u32,
+    sample_index: u32,
+) -> u64 {
     let mut h = Sha256::new();
     put(&mut h, SEED_DOMAIN);
     put(&mut h, &run_seed.to_le_bytes());

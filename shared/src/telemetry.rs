@@ -16,7 +16,9 @@ impl std::str::FromStr for LogFormat {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!("unknown log format `{other}` (expected text or json)")),
+            other => Err(format!(
+                "unknown log format `{other}` (expected text or json)"
+            )),
         }
     }
 }
@@ -25,7 +27,9 @@ impl std::str::FromStr for LogFormat {
 /// outputs. Calling it twice is harmless (the second call is ignored).
 pub fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.with_target(false).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

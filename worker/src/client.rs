@@ -40,7 +40,11 @@ pub enum WorkerError {
     #[error("invalid coordinator address `{0}`")]
     BadAddress(String),
     #[error("cannot reach the coordinator at {addr} after {waited:?}: {last}")]
-    Unreachable { addr: String, waited: Duration, last: String },
+    Unreachable {
+        addr: String,
+        waited: Duration,
+        last: String,
+    },
     #[error("the coordinator refused this worker: {0}")]
     Refused(String),
 }
@@ -59,7 +63,9 @@ struct BearerInterceptor(Option<String>);
 impl tonic::service::Interceptor for BearerInterceptor {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(v) = &self.0 {
-            let value = v.parse().map_err(|_| Status::internal("token is not a valid header value"))?;
+            let value = v
+                .parse()
+                .map_err(|_| Status::internal("token is not a valid header value"))?;
             request.metadata_mut().insert(AUTH_HEADER, value);
         }
         Ok(request)
@@ -71,7 +77,11 @@ type Client = pb::coordinator_client::CoordinatorClient<
 >;
 
 fn endpoint_url(addr: &str) -> String {
-    if addr.starts_with("http://") || addr.starts_with("https://") { addr.to_string() } else { format!("http://{addr}") }
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
 }
 
 async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
@@ -87,9 +97,12 @@ async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
         match endpoint.connect().await {
             Ok(channel) => {
                 let interceptor = BearerInterceptor(opts.token.as_ref().map(AuthToken::bearer));
-                return Ok(pb::coordinator_client::CoordinatorClient::with_interceptor(channel, interceptor)
-                    .max_decoding_message_size(8 * 1024 * 1024)
-                    .max_encoding_message_size(8 * 1024 * 1024));
+                return Ok(pb::coordinator_client::CoordinatorClient::with_interceptor(
+                    channel,
+                    interceptor,
+                )
+                .max_decoding_message_size(8 * 1024 * 1024)
+                .max_encoding_message_size(8 * 1024 * 1024));
             }
             Err(e) => {
                 if start.elapsed() >= opts.connect_timeout {
@@ -112,7 +125,11 @@ struct Session {
     heartbeat: Duration,
 }
 
-async fn register(client: &mut Client, opts: &WorkerOptions, fingerprint: &str) -> Result<Session, Status> {
+async fn register(
+    client: &mut Client,
+    opts: &WorkerOptions,
+    fingerprint: &str,
+) -> Result<Session, Status> {
     let resp = client
         .register(pb::RegisterRequest {
             run_id: opts.run_id.clone(),
@@ -134,11 +151,19 @@ async fn register(client: &mut Client, opts: &WorkerOptions, fingerprint: &str) 
 }
 
 fn messages(ms: Vec<pb::ChatMessage>) -> Vec<ChatMessage> {
-    ms.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect()
+    ms.into_iter()
+        .map(|m| ChatMessage {
+            role: m.role,
+            content: m.content,
+        })
+        .collect()
 }
 
 /// Run one job on the engine (on a blocking thread) and encode its result.
-async fn run_job<E: Engine + 'static>(engine: &Arc<Mutex<E>>, kind: pb::job::Kind) -> pb::submit_request::Result {
+async fn run_job<E: Engine + 'static>(
+    engine: &Arc<Mutex<E>>,
+    kind: pb::job::Kind,
+) -> pb::submit_request::Result {
     let engine = engine.clone();
     let joined = tokio::task::spawn_blocking(move || {
         let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
@@ -178,7 +203,10 @@ async fn run_job<E: Engine + 'static>(engine: &Arc<Mutex<E>>, kind: pb::job::Kin
                         prefill_us: out.prefill_us,
                         decode_us: out.decode_us,
                     }),
-                    Err(e) => pb::submit_request::Result::Error(pb::JobError { code: e.code().into(), message: e.to_string() }),
+                    Err(e) => pb::submit_request::Result::Error(pb::JobError {
+                        code: e.code().into(),
+                        message: e.to_string(),
+                    }),
                 }
             }
             pb::job::Kind::Generate(job) => {
@@ -212,14 +240,20 @@ async fn run_job<E: Engine + 'static>(engine: &Arc<Mutex<E>>, kind: pb::job::Kin
                         finish_reason: out.finish.as_str().to_string(),
                         latency_us: out.latency_us,
                     }),
-                    Err(e) => pb::submit_request::Result::Error(pb::JobError { code: e.code().into(), message: e.to_string() }),
+                    Err(e) => pb::submit_request::Result::Error(pb::JobError {
+                        code: e.code().into(),
+                        message: e.to_string(),
+                    }),
                 }
             }
         }
     })
     .await;
     joined.unwrap_or_else(|e| {
-        pb::submit_request::Result::Error(pb::JobError { code: "ENGINE_ERROR".into(), message: format!("engine panicked: {e}") })
+        pb::submit_request::Result::Error(pb::JobError {
+            code: "ENGINE_ERROR".into(),
+            message: format!("engine panicked: {e}"),
+        })
     })
 }
 
@@ -241,7 +275,12 @@ pub async fn run_worker<E: Engine + 'static>(
         };
         let session = match register(&mut client, &opts, &fingerprint).await {
             Ok(s) => s,
-            Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+            Err(status)
+                if matches!(
+                    status.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                ) =>
+            {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue 'connection;
             }
@@ -252,27 +291,43 @@ pub async fn run_worker<E: Engine + 'static>(
 
         // Heartbeats run beside the job loop and report the leases currently held.
         let held: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+        // Jobs finished by this worker: the progress counter rank 0 sees with every heartbeat.
+        let finished = Arc::new(std::sync::atomic::AtomicU64::new(
+            summary.jobs_done + summary.jobs_failed,
+        ));
         let heartbeat = {
             let mut client = client.clone();
             let held = held.clone();
+            let finished = finished.clone();
             let session_id = session.id.clone();
             let every = session.heartbeat;
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
-                let mut done = 0u64;
                 loop {
                     tick.tick().await;
-                    let lease_ids: Vec<u64> = held.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
-                    done += 1;
+                    let lease_ids: Vec<u64> = held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .iter()
+                        .copied()
+                        .collect();
                     let _ = client
-                        .heartbeat(pb::HeartbeatRequest { session: session_id.clone(), lease_ids, jobs_done: done })
+                        .heartbeat(pb::HeartbeatRequest {
+                            session: session_id.clone(),
+                            lease_ids,
+                            jobs_done: finished.load(std::sync::atomic::Ordering::Relaxed),
+                        })
                         .await;
                 }
             })
         };
 
         let outcome: Result<bool, ()> = loop {
-            let lease = pb::LeaseRequest { session: session.id.clone(), max_jobs: 1, wait_ms: 5_000 };
+            let lease = pb::LeaseRequest {
+                session: session.id.clone(),
+                max_jobs: 1,
+                wait_ms: 5_000,
+            };
             let response = tokio::select! {
                 r = client.lease(lease) => r,
                 _ = &mut shutdown => break Ok(true),
@@ -294,21 +349,40 @@ pub async fn run_worker<E: Engine + 'static>(
             }
             for job in response.jobs {
                 let Some(kind) = job.kind else { continue };
-                held.lock().unwrap_or_else(|e| e.into_inner()).insert(job.lease_id);
+                held.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(job.lease_id);
                 let result = run_job(&engine, kind).await;
                 let failed = matches!(result, pb::submit_request::Result::Error(_));
-                let submit = pb::SubmitRequest { session: session.id.clone(), lease_id: job.lease_id, result: Some(result) };
+                let submit = pb::SubmitRequest {
+                    session: session.id.clone(),
+                    lease_id: job.lease_id,
+                    result: Some(result),
+                };
                 let answer = client.submit(submit).await;
-                held.lock().unwrap_or_else(|e| e.into_inner()).remove(&job.lease_id);
+                held.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&job.lease_id);
                 match answer {
                     Ok(r) => {
-                        let status = pb::SubmitStatus::try_from(r.into_inner().status).unwrap_or(pb::SubmitStatus::Unspecified);
+                        let status = pb::SubmitStatus::try_from(r.into_inner().status)
+                            .unwrap_or(pb::SubmitStatus::Unspecified);
                         if status == pb::SubmitStatus::Fenced {
-                            tracing::warn!(lease = job.lease_id, "result fenced: the lease had expired");
+                            tracing::warn!(
+                                lease = job.lease_id,
+                                "result fenced: the lease had expired"
+                            );
                         }
-                        if failed { summary.jobs_failed += 1 } else { summary.jobs_done += 1 }
+                        if failed {
+                            summary.jobs_failed += 1
+                        } else {
+                            summary.jobs_done += 1
+                        }
+                        finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    Err(status) => tracing::warn!(lease = job.lease_id, "submit failed: {}", status.message()),
+                    Err(status) => {
+                        tracing::warn!(lease = job.lease_id, "submit failed: {}", status.message())
+                    }
                 }
             }
         };
