@@ -33,6 +33,8 @@ pub enum ClusterError {
     Serve(String),
     #[error("{0}")]
     Launch(String),
+    #[error("interrupted by a signal before the run completed")]
+    Interrupted,
 }
 
 /// Load and validate the config and its Stage-A inputs. Relative paths resolve against the
@@ -78,6 +80,19 @@ pub async fn run_coordinator(
     inputs: RunInputs,
     settings: CoordinatorSettings,
     spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+) -> Result<RunSummary, ClusterError> {
+    run_coordinator_until(inputs, settings, spawn_local, std::future::pending()).await
+}
+
+/// [`run_coordinator`] that stops early when `interrupt` resolves (SIGINT/SIGTERM): no new
+/// leases, workers told to stop, and an error naming what is on disk. Rows are written only for
+/// completed steps and synced at every step boundary, so an interrupted run never leaves a
+/// half-written step behind.
+pub async fn run_coordinator_until(
+    inputs: RunInputs,
+    settings: CoordinatorSettings,
+    spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+    interrupt: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, ClusterError> {
     let runner = &inputs.config.runner;
     let (scheduler, completions) = Scheduler::new(SchedulerConfig {
@@ -134,7 +149,13 @@ pub async fn run_coordinator(
         )?
         .with_worker_grace(settings.worker_grace);
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
-        run.run().await
+        tokio::select! {
+            r = run.run() => r.map_err(ClusterError::from),
+            _ = interrupt => {
+                tracing::warn!("interrupted: stopping workers; artifacts hold every completed step");
+                Err(ClusterError::Interrupted)
+            }
+        }
     }
     .await;
 
@@ -158,7 +179,7 @@ pub async fn run_coordinator(
         Ok(Err(e)) => tracing::warn!("server stopped with an error: {e}"),
         Err(e) => tracing::warn!("server task failed: {e}"),
     }
-    Ok(result?)
+    result
 }
 
 /// A worker's identity for logs: `host:pid:index`.

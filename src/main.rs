@@ -286,19 +286,24 @@ async fn dispatch(command: Command) -> Result<u8> {
                 show_progress: true,
             };
             let first = std::sync::Mutex::new(Some(first));
-            let summary = cluster::run_coordinator(inputs, settings, move |addr, token| {
-                cluster::spawn_local_workers(workers, addr, token, move |i| {
-                    if let Some(engine) = first
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .take()
-                        .filter(|_| i == 0)
-                    {
-                        return Ok(engine);
-                    }
-                    CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
-                })
-            })
+            let summary = cluster::run_coordinator_until(
+                inputs,
+                settings,
+                move |addr, token| {
+                    cluster::spawn_local_workers(workers, addr, token, move |i| {
+                        if let Some(engine) = first
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .take()
+                            .filter(|_| i == 0)
+                        {
+                            return Ok(engine);
+                        }
+                        CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
+                    })
+                },
+                shutdown_signal(),
+            )
             .await?;
             Ok(summary_code(&summary))
         }
@@ -317,7 +322,13 @@ async fn dispatch(command: Command) -> Result<u8> {
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
             };
-            let summary = cluster::run_coordinator(inputs, settings, |_, _| Vec::new()).await?;
+            let summary = cluster::run_coordinator_until(
+                inputs,
+                settings,
+                |_, _| Vec::new(),
+                shutdown_signal(),
+            )
+            .await?;
             Ok(summary_code(&summary))
         }
         Command::Worker {
@@ -372,12 +383,17 @@ async fn dispatch(command: Command) -> Result<u8> {
                     show_progress: true,
                 };
                 let options = engine_options(&model)?;
-                let summary = cluster::run_coordinator(inputs, settings, move |addr, token| {
-                    let local: SocketAddr = ([127, 0, 0, 1], addr.port()).into();
-                    cluster::spawn_local_workers(1, local, token, move |_| {
-                        CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
-                    })
-                })
+                let summary = cluster::run_coordinator_until(
+                    inputs,
+                    settings,
+                    move |addr, token| {
+                        let local: SocketAddr = ([127, 0, 0, 1], addr.port()).into();
+                        cluster::spawn_local_workers(1, local, token, move |_| {
+                            CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
+                        })
+                    },
+                    shutdown_signal(),
+                )
                 .await?;
                 Ok(summary_code(&summary))
             } else {

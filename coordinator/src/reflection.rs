@@ -657,12 +657,15 @@ impl Reflector {
             proposals.push(json!({"round": round, "has_evidence": ops_out.has_evidence,
                                   "evidence_analysis": ops_out.evidence_analysis, "operations": ops_out.operations,
                                   "coverage_advisory": ops_out.coverage}));
+            // A revision is validated without the cap: repeats of first-round ops are dropped
+            // first, and only then does the cap apply to what is genuinely new (otherwise
+            // resent repeats would use up the cap and push the corrected op out).
             let remaining_cap = max_ops.map(|m| m.saturating_sub(validation.accepted.len()));
             let ctx = OpsContext {
                 learnable: &learnable,
                 shorthand: &l_shorthand,
                 guidance: guidance.current(),
-                max_operations: remaining_cap,
+                max_operations: if round == 0 { remaining_cap } else { None },
             };
             let mut v = ops::validate_ops(&ops_out.operations, &ctx);
             if round > 0 {
@@ -682,7 +685,18 @@ impl Reflector {
                     !touched_keys(&a.op).iter().any(|k| taken.contains(k))
                         && !seen.contains(&serde_json::to_string(&a.op).unwrap_or_default())
                 });
-                v.accepted = keep;
+                let cap = remaining_cap.unwrap_or(usize::MAX);
+                let (keep, over): (Vec<_>, Vec<_>) =
+                    keep.into_iter().enumerate().partition(|(i, _)| *i < cap);
+                v.accepted = keep.into_iter().map(|(_, a)| a).collect();
+                for (_, a) in over {
+                    v.rejected.push(RejectedOp {
+                        index: a.index,
+                        proposed: ops_out.operations[a.index].clone(),
+                        reason: ops::RejectReason::MaxOperationsExceeded,
+                        detail: "reflection.max_operations already reached in this cycle".into(),
+                    });
+                }
                 for a in clash {
                     v.rejected.push(RejectedOp {
                         index: a.index,
