@@ -8,7 +8,7 @@
 //!   `format_ok`/`verdict`/`reason` equal to what the contract parser says of its raw `text`;
 //! - every malformed candidate has its `failure_malformed.jsonl` row and vice versa;
 //! - selections re-derived from the trajectories (vote counts, vote strength, the vote's
-//!   verdict, `label_match` against the final verdict);
+//!   verdict, `label_match` against the final verdict) and eligibility from the row's signals;
 //! - `metrics.jsonl` epoch rows recomputed from `selections.jsonl` and the need-review queue;
 //! - `need_review.json` equal to the aggregation of `need_review_queue.jsonl`;
 //! - reflection: learnable ∩ stop-gradient = ∅, every applied op's evidence ⊆ that cycle's
@@ -20,6 +20,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use stageb_coordinator::eligibility;
 use stageb_coordinator::guidance;
 use stageb_coordinator::metrics;
 use stageb_coordinator::need_review::{self, NeedReviewRow};
@@ -326,6 +327,34 @@ pub fn audit(dir: &Path) -> AuditReport {
         }
         let gt = verdict_of(&sel["gt_label"]);
         let final_verdict = verdict_of(&r["verdict"]);
+        // Eligibility is a pure function of the row's own signals: recompute and compare.
+        if let Some(gt) = gt {
+            let flag = |k: &str| r[k].as_bool().unwrap_or(false);
+            let signals = eligibility::EligibilitySignals {
+                has_verdict: final_verdict.is_some(),
+                label_match: flag("label_match"),
+                rollout_contradiction: flag("rollout_contradiction"),
+                low_agreement: flag("low_agreement"),
+                conflict_flag: flag("conflict_flag"),
+                needs_manual_review: flag("needs_manual_review"),
+                candidates_matching_gt: if gt == Verdict::Pass {
+                    pass as u32
+                } else {
+                    fail as u32
+                },
+                valid_candidates: (pass + fail) as u32,
+            };
+            let expected =
+                serde_json::to_value(eligibility::assess_signals(&signals)).unwrap_or_default();
+            if sel["eligibility"] != expected {
+                report.fail(
+                    "eligibility_rederived",
+                    files::SELECTIONS,
+                    Some(*line),
+                    format!("{key}: eligibility differs from its signals"),
+                );
+            }
+        }
         if final_verdict.is_some() && r["label_match"].as_bool() != Some(final_verdict == gt) {
             report.fail(
                 "selection_rederived",

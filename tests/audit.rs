@@ -1,0 +1,149 @@
+//! `stageb audit` catches what it claims to catch. A clean scripted run audits OK; each test
+//! then tampers with one artifact the way a bug (or a hand edit) would, and the audit must name
+//! the broken invariant. An audit that never fails would prove nothing.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use stageb_coordinator::run::files;
+use support::{Behaviour, Script, ScriptedEngine, run_mission, write_toy_mission};
+
+/// A small clean run (toy mission, 2 epochs, reflection on), copied once per tamper test.
+fn clean_run(dir: &Path) -> PathBuf {
+    write_toy_mission(dir);
+    let script = Script::new(Behaviour::default());
+    let (_, run_dir) = run_mission(dir, json!({"runner": {"epochs": 2}}), 1, move |_| {
+        ScriptedEngine::new(script.clone())
+    });
+    let report = stageb::audit::audit(&run_dir);
+    assert!(
+        report.ok(),
+        "the untouched run must audit clean: {:?}",
+        report.violations
+    );
+    run_dir
+}
+
+fn checks(run_dir: &Path) -> Vec<&'static str> {
+    stageb::audit::audit(run_dir)
+        .violations
+        .into_iter()
+        .map(|v| v.check)
+        .collect()
+}
+
+fn rewrite_jsonl(path: &Path, edit: impl FnOnce(&mut Vec<Value>)) {
+    let mut rows: Vec<Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    edit(&mut rows);
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn a_ticket_selected_twice_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    rewrite_jsonl(&run.join(files::SELECTIONS), |rows| {
+        let dup = rows[0].clone();
+        rows.push(dup);
+    });
+    assert!(checks(&run).contains(&"one_selection_per_ticket"));
+}
+
+#[test]
+fn a_verdict_that_disagrees_with_its_raw_text_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    rewrite_jsonl(&run.join(files::TRAJECTORIES), |rows| {
+        let r = &mut rows[0]["result"];
+        let flipped = if r["verdict"] == "pass" {
+            "fail"
+        } else {
+            "pass"
+        };
+        r["verdict"] = json!(flipped);
+    });
+    let found = checks(&run);
+    assert!(found.contains(&"trajectory_parse"), "{found:?}");
+}
+
+#[test]
+fn metrics_that_do_not_follow_from_selections_are_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    rewrite_jsonl(&run.join(files::METRICS), |rows| {
+        let row = rows.iter_mut().find(|r| r["event"] == "epoch_end").unwrap();
+        row["include_manual_review"]["fp"] = json!(999);
+    });
+    assert!(checks(&run).contains(&"metrics_recomputed"));
+}
+
+#[test]
+fn a_torn_last_line_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    let path = run.join(files::SELECTIONS);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(b"{\"schema_version\":1,\"ticket");
+    std::fs::write(&path, bytes).unwrap();
+    let found = checks(&run);
+    assert!(
+        found.contains(&"jsonl_framing") && found.contains(&"jsonl_parse"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn evidence_outside_the_learnable_set_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    let mut tampered = false;
+    rewrite_jsonl(&run.join(files::REFLECTION), |rows| {
+        for row in rows.iter_mut() {
+            if let Some(op) = row["applied_ops"]
+                .as_array_mut()
+                .and_then(|ops| ops.first_mut())
+            {
+                op["evidence"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!("NOT-LEARNABLE::fail"));
+                tampered = true;
+                break;
+            }
+        }
+    });
+    assert!(
+        tampered,
+        "the clean run applied no op; the fixture must exercise reflection"
+    );
+    assert!(checks(&run).contains(&"evidence_subset_of_learnable"));
+}
+
+#[test]
+fn an_edited_scaffold_rule_or_guidance_chain_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    let path = run.join("guidance.json");
+    let mut g: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let section = g.as_object_mut().unwrap().values_mut().next().unwrap();
+    let experiences = section["experiences"].as_object_mut().unwrap();
+    let s_key = experiences
+        .keys()
+        .find(|k| k.starts_with('S'))
+        .cloned()
+        .expect("the toy guidance has an S rule");
+    experiences.insert(s_key, json!("被篡改的结构规则"));
+    std::fs::write(&path, serde_json::to_vec_pretty(&g).unwrap()).unwrap();
+    let found = checks(&run);
+    assert!(
+        found.contains(&"guidance_chain") || found.contains(&"scaffold_untouched"),
+        "{found:?}"
+    );
+}
