@@ -27,8 +27,11 @@ impl std::str::FromStr for LogFormat {
 /// outputs. Calling it twice is harmless (the second call is ignored).
 pub fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colors only for a person at a terminal; log files (Slurm, Kubernetes) get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.with_target(false).try_init(),
