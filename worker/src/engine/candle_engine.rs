@@ -27,14 +27,17 @@ use stageb_shared::seed::uniform_at;
 use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
+use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
 use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
-use super::transformer::{KvCache, Transformer};
+use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
     CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
     ModelFingerprint, RolloutOutput, RolloutRequest,
 };
-use crate::constraint::{ConstraintFactory, ConstraintSpec, TokenConstraint, Vocabulary};
+use crate::constraint::{
+    AllowedTokens, ConstraintFactory, ConstraintSpec, TokenConstraint, Vocabulary,
+};
 
 /// The candle release the engine is built against (`Cargo.toml` pins `0.11.1`); part of the
 /// fingerprint because kernels change numerics between releases.
@@ -42,6 +45,21 @@ pub const CANDLE_VERSION: &str = "0.11.1";
 
 /// Prompt tokens per prefill forward call. Fixed: it is part of every result's identity.
 pub const PREFILL_CHUNK: usize = 512;
+
+/// A constrained row's last this many tokens are spent ending it cleanly (see
+/// `finishing_mask`): one character is at most 3 more byte tokens, plus EOS.
+pub const FINISH_MARGIN: usize = 4;
+
+/// Candidates checked on a fork per finishing step (highest logits first).
+const FINISH_LOOKAHEAD: usize = 64;
+
+/// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
+/// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
+pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = 20;
+
+/// The fingerprint dtype of the CPU fast path (GGUF blocks dequantized exactly, f32
+/// arithmetic in the fixed order of `kernels`).
+pub const CPU_FAST_DTYPE: &str = "cpu-f32-fixed-order";
 
 /// Default context cap (prompt + generated tokens).
 pub const DEFAULT_MAX_CONTEXT: usize = 4096;
@@ -119,9 +137,40 @@ fn select_device(spec: DeviceSpec) -> Result<Device, EngineError> {
     }
 }
 
+/// The model behind an engine.
+pub enum Backend {
+    /// Our transformer on candle tensors (CUDA, safetensors, explicit [`WeightFormat`]s).
+    Candle(Transformer),
+    /// The CPU fast path ([`CpuModel`]): GGUF on CPU with `WeightFormat::Auto`.
+    Cpu(CpuModel),
+}
+
+impl Backend {
+    pub fn config(&self) -> &TransformerConfig {
+        match self {
+            Backend::Candle(t) => &t.config,
+            Backend::Cpu(m) => &m.config,
+        }
+    }
+
+    pub fn max_context(&self) -> usize {
+        match self {
+            Backend::Candle(t) => t.max_context(),
+            Backend::Cpu(m) => m.max_context(),
+        }
+    }
+}
+
+/// The attention state of one job.
+enum DecodeCache {
+    /// Lockstep rows (`None` until expanded).
+    Candle(Option<KvCache>),
+    Cpu(CpuCache),
+}
+
 /// One loaded model with its tokenizer, chat template and stop tokens.
 pub struct CandleEngine {
-    model: Transformer,
+    model: Backend,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     stop_ids: Vec<u32>,
@@ -129,6 +178,9 @@ pub struct CandleEngine {
     constraints: OnceLock<Result<ConstraintFactory, String>>,
     pool: Option<rayon::ThreadPool>,
     scratch: Scratch,
+    workspace: Workspace,
+    /// Bench only: unconstrained rows run to `max_new_tokens` through stop tokens.
+    ignore_eos: bool,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -239,32 +291,33 @@ impl CandleEngine {
             &super::tokenizer::gguf_declared_stops(&ct),
             Some(template.source()),
         );
-        let loaded = gguf::load(
-            path,
-            &mut file,
-            &ct,
-            device,
-            options.weight_format,
-            options.max_context,
-        )?;
+        let (model, dtype) = if device.is_cpu() && options.weight_format == WeightFormat::Auto {
+            let m = gguf::load_cpu(path, &mut file, &ct, options.max_context)?;
+            (Backend::Cpu(m), CPU_FAST_DTYPE.to_string())
+        } else {
+            let loaded = gguf::load(
+                path,
+                &mut file,
+                &ct,
+                device,
+                options.weight_format,
+                options.max_context,
+            )?;
+            let dtype = if loaded.dequantized {
+                "f32-dequantized"
+            } else {
+                "gguf-quantized"
+            };
+            (Backend::Candle(loaded.transformer), dtype.to_string())
+        };
         let fingerprint = ModelFingerprint {
             weights_sha256: sha256_files(&[path.to_path_buf()])?,
             candle_version: CANDLE_VERSION.to_string(),
-            dtype: if loaded.dequantized {
-                "f32-dequantized".into()
-            } else {
-                "gguf-quantized".into()
-            },
+            dtype,
             device: device_kind.to_string(),
-            architecture: loaded.transformer.config.architecture.clone(),
+            architecture: model.config().architecture.clone(),
         };
-        Self::finish(
-            loaded.transformer,
-            tokenizer,
-            template,
-            stop_ids,
-            fingerprint,
-        )
+        Self::finish(model, tokenizer, template, stop_ids, fingerprint)
     }
 
     fn load_safetensors(
@@ -290,11 +343,17 @@ impl CandleEngine {
             device: device_kind.to_string(),
             architecture: model.config.architecture.clone(),
         };
-        Self::finish(model, tokenizer, template, stop_ids, fingerprint)
+        Self::finish(
+            Backend::Candle(model),
+            tokenizer,
+            template,
+            stop_ids,
+            fingerprint,
+        )
     }
 
     fn finish(
-        model: Transformer,
+        model: Backend,
         tokenizer: Tokenizer,
         template: ChatTemplate,
         stop_ids: Vec<u32>,
@@ -314,6 +373,8 @@ impl CandleEngine {
             constraints: OnceLock::new(),
             pool: None,
             scratch: Scratch::default(),
+            workspace: Workspace::default(),
+            ignore_eos: false,
         })
     }
 
@@ -330,8 +391,16 @@ impl CandleEngine {
         &self.stop_ids
     }
 
-    pub fn transformer(&self) -> &Transformer {
+    /// The loaded model.
+    pub fn backend(&self) -> &Backend {
         &self.model
+    }
+
+    /// Bench only (fixed-length generation, like `llama-batched-bench`): unconstrained rows
+    /// no longer stop on a stop token. Never set in production.
+    #[doc(hidden)]
+    pub fn set_ignore_eos(&mut self, on: bool) {
+        self.ignore_eos = on;
     }
 
     /// The prompt text for `messages` (chat template, generation prompt appended).
@@ -354,8 +423,8 @@ impl CandleEngine {
         let r = self.constraints.get_or_init(|| {
             let vocab = Vocabulary::from_tokenizer(&self.tokenizer, &self.stop_ids)
                 .map_err(|e| e.to_string())?;
-            let vocab = if vocab.len() < self.model.config.vocab_size {
-                vocab.padded_to(self.model.config.vocab_size)
+            let vocab = if vocab.len() < self.model.config().vocab_size {
+                vocab.padded_to(self.model.config().vocab_size)
             } else {
                 vocab
             };
@@ -365,27 +434,122 @@ impl CandleEngine {
             .map_err(|e| EngineError::Model(format!("constraint vocabulary: {e}")))
     }
 
-    /// Logits of the last prompt token after the fixed prefill schedule, and the b=1 cache.
-    pub fn prefill(
-        &self,
-        prompt: &[u32],
-        capacity: usize,
-    ) -> Result<(Vec<f32>, KvCache), EngineError> {
+    /// Logits of the last prompt token after the fixed prefill schedule (chunks of
+    /// [`PREFILL_CHUNK`] from position 0), and the prompt's cache.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, DecodeCache), EngineError> {
         let me = |e: candle_core::Error| EngineError::Model(e.to_string());
-        let mut cache = self.model.new_cache(1, capacity).map_err(me)?;
-        let mut logits = None;
-        for chunk in prompt.chunks(PREFILL_CHUNK) {
-            let input = Tensor::new(chunk, self.model.device())
-                .and_then(|t| t.unsqueeze(0))
-                .map_err(me)?;
-            logits = Some(self.model.forward(&input, &mut cache).map_err(me)?);
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("empty prompt".into()));
         }
-        let logits = logits.ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?;
-        let v = logits
-            .squeeze(0)
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(me)?;
-        Ok((v, cache))
+        match &self.model {
+            Backend::Candle(model) => {
+                let mut cache = model.new_cache(1, prompt.len()).map_err(me)?;
+                let mut logits = None;
+                for chunk in prompt.chunks(PREFILL_CHUNK) {
+                    let input = Tensor::new(chunk, model.device())
+                        .and_then(|t| t.unsqueeze(0))
+                        .map_err(me)?;
+                    logits = Some(model.forward(&input, &mut cache).map_err(me)?);
+                }
+                let v = logits
+                    .ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?
+                    .squeeze(0)
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(me)?;
+                Ok((v, DecodeCache::Candle(Some(cache))))
+            }
+            Backend::Cpu(model) => {
+                let mut cache = model.new_cache(prompt.len());
+                let mut logits = Vec::new();
+                for chunk in prompt.chunks(PREFILL_CHUNK) {
+                    let slots = vec![Slot::Shared; chunk.len()];
+                    logits = model
+                        .forward(
+                            chunk,
+                            &slots,
+                            &mut cache,
+                            chunk.len() - 1,
+                            &mut self.workspace,
+                        )
+                        .map_err(EngineError::Model)?;
+                }
+                Ok((logits, DecodeCache::Cpu(cache)))
+            }
+        }
+    }
+
+    /// Makes room for `n` rows of up to `max_new` tokens after the prompt.
+    fn add_rows(
+        &self,
+        cache: &mut DecodeCache,
+        n: usize,
+        max_new: usize,
+        prompt_len: usize,
+    ) -> Result<(), EngineError> {
+        match cache {
+            DecodeCache::Candle(c) => {
+                let b1 = c.take();
+                if max_new > 1
+                    && let Some(b1) = b1
+                {
+                    *c = Some(
+                        b1.expand(n, prompt_len + max_new)
+                            .map_err(|e| EngineError::Model(e.to_string()))?,
+                    );
+                }
+            }
+            DecodeCache::Cpu(c) => c.add_rows(self.model.config(), n, max_new),
+        }
+        Ok(())
+    }
+
+    /// One decode step: `next[i]` is row `i`'s latest token, `None` for a finished row. Updates
+    /// `logits[i]` of every row that was fed.
+    fn decode_step(
+        &mut self,
+        cache: &mut DecodeCache,
+        next: &[Option<u32>],
+        logits: &mut [Vec<f32>],
+    ) -> Result<(), EngineError> {
+        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
+        match (&self.model, cache) {
+            (Backend::Candle(model), DecodeCache::Candle(Some(cache))) => {
+                // Lockstep: finished rows are fed a pad token and their logits ignored.
+                let pad = self.stop_ids[0];
+                let ids: Vec<u32> = next.iter().map(|t| t.unwrap_or(pad)).collect();
+                let input = Tensor::from_vec(ids, (next.len(), 1), model.device()).map_err(me)?;
+                let out = model.forward(&input, cache).map_err(me)?;
+                for (dst, row) in logits.iter_mut().zip(out.to_vec2::<f32>().map_err(me)?) {
+                    *dst = row;
+                }
+                Ok(())
+            }
+            (Backend::Cpu(model), DecodeCache::Cpu(cache)) => {
+                // Only live rows are fed: every row's arithmetic is independent of the others.
+                let (mut toks, mut slots) = (Vec::new(), Vec::new());
+                for (i, t) in next.iter().enumerate() {
+                    if let Some(t) = t {
+                        toks.push(*t);
+                        slots.push(Slot::Row(i));
+                    }
+                }
+                if toks.is_empty() {
+                    return Ok(());
+                }
+                let out = model
+                    .forward(&toks, &slots, cache, 0, &mut self.workspace)
+                    .map_err(EngineError::Model)?;
+                let vocab = out.len() / toks.len();
+                for (s, row) in slots.iter().zip(out.chunks_exact(vocab)) {
+                    if let Slot::Row(i) = s {
+                        logits[*i].clear();
+                        logits[*i].extend_from_slice(row);
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(EngineError::Model("decode before prefill".into())),
+        }
     }
 
     fn run_pooled<T: Send>(&mut self, f: impl FnOnce(&mut Self) -> T + Send) -> T {
@@ -415,13 +579,13 @@ impl CandleEngine {
             });
         }
         let t0 = Instant::now();
-        let (first_logits, cache) = self.prefill(prompt, prompt.len())?;
+        let (first_logits, mut cache) = self.prefill(prompt)?;
         let prefill_us = t0.elapsed().as_micros() as u64;
         if rows.is_empty() || max_new == 0 {
             return Ok((prefill_us, 0));
         }
         let t1 = Instant::now();
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.model.config().vocab_size;
         let needs_seen = rows.iter().any(|r| r.params.repetition_penalty != 1.0);
         if needs_seen {
             let mut seen = SeenTokens::new(vocab);
@@ -435,44 +599,24 @@ impl CandleEngine {
             }
         }
         let n = rows.len();
+        self.add_rows(&mut cache, n, max_new, prompt.len())?;
         // The prompt's last logits are the same for every row; step 0 samples from them.
-        let mut step_logits: Vec<Vec<f32>> = vec![first_logits];
-        let mut shared_first = true;
-        let b1 = cache;
-        let mut cache = if max_new > 1 {
-            Some(
-                b1.expand(n, prompt.len() + max_new)
-                    .map_err(|e| EngineError::Model(e.to_string()))?,
-            )
-        } else {
-            None
-        };
-        drop(b1);
-        let pad = self.stop_ids[0];
+        let mut step_logits: Vec<Vec<f32>> = vec![first_logits; n];
         for step in 0..max_new {
             let mut next = Vec::with_capacity(n);
             for (i, row) in rows.iter_mut().enumerate() {
                 if row.finish.is_some() {
-                    next.push(pad);
+                    next.push(None);
                     continue;
                 }
-                let logits = if shared_first {
-                    &step_logits[0]
-                } else {
-                    &step_logits[i]
-                };
-                let tok = self.step_row(row, logits, step as u64)?;
-                next.push(tok.unwrap_or(pad));
+                let tok = self.step_row(row, &step_logits[i], step as u64)?;
+                // A row that just finished needs no more forward passes.
+                next.push(tok.filter(|_| row.finish.is_none()));
             }
-            shared_first = false;
             if rows.iter().all(|r| r.finish.is_some()) || step + 1 == max_new {
                 break;
             }
-            let Some(cache) = cache.as_mut() else { break };
-            let me = |e: candle_core::Error| EngineError::Model(e.to_string());
-            let input = Tensor::from_vec(next, (n, 1), self.model.device()).map_err(me)?;
-            let logits = self.model.forward(&input, cache).map_err(me)?;
-            step_logits = logits.to_vec2::<f32>().map_err(me)?;
+            self.decode_step(&mut cache, &next, &mut step_logits)?;
         }
         for r in rows.iter_mut() {
             if r.finish.is_none() {
@@ -505,6 +649,12 @@ impl CandleEngine {
             }
             None => None,
         };
+        let allowed = match allowed {
+            Some(a) if row.max_new.saturating_sub(row.tokens.len()) <= FINISH_MARGIN => {
+                Some(self.finishing_mask(row, a, logits)?)
+            }
+            other => other,
+        };
         let u = uniform_at(row.seed, step);
         let tok = sampler::sample(
             logits,
@@ -526,13 +676,93 @@ impl CandleEngine {
             s.insert(tok);
         }
         row.tokens.push(tok);
-        if self.stop_ids.contains(&tok) || row.constraint.as_ref().is_some_and(|c| c.is_finished())
-        {
+        let stops = self.stop_ids.contains(&tok) && !(self.ignore_eos && row.constraint.is_none());
+        if stops || row.constraint.as_ref().is_some_and(|c| c.is_finished()) {
             row.finish = Some(FinishReason::Stop);
         } else if row.tokens.len() >= row.max_new {
             row.finish = Some(FinishReason::Length);
         }
         Ok(Some(tok))
+    }
+
+    /// The allowed set of a constrained row in its last [`FINISH_MARGIN`] tokens, narrowed so
+    /// the output ends complete (never cut mid-character by `max_new_tokens`):
+    /// 1. EOS allowed now → EOS only;
+    /// 2. else the highest-logit allowed tokens (at most [`FINISH_LOOKAHEAD`]) after which the
+    ///    constraint allows EOS (checked on a fork);
+    /// 3. else the allowed tokens made only of UTF-8 continuation bytes (each one brings a
+    ///    split character closer to complete);
+    /// 4. else unchanged.
+    ///
+    /// A character is at most 4 bytes, so from a split character EOS becomes reachable within
+    /// 3 tokens: a margin of 4 ends every row by `max_new_tokens` as long as the reason already
+    /// has content (the minimum `max_new_tokens` of a constrained rollout leaves room for it).
+    /// Depends only on the row's own logits and state: deterministic.
+    fn finishing_mask(
+        &self,
+        row: &mut Row,
+        allowed: AllowedTokens,
+        logits: &[f32],
+    ) -> Result<AllowedTokens, EngineError> {
+        let Some(c) = row.constraint.as_mut() else {
+            return Ok(allowed);
+        };
+        let eos: Vec<u32> = self
+            .stop_ids
+            .iter()
+            .copied()
+            .filter(|&t| allowed.is_allowed(t))
+            .collect();
+        if !eos.is_empty() {
+            let mut only = AllowedTokens::none(allowed.len());
+            for t in eos {
+                only.allow(t);
+            }
+            return Ok(only);
+        }
+        // Top allowed tokens by logit (ties to the lower id), so the narrowed set stays likely.
+        let mut cand: Vec<(f32, u32)> = (0..allowed.len() as u32)
+            .filter(|&t| allowed.is_allowed(t))
+            .map(|t| {
+                (
+                    logits.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY),
+                    t,
+                )
+            })
+            .filter(|(l, _)| l.is_finite())
+            .collect();
+        cand.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        cand.truncate(FINISH_LOOKAHEAD);
+        let mut ends = AllowedTokens::none(allowed.len());
+        let mut any = false;
+        for &(_, t) in &cand {
+            let mut f = c.fork();
+            if f.consume(t).is_err() {
+                continue;
+            }
+            let next = f.allowed()?;
+            if f.is_finished() || self.stop_ids.iter().any(|&e| next.is_allowed(e)) {
+                ends.allow(t);
+                any = true;
+            }
+        }
+        if any {
+            return Ok(ends);
+        }
+        let vocab = self.constraint_factory()?.vocabulary();
+        let mut cont = AllowedTokens::none(allowed.len());
+        let mut any = false;
+        for t in 0..allowed.len() as u32 {
+            if allowed.is_allowed(t)
+                && vocab
+                    .token_bytes(t)
+                    .is_some_and(|b| !b.is_empty() && b.iter().all(|&x| (0x80..0xC0).contains(&x)))
+            {
+                cont.allow(t);
+                any = true;
+            }
+        }
+        Ok(if any { cont } else { allowed })
     }
 
     /// The text of a row: its tokens without stop/special tokens, decoded as generated.
@@ -609,6 +839,13 @@ impl CandleEngine {
                 return Err(EngineError::InvalidRequest(format!(
                     "decode {}: max_new_tokens is 0",
                     d.decode_index
+                )));
+            }
+            if request.constrained && d.max_new_tokens < MIN_CONSTRAINED_NEW_TOKENS {
+                return Err(EngineError::InvalidRequest(format!(
+                    "decode {}: max_new_tokens {} is below {MIN_CONSTRAINED_NEW_TOKENS}, the \
+                     minimum for a complete constrained verdict",
+                    d.decode_index, d.max_new_tokens
                 )));
             }
             for (i, &seed) in d.seeds.iter().enumerate() {

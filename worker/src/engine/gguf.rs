@@ -14,6 +14,8 @@ use candle_core::quantized::{QMatMul, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
 use super::EngineError;
+use super::cpu_model::{self, CpuLayer, CpuModel};
+use super::kernels::PackedMatrix;
 use super::transformer::{Layer, Linear, LinearWeight, RopeStyle, Transformer, TransformerConfig};
 
 /// How the linear layers' weights are held in memory.
@@ -303,4 +305,95 @@ pub fn load(
         transformer,
         dequantized: dequantize,
     })
+}
+
+/// Loads a GGUF file for the CPU fast path ([`CpuModel`]): Q4_1/Q8_0 matrices stay in their
+/// blocks, everything else is dequantized to f32 (exact); q|k|v and gate|up are stacked.
+pub fn load_cpu(
+    path: &Path,
+    file: &mut File,
+    ct: &gguf_file::Content,
+    max_context: usize,
+) -> Result<CpuModel, EngineError> {
+    let mut config = read_config(ct, path)?;
+    let device = Device::Cpu;
+    let mut r = Reader {
+        ct,
+        file,
+        path,
+        device: &device,
+        dequantize: false,
+    };
+    let vec = |r: &mut Reader, name: &str| -> Result<Vec<f32>, EngineError> {
+        r.dense(name)?
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| model_err(path, format!("tensor {name}: {e}")))
+    };
+    let packed = |r: &mut Reader, name: &str| -> Result<PackedMatrix, EngineError> {
+        let q = r.qtensor(name)?;
+        cpu_model::pack(&q).map_err(|e| model_err(path, format!("tensor {name}: {e}")))
+    };
+    if r.has("rope_freqs.weight") {
+        config.rope_freq_factors = Some(vec(&mut r, "rope_freqs.weight")?);
+    }
+    let embedding = packed(&mut r, "token_embd.weight")?;
+    let lm_head = if r.has("output.weight") {
+        Some(packed(&mut r, "output.weight")?)
+    } else {
+        None
+    };
+    let final_norm = vec(&mut r, "output_norm.weight")?;
+    let qk_norm = config.architecture == "qwen3";
+    let stack = |parts: &[&PackedMatrix], what: &str| {
+        PackedMatrix::concat(parts).ok_or_else(|| model_err(path, format!("{what}: shapes differ")))
+    };
+    let mut layers = Vec::with_capacity(config.n_layer);
+    for i in 0..config.n_layer {
+        let t = |s: &str| format!("blk.{i}.{s}");
+        let (wq, wk, wv) = (
+            packed(&mut r, &t("attn_q.weight"))?,
+            packed(&mut r, &t("attn_k.weight"))?,
+            packed(&mut r, &t("attn_v.weight"))?,
+        );
+        let biases = ["attn_q.bias", "attn_k.bias", "attn_v.bias"];
+        let qkv_bias = if biases.iter().any(|b| r.has(&t(b))) {
+            let mut all = Vec::new();
+            for (b, w) in biases.iter().zip([&wq, &wk, &wv]) {
+                if r.has(&t(b)) {
+                    all.extend(vec(&mut r, &t(b))?);
+                } else {
+                    all.extend(std::iter::repeat_n(0.0, w.rows()));
+                }
+            }
+            Some(all)
+        } else {
+            None
+        };
+        let (gate, up) = (
+            packed(&mut r, &t("ffn_gate.weight"))?,
+            packed(&mut r, &t("ffn_up.weight"))?,
+        );
+        layers.push(CpuLayer {
+            attn_norm: vec(&mut r, &t("attn_norm.weight"))?,
+            qkv: stack(&[&wq, &wk, &wv], &t("attn_qkv"))?,
+            qkv_bias,
+            wo: packed(&mut r, &t("attn_output.weight"))?,
+            q_norm: if qk_norm {
+                Some(vec(&mut r, &t("attn_q_norm.weight"))?)
+            } else {
+                None
+            },
+            k_norm: if qk_norm {
+                Some(vec(&mut r, &t("attn_k_norm.weight"))?)
+            } else {
+                None
+            },
+            ffn_norm: vec(&mut r, &t("ffn_norm.weight"))?,
+            gate_up: stack(&[&gate, &up], &t("ffn_gate_up"))?,
+            down: packed(&mut r, &t("ffn_down.weight"))?,
+        });
+    }
+    CpuModel::new(config, embedding, lm_head, layers, final_norm, max_context)
+        .map_err(|e| model_err(path, e))
 }

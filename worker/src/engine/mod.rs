@@ -9,7 +9,9 @@ use stageb_shared::domain::ChatMessage;
 
 pub mod candle_engine;
 pub mod chat_template;
+pub mod cpu_model;
 pub mod gguf;
+pub mod kernels;
 pub mod safetensors;
 pub mod sampler;
 pub mod tokenizer;

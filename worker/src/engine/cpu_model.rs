@@ -1,0 +1,450 @@
+//! The CPU fast path: our transformer (llama, qwen2, qwen3) on plain f32 buffers and the
+//! kernels of [`super::kernels`], with GGUF Q4_1/Q8_0 weights read in their block format.
+//!
+//! Why not candle on CPU: candle 0.11.1 has no SIMD Q4_1 kernel, its f32 gemm repacks the
+//! weight matrix on every small-batch call, and batched attention is ~1,400 tiny gemm calls per
+//! decode step. Here every step reads each weight once (dequantized block by block into L1,
+//! exact), attention reads the shared prompt's keys/values once per row, and every output
+//! element follows one fixed recipe (see [`super::kernels`]), so a candidate's tokens do not
+//! depend on which other rows are in the batch: finished rows are simply dropped from the
+//! batch, and a row decoded alone gives the same bits.
+//!
+//! KV cache ([`CpuCache`]): the prompt's keys/values are stored once (`shared`), each
+//! candidate row has its own short suffix; keys are stored transposed (`d × cap` per KV head)
+//! so 16 keys load as one vector.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use rayon::prelude::*;
+
+use super::kernels::{self, KvRun, PackedMatrix};
+use super::transformer::{RopeStyle, TransformerConfig};
+
+/// One transformer block.
+#[derive(Debug)]
+pub struct CpuLayer {
+    pub attn_norm: Vec<f32>,
+    /// q | k | v stacked (`(n_head + 2·n_kv)·d` outputs).
+    pub qkv: PackedMatrix,
+    pub qkv_bias: Option<Vec<f32>>,
+    pub wo: PackedMatrix,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    /// gate | up stacked (`2·ffn` outputs).
+    pub gate_up: PackedMatrix,
+    pub down: PackedMatrix,
+}
+
+/// The weights of a model on the CPU fast path. Immutable after load.
+#[derive(Debug)]
+pub struct CpuModel {
+    pub config: TransformerConfig,
+    /// `vocab × hidden`; rows are looked up (dequantized one at a time).
+    pub embedding: PackedMatrix,
+    /// `None`: tied to the embedding.
+    pub lm_head: Option<PackedMatrix>,
+    pub layers: Vec<CpuLayer>,
+    pub final_norm: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    max_context: usize,
+}
+
+/// A weight from GGUF: Q4_1 and Q8_0 stay in their blocks, anything else becomes f32 (exact).
+pub fn pack(q: &QTensor) -> candle_core::Result<PackedMatrix> {
+    let (rows, cols) = q.shape().dims2()?;
+    let packed = match q.dtype() {
+        GgmlDType::Q4_1 => PackedMatrix::from_q4_1(&q.data()?, rows, cols),
+        GgmlDType::Q8_0 => PackedMatrix::from_q8_0(&q.data()?, rows, cols),
+        _ => None,
+    };
+    match packed {
+        Some(p) => Ok(p),
+        None => {
+            let t = q
+                .dequantize(&candle_core::Device::Cpu)?
+                .to_dtype(candle_core::DType::F32)?;
+            Ok(PackedMatrix::F32 {
+                rows,
+                cols,
+                w: t.flatten_all()?.to_vec1::<f32>()?,
+            })
+        }
+    }
+}
+
+/// Per-layer keys/values of one run of positions.
+#[derive(Debug)]
+struct Seg {
+    /// `n_kv × d × cap`.
+    kt: Vec<f32>,
+    /// `n_kv × cap × d`.
+    v: Vec<f32>,
+}
+
+/// Where a position of a forward call goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// The next prompt position (shared by every row).
+    Shared,
+    /// The next position of candidate row `r`.
+    Row(usize),
+}
+
+/// The attention state of one ticket: the prompt once, then one suffix per candidate row.
+#[derive(Debug)]
+pub struct CpuCache {
+    shared: Vec<Seg>,
+    shared_len: usize,
+    shared_cap: usize,
+    rows: Vec<Vec<Seg>>,
+    row_len: Vec<usize>,
+    row_cap: usize,
+}
+
+impl CpuCache {
+    /// Prompt positions cached.
+    pub fn shared_len(&self) -> usize {
+        self.shared_len
+    }
+
+    /// Adds `n` candidate rows with room for `cap` positions each (after the prompt).
+    pub fn add_rows(&mut self, cfg: &TransformerConfig, n: usize, cap: usize) {
+        self.row_cap = cap;
+        let sz = cfg.n_kv_head * cfg.head_dim * cap;
+        self.rows = (0..n)
+            .map(|_| {
+                (0..cfg.n_layer)
+                    .map(|_| Seg {
+                        kt: vec![0.0; sz],
+                        v: vec![0.0; sz],
+                    })
+                    .collect()
+            })
+            .collect();
+        self.row_len = vec![0; n];
+    }
+}
+
+/// Reusable activation buffers (one per engine), so steps do not allocate.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    yt: Vec<f32>,
+}
+
+impl CpuModel {
+    pub fn new(
+        config: TransformerConfig,
+        embedding: PackedMatrix,
+        lm_head: Option<PackedMatrix>,
+        layers: Vec<CpuLayer>,
+        final_norm: Vec<f32>,
+        max_context: usize,
+    ) -> Result<Self, String> {
+        let d = config.head_dim;
+        let half = d / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1f32 / (config.rope_theta as f32).powf((2 * i) as f32 / d as f32))
+            .collect();
+        if let Some(f) = &config.rope_freq_factors {
+            if f.len() != half {
+                return Err(format!(
+                    "rope_freqs has {} entries, expected {half}",
+                    f.len()
+                ));
+            }
+            for (a, s) in inv_freq.iter_mut().zip(f) {
+                *a /= *s;
+            }
+        }
+        let mut cos = Vec::with_capacity(max_context * half);
+        let mut sin = Vec::with_capacity(max_context * half);
+        for p in 0..max_context {
+            for f in &inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let qkv_n = (config.n_head + 2 * config.n_kv_head) * d;
+        for (i, l) in layers.iter().enumerate() {
+            if l.qkv.rows() != qkv_n
+                || l.qkv.cols() != config.hidden
+                || l.down.rows() != config.hidden
+            {
+                return Err(format!("layer {i}: unexpected projection shapes"));
+            }
+        }
+        Ok(CpuModel {
+            config,
+            embedding,
+            lm_head,
+            layers,
+            final_norm,
+            cos,
+            sin,
+            max_context,
+        })
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Weight bytes held in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.bytes() + l.wo.bytes() + l.gate_up.bytes() + l.down.bytes())
+            .sum();
+        l + self.embedding.bytes() + self.lm_head.as_ref().map_or(0, |h| h.bytes())
+    }
+
+    /// An empty cache with room for `prompt_cap` prompt positions.
+    pub fn new_cache(&self, prompt_cap: usize) -> CpuCache {
+        let c = &self.config;
+        let sz = c.n_kv_head * c.head_dim * prompt_cap;
+        CpuCache {
+            shared: (0..c.n_layer)
+                .map(|_| Seg {
+                    kt: vec![0.0; sz],
+                    v: vec![0.0; sz],
+                })
+                .collect(),
+            shared_len: 0,
+            shared_cap: prompt_cap,
+            rows: Vec::new(),
+            row_len: Vec::new(),
+            row_cap: 0,
+        }
+    }
+
+    fn rope(&self, x: &mut [f32], pos: usize) {
+        let d = self.config.head_dim;
+        let half = d / 2;
+        let cos = &self.cos[pos * half..(pos + 1) * half];
+        let sin = &self.sin[pos * half..(pos + 1) * half];
+        for head in x.chunks_exact_mut(d) {
+            for i in 0..half {
+                let (a, b) = match self.config.rope_style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+
+    /// Runs `tokens` (one per slot) through the model, appends their keys/values to `cache`,
+    /// and returns the logits of positions `logits_from..` (`(len - logits_from) × vocab`).
+    /// A forward call either extends the prompt (all [`Slot::Shared`], before any row exists)
+    /// or advances rows (each [`Slot::Row`] at most once).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        slots: &[Slot],
+        cache: &mut CpuCache,
+        logits_from: usize,
+        ws: &mut Workspace,
+    ) -> Result<Vec<f32>, String> {
+        let cfg = &self.config;
+        let m = tokens.len();
+        if m == 0 || slots.len() != m || logits_from >= m {
+            return Err("forward: empty input or bad slots".into());
+        }
+        let shared_new = slots.iter().filter(|s| **s == Slot::Shared).count();
+        if shared_new > 0 && (shared_new != m || !cache.rows.is_empty()) {
+            return Err("forward: prompt positions after rows were added".into());
+        }
+        if cache.shared_len + shared_new > cache.shared_cap {
+            return Err("forward: prompt exceeds the cache".into());
+        }
+        let mut positions = Vec::with_capacity(m);
+        let mut seen = vec![false; cache.rows.len()];
+        for (i, s) in slots.iter().enumerate() {
+            positions.push(match *s {
+                Slot::Shared => cache.shared_len + i,
+                Slot::Row(r) => {
+                    if r >= cache.rows.len() || seen[r] || cache.row_len[r] >= cache.row_cap {
+                        return Err(format!("forward: row {r} out of range or full"));
+                    }
+                    seen[r] = true;
+                    cache.shared_len + cache.row_len[r]
+                }
+            });
+        }
+        if positions.iter().any(|&p| p >= self.max_context) {
+            return Err("forward: position beyond the context".into());
+        }
+        let (hid, d, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let n_rep = nh / nkv;
+        let qkv_n = (nh + 2 * nkv) * d;
+        let eps = cfg.rms_eps as f32;
+        let scale = 1.0 / (d as f32).sqrt();
+        let Workspace {
+            x,
+            h,
+            qkv,
+            att,
+            tmp,
+            gu,
+            act,
+            yt,
+        } = ws;
+        x.resize(m * hid, 0.0);
+        h.resize(m * hid, 0.0);
+        qkv.resize(m * qkv_n, 0.0);
+        att.resize(m * nh * d, 0.0);
+        tmp.resize(m * hid, 0.0);
+        for (i, &t) in tokens.iter().enumerate() {
+            if t as usize >= self.embedding.rows() {
+                return Err(format!("token {t} out of the vocabulary"));
+            }
+            kernels::dequant_rows(
+                &self.embedding,
+                t as usize,
+                1,
+                &mut x[i * hid..(i + 1) * hid],
+            );
+        }
+        let shared_after = cache.shared_len + shared_new;
+        for (li, layer) in self.layers.iter().enumerate() {
+            kernels::rms_norm(x, &layer.attn_norm, eps, h);
+            kernels::matmul(h, m, &layer.qkv, qkv, yt);
+            for (i, row) in qkv.chunks_exact_mut(qkv_n).enumerate() {
+                if let Some(b) = &layer.qkv_bias {
+                    for (a, b) in row.iter_mut().zip(b) {
+                        *a += *b;
+                    }
+                }
+                let (q, kv) = row.split_at_mut(nh * d);
+                let (k, v) = kv.split_at_mut(nkv * d);
+                if let Some(w) = &layer.q_norm {
+                    let src = q.to_vec();
+                    kernels::rms_norm(&src, w, eps, q);
+                }
+                if let Some(w) = &layer.k_norm {
+                    let src = k.to_vec();
+                    kernels::rms_norm(&src, w, eps, k);
+                }
+                self.rope(q, positions[i]);
+                self.rope(k, positions[i]);
+                // Store k (transposed) and v at this position's slot.
+                let (seg, cap, at) = match slots[i] {
+                    Slot::Shared => (
+                        &mut cache.shared[li],
+                        cache.shared_cap,
+                        cache.shared_len + i,
+                    ),
+                    Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, cache.row_len[r]),
+                };
+                for g in 0..nkv {
+                    for dd in 0..d {
+                        seg.kt[(g * d + dd) * cap + at] = k[g * d + dd];
+                    }
+                    seg.v[(g * cap + at) * d..(g * cap + at + 1) * d]
+                        .copy_from_slice(&v[g * d..(g + 1) * d]);
+                }
+            }
+            // Attention, parallel over positions.
+            let cache_ref = &*cache;
+            let qkv_ref = &*qkv;
+            let positions_ref = &positions;
+            att.par_chunks_mut(nh * d)
+                .enumerate()
+                .for_each_init(Vec::new, |s, (i, out)| {
+                    let q_all = &qkv_ref[i * qkv_n..i * qkv_n + nh * d];
+                    let shared = &cache_ref.shared[li];
+                    let (limit, row_seg) = match slots[i] {
+                        Slot::Shared => (positions_ref[i] + 1, None),
+                        Slot::Row(r) => (
+                            shared_after + cache_ref.row_len[r] + 1,
+                            Some((&cache_ref.rows[r][li], cache_ref.row_len[r] + 1)),
+                        ),
+                    };
+                    for g in 0..nkv {
+                        let sc = cache_ref.shared_cap;
+                        let mut runs = [
+                            KvRun {
+                                kt: &shared.kt[g * d * sc..(g + 1) * d * sc],
+                                v: &shared.v[g * sc * d..(g + 1) * sc * d],
+                                cap: sc,
+                                len: shared_after.min(limit),
+                            },
+                            KvRun {
+                                kt: &[],
+                                v: &[],
+                                cap: 0,
+                                len: 0,
+                            },
+                        ];
+                        let nruns = if let Some((seg, len)) = row_seg {
+                            let rc = cache_ref.row_cap;
+                            runs[1] = KvRun {
+                                kt: &seg.kt[g * d * rc..(g + 1) * d * rc],
+                                v: &seg.v[g * rc * d..(g + 1) * rc * d],
+                                cap: rc,
+                                len,
+                            };
+                            2
+                        } else {
+                            1
+                        };
+                        let mut hq = g * n_rep;
+                        while hq < (g + 1) * n_rep {
+                            let nq = ((g + 1) * n_rep - hq).min(4);
+                            let limits = [limit; 4];
+                            kernels::attend(
+                                &q_all[hq * d..(hq + nq) * d],
+                                nq,
+                                &limits[..nq],
+                                &runs[..nruns],
+                                d,
+                                scale,
+                                s,
+                                &mut out[hq * d..(hq + nq) * d],
+                            );
+                            hq += nq;
+                        }
+                    }
+                });
+            kernels::matmul(att, m, &layer.wo, tmp, yt);
+            for (a, b) in x.iter_mut().zip(tmp.iter()) {
+                *a += *b;
+            }
+            kernels::rms_norm(x, &layer.ffn_norm, eps, h);
+            let ffn = layer.gate_up.rows() / 2;
+            gu.resize(m * 2 * ffn, 0.0);
+            act.resize(m * ffn, 0.0);
+            kernels::matmul(h, m, &layer.gate_up, gu, yt);
+            kernels::silu_mul(gu, ffn, act);
+            kernels::matmul(act, m, &layer.down, tmp, yt);
+            for (a, b) in x.iter_mut().zip(tmp.iter()) {
+                *a += *b;
+            }
+        }
+        cache.shared_len = shared_after;
+        for s in slots {
+            if let Slot::Row(r) = *s {
+                cache.row_len[r] += 1;
+            }
+        }
+        let nl = m - logits_from;
+        let mut last = vec![0f32; nl * hid];
+        kernels::rms_norm(&x[logits_from * hid..], &self.final_norm, eps, &mut last);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embedding);
+        let mut logits = vec![0f32; nl * head.rows()];
+        kernels::matmul(&last, nl, head, &mut logits, yt);
+        Ok(logits)
+    }
+}

@@ -1,0 +1,1390 @@
+//! CPU kernels of the engine's fast path ([`super::cpu_model`]): matmul over block-quantized
+//! weights, attention over a transposed KV cache, RMS norm, SiLU and a polynomial `exp`.
+//!
+//! # Numerics: every output element has one fixed recipe
+//!
+//! Each kernel defines the exact sequence of IEEE operations behind every output element, and
+//! that sequence never depends on how the work is tiled, threaded or batched:
+//! - a dot product over `k` (matmul) accumulates in [`LANES`] lanes, lane `l` summing
+//!   `x[i]·w[i]` for `i ≡ l (mod 8)` in increasing `i` by fused multiply-add, then reduces the
+//!   lanes in a fixed tree ([`reduce`]);
+//! - block-quantized weights are dequantized exactly as GGUF defines them (Q4_1: `q·d + m`,
+//!   two roundings; Q8_0: `q·d`) into f32 before use, so they equal candle's dequantized tensors;
+//! - an attention score is `Σ_d q[d]·k[d]` by sequential fused multiply-add over `d`; the output
+//!   is `Σ_j e_j·v_j` sequentially over keys, divided by `Σ_j e_j` (also sequential).
+//!
+//! So a row's result is the same whether it is computed alone or in a batch of 8, in a prefill
+//! chunk or a decode step, on one thread or two, and with AVX-512, AVX2 or the scalar fallback
+//! (which runs the same generic code, `f32::mul_add` being an exact fused multiply-add
+//! everywhere): batch composition can never change a candidate.
+//!
+//! # SIMD
+//!
+//! Elementwise kernels are written once as plain Rust and compiled twice: with AVX2+FMA and
+//! without extra features; [`isa`] picks one at run time with `is_x86_feature_detected!`. The only `unsafe` is calling the
+//! `#[target_feature]` copies after that check. The hot loops (matmul tiles, attention) are
+//! written with AVX2/FMA intrinsics in [`avx2`] (8 lanes = one `__m256`, `_mm256_fmadd_ps` is
+//! the same fused operation as `f32::mul_add`); the generic bodies are their scalar reference,
+//! and the tests check the two agree bit for bit.
+
+// Kernels index lanes and rows explicitly: the order of operations is the contract.
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+/// Lanes of the dot-product accumulators (one AVX2 register of f32).
+pub const LANES: usize = 8;
+
+/// Output rows (weights) handled by one parallel matmul task: dequantized once into a
+/// task-local buffer, then used for every input row.
+const TASK_OUTPUTS: usize = 12;
+
+/// Up to this many input rows (decode steps) block-quantized weights are dequantized in
+/// registers; above it (prefill) once per task into f32. Same bits either way.
+const FUSED_MAX_ROWS: usize = 16;
+
+/// The instruction set the kernels run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx2,
+    Scalar,
+}
+
+fn detect() -> Isa {
+    if std::env::var("STAGEB_KERNELS").is_ok_and(|v| v == "scalar") {
+        return Isa::Scalar;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// The instruction set chosen for this process (`STAGEB_KERNELS=scalar` forces the fallback).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(detect)
+}
+
+/// Defines `$name` as a run-time dispatch over AVX2 / scalar copies of the
+/// `#[inline(always)]` generic body `$imp` (auto-vectorized elementwise kernels).
+macro_rules! dispatch {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? => $imp:ident) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $imp($($arg),*)
+                }
+                match isa() {
+                    // SAFETY: `isa()` returns `Avx2` only after `is_x86_feature_detected!`
+                    // confirmed `avx2` and `fma`, the features this copy is compiled with.
+                    Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    Isa::Scalar => {}
+                }
+            }
+            $imp($($arg),*)
+        }
+    };
+}
+
+/// Sums the lanes in a fixed tree: halves added pairwise (lane `l` += lane `l+4`, then `+2`, `+1`).
+#[inline(always)]
+pub fn reduce(a: &[f32; LANES]) -> f32 {
+    let mut v = *a;
+    let mut w = LANES / 2;
+    while w > 0 {
+        for l in 0..w {
+            v[l] += v[l + w];
+        }
+        w /= 2;
+    }
+    v[0]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+// ---------------------------------------------------------------------------------------------
+
+/// A weight matrix of `rows` outputs × `cols` inputs, row-major, in one of the block formats
+/// the fast path reads directly (others are dequantized to [`PackedMatrix::F32`] at load).
+#[derive(Debug, Clone)]
+pub enum PackedMatrix {
+    /// GGUF Q4_1 blocks of 32: `(d, m)` as f32 (exact from f16) and 16 bytes of nibbles
+    /// (element `j` in the low nibble of byte `j`, element `16 + j` in its high nibble).
+    Q4_1 {
+        rows: usize,
+        cols: usize,
+        dm: Vec<[f32; 2]>,
+        qs: Vec<[u8; 16]>,
+    },
+    /// GGUF Q8_0 blocks of 32: `d` as f32 and 32 signed bytes.
+    Q8_0 {
+        rows: usize,
+        cols: usize,
+        d: Vec<f32>,
+        qs: Vec<[i8; 32]>,
+    },
+    F32 {
+        rows: usize,
+        cols: usize,
+        w: Vec<f32>,
+    },
+}
+
+fn f16_to_f32(bits: u16) -> f32 {
+    half_to_f32(bits)
+}
+
+/// IEEE binary16 → binary32 (exact).
+fn half_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = if exp == 0 {
+        if man == 0 {
+            sign
+        } else {
+            // Subnormal: value = man · 2^-24, exactly representable in f32.
+            let v = man as f32 * f32::from_bits(0x3380_0000); // 2^-24
+            return if sign != 0 { -v } else { v };
+        }
+    } else if exp == 0x1f {
+        sign | 0x7f80_0000 | (man << 13)
+    } else {
+        sign | ((exp + 112) << 23) | (man << 13)
+    };
+    f32::from_bits(bits)
+}
+
+impl PackedMatrix {
+    /// Parses GGUF Q4_1 bytes (20 per block) of a `rows × cols` matrix.
+    pub fn from_q4_1(bytes: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
+        let nb = rows.checked_mul(cols)? / 32;
+        if !cols.is_multiple_of(32) || bytes.len() != nb * 20 {
+            return None;
+        }
+        let mut dm = Vec::with_capacity(nb);
+        let mut qs = Vec::with_capacity(nb);
+        for b in bytes.chunks_exact(20) {
+            let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            let m = f16_to_f32(u16::from_le_bytes([b[2], b[3]]));
+            dm.push([d, m]);
+            qs.push(b[4..20].try_into().ok()?);
+        }
+        Some(PackedMatrix::Q4_1 { rows, cols, dm, qs })
+    }
+
+    /// Parses GGUF Q8_0 bytes (34 per block) of a `rows × cols` matrix.
+    pub fn from_q8_0(bytes: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
+        let nb = rows.checked_mul(cols)? / 32;
+        if !cols.is_multiple_of(32) || bytes.len() != nb * 34 {
+            return None;
+        }
+        let mut d = Vec::with_capacity(nb);
+        let mut qs = Vec::with_capacity(nb);
+        for b in bytes.chunks_exact(34) {
+            d.push(f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
+            let mut q = [0i8; 32];
+            for (o, &x) in q.iter_mut().zip(&b[2..34]) {
+                *o = x as i8;
+            }
+            qs.push(q);
+        }
+        Some(PackedMatrix::Q8_0 { rows, cols, d, qs })
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            PackedMatrix::Q4_1 { rows, .. }
+            | PackedMatrix::Q8_0 { rows, .. }
+            | PackedMatrix::F32 { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            PackedMatrix::Q4_1 { cols, .. }
+            | PackedMatrix::Q8_0 { cols, .. }
+            | PackedMatrix::F32 { cols, .. } => *cols,
+        }
+    }
+
+    /// Bytes held in memory.
+    pub fn bytes(&self) -> usize {
+        match self {
+            PackedMatrix::Q4_1 { dm, .. } => dm.len() * 24,
+            PackedMatrix::Q8_0 { d, .. } => d.len() * 36,
+            PackedMatrix::F32 { w, .. } => w.len() * 4,
+        }
+    }
+
+    /// The whole matrix as f32 (exact).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows() * self.cols()];
+        dequant_rows(self, 0, self.rows(), &mut out);
+        out
+    }
+
+    /// Stacks matrices with the same `cols` (fused projections: q|k|v, gate|up). Mixed formats
+    /// are stored as f32 (exact, more memory).
+    pub fn concat(parts: &[&PackedMatrix]) -> Option<PackedMatrix> {
+        let cols = parts.first()?.cols();
+        if parts.iter().any(|p| p.cols() != cols) {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows()).sum();
+        match parts[0] {
+            PackedMatrix::Q4_1 { .. }
+                if parts.iter().all(|p| matches!(p, PackedMatrix::Q4_1 { .. })) =>
+            {
+                let (mut dm, mut qs) = (Vec::new(), Vec::new());
+                for p in parts {
+                    if let PackedMatrix::Q4_1 { dm: a, qs: b, .. } = p {
+                        dm.extend_from_slice(a);
+                        qs.extend_from_slice(b);
+                    }
+                }
+                Some(PackedMatrix::Q4_1 { rows, cols, dm, qs })
+            }
+            PackedMatrix::Q8_0 { .. }
+                if parts.iter().all(|p| matches!(p, PackedMatrix::Q8_0 { .. })) =>
+            {
+                let (mut d, mut qs) = (Vec::new(), Vec::new());
+                for p in parts {
+                    if let PackedMatrix::Q8_0 { d: a, qs: b, .. } = p {
+                        d.extend_from_slice(a);
+                        qs.extend_from_slice(b);
+                    }
+                }
+                Some(PackedMatrix::Q8_0 { rows, cols, d, qs })
+            }
+            _ => {
+                let mut w = Vec::with_capacity(rows * cols);
+                for p in parts {
+                    w.extend(p.to_f32());
+                }
+                Some(PackedMatrix::F32 { rows, cols, w })
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn dequant_rows_impl(m: &PackedMatrix, r0: usize, n: usize, out: &mut [f32]) {
+    match m {
+        PackedMatrix::Q4_1 { cols, dm, qs, .. } => {
+            let nb = cols / 32;
+            let blocks = r0 * nb..(r0 + n) * nb;
+            for ((o, s), q) in out
+                .chunks_exact_mut(32)
+                .zip(&dm[blocks.clone()])
+                .zip(&qs[blocks])
+            {
+                let (d, mm) = (s[0], s[1]);
+                let (lo, hi) = o.split_at_mut(16);
+                for j in 0..16 {
+                    // Two roundings (no FMA), exactly GGUF's / candle's dequantization.
+                    lo[j] = (q[j] & 0x0f) as f32 * d + mm;
+                    hi[j] = (q[j] >> 4) as f32 * d + mm;
+                }
+            }
+        }
+        PackedMatrix::Q8_0 { cols, d, qs, .. } => {
+            let nb = cols / 32;
+            let blocks = r0 * nb..(r0 + n) * nb;
+            for ((o, &s), q) in out
+                .chunks_exact_mut(32)
+                .zip(&d[blocks.clone()])
+                .zip(&qs[blocks])
+            {
+                for j in 0..32 {
+                    o[j] = q[j] as f32 * s;
+                }
+            }
+        }
+        PackedMatrix::F32 { cols, w, .. } => {
+            out[..n * cols].copy_from_slice(&w[r0 * cols..(r0 + n) * cols]);
+        }
+    }
+}
+
+dispatch! {
+    /// Rows `r0..r0+n` of `m` as f32 into `out[..n*cols]` (exact).
+    pub fn dequant_rows(m: &PackedMatrix, r0: usize, n: usize, out: &mut [f32]) => dequant_rows_impl
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul
+// ---------------------------------------------------------------------------------------------
+
+/// `R × C` dot products of length `k` (see the module docs for the exact recipe).
+#[inline(always)]
+fn dot_tile<const R: usize, const C: usize>(
+    xs: [&[f32]; R],
+    ws: [&[f32]; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    let mut acc = [[[0f32; LANES]; C]; R];
+    let full = k / LANES;
+    for b in 0..full {
+        let o = b * LANES;
+        let mut wv = [[0f32; LANES]; C];
+        for c in 0..C {
+            wv[c].copy_from_slice(&ws[c][o..o + LANES]);
+        }
+        for r in 0..R {
+            let xv: &[f32] = &xs[r][o..o + LANES];
+            for c in 0..C {
+                for l in 0..LANES {
+                    acc[r][c][l] = xv[l].mul_add(wv[c][l], acc[r][c][l]);
+                }
+            }
+        }
+    }
+    for i in full * LANES..k {
+        let l = i - full * LANES;
+        for r in 0..R {
+            for c in 0..C {
+                acc[r][c][l] = xs[r][i].mul_add(ws[c][i], acc[r][c][l]);
+            }
+        }
+    }
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = reduce(&acc[r][c]);
+        }
+    }
+    out
+}
+
+/// `out[c*m + r] = dot(x[r], w[c])` for `nc` weight rows `w` (each `k`) and `m` input rows.
+#[inline(always)]
+fn matmul_block_impl(x: &[f32], m: usize, k: usize, w: &[f32], nc: usize, out: &mut [f32]) {
+    let xr = |r: usize| &x[r * k..(r + 1) * k];
+    let wr = |c: usize| &w[c * k..(c + 1) * k];
+    let mut c = 0;
+    while c < nc {
+        let cc = (nc - c).min(4);
+        let mut r = 0;
+        while r < m {
+            let rr = (m - r).min(4);
+            if rr == 4 && cc == 4 {
+                let t = dot_tile::<4, 4>(
+                    [xr(r), xr(r + 1), xr(r + 2), xr(r + 3)],
+                    [wr(c), wr(c + 1), wr(c + 2), wr(c + 3)],
+                    k,
+                );
+                for (i, row) in t.iter().enumerate() {
+                    for (j, v) in row.iter().enumerate() {
+                        out[(c + j) * m + r + i] = *v;
+                    }
+                }
+            } else if cc == 4 {
+                for i in 0..rr {
+                    let t =
+                        dot_tile::<1, 4>([xr(r + i)], [wr(c), wr(c + 1), wr(c + 2), wr(c + 3)], k);
+                    for (j, v) in t[0].iter().enumerate() {
+                        out[(c + j) * m + r + i] = *v;
+                    }
+                }
+            } else {
+                for i in 0..rr {
+                    for j in 0..cc {
+                        out[(c + j) * m + r + i] =
+                            dot_tile::<1, 1>([xr(r + i)], [wr(c + j)], k)[0][0];
+                    }
+                }
+            }
+            r += rr;
+        }
+        c += cc;
+    }
+}
+
+fn matmul_block(x: &[f32], m: usize, k: usize, w: &[f32], nc: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 && k.is_multiple_of(LANES) {
+        assert!(x.len() >= m * k && w.len() >= nc * k && out.len() >= nc * m);
+        // SAFETY: AVX2 and FMA were detected at run time (`isa`); the bounds the kernel relies
+        // on (`x` holds `m·k`, `w` holds `nc·k`, `out` holds `nc·m`, `k % 8 == 0`) are asserted
+        // just above.
+        unsafe { avx2::matmul_block(x, m, k, w, nc, out) };
+        return;
+    }
+    matmul_block_impl(x, m, k, w, nc, out)
+}
+
+/// `y = x · wᵀ`: `x` is `m × k` (row-major), `w` is `n × k`, `y` is `m × n`. Parallel over
+/// output rows of `w` on the current rayon pool; `yt` is a reusable `n × m` buffer.
+pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], yt: &mut Vec<f32>) {
+    let (n, k) = (w.rows(), w.cols());
+    assert_eq!(x.len(), m * k, "matmul input shape");
+    assert_eq!(y.len(), m * n, "matmul output shape");
+    yt.resize(n * m, 0.0);
+    // About 8 tasks per thread (load balance without per-task overhead dominating small steps),
+    // whole multiples of TASK_OUTPUTS; the split never changes a result.
+    let per_task = (n / (8 * rayon::current_num_threads().max(1)))
+        .div_ceil(TASK_OUTPUTS)
+        .max(1)
+        * TASK_OUTPUTS;
+    let per_task = if m <= FUSED_MAX_ROWS {
+        per_task
+    } else {
+        TASK_OUTPUTS
+    };
+    yt.par_chunks_mut(per_task * m).enumerate().for_each_init(
+        Vec::new,
+        |buf: &mut Vec<f32>, (ci, out)| {
+            let r0 = ci * per_task;
+            let nc = out.len() / m;
+            #[cfg(target_arch = "x86_64")]
+            if m <= FUSED_MAX_ROWS && isa() == Isa::Avx2 {
+                // SAFETY: AVX2/FMA detected at run time; `x` holds m·k (asserted above), `out`
+                // holds nc·m (its chunk), rows r0..r0+nc exist (chunking of n·m).
+                if unsafe { avx2::matmul_fused(x, m, w, r0, nc, out) } {
+                    return;
+                }
+            }
+            let rows: &[f32] = match w {
+                PackedMatrix::F32 { w, .. } => &w[r0 * k..(r0 + nc) * k],
+                _ => {
+                    buf.resize(nc * k, 0.0);
+                    dequant_rows(w, r0, nc, buf);
+                    &buf[..nc * k]
+                }
+            };
+            matmul_block(x, m, k, rows, nc, out);
+        },
+    );
+    // Back to row-major, 16 rows per task: each line of `yt` read once, 16 sequential writers.
+    let yt: &[f32] = yt;
+    y.par_chunks_mut(16 * n).enumerate().for_each(|(bi, out)| {
+        let r0 = bi * 16;
+        let rows = out.len() / n;
+        for c in 0..n {
+            let col = &yt[c * m + r0..c * m + r0 + rows];
+            for (i, v) in col.iter().enumerate() {
+                out[i * n + c] = *v;
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise
+// ---------------------------------------------------------------------------------------------
+
+/// `e^x` by Cody–Waite range reduction and a degree-6 polynomial (Cephes `expf`, ≤ 2 ulp on the
+/// clamped range). Built from basic IEEE operations only, so it vectorizes and gives the same
+/// bits in every copy of a kernel (libm's `expf` neither vectorizes nor promises that).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = n.mul_add(-0.693_359_4, x);
+    let r = n.mul_add(2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5); // Cephes' 5.0000001201e-1 is exactly 0.5 in f32
+    let y = p.mul_add(r * r, r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+#[inline(always)]
+fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let mut acc = [0f32; LANES];
+        let full = n / LANES;
+        for b in 0..full {
+            for l in 0..LANES {
+                let v = xr[b * LANES + l];
+                acc[l] = v.mul_add(v, acc[l]);
+            }
+        }
+        for i in full * LANES..n {
+            let v = xr[i];
+            acc[i - full * LANES] = v.mul_add(v, acc[i - full * LANES]);
+        }
+        let scale = 1.0 / (reduce(&acc) / n as f32 + eps).sqrt();
+        for i in 0..n {
+            or[i] = xr[i] * scale * w[i];
+        }
+    }
+}
+
+dispatch! {
+    /// Row-wise RMS norm of `x` (rows of `w.len()`) into `out`: `x · (1/√(mean(x²)+eps)) · w`.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_impl
+}
+
+#[inline(always)]
+fn silu_mul_impl(gate_up: &[f32], ffn: usize, out: &mut [f32]) {
+    for (gu, o) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
+        let (g, u) = gu.split_at(ffn);
+        for i in 0..ffn {
+            o[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        }
+    }
+}
+
+dispatch! {
+    /// `silu(gate) · up` per row, rows laid out `[gate (ffn) | up (ffn)]`.
+    pub fn silu_mul(gate_up: &[f32], ffn: usize, out: &mut [f32]) => silu_mul_impl
+}
+
+#[inline(always)]
+fn exp_sub_impl(s: &mut [f32], max: f32) -> f32 {
+    for v in s.iter_mut() {
+        *v = exp(*v - max);
+    }
+    // Sequential sum: fixed order.
+    let mut z = 0f32;
+    for v in s.iter() {
+        z += *v;
+    }
+    z
+}
+
+dispatch! {
+    /// `s[j] = e^(s[j]-max)` in place; returns `Σ s[j]` (sequential).
+    pub fn exp_sub(s: &mut [f32], max: f32) -> f32 => exp_sub_impl
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 hot loops
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2 {
+    //! AVX2/FMA versions of [`super::matmul_block_impl`] and [`super::attend_impl`], computing
+    //! the same operations in the same order (bit-identical; see the tests).
+
+    use std::arch::x86_64::*;
+
+    use super::{KvRun, LANES};
+
+    /// [`super::reduce`] on one register: lanes `l + (l+4)`, then `+2`, then `+1`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
+        _mm_cvtss_f32(s1)
+    }
+
+    /// `R × C` dot products of length `k` over rows at offsets `xo` of `x` and `wo` of `w`.
+    ///
+    /// # Safety
+    /// `x[xo[r]..xo[r]+k]` and `w[wo[c]..wo[c]+k]` must be in bounds, `k % 8 == 0`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize, const C: usize>(
+        x: *const f32,
+        xo: [usize; R],
+        w: *const f32,
+        wo: [usize; C],
+        k: usize,
+    ) -> [[f32; C]; R] {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut i = 0;
+        while i < k {
+            let mut wv = [_mm256_setzero_ps(); C];
+            for c in 0..C {
+                // SAFETY: in bounds by the caller's contract.
+                wv[c] = unsafe { _mm256_loadu_ps(w.add(wo[c] + i)) };
+            }
+            for r in 0..R {
+                // SAFETY: in bounds by the caller's contract.
+                let xv = unsafe { _mm256_loadu_ps(x.add(xo[r] + i)) };
+                for c in 0..C {
+                    acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+                }
+            }
+            i += LANES;
+        }
+        let mut out = [[0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                out[r][c] = hsum(acc[r][c]);
+            }
+        }
+        out
+    }
+
+    /// See [`super::matmul_block_impl`].
+    ///
+    /// # Safety
+    /// `x.len() >= m·k`, `w.len() >= nc·k`, `out.len() >= nc·m`, `k % 8 == 0`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn matmul_block(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[f32],
+        nc: usize,
+        out: &mut [f32],
+    ) {
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        // Row tiles outside: a tile of 4 input rows stays in L1 while it meets every weight
+        // row of the task (which stay in L2).
+        let mut r = 0;
+        while r < m {
+            let rr = (m - r).min(4);
+            let mut c = 0;
+            while c < nc {
+                let cc = (nc - c).min(3);
+                if rr == 4 && cc == 3 {
+                    // SAFETY: rows r..r+4 < m and c..c+3 < nc: in bounds by the contract.
+                    let t = unsafe {
+                        tile::<4, 3>(
+                            xp,
+                            [r * k, (r + 1) * k, (r + 2) * k, (r + 3) * k],
+                            wp,
+                            [c * k, (c + 1) * k, (c + 2) * k],
+                            k,
+                        )
+                    };
+                    for (i, row) in t.iter().enumerate() {
+                        for (j, v) in row.iter().enumerate() {
+                            out[(c + j) * m + r + i] = *v;
+                        }
+                    }
+                } else if cc == 3 {
+                    for i in 0..rr {
+                        // SAFETY: as above.
+                        let t = unsafe {
+                            tile::<1, 3>(
+                                xp,
+                                [(r + i) * k],
+                                wp,
+                                [c * k, (c + 1) * k, (c + 2) * k],
+                                k,
+                            )
+                        };
+                        for (j, v) in t[0].iter().enumerate() {
+                            out[(c + j) * m + r + i] = *v;
+                        }
+                    }
+                } else {
+                    for i in 0..rr {
+                        for j in 0..cc {
+                            // SAFETY: as above.
+                            let t =
+                                unsafe { tile::<1, 1>(xp, [(r + i) * k], wp, [(c + j) * k], k) };
+                            out[(c + j) * m + r + i] = t[0][0];
+                        }
+                    }
+                }
+                c += cc;
+            }
+            r += rr;
+        }
+    }
+
+    /// 8 floats from 8 small unsigned ints (low 8 bytes of `v`), dequantized `q·d + m` (two
+    /// roundings, as [`super::dequant_rows_impl`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn q4_vec(v: __m128i, d: __m256, m: __m256) -> __m256 {
+        _mm256_add_ps(
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d),
+            m,
+        )
+    }
+
+    /// Dot products of `R` input rows (offsets `xo` of `x`, starting at element 0 of the weight
+    /// row) with one weight row given as Q4_1 blocks, dequantized in registers. Same lanes and
+    /// order as dequantizing to f32 first and calling [`tile`].
+    ///
+    /// # Safety
+    /// `x[xo[r]..xo[r] + 32·dm.len()]` in bounds; `qs.len() == dm.len()`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn q4_1_row<const R: usize>(
+        x: *const f32,
+        xo: [usize; R],
+        dm: &[[f32; 2]],
+        qs: &[[u8; 16]],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mask = _mm_set1_epi8(0x0f);
+        for (b, (s, q)) in dm.iter().zip(qs).enumerate() {
+            let (d, m) = (_mm256_set1_ps(s[0]), _mm256_set1_ps(s[1]));
+            // SAFETY: `q` is 16 bytes.
+            let raw = unsafe { _mm_loadu_si128(q.as_ptr().cast()) };
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+            // Elements 0..8, 8..16 (low nibbles), 16..24, 24..32 (high nibbles).
+            let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+            for (t, part) in parts.into_iter().enumerate() {
+                let w = q4_vec(part, d, m);
+                for r in 0..R {
+                    // SAFETY: in bounds by the caller's contract.
+                    let xv = unsafe { _mm256_loadu_ps(x.add(xo[r] + b * 32 + t * LANES)) };
+                    acc[r] = _mm256_fmadd_ps(xv, w, acc[r]);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
+        out
+    }
+
+    /// As [`q4_1_row`] for Q8_0 blocks (`q·d`).
+    ///
+    /// # Safety
+    /// `x[xo[r]..xo[r] + 32·d.len()]` in bounds; `qs.len() == d.len()`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn q8_0_row<const R: usize>(
+        x: *const f32,
+        xo: [usize; R],
+        d: &[f32],
+        qs: &[[i8; 32]],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (b, (s, q)) in d.iter().zip(qs).enumerate() {
+            let dv = _mm256_set1_ps(*s);
+            for t in 0..4 {
+                // SAFETY: bytes t·8..t·8+8 of the 32-byte block.
+                let raw = unsafe { _mm_loadl_epi64(q.as_ptr().add(t * 8).cast()) };
+                let w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), dv);
+                for r in 0..R {
+                    // SAFETY: in bounds by the caller's contract.
+                    let xv = unsafe { _mm256_loadu_ps(x.add(xo[r] + b * 32 + t * LANES)) };
+                    acc[r] = _mm256_fmadd_ps(xv, w, acc[r]);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
+        out
+    }
+
+    /// `out[c·m + r] = dot(x[r], w[r0 + c])` for `nc` block-quantized weight rows, dequantized
+    /// in registers (small `m`: decode steps). Returns false for a format without a fused
+    /// kernel (f32).
+    ///
+    /// # Safety
+    /// `x.len() >= m·k`, `out.len() >= nc·m`, rows `r0..r0+nc` exist in `w`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn matmul_fused(
+        x: &[f32],
+        m: usize,
+        w: &super::PackedMatrix,
+        r0: usize,
+        nc: usize,
+        out: &mut [f32],
+    ) -> bool {
+        let xp = x.as_ptr();
+        let k = w.cols();
+        let nb = k / 32;
+        macro_rules! rows {
+            ($f:ident, $a:expr, $b:expr) => {{
+                for c in 0..nc {
+                    let blocks = (r0 + c) * nb..(r0 + c + 1) * nb;
+                    let (a, b) = (&$a[blocks.clone()], &$b[blocks]);
+                    let mut r = 0;
+                    while r < m {
+                        // SAFETY: rows r.. < m of `x` (m·k floats); `a`/`b` are one row of
+                        // blocks, 32 elements each, k in all.
+                        if m - r >= 8 {
+                            let t =
+                                unsafe { $f::<8>(xp, core::array::from_fn(|i| (r + i) * k), a, b) };
+                            out[c * m + r..c * m + r + 8].copy_from_slice(&t);
+                            r += 8;
+                        } else if m - r >= 4 {
+                            let t =
+                                unsafe { $f::<4>(xp, core::array::from_fn(|i| (r + i) * k), a, b) };
+                            out[c * m + r..c * m + r + 4].copy_from_slice(&t);
+                            r += 4;
+                        } else {
+                            let t = unsafe { $f::<1>(xp, [r * k], a, b) };
+                            out[c * m + r] = t[0];
+                            r += 1;
+                        }
+                    }
+                }
+                true
+            }};
+        }
+        match w {
+            super::PackedMatrix::Q4_1 { dm, qs, .. } => rows!(q4_1_row, dm, qs),
+            super::PackedMatrix::Q8_0 { d, qs, .. } => rows!(q8_0_row, d, qs),
+            super::PackedMatrix::F32 { .. } => false,
+        }
+    }
+
+    /// Scores of `Q` queries (rows of `q`, each `d`) against 8·`V` keys from `j` of `run`.
+    ///
+    /// # Safety
+    /// `q` holds `Q·d`; keys `j..j+8V` are below `run.cap`; `run.kt` holds `d × cap`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scores<const Q: usize, const V: usize>(
+        q: *const f32,
+        run: &KvRun,
+        j: usize,
+        d: usize,
+    ) -> [[__m256; V]; Q] {
+        let mut acc = [[_mm256_setzero_ps(); V]; Q];
+        let kt = run.kt.as_ptr();
+        for dd in 0..d {
+            let mut kv = [_mm256_setzero_ps(); V];
+            for (t, k) in kv.iter_mut().enumerate() {
+                // SAFETY: dd < d and j + 8t + 8 <= cap: in bounds of `kt` (d × cap).
+                *k = unsafe { _mm256_loadu_ps(kt.add(dd * run.cap + j + t * LANES)) };
+            }
+            for i in 0..Q {
+                // SAFETY: i < Q, dd < d: in bounds of `q`.
+                let qv = _mm256_set1_ps(unsafe { *q.add(i * d + dd) });
+                for t in 0..V {
+                    acc[i][t] = _mm256_fmadd_ps(qv, kv[t], acc[i][t]);
+                }
+            }
+        }
+        acc
+    }
+
+    /// `Σ_j e_j·v_j` over the first `lim` keys of `runs` into `o` (`D8·8 = d` floats).
+    ///
+    /// # Safety
+    /// `e` holds `lim` weights; each run holds `cap × d` values with `len <= cap`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn weighted_sum<const D8: usize>(e: &[f32], lim: usize, runs: &[KvRun], o: &mut [f32]) {
+        let d = D8 * LANES;
+        let mut acc = [_mm256_setzero_ps(); D8];
+        let mut j = 0;
+        for run in runs {
+            let n = run.len.min(lim.saturating_sub(j));
+            let v = run.v.as_ptr();
+            for t in 0..n {
+                let ev = _mm256_set1_ps(e[j + t]);
+                for (u, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: t < len <= cap, u·8 + 8 <= d: in bounds of `v` (cap × d).
+                    let vv = unsafe { _mm256_loadu_ps(v.add(t * d + u * LANES)) };
+                    *a = _mm256_fmadd_ps(ev, vv, *a);
+                }
+            }
+            j += run.len;
+            if j >= lim {
+                break;
+            }
+        }
+        for (u, a) in acc.iter().enumerate() {
+            // SAFETY: u·8 + 8 <= d <= o.len().
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(u * LANES), *a) };
+        }
+    }
+
+    /// See [`super::attend_impl`].
+    ///
+    /// # Safety
+    /// `d ∈ {64, 128}`, `nq <= 4`; `q` and `out` hold `nq·d`, `limits` holds `nq`; every run
+    /// holds `d × cap` keys and `cap × d` values with `len <= cap`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn attend(
+        q: &[f32],
+        nq: usize,
+        limits: &[usize],
+        runs: &[KvRun],
+        d: usize,
+        scale: f32,
+        s: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let total: usize = runs.iter().map(|r| r.len).sum();
+        s.resize(nq * total, 0.0);
+        let mut base = 0;
+        for run in runs {
+            let mut j = 0;
+            macro_rules! put {
+                ($acc:expr, $v:expr) => {
+                    for (i, row) in $acc.iter().enumerate() {
+                        for t in 0..$v {
+                            // SAFETY: i < nq, base + j + 8t + 8 <= total: in bounds of `s`.
+                            unsafe {
+                                _mm256_storeu_ps(
+                                    s.as_mut_ptr().add(i * total + base + j + t * LANES),
+                                    row[t],
+                                )
+                            };
+                        }
+                    }
+                };
+            }
+            while j + 2 * LANES <= run.len {
+                match nq {
+                    4 => {
+                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
+
+                        let a = unsafe { scores::<4, 2>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 2)
+                    }
+
+                    3 => {
+                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
+
+                        let a = unsafe { scores::<3, 2>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 2)
+                    }
+
+                    2 => {
+                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
+
+                        let a = unsafe { scores::<2, 2>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 2)
+                    }
+
+                    _ => {
+                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
+
+                        let a = unsafe { scores::<1, 2>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 2)
+                    }
+                }
+                j += 2 * LANES;
+            }
+            while j + LANES <= run.len {
+                match nq {
+                    4 => {
+                        // SAFETY: as above, keys j..j+8.
+
+                        let a = unsafe { scores::<4, 1>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 1)
+                    }
+
+                    3 => {
+                        // SAFETY: as above, keys j..j+8.
+
+                        let a = unsafe { scores::<3, 1>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 1)
+                    }
+
+                    2 => {
+                        // SAFETY: as above, keys j..j+8.
+
+                        let a = unsafe { scores::<2, 1>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 1)
+                    }
+
+                    _ => {
+                        // SAFETY: as above, keys j..j+8.
+
+                        let a = unsafe { scores::<1, 1>(q.as_ptr(), run, j, d) };
+
+                        put!(a, 1)
+                    }
+                }
+                j += LANES;
+            }
+            for jj in j..run.len {
+                for i in 0..nq {
+                    s[i * total + base + jj] = super::score_one(&q[i * d..(i + 1) * d], run, jj, d);
+                }
+            }
+            base += run.len;
+        }
+        for i in 0..nq {
+            let lim = limits[i].min(total);
+            let si = &mut s[i * total..i * total + lim];
+            let mut max = f32::NEG_INFINITY;
+            for v in si.iter_mut() {
+                *v *= scale;
+                max = max.max(*v);
+            }
+            let z = super::exp_sub_impl(si, max);
+            let o = &mut out[i * d..(i + 1) * d];
+            // SAFETY: d is 64 or 128 and `o` holds d; runs as in the contract.
+            unsafe {
+                if d == 64 {
+                    weighted_sum::<8>(si, lim, runs, o);
+                } else {
+                    weighted_sum::<16>(si, lim, runs, o);
+                }
+            }
+            for v in o.iter_mut() {
+                *v /= z;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+
+/// One contiguous run of cached keys/values of one KV head: `kt` is `d × cap` (keys
+/// transposed, so 16 keys load as one vector), `v` is `cap × d`; positions `0..len` are valid.
+#[derive(Clone, Copy)]
+pub struct KvRun<'a> {
+    pub kt: &'a [f32],
+    pub v: &'a [f32],
+    pub cap: usize,
+    pub len: usize,
+}
+
+/// Scores of up to 4 queries against 16 keys starting at `j` of `run`: sequential FMA over d.
+#[inline(always)]
+fn scores_tile<const Q: usize>(
+    q: [&[f32]; Q],
+    run: &KvRun,
+    j: usize,
+    d: usize,
+) -> [[f32; LANES]; Q] {
+    let mut acc = [[0f32; LANES]; Q];
+    for dd in 0..d {
+        let k: &[f32] = &run.kt[dd * run.cap + j..dd * run.cap + j + LANES];
+        for i in 0..Q {
+            let qv = q[i][dd];
+            for l in 0..LANES {
+                acc[i][l] = qv.mul_add(k[l], acc[i][l]);
+            }
+        }
+    }
+    acc
+}
+
+#[inline(always)]
+fn score_one(q: &[f32], run: &KvRun, j: usize, d: usize) -> f32 {
+    let mut s = 0f32;
+    for dd in 0..d {
+        s = q[dd].mul_add(run.kt[dd * run.cap + j], s);
+    }
+    s
+}
+
+/// Attention of `nq ≤ 4` queries (`q`, each `d`) of one head over the concatenation of `runs`,
+/// query `i` seeing the first `limits[i]` keys. Writes `nq × d` into `out`; `s` is scratch.
+#[inline(always)]
+fn attend_impl(
+    q: &[f32],
+    nq: usize,
+    limits: &[usize],
+    runs: &[KvRun],
+    d: usize,
+    scale: f32,
+    s: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let total: usize = runs.iter().map(|r| r.len).sum();
+    s.resize(nq * total, 0.0);
+    let qr = |i: usize| &q[i * d..(i + 1) * d];
+    // Scores (all keys of every run; each query only uses its first `limits[i]`).
+    let mut base = 0;
+    for run in runs {
+        let full = run.len / LANES;
+        for b in 0..full {
+            let j = b * LANES;
+            match nq {
+                4 => {
+                    let t = scores_tile::<4>([qr(0), qr(1), qr(2), qr(3)], run, j, d);
+                    for (i, row) in t.iter().enumerate() {
+                        s[i * total + base + j..i * total + base + j + LANES].copy_from_slice(row);
+                    }
+                }
+                3 => {
+                    let t = scores_tile::<3>([qr(0), qr(1), qr(2)], run, j, d);
+                    for (i, row) in t.iter().enumerate() {
+                        s[i * total + base + j..i * total + base + j + LANES].copy_from_slice(row);
+                    }
+                }
+                _ => {
+                    for i in 0..nq {
+                        let t = scores_tile::<1>([qr(i)], run, j, d);
+                        s[i * total + base + j..i * total + base + j + LANES]
+                            .copy_from_slice(&t[0]);
+                    }
+                }
+            }
+        }
+        for j in full * LANES..run.len {
+            for i in 0..nq {
+                s[i * total + base + j] = score_one(qr(i), run, j, d);
+            }
+        }
+        base += run.len;
+    }
+    // Softmax per query over its visible keys, then Σ e_j v_j / Σ e_j.
+    for i in 0..nq {
+        let lim = limits[i].min(total);
+        let si = &mut s[i * total..i * total + lim];
+        let mut max = f32::NEG_INFINITY;
+        for v in si.iter_mut() {
+            *v *= scale;
+            max = max.max(*v);
+        }
+        let z = exp_sub_impl(si, max);
+        let o = &mut out[i * d..(i + 1) * d];
+        o.fill(0.0);
+        let mut j = 0;
+        for run in runs {
+            let n = run.len.min(lim - j.min(lim));
+            for t in 0..n {
+                let e = si[j + t];
+                let v = &run.v[t * d..(t + 1) * d];
+                for dd in 0..d {
+                    o[dd] = e.mul_add(v[dd], o[dd]);
+                }
+            }
+            j += run.len;
+            if j >= lim {
+                break;
+            }
+        }
+        for v in o.iter_mut() {
+            *v /= z;
+        }
+    }
+}
+
+/// Causal attention of up to 4 query vectors of one head (see [`KvRun`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    nq: usize,
+    limits: &[usize],
+    runs: &[KvRun],
+    d: usize,
+    scale: f32,
+    s: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 && (d == 64 || d == 128) && nq <= 4 {
+        assert!(q.len() >= nq * d && out.len() >= nq * d && limits.len() >= nq);
+        for r in runs {
+            assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
+        }
+        // SAFETY: AVX2 and FMA were detected at run time (`isa`); every run holds `d × cap`
+        // keys and `cap × d` values with `len ≤ cap`, and `q`/`out` hold `nq × d` (asserted
+        // above), which are the only bounds the kernel relies on.
+        unsafe { avx2::attend(q, nq, limits, runs, d, scale, s, out) };
+        return;
+    }
+    attend_impl(q, nq, limits, runs, d, scale, s, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rnd(n: usize, seed: u64) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
+                ((h % 20_001) as f32 - 10_000.0) / 5_000.0
+            })
+            .collect()
+    }
+
+    /// The recipe of the module docs, written as plainly as possible.
+    fn dot_ref(x: &[f32], w: &[f32]) -> f32 {
+        let mut acc = [0f32; LANES];
+        for i in 0..x.len() {
+            acc[i % LANES] = x[i].mul_add(w[i], acc[i % LANES]);
+        }
+        reduce(&acc)
+    }
+
+    #[test]
+    fn half_conversion_is_exact() {
+        assert_eq!(half_to_f32(0x3c00), 1.0);
+        assert_eq!(half_to_f32(0xc000), -2.0);
+        assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(half_to_f32(0x7bff), 65504.0);
+        assert!(half_to_f32(0x7c00).is_infinite());
+    }
+
+    #[test]
+    fn matmul_matches_reference_bit_for_bit_at_any_batch() {
+        // Q4_1 weights: 40 outputs × 96 inputs.
+        let (n, k) = (40, 96);
+        let mut bytes = Vec::new();
+        for b in 0..n * k / 32 {
+            bytes.extend_from_slice(&[0x66, 0x2e, (b % 7) as u8, 0xa4]); // d≈0.1, m<0
+            for j in 0..16 {
+                bytes.push(((b * 31 + j * 7) % 256) as u8);
+            }
+        }
+        let w = PackedMatrix::from_q4_1(&bytes, n, k).unwrap();
+        let wf = w.to_f32();
+        let x = rnd(9 * k, 1);
+        let mut yt = Vec::new();
+        let mut y_all = vec![0f32; 9 * n];
+        matmul(&x, 9, &w, &mut y_all, &mut yt);
+        for r in 0..9 {
+            let mut y1 = vec![0f32; n];
+            matmul(&x[r * k..(r + 1) * k], 1, &w, &mut y1, &mut yt);
+            for c in 0..n {
+                let want = dot_ref(&x[r * k..(r + 1) * k], &wf[c * k..(c + 1) * k]);
+                assert_eq!(y_all[r * n + c].to_bits(), want.to_bits(), "r{r} c{c}");
+                assert_eq!(y1[c].to_bits(), want.to_bits(), "b=1 r{r} c{c}");
+            }
+        }
+        // Q8_0 too, through the fused (small m) and the dequantize-first (large m) paths.
+        let mut b8 = Vec::new();
+        for b in 0..n * k / 32 {
+            b8.extend_from_slice(&[0x66, 0x2e]);
+            b8.extend((0..32).map(|j| ((b * 13 + j * 5) % 256) as u8));
+        }
+        let w8 = PackedMatrix::from_q8_0(&b8, n, k).unwrap();
+        let w8f = w8.to_f32();
+        let x20 = rnd(20 * k, 9);
+        for m in [1, 3, 8, 13, 20] {
+            let mut y = vec![0f32; m * n];
+            matmul(&x20[..m * k], m, &w8, &mut y, &mut yt);
+            for r in 0..m {
+                for c in 0..n {
+                    let want = dot_ref(&x20[r * k..(r + 1) * k], &w8f[c * k..(c + 1) * k]);
+                    assert_eq!(y[r * n + c].to_bits(), want.to_bits(), "q8 m{m} r{r} c{c}");
+                }
+            }
+        }
+        // The SIMD copy equals the scalar copy.
+        for (m, nc) in [(4, 12), (8, 12), (1, 12), (5, 7), (9, 40)] {
+            let mut a = vec![0f32; m * nc];
+            let mut b = a.clone();
+            matmul_block(&x[..m * k], m, k, &wf[..nc * k], nc, &mut a);
+            matmul_block_impl(&x[..m * k], m, k, &wf[..nc * k], nc, &mut b);
+            assert_eq!(a, b, "m={m} nc={nc}");
+        }
+    }
+
+    #[test]
+    fn q4_1_dequantization_matches_gguf_definition() {
+        let mut bytes = vec![0x00, 0x3c, 0x00, 0xbc]; // d = 1, m = -1
+        bytes.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let w = PackedMatrix::from_q4_1(&bytes, 1, 32).unwrap().to_f32();
+        for j in 0..16 {
+            assert_eq!(w[j], j as f32 - 1.0);
+            assert_eq!(w[16 + j], (15 - j) as f32 - 1.0);
+        }
+        let mut b8 = vec![0x00, 0x40]; // d = 2
+        b8.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let w = PackedMatrix::from_q8_0(&b8, 1, 32).unwrap().to_f32();
+        assert_eq!(w[0], -32.0);
+        assert_eq!(w[31], 30.0);
+    }
+
+    #[test]
+    fn exp_is_accurate_and_identical_to_scalar() {
+        let xs: Vec<f32> = (0..4000).map(|i| -80.0 + i as f32 * 0.041).collect();
+        let mut v = xs.clone();
+        let mut r = xs.clone();
+        let z = exp_sub(&mut v, 0.0);
+        let zr = exp_sub_impl(&mut r, 0.0);
+        assert_eq!(v, r);
+        assert_eq!(z.to_bits(), zr.to_bits());
+        for (x, y) in xs.iter().zip(&v) {
+            let want = (*x as f64).exp();
+            assert!(
+                ((*y as f64) - want).abs() <= want * 4e-7,
+                "exp({x}) = {y}, want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn attention_matches_reference() {
+        let d = 64;
+        let cap = 50;
+        let (kt, v) = (rnd(d * cap, 2), rnd(cap * d, 3));
+        let (kt2, v2) = (rnd(d * 8, 4), rnd(8 * d, 5));
+        let runs = [
+            KvRun {
+                kt: &kt,
+                v: &v,
+                cap,
+                len: 37,
+            },
+            KvRun {
+                kt: &kt2,
+                v: &v2,
+                cap: 8,
+                len: 5,
+            },
+        ];
+        let q = rnd(3 * d, 6);
+        let limits = [42, 42, 20];
+        let (mut s, mut out) = (Vec::new(), vec![0f32; 3 * d]);
+        attend(&q, 3, &limits, &runs, d, 0.125, &mut s, &mut out);
+        let mut out_ref = vec![0f32; 3 * d];
+        attend_impl(&q, 3, &limits, &runs, d, 0.125, &mut s, &mut out_ref);
+        assert_eq!(out, out_ref, "SIMD and scalar copies agree");
+        // Each query alone gives the same bits as in the group.
+        for i in 0..3 {
+            let mut one = vec![0f32; d];
+            attend(
+                &q[i * d..(i + 1) * d],
+                1,
+                &limits[i..i + 1],
+                &runs,
+                d,
+                0.125,
+                &mut s,
+                &mut one,
+            );
+            assert_eq!(one, out[i * d..(i + 1) * d]);
+        }
+        // Against f64 softmax attention.
+        for i in 0..3 {
+            let keys: Vec<(Vec<f64>, Vec<f64>)> = (0..limits[i])
+                .map(|j| {
+                    let (run, t) = if j < 37 {
+                        (&runs[0], j)
+                    } else {
+                        (&runs[1], j - 37)
+                    };
+                    (
+                        (0..d).map(|dd| run.kt[dd * run.cap + t] as f64).collect(),
+                        (0..d).map(|dd| run.v[t * d + dd] as f64).collect(),
+                    )
+                })
+                .collect();
+            let sc: Vec<f64> = keys
+                .iter()
+                .map(|(k, _)| (0..d).map(|dd| q[i * d + dd] as f64 * k[dd]).sum::<f64>() * 0.125)
+                .collect();
+            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for dd in 0..d {
+                let want: f64 = keys
+                    .iter()
+                    .zip(&e)
+                    .map(|((_, v), e)| e * v[dd])
+                    .sum::<f64>()
+                    / z;
+                assert!((out[i * d + dd] as f64 - want).abs() < 1e-4, "q{i} d{dd}");
+            }
+        }
+    }
+}
