@@ -64,6 +64,10 @@ use std::path::{Path, PathBuf};
 // Run-time types
 // ---------------------------------------------------------------------------------------------
 
+/// Smallest `sampler.grid[].max_new_tokens` when `sampler.constrained` is on (the worker's
+/// `MIN_CONSTRAINED_NEW_TOKENS`).
+pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = 20;
+
 /// The validated run config. `Deserialize` exists to read the resolved copy back from
 /// `manifest.json`; user YAML always goes through [`parse_config`] / [`load_config`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1396,6 +1400,15 @@ fn build_sampler(doc: &Doc, sampler: &Section) -> Result<SamplerConfig, InputErr
             return Err(sampler.invalid(doc, "grid", "must have at least one entry".to_string()));
         }
         Value::Sequence(entries) => {
+            // Constrained rollouts need room for the forced `Verdict: …\nReason: ` prefix, one
+            // reason character and the end token (the engine refuses less at run time; say it
+            // here, with the line).
+            let constrained = sampler.opt_bool(doc, "constrained", true)?;
+            let min_new_tokens = if constrained {
+                MIN_CONSTRAINED_NEW_TOKENS
+            } else {
+                1
+            };
             let mut grid = Vec::with_capacity(entries.len());
             for (index, entry) in entries.iter().enumerate() {
                 let mut entry_path = sampler.key_path("grid");
@@ -1422,7 +1435,7 @@ fn build_sampler(doc: &Doc, sampler: &Section) -> Result<SamplerConfig, InputErr
                         FloatRule::NonNegative,
                     )?),
                     top_p: to_f32(entry.req_float(doc, "top_p", FloatRule::UnitOpenBelow)?),
-                    max_new_tokens: entry.req_u32(doc, "max_new_tokens", 1)?,
+                    max_new_tokens: entry.req_u32(doc, "max_new_tokens", min_new_tokens)?,
                     repetition_penalty: to_f32(entry.opt_float(
                         doc,
                         "repetition_penalty",

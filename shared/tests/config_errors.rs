@@ -371,3 +371,18 @@ mod never_panics {
         }
     }
 }
+
+/// A constrained rollout cannot fit the forced `Verdict: …\nReason: ` prefix, a reason and the
+/// end token in fewer than 20 tokens: refused up front with the line, not at run time.
+#[test]
+fn constrained_max_new_tokens_below_the_minimum_is_refused_with_its_line() {
+    let text = std::fs::read_to_string(fixture("minimal.yaml")).unwrap();
+    let short = text.replace("max_new_tokens: 64", "max_new_tokens: 12");
+    let err = stageb_shared::config::parse_config(&short, "short.yaml").unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
+    assert_eq!(err.line, Some(17), "{err}");
+    assert!(err.message.contains(">= 20"), "{}", err.message);
+    // Unconstrained decoding has no such floor.
+    let free = short.replace("sampler:\n", "sampler:\n  constrained: false\n");
+    assert!(stageb_shared::config::parse_config(&free, "free.yaml").is_ok());
+}

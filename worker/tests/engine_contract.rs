@@ -113,6 +113,56 @@ fn constrained_rollouts_always_parse() {
     assert!(total >= 200);
 }
 
+/// The reflection schemas as rank 0 sends them for a batch of `keys` with rules `G0`/`G1`.
+fn tailored(ops: bool, keys: &[String]) -> serde_json::Value {
+    let mut schema = if ops {
+        reflection_schema::ops_json_schema(2)
+    } else {
+        reflection_schema::decision_json_schema()
+    };
+    let analysis = if ops {
+        "/properties/evidence_analysis"
+    } else {
+        "/properties/decision_analysis"
+    };
+    schema.pointer_mut(analysis).unwrap()["maxLength"] = serde_json::json!(60);
+    if let Some(ids) = schema.pointer_mut("/properties/no_evidence_group_ids") {
+        ids["items"] = serde_json::json!({"enum": keys});
+        ids["maxItems"] = serde_json::json!(keys.len());
+    }
+    if let Some(branches) = schema
+        .pointer_mut("/properties/operations/items/anyOf")
+        .and_then(|v| v.as_array_mut())
+    {
+        for b in branches {
+            if let Some(ev) = b.pointer_mut("/properties/evidence") {
+                ev["items"] = serde_json::json!({"enum": keys});
+                ev["maxItems"] = serde_json::json!(keys.len());
+            }
+            if let Some(k) = b.pointer_mut("/properties/key") {
+                *k = serde_json::json!({"enum": ["G0", "G1"]});
+            }
+            if let Some(m) = b.pointer_mut("/properties/merged_from") {
+                m["items"] = serde_json::json!({"enum": ["G0", "G1"]});
+            }
+        }
+    }
+    if let Some(cov) = schema.pointer_mut("/properties/coverage") {
+        // Advisory only; rank 0 drops it from what the model may write in tight budgets.
+        for f in [
+            "learnable_group_ids",
+            "covered_group_ids",
+            "uncovered_group_ids",
+        ] {
+            if let Some(a) = cov.pointer_mut(&format!("/properties/{f}")) {
+                a["items"] = serde_json::json!({"enum": keys});
+                a["maxItems"] = serde_json::json!(keys.len());
+            }
+        }
+    }
+    schema
+}
+
 #[test]
 fn json_mode_reflection_outputs_parse() {
     let Some(path) = model_path() else { return };
@@ -120,11 +170,13 @@ fn json_mode_reflection_outputs_parse() {
     let mut parsed = 0;
     for i in 0..20 {
         let ops = i % 2 == 1;
-        let schema = if ops {
-            reflection_schema::ops_json_schema(2)
-        } else {
-            reflection_schema::decision_json_schema()
-        };
+        // Tailored the way rank 0 tailors them (coordinator `reflection::tailor_*_schema`): ids
+        // restricted to the batch's ticket keys and existing rule keys, the logged-only analysis
+        // fields short. Bounded schemas are what makes a completed output possible within the
+        // token budget; an untailored schema lets a small model repeat array items until it is
+        // cut off.
+        let keys = [format!("QC-{i}::fail"), format!("QC-{}::pass", i + 1)];
+        let schema = tailored(ops, &keys);
         let req = GenerateRequest {
             messages: vec![
                 ChatMessage::system("You revise QC guidance. Reply with JSON only."),
@@ -138,7 +190,7 @@ fn json_mode_reflection_outputs_parse() {
             temperature: 0.7,
             top_p: 0.9,
             repetition_penalty: 1.05,
-            max_new_tokens: 400,
+            max_new_tokens: 768,
         };
         let out = engine.generate(&req).unwrap();
         let r = if ops {

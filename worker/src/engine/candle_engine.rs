@@ -55,7 +55,7 @@ const FINISH_LOOKAHEAD: usize = 64;
 
 /// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
 /// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
-pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = 20;
+pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAINED_NEW_TOKENS;
 
 /// The fingerprint dtype of the CPU fast path (GGUF blocks dequantized exactly, f32
 /// arithmetic in the fixed order of `kernels`).
