@@ -404,6 +404,10 @@ impl RunLoop {
         let mut epoch_step = 0u64;
         for step in order.chunks(step_size(cfg)) {
             self.schedule_step += 1;
+            self.progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .epoch = epoch;
             let guidance_lines = self.guidance.render_for_prompt();
             let guidance_step = self.guidance.step();
             let g0 = self.guidance.current().g0().to_string();
@@ -455,10 +459,7 @@ impl RunLoop {
                         .map_err(io_err(&self.dir))?;
                 }
                 let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-                p.epoch = epoch;
-                p.done += 1;
                 p.candidates = self.candidates_seen;
-                p.live_workers = self.scheduler.live_workers();
             }
             // Step boundary: make the step durable before guidance may change.
             self.writers.sync().map_err(io_err(&self.dir))?;
@@ -502,15 +503,32 @@ impl RunLoop {
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
     }
 
-    /// Wait until every job in `ids` completed, failing if workers vanish for too long.
+    /// Wait until every rollout job in `ids` completed, failing if workers vanish for too long.
+    /// Progress counts tickets as their results arrive (a step can be long), not only when the
+    /// step is decided.
     async fn await_jobs(&mut self, ids: &[JobId]) -> Result<HashMap<JobId, Completion>, RunError> {
-        await_completions(
-            &self.scheduler,
-            &mut self.completions,
-            ids,
-            self.worker_grace,
-        )
-        .await
+        let wanted: std::collections::HashSet<JobId> = ids.iter().copied().collect();
+        let mut out = HashMap::with_capacity(ids.len());
+        while out.len() < wanted.len() {
+            let pending: Vec<JobId> = wanted
+                .iter()
+                .filter(|j| !out.contains_key(*j))
+                .copied()
+                .collect();
+            let next = await_any(
+                &self.scheduler,
+                &mut self.completions,
+                &pending,
+                self.worker_grace,
+            )
+            .await?;
+            let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            p.done += 1;
+            p.live_workers = self.scheduler.live_workers();
+            drop(p);
+            out.insert(next.job, next);
+        }
+        Ok(out)
     }
 
     /// Parse, vote, override and write one ticket's rows. Pure decisions come from
@@ -769,17 +787,33 @@ pub async fn await_completions(
     ids: &[JobId],
     grace: Duration,
 ) -> Result<HashMap<JobId, Completion>, RunError> {
-    let wanted: std::collections::HashSet<JobId> = ids.iter().copied().collect();
     let mut out = HashMap::with_capacity(ids.len());
+    while out.len() < ids.len() {
+        let pending: Vec<JobId> = ids
+            .iter()
+            .filter(|j| !out.contains_key(*j))
+            .copied()
+            .collect();
+        let next = await_any(scheduler, completions, &pending, grace).await?;
+        out.insert(next.job, next);
+    }
+    Ok(out)
+}
+
+/// The next completion among `ids`. Completions of other jobs are unexpected here and dropped
+/// with a warning. Gives up when no worker has been alive for `grace`.
+async fn await_any(
+    scheduler: &Scheduler,
+    completions: &mut mpsc::UnboundedReceiver<Completion>,
+    ids: &[JobId],
+    grace: Duration,
+) -> Result<Completion, RunError> {
     let mut lonely_since: Option<Instant> = None;
-    while out.len() < wanted.len() {
+    loop {
         match tokio::time::timeout(Duration::from_secs(1), completions.recv()).await {
+            Ok(Some(c)) if ids.contains(&c.job) => return Ok(c),
             Ok(Some(c)) => {
-                if wanted.contains(&c.job) {
-                    out.insert(c.job, c);
-                } else {
-                    tracing::warn!(job = c.job, "completion of a job nobody waits for; dropped");
-                }
+                tracing::warn!(job = c.job, "completion of a job nobody waits for; dropped")
             }
             Ok(None) => return Err(RunError::SchedulerClosed),
             Err(_) => {
@@ -794,7 +828,6 @@ pub async fn await_completions(
             }
         }
     }
-    Ok(out)
 }
 
 #[cfg(test)]
