@@ -1191,16 +1191,35 @@ pub fn tailor_ops_schema(
         .pointer_mut("/properties/operations/items/anyOf")
         .and_then(Value::as_array_mut)
     {
+        let removable: Vec<String> = g_keys
+            .iter()
+            .filter(|k| k.as_str() != "G0")
+            .cloned()
+            .collect();
+        if removable.is_empty() {
+            // Nothing can be deleted or merged away: drop those branches rather than offer an
+            // empty enum.
+            branches.retain(|b| {
+                !matches!(
+                    b.pointer("/properties/op/const").and_then(Value::as_str),
+                    Some("delete" | "merge")
+                )
+            });
+        }
         for b in branches {
             if let Some(ev) = b.pointer_mut("/properties/evidence") {
                 ev["items"] = json!({"enum": keys});
                 ev["maxItems"] = json!(keys.len().max(1));
             }
+            // G0 may be updated or merged into, never deleted or merged away: the schema does
+            // not offer what validation would reject anyway.
+            let is_delete =
+                b.pointer("/properties/op/const").and_then(Value::as_str) == Some("delete");
             if let Some(k) = b.pointer_mut("/properties/key") {
-                *k = json!({"enum": g_keys});
+                *k = json!({"enum": if is_delete { &removable } else { &g_keys }});
             }
             if let Some(m) = b.pointer_mut("/properties/merged_from") {
-                m["items"] = json!({"enum": g_keys});
+                m["items"] = json!({"enum": removable});
             }
         }
     }
