@@ -28,7 +28,7 @@ use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::digest::{digest_of, sha256_hex};
 use stageb_shared::domain::{ChatMessage, Ticket, TicketKey, Verdict};
-use stageb_shared::reflection_schema::{self, DecisionOutput, OpsOutput};
+use stageb_shared::reflection_schema;
 use stageb_shared::seed::derived_seed;
 use stageb_shared::text;
 use tokio::sync::mpsc;
@@ -539,15 +539,10 @@ impl Reflector {
                 scheduler,
                 completions,
                 &mut calls,
-                |t| {
-                    reflection_schema::parse_decision(t)
-                        .map(|d| serde_json::to_value(d).unwrap_or_default())
-                },
+                reflection_schema::parse_decision,
             )
             .await?;
-        let Some(decision) =
-            decision.and_then(|v| serde_json::from_value::<DecisionOutput>(v).ok())
-        else {
+        let Some(decision) = decision else {
             warnings.push("decision_error".into());
             let mut retry = kept;
             retry.extend(dropped);
@@ -643,14 +638,10 @@ impl Reflector {
                     scheduler,
                     completions,
                     &mut calls,
-                    |t| {
-                        reflection_schema::parse_ops(t)
-                            .map(|o| serde_json::to_value(o).unwrap_or_default())
-                    },
+                    reflection_schema::parse_ops,
                 )
                 .await?;
-            let Some(ops_out) = out.and_then(|v| serde_json::from_value::<OpsOutput>(v).ok())
-            else {
+            let Some(ops_out) = out else {
                 warnings.push(format!("{pass}_error"));
                 break;
             };
@@ -830,7 +821,7 @@ impl Reflector {
     /// Run one JSON-mode generation through the lease mechanism, retrying with a new seed when
     /// the output does not parse. `None` when every attempt failed or the budget ran out.
     #[allow(clippy::too_many_arguments)]
-    async fn call_json(
+    async fn call_json<T>(
         &mut self,
         epoch: u32,
         cycle: u64,
@@ -840,8 +831,8 @@ impl Reflector {
         scheduler: &Scheduler,
         completions: &mut mpsc::UnboundedReceiver<Completion>,
         calls: &mut Vec<CallRecord>,
-        parse: impl Fn(&str) -> Result<Value, reflection_schema::ReflectionParseError>,
-    ) -> Result<Option<Value>, RunError> {
+        parse: impl Fn(&str) -> Result<T, reflection_schema::ReflectionParseError>,
+    ) -> Result<Option<T>, RunError> {
         for attempt in 0..=JSON_RETRIES {
             if !self.calls_left() {
                 return Ok(None);
