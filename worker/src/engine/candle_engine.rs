@@ -434,6 +434,13 @@ impl CandleEngine {
             .map_err(|e| EngineError::Model(format!("constraint vocabulary: {e}")))
     }
 
+    /// The next-token logits after `prompt` (the same prefill every rollout runs). Lets a test
+    /// compare the loaders and both compute paths against an independent reference forward.
+    #[doc(hidden)]
+    pub fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.run_pooled(|eng| eng.prefill(prompt).map(|(logits, _)| logits))
+    }
+
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
     /// [`PREFILL_CHUNK`] from position 0), and the prompt's cache.
     fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, DecodeCache), EngineError> {
