@@ -385,8 +385,19 @@ fn reference_logits(m: &RefModel, tokens: &[u32]) -> Vec<f32> {
 // Writing the test checkpoints.
 
 fn write_gguf(src: &Source, arch: Arch, model: &RefModel, path: &Path) {
-    let name = arch.name();
-    let mut metadata: Vec<(String, Value)> = Vec::new();
+    write_gguf_as(src, arch, arch.name(), &[], model, path);
+}
+
+/// Writes `arch`'s tensors under the metadata name `name`, plus `extra` metadata entries.
+fn write_gguf_as(
+    src: &Source,
+    arch: Arch,
+    name: &str,
+    extra: &[(String, Value)],
+    model: &RefModel,
+    path: &Path,
+) {
+    let mut metadata: Vec<(String, Value)> = extra.to_vec();
     for (k, v) in &src.metadata {
         if k == "general.architecture" {
             metadata.push((k.clone(), Value::String(name.into())));
@@ -649,4 +660,38 @@ fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
             "{arch}'s biases/norms must move the logits ({err:.2e})"
         );
     }
+}
+
+#[test]
+fn unsupported_gguf_architectures_are_refused_by_name() {
+    let Some(path) = model_path() else { return };
+    let src = read_source(&path);
+    let model = reference_model(&src, Arch::Llama);
+    let tmp = tempfile::tempdir().unwrap();
+    let load_err = |name: &str, extra: &[(String, Value)]| {
+        let p = tmp.path().join(format!("{name}.gguf"));
+        write_gguf_as(&src, Arch::Llama, name, extra, &model, &p);
+        let err = CandleEngine::load(&p, &EngineOptions::default()).unwrap_err();
+        assert_eq!(err.code(), "ENGINE_ERROR");
+        assert!(err.to_string().contains(&p.display().to_string()), "{err}");
+        err.to_string()
+    };
+    // A llama-shaped file under another architecture name must not be run as llama: its
+    // tensors may mean something else (gemma scales its norms, phi3 fuses qkv).
+    let err = load_err("gemma2", &[]);
+    assert!(
+        err.contains("unsupported GGUF architecture `gemma2`"),
+        "{err}"
+    );
+    assert!(err.contains("llama, qwen2, qwen3"), "{err}");
+    let err = load_err("qwen2", &[("qwen2.expert_count".into(), Value::U32(8))]);
+    assert!(err.contains("mixture-of-experts"), "{err}");
+    let err = load_err(
+        "qwen3",
+        &[(
+            "qwen3.rope.scaling.type".into(),
+            Value::String("yarn".into()),
+        )],
+    );
+    assert!(err.contains("RoPE scaling `yarn`"), "{err}");
 }
