@@ -13,7 +13,9 @@
 //!
 //! The model file comes from `scripts/fetch-model.sh` (`STAGEB_TEST_MODEL` overrides the path).
 
-use std::path::PathBuf;
+mod common;
+use common::model_path;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -34,15 +36,6 @@ struct Setup {
     tokenizer: Tokenizer,
     vocab: Vocabulary,
     factory: ConstraintFactory,
-}
-
-fn model_path() -> PathBuf {
-    std::env::var_os("STAGEB_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
 }
 
 fn setup() -> &'static Setup {

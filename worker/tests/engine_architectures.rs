@@ -20,9 +20,12 @@
 //! no code with the engine. Every engine path must reproduce its next-token logits within a
 //! tolerance set by that path's arithmetic (see `check_close`).
 
+mod common;
+use common::model_path;
+
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor, ggml_file};
@@ -36,16 +39,6 @@ const LAYERS: usize = 2;
 /// A mixed Chinese/English prompt in the domain's style, long enough for RoPE at many positions.
 const PROMPT: &str = "挡风玻璃安装检查 ticket QC-17::通过. Summary: 玻璃边缘 sealant continuous, \
                       no gaps; 标签 visible at 3 positions. Verdict?";
-
-fn model_path() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = stageb_worker::engine::candle_engine::default_model_path(&root);
-    if p.as_ref().is_none_or(|p| !p.exists()) {
-        eprintln!("SKIPPED: model file missing (run scripts/fetch-model.sh or set STAGEB_MODEL)");
-        return None;
-    }
-    p
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Arch {
@@ -579,7 +572,7 @@ fn check_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 
 #[test]
 fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let src = read_source(&path);
     let tmp = tempfile::tempdir().unwrap();
 
@@ -664,7 +657,7 @@ fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
 
 #[test]
 fn unsupported_gguf_architectures_are_refused_by_name() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let src = read_source(&path);
     let model = reference_model(&src, Arch::Llama);
     let tmp = tempfile::tempdir().unwrap();

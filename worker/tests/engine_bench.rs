@@ -4,26 +4,18 @@
 //! × 48 new tokens at temperature 0.7 / top-p 0.9 sharing the prompt. Prints prefill tokens/s,
 //! decode time and the ticket time; asserts only that the work was done.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::model_path;
+
 use std::time::Instant;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{CandleEngine, DecodeRequest, Engine, EngineOptions, RolloutRequest};
 
-fn model_path() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = stageb_worker::engine::candle_engine::default_model_path(&root);
-    if p.as_ref().is_none_or(|p| !p.exists()) {
-        eprintln!("SKIPPED: model file missing (run scripts/fetch-model.sh or set STAGEB_MODEL)");
-        return None;
-    }
-    p
-}
-
 #[test]
 #[ignore]
 fn bench_ticket_601_tokens_8x48() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let threads = std::env::var("STAGEB_THREADS")
         .ok()
         .and_then(|s| s.parse().ok());

@@ -3,10 +3,11 @@
 //! Unconstrained rollouts print their malformed rate (not asserted: a 135M model rarely follows
 //! the format on its own, which is why constraints exist).
 //!
-//! Skipped with a message when the model file is missing. Prompts are short and
+//! Prompts are short and
 //! `max_new_tokens` small to keep CI time reasonable on 2 cores.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::model_path;
 
 use stageb_shared::contract;
 use stageb_shared::domain::ChatMessage;
@@ -14,16 +15,6 @@ use stageb_shared::reflection_schema;
 use stageb_worker::engine::{
     CandleEngine, DecodeRequest, Engine, EngineOptions, GenerateRequest, RolloutRequest,
 };
-
-fn model_path() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = stageb_worker::engine::candle_engine::default_model_path(&root);
-    if p.as_ref().is_none_or(|p| !p.exists()) {
-        eprintln!("SKIPPED: model file missing (run scripts/fetch-model.sh or set STAGEB_MODEL)");
-        return None;
-    }
-    p
-}
 
 const SUMMARIES: [&str; 25] = [
     "挡风板已安装, 4个卡扣到位.",
@@ -75,7 +66,7 @@ fn rollout_request(summary: &str, i: usize, constrained: bool) -> RolloutRequest
 
 #[test]
 fn constrained_rollouts_always_parse() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let (mut total, mut ok_constrained, mut ok_free, mut total_free) = (0, 0, 0, 0);
     for (i, s) in SUMMARIES.iter().enumerate() {
@@ -165,7 +156,7 @@ fn tailored(ops: bool, keys: &[String]) -> serde_json::Value {
 
 #[test]
 fn json_mode_reflection_outputs_parse() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let mut parsed = 0;
     for i in 0..20 {

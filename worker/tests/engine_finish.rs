@@ -2,24 +2,13 @@
 //! engine spends the last few tokens of a row finishing it (EOS as soon as the contract allows
 //! it), so no candidate is cut inside a multi-byte character (`Reason: 判定通�`) and every one
 //! parses. Too small a budget for a complete verdict is refused up front.
-//!
-//! Skipped with a message when the model file is missing.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::model_path;
 
 use stageb_shared::contract;
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{CandleEngine, DecodeRequest, Engine, EngineOptions, RolloutRequest};
-
-fn model_path() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = stageb_worker::engine::candle_engine::default_model_path(&root);
-    if p.as_ref().is_none_or(|p| !p.exists()) {
-        eprintln!("SKIPPED: model file missing (run scripts/fetch-model.sh or set STAGEB_MODEL)");
-        return None;
-    }
-    p
-}
 
 fn request(summary: &str, max_new: u32, seed0: u64) -> RolloutRequest {
     RolloutRequest {
@@ -43,7 +32,7 @@ fn request(summary: &str, max_new: u32, seed0: u64) -> RolloutRequest {
 
 #[test]
 fn small_budgets_never_cut_a_character_and_always_parse() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let summaries = [
         "挡风板已安装, 4个卡扣到位.",
@@ -82,7 +71,7 @@ fn small_budgets_never_cut_a_character_and_always_parse() {
 
 #[test]
 fn constrained_budget_below_minimum_is_invalid() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let err = engine.rollout(&request("x", 19, 0)).unwrap_err();
     assert_eq!(err.code(), "INVALID_REQUEST", "{err}");

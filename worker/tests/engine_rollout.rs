@@ -1,24 +1,13 @@
 //! Rollout determinism and batching on the real demo model (SmolLM2-135M-Instruct Q4_1).
-//!
-//! Skipped with a message when the model file is missing.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::model_path;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
     CandleEngine, DecodeRequest, Engine, EngineOptions, FinishReason, GenerateRequest,
     RolloutRequest,
 };
-
-fn model_path() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = stageb_worker::engine::candle_engine::default_model_path(&root);
-    if p.as_ref().is_none_or(|p| !p.exists()) {
-        eprintln!("SKIPPED: model file missing (run scripts/fetch-model.sh or set STAGEB_MODEL)");
-        return None;
-    }
-    p
-}
 
 fn ticket(summary: &str) -> Vec<ChatMessage> {
     vec![
@@ -56,7 +45,7 @@ fn request(summary: &str, max_new: u32) -> RolloutRequest {
 
 #[test]
 fn rollout_is_deterministic_and_independent_of_other_tickets() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let a = request(
         "挡风板: 已安装, 螺丝齐全. Photo 2 shows the panel in place.",
@@ -119,7 +108,7 @@ fn rollout_is_deterministic_and_independent_of_other_tickets() {
 
 #[test]
 fn lockstep_rows_match_and_greedy_is_seed_independent() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let mut req = request("Ticket C: 挡风板安装正确, all four clips engaged.", 16);
     req.decodes = vec![DecodeRequest {
@@ -161,7 +150,7 @@ fn lockstep_rows_match_and_greedy_is_seed_independent() {
 
 #[test]
 fn bad_requests_are_rejected() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let opts = EngineOptions {
         max_context: 64,
         ..EngineOptions::default()

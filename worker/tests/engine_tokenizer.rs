@@ -1,22 +1,12 @@
 //! Tokenizer and chat-template checks against the real demo model (SmolLM2-135M-Instruct Q4_1).
 //!
-//! Skipped with a message when the model file is missing (`scripts/fetch-model.sh` fetches it;
-//! `STAGEB_MODEL` overrides the path).
+//! The model comes from `scripts/fetch-model.sh`; `STAGEB_MODEL` overrides the path.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::model_path;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{CandleEngine, EngineOptions};
-
-fn model_path() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = stageb_worker::engine::candle_engine::default_model_path(&root);
-    if p.as_ref().is_none_or(|p| !p.exists()) {
-        eprintln!("SKIPPED: model file missing (run scripts/fetch-model.sh or set STAGEB_MODEL)");
-        return None;
-    }
-    p
-}
 
 /// Pinned ids of a mixed Chinese/English string.
 ///
@@ -30,7 +20,7 @@ fn model_path() -> Option<PathBuf> {
 /// `ĠVer` (id differs) for the first word, so this test fails if the fix is lost.
 #[test]
 fn mixed_chinese_english_ids_are_pinned() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let text = "Verdict: 通过\nReason: 挡风板安装正确 OK 123";
     let ids = engine.encode(text).unwrap();
@@ -58,7 +48,7 @@ fn mixed_chinese_english_ids_are_pinned() {
 
 #[test]
 fn smollm2_template_renders_chatml() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let with_system = engine
         .render_prompt(&[
