@@ -52,6 +52,7 @@ Examples:
   scripts/stage_b.sh smoke                  # 6-ticket demo, fastest end-to-end check
   scripts/stage_b.sh demo gpus=0            # one GPU
   scripts/stage_b.sh demo gpus=0,1,2,3      # four GPUs, one rank per GPU
+  scripts/stage_b.sh demo -- --resume       # continue the demo run after a crash
   STAGEB_DRY_RUN=1 scripts/stage_b.sh my/run.yaml gpus=0,1
 EOF
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
 use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
 use stageb_coordinator::server::{self, ServiceConfig};
+use stageb_coordinator::start;
+pub use stageb_coordinator::start::StartMode;
 use stageb_shared::auth::AuthToken;
 use stageb_shared::config::load_config;
 use stageb_shared::error::InputError;
@@ -69,6 +71,8 @@ pub struct CoordinatorSettings {
     pub progress_every: Duration,
     /// Report progress at all (tests turn it off).
     pub show_progress: bool,
+    /// A fresh start, `--overwrite` or `--resume` (see `stageb_coordinator::start`).
+    pub start: StartMode,
 }
 
 /// Handles of workers started in this process.
@@ -95,23 +99,30 @@ pub async fn run_coordinator_until(
     interrupt: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, ClusterError> {
     let runner = &inputs.config.runner;
+    // The listen policy first: refusing an unauthenticated public address outranks anything
+    // about the run directory.
+    let listener = server::bind(settings.listen, settings.token.as_ref()).await?;
+    let plan = start::plan(&inputs, settings.start).map_err(|e| match e {
+        start::StartError::Input(e) => ClusterError::Input(e),
+        start::StartError::Run(e) => ClusterError::Run(e),
+    })?;
+    let journal = plan.open_journal()?;
     let (scheduler, completions) = Scheduler::new(SchedulerConfig {
         lease_ttl: Duration::from_secs(runner.lease_ttl_s.max(1)),
         ..SchedulerConfig::default()
     });
-    let scheduler = Arc::new(scheduler);
+    let scheduler = Arc::new(scheduler.with_journal(journal, plan.replay));
     let run_id = format!("{}-{}", inputs.config.output.run_name, &uuid_hex()[..8]);
     let service = server::build_service(
         scheduler.clone(),
         &ServiceConfig {
             run_id,
             token: settings.token.clone(),
-            expected_fingerprint: None,
+            expected_fingerprint: plan.pinned_fingerprint,
             heartbeat_interval: Duration::from_secs(runner.heartbeat_interval_s.max(1)),
         },
     );
     let fingerprint = service.fingerprint_handle();
-    let listener = server::bind(settings.listen, settings.token.as_ref()).await?;
     let addr = listener
         .local_addr()
         .map_err(|e| ClusterError::Serve(e.to_string()))?;
@@ -142,6 +153,7 @@ pub async fn run_coordinator_until(
     let result = async {
         let run = RunLoop::prepare(
             inputs,
+            plan.resuming,
             scheduler.clone(),
             completions,
             fingerprint,

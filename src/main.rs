@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, Parser, Subcommand};
-use stageb::cluster::{self, ClusterError, CoordinatorSettings};
+use stageb::cluster::{self, ClusterError, CoordinatorSettings, StartMode};
 use stageb::exit;
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
@@ -40,6 +40,28 @@ struct ModelArgs {
     threads: Option<usize>,
 }
 
+/// What to do when the run directory already holds a run.
+#[derive(Args, Clone, Copy)]
+struct StartArgs {
+    /// Continue the run in the run directory: answers it already has are replayed from its job
+    /// journal, the rest is computed (starts fresh when there is nothing to continue).
+    #[arg(long, conflicts_with = "overwrite")]
+    resume: bool,
+    /// Replace the run in the run directory, if any.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+impl StartArgs {
+    fn mode(self) -> StartMode {
+        match (self.resume, self.overwrite) {
+            (true, _) => StartMode::Resume,
+            (_, true) => StartMode::Overwrite,
+            _ => StartMode::Fresh,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a mission: coordinator plus local workers in one process (over loopback gRPC).
@@ -55,6 +77,8 @@ enum Command {
         listen: SocketAddr,
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        start: StartArgs,
     },
     /// Serve a run as rank 0 only; workers join with `stageb worker`.
     Coordinator {
@@ -68,6 +92,8 @@ enum Command {
         /// Give up after this many seconds without any live worker.
         #[arg(long, default_value_t = 600)]
         worker_grace_s: u64,
+        #[command(flatten)]
+        start: StartArgs,
     },
     /// Run one worker against a coordinator.
     Worker {
@@ -97,6 +123,8 @@ enum Command {
         token_file: Option<PathBuf>,
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        start: StartArgs,
     },
     /// Check a config and its inputs without running anything.
     Validate { config: PathBuf },
@@ -265,6 +293,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             workers,
             listen,
             model,
+            start,
         } => {
             if workers == 0 {
                 return Err(ClusterError::Launch(
@@ -277,6 +306,22 @@ async fn dispatch(command: Command) -> Result<u8> {
             // Fail on a bad model before starting anything.
             let options = engine_options(&model)?;
             let first = load_model(&model_path, &options)?;
+            if start.mode() == StartMode::Resume
+                && let Some(recorded) = stageb_coordinator::start::recorded_fingerprint(&inputs)
+                && recorded != first.fingerprint().id()
+            {
+                return Err(ClusterError::Input(stageb_shared::error::InputError::new(
+                    stageb_shared::error::ErrorCode::ResumeMismatch,
+                    model_path.display().to_string(),
+                    None,
+                    format!(
+                        "cannot resume: the run used the model {recorded}, this one is {}; \
+                         use that model, or pass --overwrite to start over",
+                        first.fingerprint().id()
+                    ),
+                ))
+                .into());
+            }
             let settings = CoordinatorSettings {
                 listen,
                 // The embedded run makes its own token: loopback today, but never unauthenticated.
@@ -284,6 +329,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 worker_grace: Duration::from_secs(120),
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
+                start: start.mode(),
             };
             let first = std::sync::Mutex::new(Some(first));
             let summary = cluster::run_coordinator_until(
@@ -312,6 +358,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             listen,
             token_file,
             worker_grace_s,
+            start,
         } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
             let inputs = cluster::prepare_inputs(&config, "cluster")?;
@@ -321,6 +368,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 worker_grace: Duration::from_secs(worker_grace_s),
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
+                start: start.mode(),
             };
             let summary = cluster::run_coordinator_until(
                 inputs,
@@ -362,6 +410,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             listen_port,
             token_file,
             model,
+            start,
         } => {
             let topo = cluster::resolve_topology(listen_port)?;
             tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
@@ -381,6 +430,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     worker_grace: Duration::from_secs(600),
                     progress_every: Duration::from_secs(10),
                     show_progress: true,
+                    start: start.mode(),
                 };
                 let options = engine_options(&model)?;
                 let summary = cluster::run_coordinator_until(

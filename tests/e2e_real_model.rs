@@ -124,6 +124,7 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
             worker_grace: Duration::from_secs(120),
             progress_every: Duration::from_secs(30),
             show_progress: false,
+            start: cluster::StartMode::Fresh,
         };
         let model = model_path();
         cluster::run_coordinator(inputs, settings, move |addr, token| {

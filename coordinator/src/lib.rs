@@ -14,11 +14,14 @@
 //! - [`metrics`]: accuracy windows and epoch rows, recomputable from selections.
 //! - [`reflection`]: the two-pass reflection driver (decision → need-review, ops → guidance).
 //! - [`artifacts`]: crash-safe JSONL appends and atomic whole-file writes.
+//! - [`journal`]: every accepted model answer by payload digest, replayed by `--resume`.
 //! - [`run`]: the epoch loop tying it together.
+//! - [`start`]: fresh start, `--overwrite` or `--resume` of a run directory.
 
 pub mod artifacts;
 pub mod eligibility;
 pub mod guidance;
+pub mod journal;
 pub mod metrics;
 pub mod need_review;
 pub mod ops;
@@ -29,3 +32,4 @@ pub mod scheduler;
 pub mod selection;
 pub mod server;
 pub mod signals;
+pub mod start;

@@ -223,6 +223,8 @@ pub struct RunLoop {
     reflector: Reflector,
     writers: Writers,
     worker_grace: Duration,
+    /// Continuing an earlier attempt (shown in the manifest's `runtime`).
+    resuming: bool,
     /// Tickets decided so far, across epochs (the original's `global_step`).
     global_step: u64,
     /// Schedule steps started so far, across epochs (guidance is fixed within one).
@@ -236,8 +238,12 @@ pub struct RunLoop {
 impl RunLoop {
     /// Prepare the run directory (fresh per-run artifacts; guidance reused only when
     /// `guidance.reset_on_rerun` is false and a previous run left one) and the writers.
+    /// `resuming`: an earlier attempt at this very run is being continued
+    /// ([`crate::start`]); everything is rewritten from the start, with the guidance seeded
+    /// exactly as that attempt seeded it.
     pub fn prepare(
         inputs: RunInputs,
+        resuming: bool,
         scheduler: Arc<Scheduler>,
         completions: mpsc::UnboundedReceiver<Completion>,
         fingerprint: Arc<Mutex<Option<String>>>,
@@ -250,7 +256,8 @@ impl RunLoop {
             ..RepoOptions::default()
         };
         let mission = inputs.ingested.mission.clone();
-        let reuse = !inputs.config.guidance.reset_on_rerun
+        let reuse = !resuming
+            && !inputs.config.guidance.reset_on_rerun
             && dir.join(crate::guidance::GUIDANCE_FILE).exists();
         if !reuse {
             // A reseeded run starts a new chain: the previous run's snapshots would otherwise
@@ -281,6 +288,7 @@ impl RunLoop {
             reflector,
             writers,
             worker_grace: Duration::from_secs(600),
+            resuming,
             global_step: 0,
             schedule_step: 0,
             initial_guidance_hash,
@@ -334,7 +342,8 @@ impl RunLoop {
                 "initial_hash": self.initial_guidance_hash,
             },
             // Timing-dependent (workers come and go), hence under `runtime`.
-            "runtime": {"started_at": started_at, "finished_at": finished_at, "live_workers": self.scheduler.live_workers()},
+            "runtime": {"started_at": started_at, "finished_at": finished_at, "live_workers": self.scheduler.live_workers(),
+                        "resumed": self.resuming, "replayed_answers": self.scheduler.stats().replayed},
         });
         let path = self.dir.join(files::MANIFEST);
         write_json_atomic(&path, &manifest).map_err(io_err(&path))
@@ -463,6 +472,7 @@ impl RunLoop {
             }
             // Step boundary: make the step durable before guidance may change.
             self.writers.sync().map_err(io_err(&self.dir))?;
+            self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
             self.reflector
                 .on_step_end(
                     epoch,

@@ -19,8 +19,13 @@ use std::time::{Duration, Instant};
 use stageb_shared::domain::ChatMessage;
 use tokio::sync::{Notify, mpsc};
 
+use crate::journal::{Journal, ReplayCache, payload_digest};
+
 pub type JobId = u64;
 pub type LeaseId = u64;
+
+/// The `worker_id` in the provenance of an answer replayed from the journal.
+pub const REPLAY_WORKER: &str = "journal-replay";
 
 /// How one group of candidates is decoded, with one seed per sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,6 +156,8 @@ impl Default for SchedulerConfig {
 #[derive(Debug)]
 struct JobState {
     payload: JobPayload,
+    /// [`payload_digest`] of the payload, when a journal is kept.
+    digest: Option<String>,
     /// Leases issued (the `attempt` number recorded with a result).
     attempts: u32,
     /// Errors reported by workers; only these count against `max_attempts`.
@@ -197,6 +204,8 @@ pub struct SchedulerStats {
     pub submits_duplicate: u64,
     pub submits_fenced: u64,
     pub job_errors: u64,
+    /// Jobs answered from the journal of an earlier attempt (`--resume`), never leased.
+    pub replayed: u64,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -205,6 +214,10 @@ pub struct Scheduler {
     inner: Mutex<Inner>,
     work_available: Notify,
     completions: mpsc::UnboundedSender<Completion>,
+    /// Where accepted answers are recorded (see [`crate::journal`]).
+    journal: Option<Journal>,
+    /// Answers of an earlier attempt at this run, served instead of leasing.
+    replay: ReplayCache,
 }
 
 impl Scheduler {
@@ -220,8 +233,25 @@ impl Scheduler {
             }),
             work_available: Notify::new(),
             completions: tx,
+            journal: None,
+            replay: ReplayCache::default(),
         };
         (s, rx)
+    }
+
+    /// Record accepted answers in `journal`, and answer jobs found in `replay` at once.
+    pub fn with_journal(mut self, journal: Journal, replay: ReplayCache) -> Self {
+        self.journal = Some(journal);
+        self.replay = replay;
+        self
+    }
+
+    /// Makes the journal durable up to now (a no-op without one).
+    pub fn sync_journal(&self) -> std::io::Result<()> {
+        match &self.journal {
+            Some(j) => j.sync(),
+            None => Ok(()),
+        }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -236,6 +266,8 @@ impl Scheduler {
 
     /// Queue a job; returns its id.
     pub fn enqueue(&self, payload: JobPayload) -> JobId {
+        let digest = self.journal.as_ref().map(|_| payload_digest(&payload));
+        let replayed = digest.as_deref().and_then(|d| self.replay.get(d)).cloned();
         let id = {
             let mut g = self.lock();
             let id = g.next_job;
@@ -244,16 +276,34 @@ impl Scheduler {
                 id,
                 JobState {
                     payload,
+                    digest,
                     attempts: 0,
                     errors: 0,
                     expiries: 0,
-                    done: false,
+                    done: replayed.is_some(),
                 },
             );
-            g.queue.push_back(id);
+            if replayed.is_some() {
+                g.stats.replayed += 1;
+            } else {
+                g.queue.push_back(id);
+            }
             id
         };
-        self.work_available.notify_waiters();
+        match replayed {
+            Some(output) => {
+                let _ = self.completions.send(Completion {
+                    job: id,
+                    result: Ok(output),
+                    provenance: Some(Provenance {
+                        worker_id: REPLAY_WORKER.to_string(),
+                        lease_id: 0,
+                        attempt: 0,
+                    }),
+                });
+            }
+            None => self.work_available.notify_waiters(),
+        }
         id
     }
 
@@ -394,6 +444,7 @@ impl Scheduler {
         lease_id: LeaseId,
         result: Result<JobOutput, JobFailure>,
     ) -> Result<SubmitOutcome, SubmitError> {
+        let mut journal_digest = None;
         let completion = {
             let mut g = self.lock();
             let worker_id = match g.sessions.get_mut(session) {
@@ -438,7 +489,9 @@ impl Scheduler {
             });
             match result {
                 Ok(output) => {
-                    g.jobs.get_mut(&job_id).expect("job exists").done = true;
+                    let job = g.jobs.get_mut(&job_id).expect("job exists");
+                    job.done = true;
+                    journal_digest = job.digest.clone();
                     g.stats.submits_accepted += 1;
                     Completion {
                         job: job_id,
@@ -468,6 +521,12 @@ impl Scheduler {
                 }
             }
         };
+        // Journaled (outside the table's lock) before the run loop can act on the answer.
+        if let (Some(journal), Some(digest), Ok(output)) =
+            (&self.journal, &journal_digest, &completion.result)
+        {
+            journal.record(digest, output);
+        }
         let _ = self.completions.send(completion);
         Ok(SubmitOutcome::Accepted)
     }

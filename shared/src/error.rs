@@ -49,6 +49,10 @@ pub enum ErrorCode {
     UnsupportedModel,
     /// Two `per_image` keys of one Stage-A record normalize to the same `image_{n}`.
     DuplicateImageKey,
+    /// The run directory already holds a run, and neither `--resume` nor `--overwrite` was given.
+    RunExists,
+    /// `--resume` of a run whose inputs, config or model changed, or that cannot be resumed.
+    ResumeMismatch,
 }
 
 impl ErrorCode {
@@ -73,6 +77,8 @@ impl ErrorCode {
             ErrorCode::InvalidGuidance => "E_INVALID_GUIDANCE",
             ErrorCode::UnsupportedModel => "E_UNSUPPORTED_MODEL",
             ErrorCode::DuplicateImageKey => "E_DUPLICATE_IMAGE_KEY",
+            ErrorCode::RunExists => "E_RUN_EXISTS",
+            ErrorCode::ResumeMismatch => "E_RESUME_MISMATCH",
         }
     }
 }

@@ -1068,9 +1068,57 @@ pub fn base_config(dir: &Path) -> Value {
     })
 }
 
+/// Writes [`base_config`] with `overrides` merged in as `dir/config.yaml`.
+pub fn write_config(dir: &Path, overrides: Value) -> PathBuf {
+    let mut config = base_config(dir);
+    merge(&mut config, overrides);
+    // JSON is YAML: the config loader reads it as a flow-style document.
+    let config_path = dir.join("config.yaml");
+    std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap())
+        .expect("write config");
+    config_path
+}
+
+/// Runs `config_path` through the real coordinator and `workers` in-process workers over
+/// loopback gRPC with a generated token, starting per `start`, stopping early when
+/// `interrupt` resolves.
+pub fn try_run<E, F>(
+    config_path: &Path,
+    workers: usize,
+    make_engine: F,
+    start: cluster::StartMode,
+    interrupt: impl std::future::Future<Output = ()>,
+) -> Result<RunSummary, cluster::ClusterError>
+where
+    E: stageb_worker::engine::Engine + 'static,
+    F: Fn(usize) -> E + Send + Sync + 'static,
+{
+    let inputs = cluster::prepare_inputs(config_path, "embedded")?;
+    let settings = CoordinatorSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: Some(AuthToken::generate()),
+        worker_grace: Duration::from_secs(30),
+        progress_every: Duration::from_secs(60),
+        show_progress: false,
+        start,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(cluster::run_coordinator_until(
+        inputs,
+        settings,
+        move |addr, token| {
+            cluster::spawn_local_workers(workers, addr, token, move |i| Ok(make_engine(i)))
+        },
+        interrupt,
+    ))
+}
+
 /// Run the mission in `dir` (`stage_a.jsonl`, `guidance.json`) with `overrides` merged into
-/// [`base_config`], through the real coordinator and `workers` in-process workers over
-/// loopback gRPC with a generated token. Returns the summary and the run directory.
+/// [`base_config`] (see [`try_run`]). Returns the summary and the run directory.
 pub fn run_mission<F>(
     dir: &Path,
     overrides: Value,
@@ -1080,34 +1128,15 @@ pub fn run_mission<F>(
 where
     F: Fn(usize) -> ScriptedEngine + Send + Sync + 'static,
 {
-    let mut config = base_config(dir);
-    merge(&mut config, overrides);
-    // JSON is YAML: the config loader reads it as a flow-style document.
-    let config_path = dir.join("config.yaml");
-    std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap())
-        .expect("write config");
-    let inputs = cluster::prepare_inputs(&config_path, "embedded").expect("valid inputs");
-    let settings = CoordinatorSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        token: Some(AuthToken::generate()),
-        worker_grace: Duration::from_secs(30),
-        progress_every: Duration::from_secs(60),
-        show_progress: false,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let summary = runtime
-        .block_on(cluster::run_coordinator(
-            inputs,
-            settings,
-            move |addr, token| {
-                cluster::spawn_local_workers(workers, addr, token, move |i| Ok(make_engine(i)))
-            },
-        ))
-        .expect("the run completes");
+    let config_path = write_config(dir, overrides);
+    let summary = try_run(
+        &config_path,
+        workers,
+        make_engine,
+        cluster::StartMode::Fresh,
+        std::future::pending(),
+    )
+    .expect("the run completes");
     let run_dir = summary.run_dir.clone();
     (summary, run_dir)
 }

@@ -1,0 +1,324 @@
+//! The job journal (`jobs.jsonl`): every model result rank 0 accepted, keyed by a digest of the
+//! job that produced it. It is what makes `--resume` exact.
+//!
+//! A run is a deterministic function of its inputs and of the model's answers: the epoch order,
+//! the prompts, the seeds, every selection and every guidance edit follow from them. So rank 0
+//! never saves its in-memory state (reflection buffers, budgets, windows). A resumed run starts
+//! over from epoch 1 with the same inputs. The scheduler answers each job whose payload digest
+//! is in the journal at once (a *replay*) and leases the rest to workers. The replayed prefix
+//! rewrites the same artifacts the crashed run wrote, and the run carries on where it stopped.
+//! The result equals an uninterrupted run, whatever the crash point: mid-step, mid-reflection,
+//! or between two writes.
+//!
+//! The journal is only a cache of answers. A row is written when the scheduler accepts a result,
+//! with one `write_all` (a crash leaves at most a torn last line, which loading skips). A lost
+//! row costs a recomputation, never a wrong answer: the digest covers the whole payload
+//! (messages with the guidance in force, seeds, sampling parameters, schema), so a replayed
+//! answer is always the answer to the same question. The manifest pins the model: a resumed run
+//! refuses workers with another model fingerprint. Failures are never journaled, so they are
+//! retried.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead};
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use stageb_shared::digest;
+
+use crate::artifacts::JsonlWriter;
+use crate::scheduler::{CandidateText, JobOutput, JobPayload};
+
+/// File name of the journal inside the run directory.
+pub const JOURNAL_FILE: &str = "jobs.jsonl";
+
+/// Version of the row format (and of the payload digest): rows of another version are ignored.
+const JOURNAL_VERSION: u64 = 1;
+
+/// `sha256:` of the canonical JSON of everything that determines a job's answer.
+pub fn payload_digest(payload: &JobPayload) -> String {
+    let v = match payload {
+        JobPayload::Rollout {
+            messages,
+            decodes,
+            constrained,
+        } => json!({
+            "kind": "rollout",
+            "messages": messages,
+            "decodes": decodes.iter().map(|d| json!({
+                "decode_index": d.decode_index,
+                "temperature": d.temperature,
+                "top_p": d.top_p,
+                "repetition_penalty": d.repetition_penalty,
+                "max_new_tokens": d.max_new_tokens,
+                "seeds": d.seeds,
+            })).collect::<Vec<_>>(),
+            "constrained": constrained,
+        }),
+        JobPayload::Generate {
+            messages,
+            json_schema,
+            seed,
+            temperature,
+            top_p,
+            repetition_penalty,
+            max_new_tokens,
+        } => json!({
+            "kind": "generate",
+            "messages": messages,
+            "json_schema": json_schema,
+            "seed": seed,
+            "temperature": temperature,
+            "top_p": top_p,
+            "repetition_penalty": repetition_penalty,
+            "max_new_tokens": max_new_tokens,
+        }),
+    };
+    digest::digest_of(&v)
+}
+
+fn output_json(output: &JobOutput) -> Value {
+    match output {
+        JobOutput::Rollout {
+            candidates,
+            prompt_tokens,
+            prefill_us,
+            decode_us,
+        } => json!({
+            "kind": "rollout",
+            "candidates": candidates.iter().map(|c| json!({
+                "decode_index": c.decode_index,
+                "sample_index": c.sample_index,
+                "seed": c.seed,
+                "text": c.text,
+                "completion_tokens": c.completion_tokens,
+                "finish_reason": c.finish_reason,
+            })).collect::<Vec<_>>(),
+            "prompt_tokens": prompt_tokens,
+            "prefill_us": prefill_us,
+            "decode_us": decode_us,
+        }),
+        JobOutput::Generate {
+            text,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+            latency_us,
+        } => json!({
+            "kind": "generate",
+            "text": text,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "finish_reason": finish_reason,
+            "latency_us": latency_us,
+        }),
+    }
+}
+
+fn output_from_json(v: &Value) -> Option<JobOutput> {
+    let u32_of = |v: &Value, k: &str| v.get(k)?.as_u64().and_then(|x| u32::try_from(x).ok());
+    let u64_of = |v: &Value, k: &str| v.get(k)?.as_u64();
+    let str_of = |v: &Value, k: &str| v.get(k)?.as_str().map(str::to_string);
+    match v.get("kind")?.as_str()? {
+        "rollout" => {
+            let mut candidates = Vec::new();
+            for c in v.get("candidates")?.as_array()? {
+                candidates.push(CandidateText {
+                    decode_index: u32_of(c, "decode_index")?,
+                    sample_index: u32_of(c, "sample_index")?,
+                    seed: u64_of(c, "seed")?,
+                    text: str_of(c, "text")?,
+                    completion_tokens: u32_of(c, "completion_tokens")?,
+                    finish_reason: str_of(c, "finish_reason")?,
+                });
+            }
+            Some(JobOutput::Rollout {
+                candidates,
+                prompt_tokens: u32_of(v, "prompt_tokens")?,
+                prefill_us: u64_of(v, "prefill_us")?,
+                decode_us: u64_of(v, "decode_us")?,
+            })
+        }
+        "generate" => Some(JobOutput::Generate {
+            text: str_of(v, "text")?,
+            prompt_tokens: u32_of(v, "prompt_tokens")?,
+            completion_tokens: u32_of(v, "completion_tokens")?,
+            finish_reason: str_of(v, "finish_reason")?,
+            latency_us: u64_of(v, "latency_us")?,
+        }),
+        _ => None,
+    }
+}
+
+/// Answers of an earlier attempt at this run, by payload digest.
+#[derive(Debug, Default, Clone)]
+pub struct ReplayCache {
+    answers: HashMap<String, JobOutput>,
+}
+
+impl ReplayCache {
+    /// Reads `path`; a missing file is an empty cache. Rows that do not parse (a torn last
+    /// line, another journal version) are skipped: the job is recomputed instead.
+    pub fn load(path: &Path) -> io::Result<ReplayCache> {
+        let mut answers = HashMap::new();
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReplayCache::default()),
+            Err(e) => return Err(e),
+        };
+        let mut skipped = 0usize;
+        for line in io::BufReader::new(file).lines() {
+            let line = line?;
+            let parsed = serde_json::from_str::<Value>(&line).ok().and_then(|row| {
+                if row.get("journal_version")?.as_u64()? != JOURNAL_VERSION {
+                    return None;
+                }
+                let digest = row.get("digest")?.as_str()?.to_string();
+                Some((digest, output_from_json(row.get("output")?)?))
+            });
+            match parsed {
+                Some((digest, output)) => {
+                    answers.insert(digest, output);
+                }
+                None => skipped += 1,
+            }
+        }
+        if skipped > 0 {
+            tracing::warn!(path = %path.display(), skipped, "journal rows skipped (their jobs will be recomputed)");
+        }
+        Ok(ReplayCache { answers })
+    }
+
+    pub fn get(&self, digest: &str) -> Option<&JobOutput> {
+        self.answers.get(digest)
+    }
+
+    pub fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+    }
+}
+
+/// The append side of the journal, shared by the scheduler's submit path.
+pub struct Journal {
+    writer: Mutex<JsonlWriter>,
+}
+
+impl Journal {
+    /// A fresh journal (truncates `path`).
+    pub fn create(path: &Path) -> io::Result<Journal> {
+        Ok(Journal {
+            writer: Mutex::new(JsonlWriter::create(path)?),
+        })
+    }
+
+    /// Continues `path` after a crash (a torn last line is cut off, nothing else rewritten).
+    pub fn append_to(path: &Path) -> io::Result<Journal> {
+        Ok(Journal {
+            writer: Mutex::new(JsonlWriter::open_resume(path)?),
+        })
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, JsonlWriter> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records an accepted answer. A failed write only costs a recomputation on resume, so it
+    /// is logged, not fatal.
+    pub fn record(&self, digest: &str, output: &JobOutput) {
+        let row = json!({
+            "journal_version": JOURNAL_VERSION,
+            "digest": digest,
+            "output": output_json(output),
+        });
+        let mut w = self.writer();
+        if let Err(e) = w.append(&row) {
+            tracing::warn!(path = %w.path().display(), "cannot append to the job journal: {e}");
+        }
+    }
+
+    /// Makes every row written so far durable (called at step boundaries).
+    pub fn sync(&self) -> io::Result<()> {
+        self.writer().sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::DecodeJob;
+    use stageb_shared::domain::ChatMessage;
+
+    fn rollout(seed: u64) -> JobPayload {
+        JobPayload::Rollout {
+            messages: vec![ChatMessage::user("票据 ticket")],
+            decodes: vec![DecodeJob {
+                decode_index: 0,
+                temperature: 0.7,
+                top_p: 0.9,
+                repetition_penalty: 1.05,
+                max_new_tokens: 48,
+                seeds: vec![seed, seed + 1],
+            }],
+            constrained: true,
+        }
+    }
+
+    #[test]
+    fn the_digest_covers_every_field_that_changes_the_answer() {
+        assert_eq!(payload_digest(&rollout(1)), payload_digest(&rollout(1)));
+        assert_ne!(payload_digest(&rollout(1)), payload_digest(&rollout(2)));
+        let mut other_prompt = rollout(1);
+        if let JobPayload::Rollout { messages, .. } = &mut other_prompt {
+            messages[0].content.push('!');
+        }
+        assert_ne!(payload_digest(&rollout(1)), payload_digest(&other_prompt));
+    }
+
+    #[test]
+    fn answers_round_trip_and_torn_rows_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let answer = JobOutput::Rollout {
+            candidates: vec![CandidateText {
+                decode_index: 0,
+                sample_index: 1,
+                seed: u64::MAX,
+                text: "Verdict: 通过\nReason: 无异常".into(),
+                completion_tokens: 9,
+                finish_reason: "stop".into(),
+            }],
+            prompt_tokens: 600,
+            prefill_us: 1,
+            decode_us: 2,
+        };
+        let generated = JobOutput::Generate {
+            text: "{}".into(),
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            finish_reason: "stop".into(),
+            latency_us: 4,
+        };
+        {
+            let j = Journal::create(&path).unwrap();
+            j.record("sha256:a", &answer);
+            j.record("sha256:b", &generated);
+            j.sync().unwrap();
+        }
+        // A crash in the middle of a third row.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(br#"{"journal_version":1,"digest":"sha256:c","out"#);
+        std::fs::write(&path, &bytes).unwrap();
+        let cache = ReplayCache::load(&path).unwrap();
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.get("sha256:a"), Some(&answer));
+        assert_eq!(cache.get("sha256:b"), Some(&generated));
+        // Appending after the crash cuts the torn row off first.
+        let j = Journal::append_to(&path).unwrap();
+        j.record("sha256:c", &generated);
+        assert_eq!(ReplayCache::load(&path).unwrap().len(), 3);
+    }
+}

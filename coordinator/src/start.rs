@@ -1,0 +1,197 @@
+//! How a run takes its directory: fresh, replacing an earlier run, or resuming one.
+//!
+//! A directory with a `manifest.json` belongs to an earlier run. A plain start there would
+//! truncate that run's artifacts, so it is refused (`E_RUN_EXISTS`) unless the user asks for
+//! `--overwrite` (start over) or `--resume` (continue it, see [`crate::journal`]). `--resume` on
+//! a directory without a manifest starts fresh, so a requeued batch job can always pass it.
+//!
+//! Resuming checks that it continues the *same* run: same config text, same tickets, same
+//! artifact schema. It pins the model fingerprint the earlier attempt recorded, so workers with
+//! another model are refused. A run that continued a previous run's guidance
+//! (`guidance.reset_on_rerun: false`) cannot be resumed: its starting guidance was overwritten
+//! by the attempt itself.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use stageb_shared::digest;
+use stageb_shared::error::{ErrorCode, InputError};
+
+use crate::journal::{JOURNAL_FILE, Journal, ReplayCache};
+use crate::run::{RunError, RunInputs, files, run_dir};
+use stageb_shared::SCHEMA_VERSION;
+
+/// What to do with a run directory that may already hold a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartMode {
+    /// Start; refuse a directory that holds a run.
+    #[default]
+    Fresh,
+    /// Start over, replacing whatever the directory holds.
+    Overwrite,
+    /// Continue the run the directory holds (or start, if it holds none).
+    Resume,
+}
+
+/// The decided start of a run.
+pub struct StartPlan {
+    pub dir: PathBuf,
+    /// Whether an earlier attempt is being continued.
+    pub resuming: bool,
+    /// Resuming: the model fingerprint the earlier attempt ran with.
+    pub pinned_fingerprint: Option<String>,
+    /// Resuming: the earlier attempt's answers.
+    pub replay: ReplayCache,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+fn refuse(code: ErrorCode, manifest: &Path, message: String) -> StartError {
+    StartError::Input(InputError::new(
+        code,
+        manifest.display().to_string(),
+        None,
+        message,
+    ))
+}
+
+/// Decides how the run described by `inputs` starts, per `mode`.
+pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError> {
+    let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
+    let manifest_path = dir.join(files::MANIFEST);
+    let fresh = |dir: PathBuf| StartPlan {
+        dir,
+        resuming: false,
+        pinned_fingerprint: None,
+        replay: ReplayCache::default(),
+    };
+    if !manifest_path.exists() {
+        if mode == StartMode::Resume {
+            tracing::info!(run_dir = %dir.display(), "nothing to resume there: starting the run");
+        }
+        return Ok(fresh(dir));
+    }
+    match mode {
+        StartMode::Fresh => {
+            return Err(refuse(
+                ErrorCode::RunExists,
+                &manifest_path,
+                format!(
+                    "{} already holds a run; pass --resume to continue it or --overwrite to replace it",
+                    dir.display()
+                ),
+            ));
+        }
+        StartMode::Overwrite => {
+            tracing::warn!(run_dir = %dir.display(), "--overwrite: replacing the earlier run's artifacts");
+            return Ok(fresh(dir));
+        }
+        StartMode::Resume => {}
+    }
+    let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
+        refuse(
+            ErrorCode::ResumeMismatch,
+            &manifest_path,
+            format!("cannot read the earlier run's manifest: {e}"),
+        )
+    })?;
+    let manifest: Value = serde_json::from_str(&text).map_err(|e| {
+        refuse(
+            ErrorCode::ResumeMismatch,
+            &manifest_path,
+            format!("the earlier run's manifest is not valid JSON: {e}"),
+        )
+    })?;
+    let mismatch = |what: &str, before: &Value, now: Value| -> Result<(), StartError> {
+        if *before == now {
+            return Ok(());
+        }
+        Err(refuse(
+            ErrorCode::ResumeMismatch,
+            &manifest_path,
+            format!(
+                "cannot resume: {what} differs from the earlier run ({before} there, {now} now); \
+                 restore it, or pass --overwrite to start over"
+            ),
+        ))
+    };
+    mismatch(
+        "the artifact schema version",
+        &manifest["schema_version"],
+        Value::from(SCHEMA_VERSION),
+    )?;
+    mismatch(
+        "the config file (sha256)",
+        &manifest["config_sha256"],
+        Value::from(inputs.config_sha256.clone()),
+    )?;
+    mismatch(
+        "the tickets (digest)",
+        &manifest["tickets_digest"],
+        Value::from(digest::digest_of(&inputs.ingested.tickets)),
+    )?;
+    if manifest["guidance"]["reused_from_previous_run"] == Value::Bool(true) {
+        return Err(refuse(
+            ErrorCode::ResumeMismatch,
+            &manifest_path,
+            "cannot resume a run that continued a previous run's guidance \
+             (guidance.reset_on_rerun: false): the attempt overwrote the guidance it started from; \
+             pass --overwrite to start over"
+                .into(),
+        ));
+    }
+    let pinned_fingerprint = manifest["model"]["fingerprint"]
+        .as_str()
+        .map(str::to_string);
+    let journal = dir.join(JOURNAL_FILE);
+    let replay = ReplayCache::load(&journal).map_err(|source| RunError::Io {
+        path: journal.clone(),
+        source,
+    })?;
+    tracing::info!(
+        run_dir = %dir.display(),
+        answers = replay.len(),
+        model = pinned_fingerprint.as_deref().unwrap_or("not recorded"),
+        "resuming: replaying the earlier attempt's answers, then continuing"
+    );
+    Ok(StartPlan {
+        dir,
+        resuming: true,
+        pinned_fingerprint,
+        replay,
+    })
+}
+
+/// The model fingerprint an earlier attempt in `inputs`' run directory recorded, if any (lets
+/// an embedded run refuse another model before starting anything).
+pub fn recorded_fingerprint(inputs: &RunInputs) -> Option<String> {
+    let dir = run_dir(&inputs.config, &inputs.ingested.mission).ok()?;
+    let text = std::fs::read_to_string(dir.join(files::MANIFEST)).ok()?;
+    let manifest: Value = serde_json::from_str(&text).ok()?;
+    manifest["model"]["fingerprint"]
+        .as_str()
+        .map(str::to_string)
+}
+
+impl StartPlan {
+    /// Opens the journal this run appends to: continued when resuming, fresh otherwise.
+    pub fn open_journal(&self) -> Result<Journal, RunError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| RunError::Io {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let path = self.dir.join(JOURNAL_FILE);
+        let journal = if self.resuming {
+            Journal::append_to(&path)
+        } else {
+            Journal::create(&path)
+        };
+        journal.map_err(|source| RunError::Io { path, source })
+    }
+}
