@@ -631,5 +631,20 @@ fn validate(config: &Path) -> Result<u8> {
         cfg.runner.epochs,
         model.display()
     );
+    // What a start would do with the run directory (a plain start there would be refused).
+    let dir = stageb_coordinator::run::run_dir(cfg, &inputs.ingested.mission)?;
+    if dir.join(stageb_coordinator::run::files::MANIFEST).exists() {
+        match stageb_coordinator::start::plan(&inputs, StartMode::Resume) {
+            Ok(plan) => println!(
+                "note: {} holds a run; start with --resume to continue it ({} answers journaled) or --overwrite to replace it",
+                dir.display(),
+                plan.replay.len()
+            ),
+            Err(e) => println!(
+                "note: {} holds a run that cannot be resumed ({e}); start with --overwrite to replace it",
+                dir.display()
+            ),
+        }
+    }
     Ok(exit::OK)
 }
