@@ -443,3 +443,78 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
         .collect();
     assert_eq!(keys.len(), 4, "no ticket written twice");
 }
+
+/// `stageb run` as a user runs it, killed with SIGKILL mid-run (rank 0 and its worker die
+/// together, nothing is flushed or closed), then started again with `--resume`: the run
+/// completes, replays what the killed attempt had finished, and its selections and trajectories
+/// equal those of an uninterrupted run (which also ran on another thread count).
+#[test]
+fn rank_0_killed_mid_run_resumes_to_the_uninterrupted_artifacts() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs {
+        tickets: 4,
+        run_name: "resume",
+        reflection_tokens: 16,
+        ..Knobs::default()
+    };
+    let whole_tmp = tempfile::tempdir().unwrap();
+    run_embedded(&write_mission(whole_tmp.path(), &knobs), 1);
+    let whole = mission_dir(whole_tmp.path(), knobs.run_name);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_mission(tmp.path(), &knobs);
+    let dir = mission_dir(tmp.path(), knobs.run_name);
+    let stageb = |extra: &[&str], log: &str| {
+        Command::new(env!("CARGO_BIN_EXE_stageb"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(tmp.path().join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = Proc(stageb(&[], "first.log"));
+    let journal = dir.join("jobs.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::fs::read_to_string(&journal).map_or(0, |s| s.lines().count()) < 2 {
+        assert!(
+            first.0.try_wait().unwrap().is_none(),
+            "the first attempt ended before it could be killed"
+        );
+        assert!(Instant::now() < deadline, "no answers journaled in time");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.0.kill().unwrap(); // SIGKILL: no handler runs
+    let _ = first.0.wait();
+    assert!(
+        !dir.join("summary.json").exists(),
+        "killed before the run completed"
+    );
+
+    let refused = stageb(&[], "refused.log").wait().unwrap();
+    assert_eq!(
+        refused.code(),
+        Some(2),
+        "a plain start over the killed run is refused"
+    );
+    let resumed = stageb(&["--resume"], "resumed.log").wait().unwrap();
+    let log = std::fs::read_to_string(tmp.path().join("resumed.log")).unwrap_or_default();
+    assert_eq!(resumed.code(), Some(0), "resume failed:\n{log}");
+    assert_audit_ok(&dir);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["runtime"]["resumed"], true);
+    assert!(
+        manifest["runtime"]["replayed_answers"].as_u64().unwrap() >= 2,
+        "the killed attempt's answers are replayed: {}",
+        manifest["runtime"]
+    );
+    for f in ["selections.jsonl", "trajectories.jsonl"] {
+        assert_eq!(
+            rows_without_runtime(&dir.join(f)),
+            rows_without_runtime(&whole.join(f)),
+            "{f} differs from the uninterrupted run's"
+        );
+    }
+}
