@@ -251,6 +251,16 @@ impl RunLoop {
     ) -> Result<Self, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        // End-of-run files of an earlier run (overwritten or resumed) would describe other
+        // artifacts than the ones this run is writing; they reappear when this run completes.
+        for name in [files::SUMMARY, files::NEED_REVIEW] {
+            let path = dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(RunError::Io { path, source: e }),
+            }
+        }
         let options = RepoOptions {
             retention: inputs.config.guidance.retention.max(1) as usize,
             ..RepoOptions::default()
