@@ -28,15 +28,7 @@ pub type LeaseId = u64;
 pub const REPLAY_WORKER: &str = "journal-replay";
 
 /// How one group of candidates is decoded, with one seed per sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DecodeJob {
-    pub decode_index: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub repetition_penalty: f32,
-    pub max_new_tokens: u32,
-    pub seeds: Vec<u64>,
-}
+pub use stageb_shared::domain::DecodeGroup as DecodeJob;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobPayload {

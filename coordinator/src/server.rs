@@ -84,17 +84,7 @@ fn payload_to_pb(lease_id: u64, payload: JobPayload) -> pb::Job {
             constrained,
         } => pb::job::Kind::Rollout(pb::RolloutJob {
             messages: messages(ms),
-            decodes: decodes
-                .into_iter()
-                .map(|d| pb::DecodeSpec {
-                    decode_index: d.decode_index,
-                    temperature: d.temperature,
-                    top_p: d.top_p,
-                    repetition_penalty: d.repetition_penalty,
-                    max_new_tokens: d.max_new_tokens,
-                    seeds: d.seeds,
-                })
-                .collect(),
+            decodes: decodes.into_iter().map(pb::DecodeSpec::from).collect(),
             constrained,
         }),
         JobPayload::Generate {

@@ -93,6 +93,46 @@ pub struct DecodeSpec {
     pub repetition_penalty: f32,
 }
 
+/// How one group of a ticket's candidates is decoded: a `sampler.grid` entry with one seed per
+/// sample (sample `i` uses `seeds[i]`). Rank 0 puts it in a job, the worker's engine runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeGroup {
+    pub decode_index: u32,
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub repetition_penalty: f32,
+    pub max_new_tokens: u32,
+    pub seeds: Vec<u64>,
+}
+
+// The wire form is field for field the same: both ends of the gRPC edge convert through these.
+impl From<crate::pb::DecodeSpec> for DecodeGroup {
+    fn from(d: crate::pb::DecodeSpec) -> Self {
+        DecodeGroup {
+            decode_index: d.decode_index,
+            temperature: d.temperature,
+            top_p: d.top_p,
+            repetition_penalty: d.repetition_penalty,
+            max_new_tokens: d.max_new_tokens,
+            seeds: d.seeds,
+        }
+    }
+}
+
+impl From<DecodeGroup> for crate::pb::DecodeSpec {
+    fn from(d: DecodeGroup) -> Self {
+        crate::pb::DecodeSpec {
+            decode_index: d.decode_index,
+            temperature: d.temperature,
+            top_p: d.top_p,
+            repetition_penalty: d.repetition_penalty,
+            max_new_tokens: d.max_new_tokens,
+            seeds: d.seeds,
+        }
+    }
+}
+
 /// A chat message handed to a worker; the worker renders it with its model's chat template.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {

@@ -171,18 +171,7 @@ async fn run_job<E: Engine + 'static>(
             pb::job::Kind::Rollout(job) => {
                 let request = RolloutRequest {
                     messages: messages(job.messages),
-                    decodes: job
-                        .decodes
-                        .into_iter()
-                        .map(|d| DecodeRequest {
-                            decode_index: d.decode_index,
-                            temperature: d.temperature,
-                            top_p: d.top_p,
-                            repetition_penalty: d.repetition_penalty,
-                            max_new_tokens: d.max_new_tokens,
-                            seeds: d.seeds,
-                        })
-                        .collect(),
+                    decodes: job.decodes.into_iter().map(DecodeRequest::from).collect(),
                     constrained: job.constrained,
                 };
                 match engine.rollout(&request) {

@@ -20,18 +20,8 @@ pub mod transformer;
 pub use candle_engine::{CandleEngine, DeviceSpec, EngineOptions};
 pub use gguf::WeightFormat;
 
-/// How one group of candidates is decoded (one `sampler.grid` entry).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DecodeRequest {
-    pub decode_index: u32,
-    /// 0 means greedy.
-    pub temperature: f32,
-    pub top_p: f32,
-    pub repetition_penalty: f32,
-    pub max_new_tokens: u32,
-    /// One seed per sample; sample `i` uses `seeds[i]`.
-    pub seeds: Vec<u64>,
-}
+/// How one group of candidates is decoded (one `sampler.grid` entry with its seeds).
+pub use stageb_shared::domain::DecodeGroup as DecodeRequest;
 
 /// Sample candidate verdicts for one ticket.
 #[derive(Debug, Clone, PartialEq)]
