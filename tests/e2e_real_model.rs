@@ -518,3 +518,65 @@ fn rank_0_killed_mid_run_resumes_to_the_uninterrupted_artifacts() {
         );
     }
 }
+
+/// `stageb generate` as the README shows it: 8 candidates from the real model, every one a
+/// valid two-line verdict; `--json` prints one object per candidate with its seed, token counts
+/// and the model fingerprint; the same `--seed` prints the same bytes again.
+#[test]
+fn generate_prints_eight_contract_valid_candidates_reproducibly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let prompt = tmp.path().join("prompt.txt");
+    std::fs::write(
+        &prompt,
+        "工单 QC-1：挡风板安装牢固，螺丝齐全，方向正确。Check the BBU windshield panel.",
+    )
+    .unwrap();
+    let generate = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_stageb"))
+            .arg("generate")
+            .arg("--model")
+            .arg(model_path())
+            .arg("--prompt-file")
+            .arg(&prompt)
+            .args(["--candidates", "8"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "generate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json = generate(&["--json", "--seed", "5"]);
+    let rows: Vec<Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 8, "one JSON object per candidate:\n{json}");
+    let mut seeds = std::collections::BTreeSet::new();
+    for row in &rows {
+        let text = row["text"].as_str().unwrap();
+        let parsed = stageb_shared::contract::parse(text)
+            .unwrap_or_else(|v| panic!("candidate breaks the contract ({v:?}): {text:?}"));
+        assert_eq!(
+            row["verdict"],
+            serde_json::to_value(parsed.verdict).unwrap()
+        );
+        assert_eq!(row["reason"], parsed.reason.as_str());
+        assert!(row["completion_tokens"].as_u64().unwrap() > 0);
+        assert!(row["prompt_tokens"].as_u64().unwrap() > 0);
+        assert_eq!(row["model_fingerprint"]["architecture"], "llama");
+        seeds.insert(row["seed"].as_u64().unwrap());
+    }
+    assert_eq!(seeds.len(), 8, "each candidate has its own seed");
+    assert_eq!(
+        generate(&["--json", "--seed", "5"]),
+        json,
+        "same seed, same bytes"
+    );
+    let text = generate(&["--seed", "5"]);
+    assert_eq!(text.matches("Verdict: ").count(), 8, "{text}");
+}
