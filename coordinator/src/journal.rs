@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use stageb_shared::digest;
 
 use crate::artifacts::JsonlWriter;
-use crate::scheduler::{CandidateText, JobOutput, JobPayload};
+use crate::scheduler::{JobOutput, JobPayload};
 
 /// File name of the journal inside the run directory.
 pub const JOURNAL_FILE: &str = "jobs.jsonl";
@@ -35,119 +35,10 @@ pub const JOURNAL_FILE: &str = "jobs.jsonl";
 /// Version of the row format (and of the payload digest): rows of another version are ignored.
 const JOURNAL_VERSION: u64 = 1;
 
-/// `sha256:` of the canonical JSON of everything that determines a job's answer.
+/// `sha256:` of the canonical JSON of everything that determines a job's answer: the whole
+/// payload (messages, decode groups with their seeds, schema, sampling parameters).
 pub fn payload_digest(payload: &JobPayload) -> String {
-    let v = match payload {
-        JobPayload::Rollout {
-            messages,
-            decodes,
-            constrained,
-        } => json!({
-            "kind": "rollout",
-            "messages": messages,
-            "decodes": decodes.iter().map(|d| json!({
-                "decode_index": d.decode_index,
-                "temperature": d.temperature,
-                "top_p": d.top_p,
-                "repetition_penalty": d.repetition_penalty,
-                "max_new_tokens": d.max_new_tokens,
-                "seeds": d.seeds,
-            })).collect::<Vec<_>>(),
-            "constrained": constrained,
-        }),
-        JobPayload::Generate {
-            messages,
-            json_schema,
-            seed,
-            temperature,
-            top_p,
-            repetition_penalty,
-            max_new_tokens,
-        } => json!({
-            "kind": "generate",
-            "messages": messages,
-            "json_schema": json_schema,
-            "seed": seed,
-            "temperature": temperature,
-            "top_p": top_p,
-            "repetition_penalty": repetition_penalty,
-            "max_new_tokens": max_new_tokens,
-        }),
-    };
-    digest::digest_of(&v)
-}
-
-fn output_json(output: &JobOutput) -> Value {
-    match output {
-        JobOutput::Rollout {
-            candidates,
-            prompt_tokens,
-            prefill_us,
-            decode_us,
-        } => json!({
-            "kind": "rollout",
-            "candidates": candidates.iter().map(|c| json!({
-                "decode_index": c.decode_index,
-                "sample_index": c.sample_index,
-                "seed": c.seed,
-                "text": c.text,
-                "completion_tokens": c.completion_tokens,
-                "finish_reason": c.finish_reason,
-            })).collect::<Vec<_>>(),
-            "prompt_tokens": prompt_tokens,
-            "prefill_us": prefill_us,
-            "decode_us": decode_us,
-        }),
-        JobOutput::Generate {
-            text,
-            prompt_tokens,
-            completion_tokens,
-            finish_reason,
-            latency_us,
-        } => json!({
-            "kind": "generate",
-            "text": text,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "finish_reason": finish_reason,
-            "latency_us": latency_us,
-        }),
-    }
-}
-
-fn output_from_json(v: &Value) -> Option<JobOutput> {
-    let u32_of = |v: &Value, k: &str| v.get(k)?.as_u64().and_then(|x| u32::try_from(x).ok());
-    let u64_of = |v: &Value, k: &str| v.get(k)?.as_u64();
-    let str_of = |v: &Value, k: &str| v.get(k)?.as_str().map(str::to_string);
-    match v.get("kind")?.as_str()? {
-        "rollout" => {
-            let mut candidates = Vec::new();
-            for c in v.get("candidates")?.as_array()? {
-                candidates.push(CandidateText {
-                    decode_index: u32_of(c, "decode_index")?,
-                    sample_index: u32_of(c, "sample_index")?,
-                    seed: u64_of(c, "seed")?,
-                    text: str_of(c, "text")?,
-                    completion_tokens: u32_of(c, "completion_tokens")?,
-                    finish_reason: str_of(c, "finish_reason")?,
-                });
-            }
-            Some(JobOutput::Rollout {
-                candidates,
-                prompt_tokens: u32_of(v, "prompt_tokens")?,
-                prefill_us: u64_of(v, "prefill_us")?,
-                decode_us: u64_of(v, "decode_us")?,
-            })
-        }
-        "generate" => Some(JobOutput::Generate {
-            text: str_of(v, "text")?,
-            prompt_tokens: u32_of(v, "prompt_tokens")?,
-            completion_tokens: u32_of(v, "completion_tokens")?,
-            finish_reason: str_of(v, "finish_reason")?,
-            latency_us: u64_of(v, "latency_us")?,
-        }),
-        _ => None,
-    }
+    digest::digest_of(payload)
 }
 
 /// Answers of an earlier attempt at this run, by payload digest.
@@ -174,7 +65,8 @@ impl ReplayCache {
                     return None;
                 }
                 let digest = row.get("digest")?.as_str()?.to_string();
-                Some((digest, output_from_json(row.get("output")?)?))
+                let output = serde_json::from_value(row.get("output")?.clone()).ok()?;
+                Some((digest, output))
             });
             match parsed {
                 Some((digest, output)) => {
@@ -232,7 +124,7 @@ impl Journal {
         let row = json!({
             "journal_version": JOURNAL_VERSION,
             "digest": digest,
-            "output": output_json(output),
+            "output": output,
         });
         let mut w = self.writer();
         if let Err(e) = w.append(&row) {
@@ -249,7 +141,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::DecodeJob;
+    use crate::scheduler::{CandidateText, DecodeJob};
     use stageb_shared::domain::ChatMessage;
 
     fn rollout(seed: u64) -> JobPayload {

@@ -30,7 +30,8 @@ pub const REPLAY_WORKER: &str = "journal-replay";
 /// How one group of candidates is decoded, with one seed per sample.
 pub use stageb_shared::domain::DecodeGroup as DecodeJob;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serialized (externally tagged) only to digest it: see [`crate::journal::payload_digest`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub enum JobPayload {
     Rollout {
         messages: Vec<ChatMessage>,
@@ -48,7 +49,7 @@ pub enum JobPayload {
     },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CandidateText {
     pub decode_index: u32,
     pub sample_index: u32,
@@ -58,7 +59,9 @@ pub struct CandidateText {
     pub finish_reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serialized as a job journal row's `output` (`kind`: `rollout` | `generate`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum JobOutput {
     Rollout {
         candidates: Vec<CandidateText>,

@@ -94,20 +94,8 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
         }
         StartMode::Resume => {}
     }
-    let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
-        refuse(
-            ErrorCode::ResumeMismatch,
-            &manifest_path,
-            format!("cannot read the earlier run's manifest: {e}"),
-        )
-    })?;
-    let manifest: Value = serde_json::from_str(&text).map_err(|e| {
-        refuse(
-            ErrorCode::ResumeMismatch,
-            &manifest_path,
-            format!("the earlier run's manifest is not valid JSON: {e}"),
-        )
-    })?;
+    let manifest = read_manifest(&manifest_path)
+        .map_err(|e| refuse(ErrorCode::ResumeMismatch, &manifest_path, e))?;
     let mismatch = |what: &str, before: &Value, now: Value| -> Result<(), StartError> {
         if *before == now {
             return Ok(());
@@ -172,11 +160,18 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
 /// an embedded run refuse another model before starting anything).
 pub fn recorded_fingerprint(inputs: &RunInputs) -> Option<String> {
     let dir = run_dir(&inputs.config, &inputs.ingested.mission).ok()?;
-    let text = std::fs::read_to_string(dir.join(files::MANIFEST)).ok()?;
-    let manifest: Value = serde_json::from_str(&text).ok()?;
+    let manifest = read_manifest(&dir.join(files::MANIFEST)).ok()?;
     manifest["model"]["fingerprint"]
         .as_str()
         .map(str::to_string)
+}
+
+/// An earlier run's `manifest.json`, or why it cannot be read.
+fn read_manifest(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the earlier run's manifest: {e}"))?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("the earlier run's manifest is not valid JSON: {e}"))
 }
 
 impl StartPlan {

@@ -95,7 +95,7 @@ pub struct DecodeSpec {
 
 /// How one group of a ticket's candidates is decoded: a `sampler.grid` entry with one seed per
 /// sample (sample `i` uses `seeds[i]`). Rank 0 puts it in a job, the worker's engine runs it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecodeGroup {
     pub decode_index: u32,
     /// 0 means greedy.
