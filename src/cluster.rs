@@ -7,15 +7,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stageb_coordinator::edge::EdgeLimits;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
 use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
-use stageb_coordinator::server::{self, ServiceConfig};
+use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_coordinator::start;
 pub use stageb_coordinator::start::StartMode;
 use stageb_shared::auth::AuthToken;
 use stageb_shared::config::load_config;
 use stageb_shared::error::InputError;
 use stageb_shared::ingest::load_tickets;
+use stageb_shared::tls::{ClientTls, ServerTls};
 use stageb_worker::client::{WorkerOptions, WorkerSummary, run_worker};
 use stageb_worker::engine::Engine;
 use tokio::sync::oneshot;
@@ -65,6 +67,10 @@ pub fn prepare_inputs(config_path: &Path, mode: &str) -> Result<RunInputs, Clust
 pub struct CoordinatorSettings {
     pub listen: SocketAddr,
     pub token: Option<AuthToken>,
+    /// TLS (mutual when it has a client CA); `None` serves plaintext.
+    pub tls: Option<ServerTls>,
+    /// Connection and request limits of the gRPC edge.
+    pub edge_limits: EdgeLimits,
     /// How long to wait with no live worker before giving up.
     pub worker_grace: Duration,
     /// Period of the progress log line when stderr is not a terminal.
@@ -78,8 +84,50 @@ pub struct CoordinatorSettings {
 /// Handles of workers started in this process.
 pub type LocalWorkers = Vec<JoinHandle<Result<WorkerSummary, String>>>;
 
+/// Which model the run accepts: the one an earlier attempt recorded (resume), else the one
+/// the config names when rank 0 can read it, else the first worker's (said in the log).
+async fn model_pin(inputs: &RunInputs, resumed: Option<String>) -> ModelPin {
+    if let Some(fingerprint) = resumed {
+        return ModelPin::by_resumed_run(fingerprint);
+    }
+    let path = PathBuf::from(&inputs.config.model.model_name_or_path);
+    let hashed = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || stageb_worker::engine::weights_sha256(&path)
+    })
+    .await;
+    match hashed {
+        Ok(Ok(weights)) => {
+            tracing::info!(model = %path.display(), weights_sha256 = %&weights[..weights.len().min(16)], "run model pinned by the config");
+            ModelPin::by_config(weights)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(model = %path.display(), "rank 0 cannot read the config's model ({e}): the first worker to register pins the run's model");
+            ModelPin::by_first_worker()
+        }
+        Err(e) => {
+            tracing::warn!(
+                "hashing the config's model failed ({e}): the first worker to register pins the run's model"
+            );
+            ModelPin::by_first_worker()
+        }
+    }
+}
+
+/// After an input error found once the run directory exists: remove the journal this start
+/// created if nothing was written to it, and the directory if that leaves it empty.
+fn discard_empty_start(dir: &Path) {
+    let journal = dir.join(stageb_coordinator::journal::JOURNAL_FILE);
+    if std::fs::metadata(&journal).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(&journal);
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
 /// Serve one run as rank 0. `spawn_local` receives the bound address (and the token) and
 /// starts in-process workers; pass a closure returning no handles for a coordinator alone.
+/// Serving stops within the edge's shutdown grace once the run is over, whatever clients
+/// still hold connections.
 pub async fn run_coordinator(
     inputs: RunInputs,
     settings: CoordinatorSettings,
@@ -101,16 +149,27 @@ pub async fn run_coordinator_until(
     let runner = &inputs.config.runner;
     // The listen policy first: refusing an unauthenticated public address outranks anything
     // about the run directory.
-    let listener = server::bind(settings.listen, settings.token.as_ref()).await?;
+    let edge = EdgeConfig {
+        token: settings.token.clone(),
+        tls: settings.tls.clone(),
+        limits: settings.edge_limits.clone(),
+        connections: Default::default(),
+    };
+    let (listener, warnings) =
+        server::bind(settings.listen, settings.token.as_ref(), edge.transport()).await?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
     let plan = start::plan(&inputs, settings.start).map_err(|e| match e {
         start::StartError::Input(e) => ClusterError::Input(e),
         start::StartError::Run(e) => ClusterError::Run(e),
     })?;
+    let model = model_pin(&inputs, plan.pinned_fingerprint.clone()).await;
+    let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
     let journal = plan.open_journal()?;
-    let (scheduler, completions) = Scheduler::new(SchedulerConfig {
-        lease_ttl: Duration::from_secs(runner.lease_ttl_s.max(1)),
-        ..SchedulerConfig::default()
-    });
+    let (scheduler, completions) = Scheduler::new(SchedulerConfig::with_lease_ttl(
+        Duration::from_secs(runner.lease_ttl_s.max(1)),
+    ));
     let scheduler = Arc::new(scheduler.with_journal(journal, plan.replay));
     let run_id = format!("{}-{}", inputs.config.output.run_name, &uuid_hex()[..8]);
     let service = server::build_service(
@@ -118,24 +177,19 @@ pub async fn run_coordinator_until(
         &ServiceConfig {
             run_id,
             token: settings.token.clone(),
-            expected_fingerprint: plan.pinned_fingerprint,
+            model,
             heartbeat_interval: Duration::from_secs(runner.heartbeat_interval_s.max(1)),
         },
     );
-    let fingerprint = service.fingerprint_handle();
+    let model = service.model_handle();
     let addr = listener
         .local_addr()
         .map_err(|e| ClusterError::Serve(e.to_string()))?;
-    tracing::info!(%addr, auth = settings.token.is_some(), "coordinator listening");
+    tracing::info!(%addr, auth = settings.token.is_some(), transport = ?edge.transport(), max_connections = edge.limits.max_connections, "coordinator listening");
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server_task = tokio::spawn(server::serve(
-        listener,
-        service,
-        settings.token.clone(),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    let server_task = tokio::spawn(server::serve(listener, service, edge, async {
+        let _ = stop_rx.await;
+    }));
     let workers = spawn_local(addr, settings.token.clone());
 
     let progress: ProgressHandle = Arc::new(Mutex::new(Default::default()));
@@ -153,12 +207,17 @@ pub async fn run_coordinator_until(
     let result = async {
         let run = RunLoop::prepare(
             inputs,
-            plan.resuming,
+            resuming,
             scheduler.clone(),
             completions,
-            fingerprint,
+            model,
             progress,
-        )?
+        )
+        .inspect_err(|_| {
+            if !resuming {
+                discard_empty_start(&run_dir);
+            }
+        })?
         .with_worker_grace(settings.worker_grace);
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
         tokio::select! {
@@ -217,6 +276,7 @@ pub fn spawn_local_workers<E, F>(
     n: usize,
     addr: SocketAddr,
     token: Option<AuthToken>,
+    tls: Option<ClientTls>,
     make_engine: F,
 ) -> LocalWorkers
 where
@@ -228,6 +288,7 @@ where
         .map(|i| {
             let make_engine = make_engine.clone();
             let token = token.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let engine = tokio::task::spawn_blocking(move || make_engine(i))
                     .await
@@ -235,6 +296,7 @@ where
                 let opts = WorkerOptions {
                     coordinator: addr.to_string(),
                     token,
+                    tls,
                     name: worker_name(i),
                     device: "local".into(),
                     run_id: String::new(),

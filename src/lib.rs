@@ -7,11 +7,13 @@
 //! - [`progress`]: rank 0's progress display (a bar on a terminal, periodic log lines
 //!   otherwise).
 //! - [`audit`]: re-derives decisions from a run directory and checks every invariant.
+//! - [`certs`]: per-job CA and certificate for mutual TLS (`stageb tls-init`).
 //!
 //! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to
 //! documented exit codes.
 
 pub mod audit;
+pub mod certs;
 pub mod cluster;
 pub mod progress;
 

@@ -14,6 +14,7 @@ use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::telemetry::{LogFormat, init_tracing};
+use stageb_shared::tls::{ClientTls, ServerTls};
 use stageb_worker::client::{WorkerOptions, run_worker};
 use stageb_worker::engine::{
     CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, RolloutRequest,
@@ -52,6 +53,28 @@ struct StartArgs {
     overwrite: bool,
 }
 
+/// Limits of the coordinator's gRPC edge (the rest are fixed; docs/ARCHITECTURE.md §11.2).
+#[derive(Args, Clone, Copy)]
+struct EdgeArgs {
+    /// Most connections held at once (default: 4096, lowered to fit the descriptor limit).
+    #[arg(long, env = "STAGEB_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Seconds to wait for open connections at shutdown before closing them.
+    #[arg(long, env = "STAGEB_SHUTDOWN_GRACE_S", default_value_t = 5)]
+    shutdown_grace_s: u64,
+}
+
+impl EdgeArgs {
+    fn limits(self) -> stageb_coordinator::edge::EdgeLimits {
+        let mut limits = stageb_coordinator::edge::EdgeLimits::default();
+        if let Some(n) = self.max_connections {
+            limits.max_connections = n.max(1);
+        }
+        limits.shutdown_grace = Duration::from_secs(self.shutdown_grace_s);
+        limits
+    }
+}
+
 impl StartArgs {
     fn mode(self) -> StartMode {
         match (self.resume, self.overwrite) {
@@ -59,6 +82,87 @@ impl StartArgs {
             (_, true) => StartMode::Overwrite,
             _ => StartMode::Fresh,
         }
+    }
+}
+
+/// TLS on the coordinator's gRPC port.
+#[derive(Args, Clone)]
+struct ServerTlsArgs {
+    /// The coordinator's certificate (PEM); with --tls-key, the port serves TLS only.
+    #[arg(long, env = "STAGEB_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "STAGEB_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// CA that worker certificates must chain to: every worker must present one (mutual TLS).
+    #[arg(long, env = "STAGEB_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl ServerTlsArgs {
+    fn load(&self) -> Result<Option<ServerTls>> {
+        Ok(ServerTls::from_files(
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_client_ca.as_deref(),
+        )?)
+    }
+}
+
+/// TLS toward the coordinator, as a worker.
+#[derive(Args, Clone)]
+struct WorkerTlsArgs {
+    /// CA to verify the coordinator's certificate with (PEM): the worker dials TLS.
+    #[arg(long, env = "STAGEB_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This worker's certificate for mutual TLS (PEM).
+    #[arg(long, env = "STAGEB_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "STAGEB_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// Name expected in the coordinator's certificate (default: the host dialed).
+    #[arg(long, env = "STAGEB_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+}
+
+impl WorkerTlsArgs {
+    fn load(&self) -> Result<Option<ClientTls>> {
+        Ok(ClientTls::from_files(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_server_name.as_deref(),
+        )?)
+    }
+}
+
+/// TLS for `launch`: rank 0 serves with the certificate and key; every rank (rank 0's local
+/// worker too) dials with them as its client certificate.
+#[derive(Args, Clone)]
+struct LaunchTlsArgs {
+    #[command(flatten)]
+    server: ServerTlsArgs,
+    /// CA to verify the coordinator with (default: --tls-client-ca).
+    #[arg(long, env = "STAGEB_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Name expected in the coordinator's certificate (default: the host dialed).
+    #[arg(long, env = "STAGEB_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+}
+
+impl LaunchTlsArgs {
+    fn client(&self) -> Result<Option<ClientTls>> {
+        WorkerTlsArgs {
+            tls_ca: self
+                .tls_ca
+                .clone()
+                .or_else(|| self.server.tls_client_ca.clone()),
+            tls_cert: self.server.tls_cert.clone(),
+            tls_key: self.server.tls_key.clone(),
+            tls_server_name: self.tls_server_name.clone(),
+        }
+        .load()
     }
 }
 
@@ -94,6 +198,10 @@ enum Command {
         worker_grace_s: u64,
         #[command(flatten)]
         start: StartArgs,
+        #[command(flatten)]
+        tls: ServerTlsArgs,
+        #[command(flatten)]
+        edge: EdgeArgs,
     },
     /// Run one worker against a coordinator.
     Worker {
@@ -110,6 +218,8 @@ enum Command {
         /// Keep trying to reach the coordinator for this long.
         #[arg(long, default_value_t = 300)]
         connect_timeout_s: u64,
+        #[command(flatten)]
+        tls: WorkerTlsArgs,
     },
     /// Pick the role from the launcher's environment (torchrun, Slurm, Kubernetes, MPI):
     /// rank 0 serves the run and runs a local worker, other ranks run a worker.
@@ -125,6 +235,24 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         start: StartArgs,
+        #[command(flatten)]
+        tls: LaunchTlsArgs,
+        #[command(flatten)]
+        edge: EdgeArgs,
+    },
+    /// Make a certificate authority and one certificate for every rank of a job (mutual TLS):
+    /// `ca.pem`, `node.pem`, `node.key` in DIR, readable by the owner only. The CA's key is
+    /// not kept: nothing can be signed with it later.
+    TlsInit {
+        /// Directory to write into (created; on a shared filesystem for multi-node jobs).
+        dir: PathBuf,
+        /// Extra DNS names or IP addresses for the certificate (besides
+        /// `stageb-coordinator`, `localhost`, `127.0.0.1`, `::1` and this host's name).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Days the certificates stay valid.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
     },
     /// Check a config and its inputs without running anything.
     Validate { config: PathBuf },
@@ -214,6 +342,10 @@ fn classify(e: &anyhow::Error) -> u8 {
         Some(ClusterError::Run(stageb_coordinator::run::RunError::Guidance(
             stageb_coordinator::guidance::GuidanceError::Input(_),
         ))) => exit::INPUT_ERROR,
+        // The mission and run names come from the user's files: a bad one is bad input.
+        Some(ClusterError::Run(stageb_coordinator::run::RunError::BadMission(_))) => {
+            exit::INPUT_ERROR
+        }
         _ if e
             .downcast_ref::<stageb_shared::error::InputError>()
             .is_some() =>
@@ -221,6 +353,8 @@ fn classify(e: &anyhow::Error) -> u8 {
             exit::INPUT_ERROR
         }
         _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
+        _ if e.downcast_ref::<stageb_shared::tls::TlsError>().is_some() => exit::INPUT_ERROR,
+        _ if e.downcast_ref::<stageb::certs::CertError>().is_some() => exit::RUNTIME_ERROR,
         _ => exit::RUNTIME_ERROR,
     }
 }
@@ -228,6 +362,8 @@ fn classify(e: &anyhow::Error) -> u8 {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
+    // Connections, artifacts and the model all need descriptors: use what the system allows.
+    stageb_coordinator::edge::raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -326,6 +462,8 @@ async fn dispatch(command: Command) -> Result<u8> {
                 listen,
                 // The embedded run makes its own token: loopback today, but never unauthenticated.
                 token: Some(AuthToken::generate()),
+                tls: None,
+                edge_limits: Default::default(),
                 worker_grace: Duration::from_secs(120),
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
@@ -336,7 +474,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 inputs,
                 settings,
                 move |addr, token| {
-                    cluster::spawn_local_workers(workers, addr, token, move |i| {
+                    cluster::spawn_local_workers(workers, addr, token, None, move |i| {
                         if let Some(engine) = first
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -359,12 +497,17 @@ async fn dispatch(command: Command) -> Result<u8> {
             token_file,
             worker_grace_s,
             start,
+            tls,
+            edge,
         } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
+            let tls = tls.load()?;
             let inputs = cluster::prepare_inputs(&config, "cluster")?;
             let settings = CoordinatorSettings {
                 listen,
                 token,
+                tls,
+                edge_limits: edge.limits(),
                 worker_grace: Duration::from_secs(worker_grace_s),
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
@@ -385,13 +528,16 @@ async fn dispatch(command: Command) -> Result<u8> {
             token_file,
             model_args,
             connect_timeout_s,
+            tls,
         } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
+            let tls = tls.load()?;
             let engine =
                 tokio::task::spawn_blocking(move || load_engine(&model, &model_args)).await??;
             let opts = WorkerOptions {
                 coordinator,
                 token,
+                tls,
                 name: cluster::worker_name(0),
                 device: engine.fingerprint().device.clone(),
                 run_id: String::new(),
@@ -411,8 +557,11 @@ async fn dispatch(command: Command) -> Result<u8> {
             token_file,
             model,
             start,
+            tls,
+            edge,
         } => {
             let topo = cluster::resolve_topology(listen_port)?;
+            let client_tls = tls.client()?;
             tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
                            coordinator = %topo.coordinator, coordinator_from = %topo.coordinator_source, "launch topology");
             let token = AuthToken::from_sources(token_file.as_deref())?;
@@ -427,6 +576,8 @@ async fn dispatch(command: Command) -> Result<u8> {
                 let settings = CoordinatorSettings {
                     listen,
                     token,
+                    tls: tls.server.load()?,
+                    edge_limits: edge.limits(),
                     worker_grace: Duration::from_secs(600),
                     progress_every: Duration::from_secs(10),
                     show_progress: true,
@@ -438,7 +589,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     settings,
                     move |addr, token| {
                         let local: SocketAddr = ([127, 0, 0, 1], addr.port()).into();
-                        cluster::spawn_local_workers(1, local, token, move |_| {
+                        cluster::spawn_local_workers(1, local, token, client_tls, move |_| {
                             CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
                         })
                     },
@@ -452,6 +603,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 let opts = WorkerOptions {
                     coordinator: topo.coordinator,
                     token,
+                    tls: client_tls,
                     name: cluster::worker_name(topo.rank as usize),
                     device: engine.fingerprint().device.clone(),
                     run_id: String::new(),
@@ -460,6 +612,13 @@ async fn dispatch(command: Command) -> Result<u8> {
                 run_worker(engine, opts, shutdown_signal()).await?;
                 Ok(exit::OK)
             }
+        }
+        Command::TlsInit { dir, hosts, days } => {
+            let written = stageb::certs::write_job_certificates(&dir, &hosts, days)?;
+            for path in written {
+                println!("{}", path.display());
+            }
+            Ok(exit::OK)
         }
         Command::Validate { config } => validate(&config),
         Command::Generate {

@@ -121,6 +121,8 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
         let settings = CoordinatorSettings {
             listen: "127.0.0.1:0".parse().unwrap(),
             token: Some(AuthToken::generate()),
+            tls: None,
+            edge_limits: Default::default(),
             worker_grace: Duration::from_secs(120),
             progress_every: Duration::from_secs(30),
             show_progress: false,
@@ -128,7 +130,7 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
         };
         let model = model_path();
         cluster::run_coordinator(inputs, settings, move |addr, token| {
-            cluster::spawn_local_workers(workers, addr, token, move |_| {
+            cluster::spawn_local_workers(workers, addr, token, None, move |_| {
                 let options = EngineOptions {
                     threads: Some(1),
                     ..EngineOptions::default()

@@ -1,11 +1,13 @@
 //! Security properties of the coordinator, checked against a real gRPC server on an ephemeral
-//! loopback port and, for the listen policy, the real binary.
+//! loopback port and, for the listen policy, the real binary. The attacks an independent gRPC
+//! client ran against rank 0 (issue #9) are reproduced here, one test each, named after what
+//! got through; `tests/edge_attacks.rs` holds the ones that need a separate rank 0 process.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use stageb_coordinator::scheduler::{DecodeJob, JobPayload, Scheduler, SchedulerConfig};
-use stageb_coordinator::server::{self, ServiceConfig};
+use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
@@ -21,6 +23,10 @@ struct Served {
 }
 
 async fn serve_with_token(token: Option<AuthToken>) -> Served {
+    serve_pinned(token, ModelPin::by_resumed_run("fp-1".into())).await
+}
+
+async fn serve_pinned(token: Option<AuthToken>, model: ModelPin) -> Served {
     let (scheduler, completions) = Scheduler::new(SchedulerConfig::default());
     let scheduler = Arc::new(scheduler);
     let service = server::build_service(
@@ -28,14 +34,18 @@ async fn serve_with_token(token: Option<AuthToken>) -> Served {
         &ServiceConfig {
             run_id: "run-under-test".into(),
             token: token.clone(),
-            expected_fingerprint: Some("fp-1".into()),
+            model,
             heartbeat_interval: Duration::from_secs(1),
         },
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server::serve(listener, service, token, async {
+    let edge = EdgeConfig {
+        token,
+        ..Default::default()
+    };
+    tokio::spawn(server::serve(listener, service, edge, async {
         let _ = stopped.await;
     }));
     Served {
@@ -47,10 +57,14 @@ async fn serve_with_token(token: Option<AuthToken>) -> Served {
 }
 
 fn register_request(fingerprint: &str) -> pb::RegisterRequest {
+    named_register_request("test", fingerprint)
+}
+
+fn named_register_request(name: &str, fingerprint: &str) -> pb::RegisterRequest {
     pb::RegisterRequest {
         run_id: String::new(),
         worker: Some(pb::WorkerInfo {
-            name: "test".into(),
+            name: name.into(),
             device: "cpu".into(),
             model_fingerprint: fingerprint.into(),
             capacity: 1,
@@ -243,4 +257,472 @@ fn listening_off_loopback_without_a_token_is_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert!(stderr.contains("without a token"), "stderr: {stderr}");
+}
+
+// --- The edge, attack by attack (issue #9) ---
+
+/// A coordinator with custom edge limits and no token; returns its address, the live
+/// connection count, the stop switch and the serving task.
+async fn serve_edge(
+    limits: stageb_coordinator::edge::EdgeLimits,
+) -> (
+    std::net::SocketAddr,
+    stageb_coordinator::edge::ConnectionCount,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
+    let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
+    let service = server::build_service(
+        Arc::new(scheduler),
+        &ServiceConfig {
+            run_id: "edge".into(),
+            token: None,
+            model: ModelPin::by_first_worker(),
+            heartbeat_interval: Duration::from_secs(1),
+        },
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let edge = EdgeConfig {
+        limits,
+        ..Default::default()
+    };
+    let connections = edge.connections.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server::serve(listener, service, edge, async {
+        let _ = stopped.await;
+    }));
+    (addr, connections, stop, task)
+}
+
+/// An HTTP/2 connection that completed its handshake and then says nothing more.
+async fn idle_h2_connection(
+    addr: std::net::SocketAddr,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (send, driver)
+}
+
+async fn health_client(
+    addr: &str,
+) -> tonic_health::pb::health_client::HealthClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    tonic_health::pb::health_client::HealthClient::new(channel)
+}
+
+/// A gRPC length-prefixed frame announcing `len` bytes.
+fn grpc_frame_header(len: u32) -> bytes::Bytes {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&len.to_be_bytes());
+    bytes::Bytes::from(frame)
+}
+
+fn health_check_request(addr: std::net::SocketAddr) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn idle_connections_do_not_keep_rank_0_from_exiting() {
+    let limits = stageb_coordinator::edge::EdgeLimits {
+        shutdown_grace: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (addr, connections, stop, task) = serve_edge(limits).await;
+    // Two idle HTTP/2 connections, one half-sent health request and one silent socket.
+    let _idle_a = idle_h2_connection(addr).await;
+    let (mut send, _idle_b) = idle_h2_connection(addr).await;
+    let (_response, mut body) = send
+        .send_request(health_check_request(addr), false)
+        .unwrap();
+    body.send_data(grpc_frame_header(16), false).unwrap();
+    let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(connections.get() >= 2, "the idle connections are held");
+    let asked = std::time::Instant::now();
+    stop.send(()).unwrap();
+    let served = tokio::time::timeout(Duration::from_secs(5), task).await;
+    assert!(
+        served.is_ok(),
+        "serve() must return within its grace whatever clients hold open"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the port is closed"
+    );
+}
+
+#[tokio::test]
+async fn a_socket_that_never_speaks_is_closed_at_the_preface_deadline() {
+    use tokio::io::AsyncReadExt;
+    let limits = stageb_coordinator::edge::EdgeLimits {
+        preface_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (addr, connections, _stop, _task) = serve_edge(limits).await;
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(3), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the server closes a silent socket: {read:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(connections.get(), 0, "its slot is given back");
+    // Something that is not HTTP/2 at all is closed as soon as it speaks.
+    use tokio::io::AsyncWriteExt;
+    let mut garbage = tokio::net::TcpStream::connect(addr).await.unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(3), garbage.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+}
+
+#[tokio::test]
+async fn the_connection_cap_closes_new_connections_until_some_end() {
+    let limits = stageb_coordinator::edge::EdgeLimits {
+        max_connections: 3,
+        ..Default::default()
+    };
+    let (addr, connections, _stop, _task) = serve_edge(limits).await;
+    let held: Vec<_> = futures_join(addr, 3).await;
+    // The client's handshake returns before the server has accepted: wait for the count.
+    for _ in 0..100 {
+        if connections.get() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(connections.get(), 3);
+    // The fourth completes TCP but is closed before HTTP/2 can start: no call gets through.
+    let fourth = tokio::time::timeout(Duration::from_secs(3), async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert!(
+        !matches!(fourth, Ok(Ok(_))),
+        "a connection beyond the cap is refused"
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut health = health_client(&format!("http://{addr}")).await;
+    assert!(
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new()
+            })
+            .await
+            .is_ok(),
+        "once connections end, new ones are served"
+    );
+}
+
+async fn futures_join(
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> Vec<(
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (send, driver) = idle_h2_connection(addr).await;
+        let send = send.ready().await.unwrap();
+        out.push((send, driver));
+    }
+    out
+}
+
+#[tokio::test]
+async fn health_watch_is_refused_and_streams_per_connection_are_capped_regression_20000_watch_streams()
+ {
+    let served = serve_with_token(Some(AuthToken::generate())).await;
+    let mut health = health_client(&served.addr).await;
+    let watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(watch.code(), Code::Unimplemented);
+    // The server advertises its stream cap in SETTINGS; a client cannot exceed it.
+    let addr: std::net::SocketAddr = served.addr.trim_start_matches("http://").parse().unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, mut conn) = h2::client::handshake(tcp).await.unwrap();
+    let mut send = send.ready().await.unwrap();
+    let (response, mut body) = send
+        .send_request(health_check_request(addr), false)
+        .unwrap();
+    let message = prost::Message::encode_to_vec(&tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    });
+    body.send_data(grpc_frame_header(message.len() as u32), false)
+        .unwrap();
+    body.send_data(bytes::Bytes::from(message), true).unwrap();
+    tokio::select! {
+        r = response => assert_eq!(r.unwrap().status(), 200),
+        _ = &mut conn => panic!("connection ended"),
+    }
+    assert_eq!(conn.max_concurrent_send_streams(), 64);
+}
+
+#[tokio::test]
+async fn a_large_unauthenticated_health_body_is_refused_after_its_header_regression_4_mib_check_bodies()
+ {
+    let served = serve_with_token(Some(AuthToken::generate())).await;
+    let addr: std::net::SocketAddr = served.addr.trim_start_matches("http://").parse().unwrap();
+    let (send, _driver) = idle_h2_connection(addr).await;
+    let mut send = send.ready().await.unwrap();
+    let (response, mut body) = send
+        .send_request(health_check_request(addr), false)
+        .unwrap();
+    // Announce 4 MiB, send 64 KiB of it and never finish.
+    body.send_data(grpc_frame_header(4 << 20), false).unwrap();
+    body.send_data(bytes::Bytes::from(vec![b'x'; 64 << 10]), false)
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), response)
+        .await
+        .expect("answered without waiting for the body")
+        .unwrap();
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string());
+    let trailers_status = if status.is_none() {
+        let mut body = response.into_body();
+        let trailers = tokio::time::timeout(Duration::from_secs(5), body.trailers())
+            .await
+            .unwrap()
+            .unwrap();
+        trailers.and_then(|t| {
+            t.get("grpc-status")
+                .map(|v| v.to_str().unwrap().to_string())
+        })
+    } else {
+        status
+    };
+    assert_eq!(
+        trailers_status.as_deref(),
+        Some("11"),
+        "OUT_OF_RANGE: the 1 KiB health cap"
+    );
+}
+
+#[tokio::test]
+async fn fingerprint_squatting_fails_regression_first_register_pinned_the_run() {
+    let served = serve_pinned(None, ModelPin::by_config("weights-a".into())).await;
+    let mut c = client(&served.addr).await;
+    let squat = c
+        .register(register_request("bogus|candle-x|q|cpu"))
+        .await
+        .unwrap_err();
+    assert_eq!(squat.code(), Code::FailedPrecondition);
+    assert!(
+        !squat.message().contains("weights-a"),
+        "a refusal never prints the expected fingerprint: {}",
+        squat.message()
+    );
+    let real = c
+        .register(register_request("weights-a|candle-x|q|cpu"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !real.session.is_empty(),
+        "the real worker is not locked out"
+    );
+}
+
+async fn lease_one_generate(served: &Served, c: &mut Client) -> (String, u64) {
+    let session = c
+        .register(register_request("fp-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .session;
+    served.scheduler.enqueue(JobPayload::Generate {
+        messages: vec![ChatMessage::user("x")],
+        json_schema: None,
+        seed: 1,
+        temperature: 0.3,
+        top_p: 0.9,
+        repetition_penalty: 1.0,
+        max_new_tokens: 16,
+    });
+    let leased = c
+        .lease(pb::LeaseRequest {
+            session: session.clone(),
+            max_jobs: 1,
+            wait_ms: 1000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (session, leased.jobs[0].lease_id)
+}
+
+type Client = pb::coordinator_client::CoordinatorClient<tonic::transport::Channel>;
+
+fn generated(prompt_tokens: u32, finish_reason: String) -> Option<pb::submit_request::Result> {
+    Some(pb::submit_request::Result::Generate(pb::GenerateResult {
+        text: "{}".into(),
+        prompt_tokens,
+        completion_tokens: 2,
+        finish_reason,
+        latency_us: 10,
+    }))
+}
+
+#[tokio::test]
+async fn a_u32_max_token_count_is_refused_not_a_panic_regression_usage_sum_overflow() {
+    let mut served = serve_with_token(None).await;
+    let mut c = client(&served.addr).await;
+    let (session, lease_id) = lease_one_generate(&served, &mut c).await;
+    let err = c
+        .submit(pb::SubmitRequest {
+            session: session.clone(),
+            lease_id,
+            result: generated(u32::MAX, "stop".into()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(served.completions.try_recv().is_err());
+    let ok = c
+        .submit(pb::SubmitRequest {
+            session,
+            lease_id,
+            result: generated(12, "stop".into()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.status, pb::SubmitStatus::Accepted as i32);
+}
+
+#[tokio::test]
+async fn unbounded_worker_strings_are_refused_regression_7_mib_finish_reason_8_mib_name() {
+    let served = serve_with_token(None).await;
+    let mut c = client(&served.addr).await;
+    let long_name = c
+        .register(named_register_request(&"n".repeat(1 << 20), "fp-1"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            long_name.code(),
+            Code::InvalidArgument | Code::ResourceExhausted
+        ),
+        "{long_name:?}"
+    );
+    assert!(!long_name.message().contains("nnnn"));
+    let (session, lease_id) = lease_one_generate(&served, &mut c).await;
+    let err = c
+        .submit(pb::SubmitRequest {
+            session,
+            lease_id,
+            result: generated(12, "x".repeat(7 << 20)),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let bad_code = c
+        .submit(pb::SubmitRequest {
+            session: "s".into(),
+            lease_id,
+            result: Some(pb::submit_request::Result::Error(pb::JobError {
+                code: "OOPS\nlevel=ERROR".into(),
+                message: String::new(),
+            })),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_code.code(), Code::InvalidArgument);
+}
+
+/// `RegisterRequest` with its string field declared as bytes, to send invalid UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRegisterRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    run_id: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct AnyResponse {}
+
+#[tokio::test]
+async fn invalid_utf8_in_a_message_is_invalid_argument_not_internal() {
+    let served = serve_with_token(None).await;
+    let channel = tonic::transport::Endpoint::from_shared(served.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let err = grpc
+        .unary::<_, AnyResponse, _>(
+            tonic::Request::new(RawRegisterRequest {
+                run_id: vec![0xff, 0xfe, b'x'],
+            }),
+            http::uri::PathAndQuery::from_static("/stageb.v1.Coordinator/Register"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+#[test]
+fn a_short_token_is_refused_off_loopback_regression_one_character_token() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stageb"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "coordinator",
+            "--config",
+            "examples/demo/small/config.yaml",
+            "--listen",
+            "0.0.0.0:0",
+        ])
+        .env("STAGEB_TOKEN", "x")
+        .env_remove("STAGEB_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("at least 32 bytes"), "stderr: {stderr}");
 }

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`server`]: the gRPC service (thin: decode, call the scheduler, encode), auth, health.
+//! - [`edge`]: the connection gate in front of it (cap, preface deadline, forced close).
 //! - [`scheduler`]: the lease table: queues, TTLs, fencing, re-leasing.
 //! - [`prompts`]: the rollout and reflection prompts built from guidance and summaries.
 //! - [`selection`], [`signals`]: one verdict per ticket by majority vote, then the
@@ -19,6 +20,7 @@
 //! - [`start`]: fresh start, `--overwrite` or `--resume` of a run directory.
 
 pub mod artifacts;
+pub mod edge;
 pub mod eligibility;
 pub mod guidance;
 pub mod journal;

@@ -803,8 +803,10 @@ impl Reflector {
         row["routing"] = routing;
         row["guidance_step_after"] = json!(guidance.step());
         row["guidance_hash_after"] = json!(guidance.head_hash());
-        let prompt_tokens: u32 = calls.iter().map(|c| c.prompt_tokens).sum();
-        let completion_tokens: u32 = calls.iter().map(|c| c.completion_tokens).sum();
+        // Worker-reported counts: summed wide (the scheduler bounds each one, see
+        // `scheduler::MAX_REPORTED_TOKENS`), so no run can overflow them.
+        let prompt_tokens: u64 = calls.iter().map(|c| u64::from(c.prompt_tokens)).sum();
+        let completion_tokens: u64 = calls.iter().map(|c| u64::from(c.completion_tokens)).sum();
         row["token_usage"] = json!({"calls": calls.len(), "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens});
         row["calls"] = json!(calls);
         if row.get("applied").is_none() {

@@ -217,7 +217,7 @@ pub struct RunLoop {
     dir: PathBuf,
     scheduler: Arc<Scheduler>,
     completions: mpsc::UnboundedReceiver<Completion>,
-    fingerprint: Arc<Mutex<Option<String>>>,
+    model: crate::server::ModelPinHandle,
     progress: ProgressHandle,
     guidance: GuidanceRepo,
     reflector: Reflector,
@@ -246,7 +246,7 @@ impl RunLoop {
         resuming: bool,
         scheduler: Arc<Scheduler>,
         completions: mpsc::UnboundedReceiver<Completion>,
-        fingerprint: Arc<Mutex<Option<String>>>,
+        model: crate::server::ModelPinHandle,
         progress: ProgressHandle,
     ) -> Result<Self, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
@@ -292,7 +292,7 @@ impl RunLoop {
             dir,
             scheduler,
             completions,
-            fingerprint,
+            model,
             progress,
             guidance,
             reflector,
@@ -326,11 +326,7 @@ impl RunLoop {
 
     fn write_manifest(&self, started_at: &str, finished_at: Option<&str>) -> Result<(), RunError> {
         let cfg = &self.inputs.config;
-        let fingerprint = self
-            .fingerprint
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let model = self.model.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let manifest = json!({
             "schema_version": SCHEMA_VERSION,
             "stageb_version": env!("CARGO_PKG_VERSION"),
@@ -343,7 +339,7 @@ impl RunLoop {
             "input_digests": self.inputs.ingested.input_digests,
             "tickets_digest": digest::digest_of(&self.inputs.ingested.tickets),
             "tickets": self.inputs.ingested.tickets.len(),
-            "model": {"path": cfg.model.model_name_or_path, "fingerprint": fingerprint},
+            "model": {"path": cfg.model.model_name_or_path, "fingerprint": model.fingerprint, "pinned_by": model.pinned_by},
             "seeds": {"run_seed": cfg.seed, "candidate_seed": "sha256(stageb/candidate-seed/v1, run seed, epoch, ticket key, decode index, sample index)"},
             "schedule": {"step_size": step_size(cfg), "reference_ranks": REFERENCE_RANKS, "epochs": cfg.runner.epochs},
             "guidance": {

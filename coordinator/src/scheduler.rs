@@ -122,7 +122,18 @@ pub enum SubmitError {
     UnknownSession,
     #[error("result does not match the job: {0}")]
     Mismatch(String),
+    /// The table is full (too many live sessions); the caller may retry later.
+    #[error("{0}")]
+    Exhausted(String),
 }
+
+/// Largest token count a worker may report (far beyond any model's context): counters from
+/// the network are checked before rank 0 does arithmetic with them.
+pub const MAX_REPORTED_TOKENS: u32 = 1 << 24;
+/// Largest duration a worker may report, in microseconds (one week).
+pub const MAX_REPORTED_US: u64 = 7 * 24 * 3600 * 1_000_000;
+/// The finish reasons an engine reports (`worker::engine::FinishReason`).
+pub const FINISH_REASONS: &[&str] = &["stop", "length"];
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -135,6 +146,23 @@ pub struct SchedulerConfig {
     pub max_expiries: u32,
     /// Largest accepted candidate text, in bytes.
     pub max_text_bytes: usize,
+    /// A session not heard from for this long, and holding no lease, is forgotten (its worker
+    /// registers again if it comes back).
+    pub session_idle_ttl: Duration,
+    /// Most sessions held at once; `Register` beyond it is refused until idle ones expire.
+    pub max_sessions: usize,
+}
+
+impl SchedulerConfig {
+    /// The defaults with `lease_ttl`, and a session idle TTL to match (three lease TTLs, at
+    /// least a minute: long enough for a worker between two long jobs).
+    pub fn with_lease_ttl(lease_ttl: Duration) -> Self {
+        SchedulerConfig {
+            lease_ttl,
+            session_idle_ttl: (lease_ttl * 3).max(Duration::from_secs(60)),
+            ..SchedulerConfig::default()
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -144,6 +172,8 @@ impl Default for SchedulerConfig {
             max_attempts: 3,
             max_expiries: 6,
             max_text_bytes: 64 * 1024,
+            session_idle_ttl: Duration::from_secs(180),
+            max_sessions: 16_384,
         }
     }
 }
@@ -201,6 +231,8 @@ pub struct SchedulerStats {
     pub job_errors: u64,
     /// Jobs answered from the journal of an earlier attempt (`--resume`), never leased.
     pub replayed: u64,
+    /// Sessions forgotten after `session_idle_ttl` without a call.
+    pub sessions_expired: u64,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -302,10 +334,19 @@ impl Scheduler {
         id
     }
 
-    /// A new session for a worker. Returns (worker id, session secret).
-    pub fn register(&self, name: &str) -> (String, String) {
-        tracing::debug!(name, "new worker session");
+    /// A new session for a worker. Returns (worker id, session secret), or `Exhausted` when
+    /// `max_sessions` sessions are live.
+    pub fn register(&self) -> Result<(String, String), SubmitError> {
         let mut g = self.lock();
+        if g.sessions.len() >= self.config.max_sessions {
+            self.forget_idle_sessions(&mut g, Instant::now());
+            if g.sessions.len() >= self.config.max_sessions {
+                return Err(SubmitError::Exhausted(format!(
+                    "too many worker sessions ({}); retry later",
+                    g.sessions.len()
+                )));
+            }
+        }
         let worker_id = format!("w{}", g.next_worker);
         g.next_worker += 1;
         let session = uuid::Uuid::new_v4().simple().to_string();
@@ -316,7 +357,30 @@ impl Scheduler {
                 last_seen: Instant::now(),
             },
         );
-        (worker_id, session)
+        Ok((worker_id, session))
+    }
+
+    /// Number of sessions held (live or idle but not yet forgotten).
+    pub fn sessions(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Forget sessions idle past `session_idle_ttl` that hold no lease.
+    fn forget_idle_sessions(&self, g: &mut Inner, now: Instant) {
+        let ttl = self.config.session_idle_ttl;
+        let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
+        let idle: Vec<String> = g
+            .sessions
+            .iter()
+            .filter(|(id, s)| {
+                now.saturating_duration_since(s.last_seen) >= ttl && !holding.contains(id.as_str())
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            g.sessions.remove(&id);
+            g.stats.sessions_expired += 1;
+        }
     }
 
     pub fn has_session(&self, session: &str) -> bool {
@@ -422,13 +486,22 @@ impl Scheduler {
         }
         let ttl = self.config.lease_ttl;
         let mut invalid = Vec::new();
+        let mut failed = Vec::new();
         for id in lease_ids {
             match g.leases.get_mut(id) {
-                Some(l) if l.session == session => l.deadline = now + ttl,
+                // A heartbeat never revives a lease past its deadline: that job may already
+                // be promised to the next worker.
+                Some(l) if l.session == session && l.deadline > now => l.deadline = now + ttl,
+                Some(l) if l.session == session => {
+                    self.expire_lease(&mut g, *id, &mut failed);
+                    invalid.push(*id);
+                }
                 _ => invalid.push(*id),
             }
         }
         let control = g.control.unwrap_or(ControlSignal::Continue);
+        drop(g);
+        self.after_expiry(failed, !invalid.is_empty());
         Ok((invalid, control))
     }
 
@@ -463,6 +536,15 @@ impl Scheduler {
             };
             if lease.session != session {
                 g.stats.submits_fenced += 1;
+                return Ok(SubmitOutcome::Fenced);
+            }
+            if lease.deadline <= Instant::now() {
+                // Expired but not yet reaped: the deadline is the contract, not the reaper.
+                let mut failed = Vec::new();
+                self.expire_lease(&mut g, lease_id, &mut failed);
+                g.stats.submits_fenced += 1;
+                drop(g);
+                self.after_expiry(failed, true);
                 return Ok(SubmitOutcome::Fenced);
             }
             let job_id = lease.job;
@@ -527,40 +609,57 @@ impl Scheduler {
     }
 
     /// Expire leases past their deadline: fence their ids and re-queue their jobs at the front.
-    /// Returns how many expired. Called periodically by the server.
+    /// Also forgets idle sessions. Returns how many leases expired. Called periodically by the
+    /// server; `submit` and `heartbeat` check deadlines themselves.
     pub fn reap_expired(&self) -> usize {
         let mut failed = Vec::new();
         let n = {
             let mut g = self.lock();
             let now = Instant::now();
-            let expired: Vec<LeaseId> = g
+            let mut expired: Vec<LeaseId> = g
                 .leases
                 .iter()
                 .filter(|(_, l)| l.deadline <= now)
                 .map(|(id, _)| *id)
                 .collect();
-            let mut expired_sorted = expired.clone();
-            expired_sorted.sort_unstable();
-            for id in expired_sorted.iter().rev() {
-                let lease = g.leases.remove(id).expect("listed above");
-                g.stats.leases_expired += 1;
-                let max_expiries = self.config.max_expiries;
-                let job = g.jobs.get_mut(&lease.job).expect("a lease's job exists");
-                job.expiries += 1;
-                if job.expiries >= max_expiries {
-                    job.done = true;
-                    failed.push(lease.job);
-                } else {
-                    tracing::warn!(
-                        lease = id,
-                        job = lease.job,
-                        "lease expired; re-queueing its job"
-                    );
-                    g.queue.push_front(lease.job);
-                }
+            // Highest id first, each pushed to the front: the oldest lease's job leads.
+            expired.sort_unstable_by(|a, b| b.cmp(a));
+            for id in &expired {
+                self.expire_lease(&mut g, *id, &mut failed);
             }
+            self.forget_idle_sessions(&mut g, now);
             expired.len()
         };
+        self.after_expiry(failed, n > 0);
+        n
+    }
+
+    /// Remove lease `id` as expired: its job goes back to the front of the queue, or fails
+    /// (into `failed`) once it has expired `max_expiries` times.
+    fn expire_lease(&self, g: &mut Inner, id: LeaseId, failed: &mut Vec<JobId>) {
+        let Some(lease) = g.leases.remove(&id) else {
+            return;
+        };
+        g.stats.leases_expired += 1;
+        let Some(job) = g.jobs.get_mut(&lease.job) else {
+            return;
+        };
+        job.expiries += 1;
+        if job.expiries >= self.config.max_expiries {
+            job.done = true;
+            failed.push(lease.job);
+        } else {
+            tracing::warn!(
+                lease = id,
+                job = lease.job,
+                "lease expired; re-queueing its job"
+            );
+            g.queue.push_front(lease.job);
+        }
+    }
+
+    /// Report the jobs that failed by expiry and wake lease waiters (outside the lock).
+    fn after_expiry(&self, failed: Vec<JobId>, requeued: bool) {
         for job in failed {
             let _ = self.completions.send(Completion {
                 job,
@@ -573,10 +672,9 @@ impl Scheduler {
                 provenance: None,
             });
         }
-        if n > 0 {
+        if requeued {
             self.work_available.notify_waiters();
         }
-        n
     }
 }
 
@@ -587,6 +685,7 @@ fn validate_output(
     output: &JobOutput,
     max_text_bytes: usize,
 ) -> Result<(), String> {
+    check_counters(output)?;
     match (payload, output) {
         (JobPayload::Rollout { decodes, .. }, JobOutput::Rollout { candidates, .. }) => {
             let expected: usize = decodes.iter().map(|d| d.seeds.len()).sum();
@@ -640,6 +739,64 @@ fn validate_output(
     }
 }
 
+/// Counters and labels a worker reports are bounded before anything adds them up or writes
+/// them: token counts to [`MAX_REPORTED_TOKENS`], durations to [`MAX_REPORTED_US`], finish
+/// reasons to [`FINISH_REASONS`].
+fn check_counters(output: &JobOutput) -> Result<(), String> {
+    let tokens = |name: &str, n: u32| {
+        if n > MAX_REPORTED_TOKENS {
+            Err(format!("{name} {n} exceeds {MAX_REPORTED_TOKENS}"))
+        } else {
+            Ok(())
+        }
+    };
+    let micros = |name: &str, us: u64| {
+        if us > MAX_REPORTED_US {
+            Err(format!("{name} {us} exceeds {MAX_REPORTED_US}"))
+        } else {
+            Ok(())
+        }
+    };
+    let finish = |reason: &str| {
+        if FINISH_REASONS.contains(&reason) {
+            Ok(())
+        } else {
+            Err(format!(
+                "unknown finish_reason (expected one of {FINISH_REASONS:?})"
+            ))
+        }
+    };
+    match output {
+        JobOutput::Rollout {
+            candidates,
+            prompt_tokens,
+            prefill_us,
+            decode_us,
+        } => {
+            tokens("prompt_tokens", *prompt_tokens)?;
+            micros("prefill_us", *prefill_us)?;
+            micros("decode_us", *decode_us)?;
+            for c in candidates {
+                tokens("completion_tokens", c.completion_tokens)?;
+                finish(&c.finish_reason)?;
+            }
+        }
+        JobOutput::Generate {
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+            latency_us,
+            ..
+        } => {
+            tokens("prompt_tokens", *prompt_tokens)?;
+            tokens("completion_tokens", *completion_tokens)?;
+            micros("latency_us", *latency_us)?;
+            finish(finish_reason)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -690,7 +847,7 @@ mod tests {
     async fn first_valid_submit_wins_and_a_repeat_is_a_duplicate() {
         let (s, mut rx) = scheduler(10_000);
         let job = s.enqueue(rollout_job(vec![1, 2]));
-        let (_, session) = s.register("a");
+        let (_, session) = s.register().unwrap();
         let (leases, _) = s.lease(&session, 1, Duration::ZERO).await.unwrap();
         let lease = leases[0].0;
         assert_eq!(
@@ -713,8 +870,8 @@ mod tests {
     async fn a_lease_held_by_another_session_is_fenced_and_not_completed() {
         let (s, mut rx) = scheduler(10_000);
         s.enqueue(rollout_job(vec![1]));
-        let (_, holder) = s.register("holder");
-        let (_, thief) = s.register("thief");
+        let (_, holder) = s.register().unwrap();
+        let (_, thief) = s.register().unwrap();
         let (leases, _) = s.lease(&holder, 1, Duration::ZERO).await.unwrap();
         assert_eq!(
             s.submit(&thief, leases[0].0, Ok(output_for(&[1]))).unwrap(),
@@ -736,8 +893,8 @@ mod tests {
     async fn an_expired_lease_is_fenced_and_its_job_re_leased() {
         let (s, mut rx) = scheduler(20);
         s.enqueue(rollout_job(vec![1]));
-        let (_, dead) = s.register("dead");
-        let (_, alive) = s.register("alive");
+        let (_, dead) = s.register().unwrap();
+        let (_, alive) = s.register().unwrap();
         let (first, _) = s.lease(&dead, 1, Duration::ZERO).await.unwrap();
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert_eq!(s.reap_expired(), 1);
@@ -762,7 +919,7 @@ mod tests {
     async fn heartbeats_keep_a_lease_alive() {
         let (s, _rx) = scheduler(60);
         s.enqueue(rollout_job(vec![1]));
-        let (_, w) = s.register("w");
+        let (_, w) = s.register().unwrap();
         let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
         for _ in 0..4 {
             tokio::time::sleep(Duration::from_millis(30)).await;
@@ -776,7 +933,7 @@ mod tests {
     async fn a_result_with_the_wrong_shape_is_refused_and_the_lease_stays() {
         let (s, mut rx) = scheduler(10_000);
         s.enqueue(rollout_job(vec![1, 2]));
-        let (_, w) = s.register("w");
+        let (_, w) = s.register().unwrap();
         let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
         assert!(matches!(
             s.submit(&w, leases[0].0, Ok(output_for(&[1]))),
@@ -810,7 +967,7 @@ mod tests {
     async fn worker_errors_are_retried_then_reported() {
         let (s, mut rx) = scheduler(10_000);
         s.enqueue(rollout_job(vec![1]));
-        let (_, w) = s.register("w");
+        let (_, w) = s.register().unwrap();
         for _ in 0..3 {
             let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
             let err = JobFailure {
@@ -826,5 +983,99 @@ mod tests {
         assert_eq!(c.result.unwrap_err().code, "ENGINE_ERROR");
         let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
         assert!(leases.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_submit_after_the_deadline_is_fenced_before_the_reaper_runs() {
+        let (s, mut rx) = scheduler(20);
+        s.enqueue(rollout_job(vec![1]));
+        let (_, late) = s.register().unwrap();
+        let (leases, _) = s.lease(&late, 1, Duration::ZERO).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        // No reap_expired() call: the deadline alone decides.
+        assert_eq!(
+            s.submit(&late, leases[0].0, Ok(output_for(&[1]))).unwrap(),
+            SubmitOutcome::Fenced
+        );
+        assert!(rx.try_recv().is_err(), "a fenced result completes nothing");
+        let (again, _) = s.lease(&late, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(again.len(), 1, "the job went back to the queue at once");
+        assert_eq!(s.stats().leases_expired, 1);
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_after_the_deadline_does_not_revive_the_lease() {
+        let (s, _rx) = scheduler(20);
+        s.enqueue(rollout_job(vec![1]));
+        let (_, w) = s.register().unwrap();
+        let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let (invalid, _) = s.heartbeat(&w, &[leases[0].0]).unwrap();
+        assert_eq!(invalid, vec![leases[0].0]);
+        assert_eq!(
+            s.submit(&w, leases[0].0, Ok(output_for(&[1]))).unwrap(),
+            SubmitOutcome::Fenced
+        );
+    }
+
+    #[tokio::test]
+    async fn idle_sessions_are_forgotten_but_not_while_they_hold_a_lease() {
+        let (s, _rx) = Scheduler::new(SchedulerConfig {
+            lease_ttl: Duration::from_secs(10),
+            session_idle_ttl: Duration::from_millis(20),
+            ..Default::default()
+        });
+        s.enqueue(rollout_job(vec![1]));
+        let (_, holder) = s.register().unwrap();
+        let (_, idle) = s.register().unwrap();
+        let (leases, _) = s.lease(&holder, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(leases.len(), 1);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        s.reap_expired();
+        assert!(s.has_session(&holder), "a session holding a lease stays");
+        assert!(!s.has_session(&idle), "an idle session is forgotten");
+        assert_eq!(s.stats().sessions_expired, 1);
+        assert!(matches!(
+            s.heartbeat(&idle, &[]),
+            Err(SubmitError::UnknownSession)
+        ));
+    }
+
+    #[tokio::test]
+    async fn registrations_beyond_the_session_cap_are_refused() {
+        let (s, _rx) = Scheduler::new(SchedulerConfig {
+            max_sessions: 3,
+            ..Default::default()
+        });
+        for _ in 0..3 {
+            s.register().unwrap();
+        }
+        assert!(matches!(s.register(), Err(SubmitError::Exhausted(_))));
+        assert_eq!(s.sessions(), 3);
+    }
+
+    #[tokio::test]
+    async fn counters_past_their_bounds_are_refused_regression_u32_max_prompt_tokens() {
+        let (s, mut rx) = scheduler(10_000);
+        s.enqueue(rollout_job(vec![1]));
+        let (_, w) = s.register().unwrap();
+        let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+        let mut huge = output_for(&[1]);
+        if let JobOutput::Rollout { prompt_tokens, .. } = &mut huge {
+            *prompt_tokens = u32::MAX;
+        }
+        assert!(matches!(
+            s.submit(&w, leases[0].0, Ok(huge)),
+            Err(SubmitError::Mismatch(_))
+        ));
+        let mut odd = output_for(&[1]);
+        if let JobOutput::Rollout { candidates, .. } = &mut odd {
+            candidates[0].finish_reason = "x".repeat(7 << 20);
+        }
+        assert!(matches!(
+            s.submit(&w, leases[0].0, Ok(odd)),
+            Err(SubmitError::Mismatch(_))
+        ));
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -2,20 +2,35 @@
 //! protocol message into scheduler types, calls the [`Scheduler`], and encodes the answer.
 //!
 //! The server takes an already-bound listener and a shutdown future, so tests bind
-//! `127.0.0.1:0` and the run loop decides when serving ends. grpc.health.v1 is served beside
-//! the coordinator service without authentication (probes carry no token).
+//! `127.0.0.1:0` and the run loop decides when serving ends. Connections pass the gate in
+//! [`crate::edge`] first (cap, preface deadline, forced close after the shutdown grace).
+//! `grpc.health.v1` `Check` is served beside the coordinator service without authentication
+//! (probes carry no token), with a 1 KiB request cap; `Watch` is not served (an open watch
+//! stream would be one more thing a stranger could hold open).
+//!
+//! Nothing a worker sends is trusted: every string has a cap ([`stageb_shared::wire`]), is
+//! escaped before it reaches a log line, and counters are bounded before they are added up
+//! ([`crate::scheduler`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stageb_shared::auth::{AUTH_HEADER, AuthToken};
+use stageb_shared::auth::{AUTH_HEADER, AuthToken, Transport};
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
+use stageb_shared::tls::ServerTls;
+use stageb_shared::wire::{self, log_safe};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+
+use crate::edge::{self, ConnectionCount, EdgeLimits, EdgeShutdown};
 
 use crate::scheduler::{
     CandidateText, ControlSignal, JobFailure, JobOutput, JobPayload, Scheduler, SubmitError,
@@ -26,28 +41,102 @@ use crate::scheduler::{
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 /// Longest a Lease long-poll may hold the call.
 const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
+/// Largest encoded `Register`, `Lease` or `Heartbeat` request: only `Submit` carries bulk.
+pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Which model a run accepts, and who decided it (recorded in the manifest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelPin {
+    /// The full fingerprint id, once known.
+    pub fingerprint: Option<String>,
+    /// The weights digest every worker's fingerprint must start with, when rank 0 computed it
+    /// from `model.model_name_or_path` itself.
+    pub weights_sha256: Option<String>,
+    /// `config` (rank 0 hashed the model file), `resumed_run` (the manifest of the run being
+    /// resumed) or `first_worker` (rank 0 cannot read the model: the first worker's pins it).
+    pub pinned_by: &'static str,
+}
+
+impl ModelPin {
+    /// Pinned to the weights rank 0 hashed; the first matching worker completes the id
+    /// (candle version, dtype, device kind).
+    pub fn by_config(weights_sha256: String) -> Self {
+        ModelPin {
+            fingerprint: None,
+            weights_sha256: Some(weights_sha256),
+            pinned_by: "config",
+        }
+    }
+
+    /// Pinned to the full id an earlier attempt recorded.
+    pub fn by_resumed_run(fingerprint: String) -> Self {
+        ModelPin {
+            weights_sha256: Some(weights_of(&fingerprint).to_string()),
+            fingerprint: Some(fingerprint),
+            pinned_by: "resumed_run",
+        }
+    }
+
+    /// Nothing known yet: the first worker to register pins the run.
+    pub fn by_first_worker() -> Self {
+        ModelPin {
+            fingerprint: None,
+            weights_sha256: None,
+            pinned_by: "first_worker",
+        }
+    }
+
+    /// Check a worker's fingerprint, pinning the full id on the first acceptable one. The
+    /// error never contains the expected value (a stranger with a token must not learn it).
+    fn admit(&mut self, presented: &str) -> Result<(), &'static str> {
+        if let Some(weights) = &self.weights_sha256
+            && weights_of(presented) != weights
+        {
+            return Err(
+                "model fingerprint mismatch: this worker's model weights are not the run's model",
+            );
+        }
+        match &self.fingerprint {
+            Some(fp) if fp != presented => Err(
+                "model fingerprint mismatch: this worker runs the run's weights with other numerics (candle version, dtype or device kind)",
+            ),
+            Some(_) => Ok(()),
+            None => {
+                self.fingerprint = Some(presented.to_string());
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The weights digest a fingerprint id starts with (`<sha256>|candle-…|dtype|device`).
+pub fn weights_of(fingerprint: &str) -> &str {
+    fingerprint.split('|').next().unwrap_or(fingerprint)
+}
+
+/// The pin, shared between the service and the run loop (which writes it to the manifest).
+pub type ModelPinHandle = Arc<Mutex<ModelPin>>;
 
 /// What the service needs besides the scheduler.
 pub struct ServiceConfig {
     pub run_id: String,
     pub token: Option<AuthToken>,
-    /// The model fingerprint the run is pinned to; `None` until the first worker registers
-    /// (then it is pinned to that worker's).
-    pub expected_fingerprint: Option<String>,
+    /// Which model the run accepts.
+    pub model: ModelPin,
     pub heartbeat_interval: Duration,
 }
 
 pub struct CoordinatorService {
     scheduler: Arc<Scheduler>,
     run_id: String,
-    fingerprint: Arc<Mutex<Option<String>>>,
+    model: ModelPinHandle,
     heartbeat_interval: Duration,
 }
 
 impl CoordinatorService {
-    /// The fingerprint the run is pinned to, shared with the run loop (for the manifest).
-    pub fn fingerprint_handle(&self) -> Arc<Mutex<Option<String>>> {
-        self.fingerprint.clone()
+    /// The model pin, shared with the run loop (for the manifest).
+    pub fn model_handle(&self) -> ModelPinHandle {
+        self.model.clone()
     }
 }
 
@@ -65,7 +154,19 @@ fn session_error(e: SubmitError) -> Status {
             Status::unauthenticated("unknown or expired session; register again")
         }
         SubmitError::Mismatch(m) => Status::invalid_argument(m),
+        SubmitError::Exhausted(m) => Status::resource_exhausted(m),
     }
+}
+
+/// Refuse a control RPC whose encoded size exceeds [`MAX_CONTROL_MESSAGE_BYTES`].
+fn check_control_size(message: &impl prost::Message) -> Result<(), Status> {
+    let len = message.encoded_len();
+    if len > MAX_CONTROL_MESSAGE_BYTES {
+        return Err(Status::resource_exhausted(format!(
+            "request of {len} bytes exceeds {MAX_CONTROL_MESSAGE_BYTES}"
+        )));
+    }
+    Ok(())
 }
 
 fn payload_to_pb(lease_id: u64, payload: JobPayload) -> pb::Job {
@@ -142,12 +243,18 @@ fn decode_result(
             latency_us: g.latency_us,
         })),
         Some(pb::submit_request::Result::Error(e)) => {
-            if e.code.is_empty() || e.code.len() > 64 {
-                return Err(Status::invalid_argument("job error needs a short code"));
+            if !wire::is_error_code(&e.code) {
+                return Err(Status::invalid_argument(
+                    "a job error needs a code of 1-64 characters A-Z, 0-9, _",
+                ));
             }
             Ok(Err(JobFailure {
                 code: e.code,
-                message: e.message.chars().take(2000).collect(),
+                message: e
+                    .message
+                    .chars()
+                    .take(wire::MAX_ERROR_MESSAGE_CHARS)
+                    .collect(),
             }))
         }
         None => Err(Status::invalid_argument("submission carries no result")),
@@ -161,6 +268,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let req = request.into_inner();
+        check_control_size(&req)?;
+        wire::check_len("run_id", &req.run_id, wire::MAX_RUN_ID_BYTES)?;
         if !req.run_id.is_empty() && req.run_id != self.run_id {
             return Err(Status::permission_denied(
                 "this coordinator serves a different run",
@@ -169,31 +278,42 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let worker = req
             .worker
             .ok_or_else(|| Status::invalid_argument("worker info is required"))?;
+        wire::check_len("worker name", &worker.name, wire::MAX_WORKER_NAME_BYTES)?;
+        wire::check_len("device", &worker.device, wire::MAX_DEVICE_BYTES)?;
+        wire::check_len("version", &worker.version, wire::MAX_VERSION_BYTES)?;
+        wire::check_len(
+            "model fingerprint",
+            &worker.model_fingerprint,
+            wire::MAX_FINGERPRINT_BYTES,
+        )?;
         if worker.model_fingerprint.is_empty() {
             return Err(Status::invalid_argument("model fingerprint is required"));
         }
+        let name = log_safe(&worker.name);
         {
-            let mut pinned = self.fingerprint.lock().unwrap_or_else(|e| e.into_inner());
-            match pinned.as_deref() {
-                Some(fp) if fp != worker.model_fingerprint => {
-                    tracing::warn!(worker = %worker.name, "refusing a worker with a different model fingerprint");
-                    return Err(Status::failed_precondition(format!(
-                        "model fingerprint mismatch: the run uses {fp}, the worker has {}",
-                        worker.model_fingerprint
-                    )));
-                }
-                Some(_) => {}
-                None => *pinned = Some(worker.model_fingerprint.clone()),
+            let mut pin = self.model.lock().unwrap_or_else(|e| e.into_inner());
+            let first = pin.fingerprint.is_none();
+            if let Err(refusal) = pin.admit(&worker.model_fingerprint) {
+                tracing::warn!(worker = %name, presented = %log_safe(short(&worker.model_fingerprint)), "refusing a worker with another model");
+                return Err(Status::failed_precondition(refusal));
+            }
+            if first {
+                tracing::info!(worker = %name, pinned_by = pin.pinned_by, fingerprint = %log_safe(&worker.model_fingerprint), "run model pinned");
             }
         }
-        let (worker_id, session) = self.scheduler.register(&worker.name);
-        tracing::info!(worker_id = %worker_id, name = %worker.name, device = %worker.device, "worker registered");
+        let (worker_id, session) = self.scheduler.register().map_err(session_error)?;
+        tracing::info!(worker_id = %worker_id, name = %name, device = %log_safe(&worker.device), "worker registered");
         Ok(Response::new(pb::RegisterResponse {
             worker_id,
             session,
             run_id: self.run_id.clone(),
-            heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u32,
-            lease_ttl_ms: self.scheduler.config().lease_ttl.as_millis() as u32,
+            heartbeat_interval_ms: self.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32,
+            lease_ttl_ms: self
+                .scheduler
+                .config()
+                .lease_ttl
+                .as_millis()
+                .min(u32::MAX as u128) as u32,
         }))
     }
 
@@ -202,6 +322,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         let req = request.into_inner();
+        check_control_size(&req)?;
+        wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
         let wait = Duration::from_millis(req.wait_ms as u64).min(MAX_LEASE_WAIT);
         let max = (req.max_jobs as usize).clamp(1, 16);
         let (jobs, control) = self
@@ -223,6 +345,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let req = request.into_inner();
+        wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
         let result = decode_result(req.result)?;
         let outcome = self
             .scheduler
@@ -243,6 +366,14 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = request.into_inner();
+        check_control_size(&req)?;
+        wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
+        if req.lease_ids.len() > wire::MAX_HEARTBEAT_LEASES {
+            return Err(Status::invalid_argument(format!(
+                "a heartbeat names at most {} leases",
+                wire::MAX_HEARTBEAT_LEASES
+            )));
+        }
         let (fenced, control) = self
             .scheduler
             .heartbeat(&req.session, &req.lease_ids)
@@ -279,25 +410,95 @@ impl tonic::service::Interceptor for AuthInterceptor {
     }
 }
 
+/// The first characters of a fingerprint, enough to tell two apart in a log line.
+fn short(fingerprint: &str) -> &str {
+    let end = fingerprint
+        .char_indices()
+        .nth(16)
+        .map_or(fingerprint.len(), |(i, _)| i);
+    &fingerprint[..end]
+}
+
 /// Build the service for `scheduler` (kept separate from serving so the run loop can hold the
-/// fingerprint handle).
+/// model pin).
 pub fn build_service(scheduler: Arc<Scheduler>, config: &ServiceConfig) -> CoordinatorService {
     CoordinatorService {
         scheduler,
         run_id: config.run_id.clone(),
-        fingerprint: Arc::new(Mutex::new(config.expected_fingerprint.clone())),
+        model: Arc::new(Mutex::new(config.model.clone())),
         heartbeat_interval: config.heartbeat_interval,
     }
 }
 
-/// Serve the coordinator and health services on `listener` until `shutdown` resolves. Also
-/// runs the lease reaper.
+/// `grpc.health.v1` for probes: `Check` answers for the whole server (`""`) and the
+/// coordinator service, `NOT_SERVING` once shutdown begins; `Watch` is refused.
+struct HealthService {
+    serving: Arc<AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl Health for HealthService {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        let service = request.into_inner().service;
+        let coordinator = <pb::coordinator_server::CoordinatorServer<CoordinatorService> as tonic::server::NamedService>::NAME;
+        if !service.is_empty() && service != coordinator {
+            return Err(Status::not_found("unknown service"));
+        }
+        let status = if self.serving.load(Ordering::Acquire) {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        Ok(Response::new(HealthCheckResponse {
+            status: status as i32,
+        }))
+    }
+
+    type WatchStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<HealthCheckResponse, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        _request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("Watch is not served; poll Check"))
+    }
+}
+
+/// How the server meets the network: who may call, over what, within which limits.
+#[derive(Clone, Default)]
+pub struct EdgeConfig {
+    pub token: Option<AuthToken>,
+    pub tls: Option<ServerTls>,
+    pub limits: EdgeLimits,
+    /// Live connection count (read it to report or test the cap).
+    pub connections: ConnectionCount,
+}
+
+impl EdgeConfig {
+    /// The transport security this edge provides (for the listen policy).
+    pub fn transport(&self) -> Transport {
+        match &self.tls {
+            None => Transport::Plaintext,
+            Some(t) if t.is_mutual() => Transport::MutualTls,
+            Some(_) => Transport::Tls,
+        }
+    }
+}
+
+/// Serve the coordinator and health services on `listener` until `shutdown` resolves, then
+/// for at most the shutdown grace: connections still open after it are aborted, so a client
+/// can never keep rank 0 from exiting. Also runs the lease reaper.
 pub async fn serve(
     listener: TcpListener,
     service: CoordinatorService,
-    token: Option<AuthToken>,
+    edge: EdgeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let limits = edge.limits.clone();
     let scheduler = service.scheduler.clone();
     let reap_every =
         (scheduler.config().lease_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(2));
@@ -308,31 +509,90 @@ pub async fn serve(
             scheduler.reap_expired();
         }
     });
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<pb::coordinator_server::CoordinatorServer<CoordinatorService>>()
-        .await;
+    let serving = Arc::new(AtomicBool::new(true));
+    let health = HealthServer::new(HealthService {
+        serving: serving.clone(),
+    })
+    .max_decoding_message_size(limits.health_message_bytes)
+    .max_encoding_message_size(limits.health_message_bytes);
     let svc = pb::coordinator_server::CoordinatorServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(limits.coordinator_message_bytes)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let svc = tonic::service::interceptor::InterceptedService::new(svc, AuthInterceptor { token });
-    let result = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(health_service)
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        svc,
+        AuthInterceptor {
+            token: edge.token.clone(),
+        },
+    );
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .timeout(limits.request_timeout)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .initial_stream_window_size(limits.stream_window_bytes)
+        .initial_connection_window_size(limits.connection_window_bytes)
+        .http2_max_pending_accept_reset_streams(Some(32))
+        .tcp_nodelay(true);
+    if let Some(tls) = &edge.tls {
+        builder = builder.tls_config(tls.config())?;
+    }
+    let signals = EdgeShutdown::default();
+    let incoming = edge::gated_incoming(
+        listener,
+        &limits,
+        edge.tls.is_some(),
+        signals.clone(),
+        edge.connections.clone(),
+    );
+    let stop_accepting = signals.stop_accepting.clone();
+    let server = builder
+        .add_service(health)
         .add_service(svc)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            serving.store(false, Ordering::Release);
+            stop_accepting.cancel();
+        });
+    tokio::pin!(server);
+    let grace_over = async {
+        signals.stop_accepting.cancelled().await;
+        tokio::time::sleep(limits.shutdown_grace).await;
+    };
+    let result = tokio::select! {
+        r = &mut server => r,
+        _ = grace_over => {
+            tracing::warn!(
+                open = edge.connections.get(),
+                grace = ?limits.shutdown_grace,
+                "connections still open after the shutdown grace; closing them"
+            );
+            signals.force_close.cancel();
+            match tokio::time::timeout(Duration::from_secs(2), &mut server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("the server did not stop after closing its connections; leaving it");
+                    Ok(())
+                }
+            }
+        }
+    };
     reaper.abort();
     result
 }
 
-/// Bind `addr`, refusing a non-loopback address without a token.
-pub async fn bind(addr: SocketAddr, token: Option<&AuthToken>) -> Result<TcpListener, BindError> {
-    stageb_shared::auth::check_listen_policy(&addr, token)?;
-    TcpListener::bind(addr)
+/// Bind `addr` under the listen policy (loopback, or a long enough token, or mutual TLS).
+/// Returns the listener and the warnings to log at start.
+pub async fn bind(
+    addr: SocketAddr,
+    token: Option<&AuthToken>,
+    transport: Transport,
+) -> Result<(TcpListener, Vec<String>), BindError> {
+    let warnings = stageb_shared::auth::check_listen_policy(&addr, token, transport)?;
+    let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| BindError::Io { addr, source })
+        .map_err(|source| BindError::Io { addr, source })?;
+    Ok((listener, warnings))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -344,4 +604,31 @@ pub enum BindError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weights_pinned_by_the_config_cannot_be_squatted() {
+        let mut pin = ModelPin::by_config("aaaa".into());
+        assert!(pin.admit("bogus|candle-0.11|q|cpu").is_err());
+        assert_eq!(pin.fingerprint, None, "a refused worker pins nothing");
+        assert!(pin.admit("aaaa|candle-0.11|q|cpu").is_ok());
+        assert_eq!(pin.fingerprint.as_deref(), Some("aaaa|candle-0.11|q|cpu"));
+        let refusal = pin.admit("aaaa|candle-0.11|f32|cuda").unwrap_err();
+        assert!(
+            !refusal.contains("aaaa"),
+            "never print the expected fingerprint"
+        );
+    }
+
+    #[test]
+    fn without_a_readable_model_the_first_worker_pins_the_run() {
+        let mut pin = ModelPin::by_first_worker();
+        assert!(pin.admit("x|c|d|cpu").is_ok());
+        assert!(pin.admit("y|c|d|cpu").is_err());
+        assert_eq!(pin.pinned_by, "first_worker");
+    }
 }

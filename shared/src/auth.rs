@@ -1,9 +1,10 @@
 //! The shared run token: where it comes from, how it is compared, and when it is required.
 //!
-//! Rank 0 binds loopback by default. Off loopback a token is mandatory: it is read from
-//! `STAGEB_TOKEN` or from a file (`--token-file` / `STAGEB_TOKEN_FILE`), never from the command
-//! line (visible in `ps`), compared in constant time, and never logged (its `Debug` is
-//! redacted).
+//! Rank 0 binds loopback by default. Off loopback a peer must prove itself: with a token of at
+//! least [`MIN_NETWORK_TOKEN_BYTES`] bytes, or with a client certificate (mutual TLS). A token
+//! is read from `STAGEB_TOKEN` or from a file (`--token-file` / `STAGEB_TOKEN_FILE`), never from
+//! the command line (visible in `ps`), compared in constant time, and never logged (its
+//! `Debug` is redacted). A token sent over plaintext off loopback is allowed with a warning.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -16,6 +17,8 @@ pub const TOKEN_ENV: &str = "STAGEB_TOKEN";
 pub const TOKEN_FILE_ENV: &str = "STAGEB_TOKEN_FILE";
 /// gRPC metadata key carrying `Bearer <token>`.
 pub const AUTH_HEADER: &str = "authorization";
+/// Shortest token accepted for a non-loopback listener (a generated one has 64).
+pub const MIN_NETWORK_TOKEN_BYTES: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -27,9 +30,23 @@ pub enum AuthError {
     #[error("token from {origin} is empty")]
     EmptyToken { origin: String },
     #[error(
-        "refusing to listen on non-loopback address {addr} without a token: set {TOKEN_ENV} or {TOKEN_FILE_ENV} (or pass --token-file)"
+        "refusing to listen on non-loopback address {addr} without a token or mutual TLS: set {TOKEN_ENV} or {TOKEN_FILE_ENV} (or pass --token-file), or pass --tls-client-ca"
     )]
     NonLoopbackWithoutToken { addr: SocketAddr },
+    #[error(
+        "refusing a {len}-byte token for non-loopback address {addr}: tokens off loopback need at least {MIN_NETWORK_TOKEN_BYTES} bytes (e.g. `openssl rand -hex 32`)"
+    )]
+    TokenTooShort { addr: SocketAddr, len: usize },
+}
+
+/// How a listener's transport is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Plaintext,
+    /// TLS: the server is authenticated, the channel encrypted.
+    Tls,
+    /// TLS with a required client certificate: both sides are authenticated.
+    MutualTls,
 }
 
 /// A shared secret. Cloneable, comparable only in constant time, never printed.
@@ -107,6 +124,16 @@ impl AuthToken {
     pub fn bearer(&self) -> String {
         format!("Bearer {}", self.0)
     }
+
+    /// Length in bytes (never the value).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: an empty token cannot be built.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// True for 127.0.0.0/8 and ::1.
@@ -114,12 +141,28 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
 
-/// The listen policy: loopback is always allowed; anything else needs a token.
-pub fn check_listen_policy(addr: &SocketAddr, token: Option<&AuthToken>) -> Result<(), AuthError> {
-    if is_loopback(addr) || token.is_some() {
-        Ok(())
-    } else {
-        Err(AuthError::NonLoopbackWithoutToken { addr: *addr })
+/// The listen policy. Loopback is always allowed. Off loopback a peer must authenticate: a
+/// token of at least [`MIN_NETWORK_TOKEN_BYTES`] bytes, or mutual TLS. Returns the warnings to
+/// log at start (a token over plaintext off loopback crosses the network in clear text).
+pub fn check_listen_policy(
+    addr: &SocketAddr,
+    token: Option<&AuthToken>,
+    transport: Transport,
+) -> Result<Vec<String>, AuthError> {
+    if is_loopback(addr) {
+        return Ok(Vec::new());
+    }
+    match token {
+        None if transport == Transport::MutualTls => Ok(Vec::new()),
+        None => Err(AuthError::NonLoopbackWithoutToken { addr: *addr }),
+        Some(t) if t.len() < MIN_NETWORK_TOKEN_BYTES => Err(AuthError::TokenTooShort {
+            addr: *addr,
+            len: t.len(),
+        }),
+        Some(_) if transport == Transport::Plaintext => Ok(vec![format!(
+            "listening on {addr} without TLS: the token crosses the network in clear text (pass --tls-cert/--tls-key, and --tls-client-ca for mutual TLS)"
+        )]),
+        Some(_) => Ok(Vec::new()),
     }
 }
 
@@ -139,14 +182,49 @@ mod tests {
     }
 
     #[test]
-    fn non_loopback_listen_requires_a_token() {
+    fn non_loopback_listen_requires_a_token_or_mutual_tls() {
+        use Transport::*;
         let any: SocketAddr = "0.0.0.0:7000".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:7000".parse().unwrap();
-        assert!(check_listen_policy(&lo, None).is_ok());
+        assert_eq!(check_listen_policy(&lo, None, Plaintext).unwrap().len(), 0);
         assert!(matches!(
-            check_listen_policy(&any, None),
+            check_listen_policy(&any, None, Plaintext),
             Err(AuthError::NonLoopbackWithoutToken { .. })
         ));
-        assert!(check_listen_policy(&any, Some(&AuthToken::generate())).is_ok());
+        assert!(matches!(
+            check_listen_policy(&any, None, Tls),
+            Err(AuthError::NonLoopbackWithoutToken { .. })
+        ));
+        assert!(
+            check_listen_policy(&any, None, MutualTls)
+                .unwrap()
+                .is_empty()
+        );
+        let strong = AuthToken::generate();
+        assert!(
+            check_listen_policy(&any, Some(&strong), Tls)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_token_over_plaintext_off_loopback_warns() {
+        let any: SocketAddr = "10.0.0.5:7000".parse().unwrap();
+        let warnings =
+            check_listen_policy(&any, Some(&AuthToken::generate()), Transport::Plaintext).unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("clear text"));
+    }
+
+    #[test]
+    fn short_tokens_are_refused_off_loopback_regression_one_character_token() {
+        let any: SocketAddr = "0.0.0.0:7000".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let short = AuthToken::new("x").unwrap();
+        let err = check_listen_policy(&any, Some(&short), Transport::Tls).unwrap_err();
+        assert!(matches!(err, AuthError::TokenTooShort { len: 1, .. }));
+        assert!(!err.to_string().contains("\"x\""), "never echo the token");
+        assert!(check_listen_policy(&lo, Some(&short), Transport::Plaintext).is_ok());
     }
 }

@@ -16,6 +16,8 @@
 //! - [`seed`]: stable candidate-seed derivation and the counter-based per-token random draw.
 //! - [`auth`]: the shared token (env or file) and its constant-time check.
 //! - [`telemetry`]: tracing setup (text or JSON logs).
+//! - [`tls`]: TLS/mTLS material for gRPC links, read from PEM files.
+//! - [`wire`]: caps on what a peer sends, log-safe rendering, the edge codec.
 
 pub mod auth;
 pub mod config;
@@ -28,6 +30,8 @@ pub mod reflection_schema;
 pub mod seed;
 pub mod telemetry;
 pub mod text;
+pub mod tls;
+pub mod wire;
 
 /// The generated protocol. Only this module names prost types; the rest of stageb converts
 /// them into [`domain`] values at the gRPC edge.

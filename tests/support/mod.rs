@@ -1097,6 +1097,8 @@ where
     let settings = CoordinatorSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         token: Some(AuthToken::generate()),
+        tls: None,
+        edge_limits: Default::default(),
         worker_grace: Duration::from_secs(30),
         progress_every: Duration::from_secs(60),
         show_progress: false,
@@ -1111,7 +1113,7 @@ where
         inputs,
         settings,
         move |addr, token| {
-            cluster::spawn_local_workers(workers, addr, token, move |i| Ok(make_engine(i)))
+            cluster::spawn_local_workers(workers, addr, token, None, move |i| Ok(make_engine(i)))
         },
         interrupt,
     ))

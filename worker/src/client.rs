@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use stageb_shared::auth::{AUTH_HEADER, AuthToken};
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
+use stageb_shared::tls::ClientTls;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -22,9 +23,11 @@ use crate::engine::{DecodeRequest, Engine, GenerateRequest, RolloutRequest};
 /// How a worker reaches its coordinator.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// `host:port` or `http://host:port`.
+    /// `host:port`, `http://host:port` or `https://host:port`.
     pub coordinator: String,
     pub token: Option<AuthToken>,
+    /// TLS (and the client certificate under mutual TLS); `None` dials plaintext.
+    pub tls: Option<ClientTls>,
     /// Human-readable name for logs (`host:pid:rank`).
     pub name: String,
     /// `cpu` or `cuda:N`.
@@ -47,6 +50,8 @@ pub enum WorkerError {
     },
     #[error("the coordinator refused this worker: {0}")]
     Refused(String),
+    #[error("TLS setup for {addr} failed: {reason}")]
+    Tls { addr: String, reason: String },
 }
 
 /// What a worker did, for its exit log.
@@ -76,21 +81,60 @@ type Client = pb::coordinator_client::CoordinatorClient<
     tonic::service::interceptor::InterceptedService<Channel, BearerInterceptor>,
 >;
 
-fn endpoint_url(addr: &str) -> String {
+fn endpoint_url(addr: &str, tls: bool) -> String {
     if addr.starts_with("http://") || addr.starts_with("https://") {
         addr.to_string()
+    } else if tls {
+        format!("https://{addr}")
     } else {
         format!("http://{addr}")
     }
 }
 
-async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
-    let url = endpoint_url(&opts.coordinator);
-    let endpoint = Endpoint::from_shared(url.clone())
+/// The endpoint for `opts`: plaintext, or TLS verified against the configured CA.
+fn endpoint(opts: &WorkerOptions) -> Result<Endpoint, WorkerError> {
+    let url = endpoint_url(&opts.coordinator, opts.tls.is_some());
+    let mut endpoint = Endpoint::from_shared(url)
         .map_err(|_| WorkerError::BadAddress(opts.coordinator.clone()))?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(20));
+    let host = endpoint.uri().host().unwrap_or("localhost").to_string();
+    match &opts.tls {
+        Some(tls) => {
+            if endpoint.uri().scheme_str() == Some("http") {
+                return Err(WorkerError::Tls {
+                    addr: opts.coordinator.clone(),
+                    reason: "an http:// address with TLS configured (use https:// or host:port)"
+                        .into(),
+                });
+            }
+            endpoint = endpoint
+                .tls_config(tls.config(&host))
+                .map_err(|e| WorkerError::Tls {
+                    addr: opts.coordinator.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        None => {
+            let loopback = host == "localhost"
+                || host
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if !loopback && opts.token.is_some() {
+                tracing::warn!(
+                    coordinator = %opts.coordinator,
+                    "dialing without TLS: the token crosses the network in clear text (pass --tls-ca)"
+                );
+            }
+        }
+    }
+    Ok(endpoint)
+}
+
+async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
+    let endpoint = endpoint(opts)?;
     let start = Instant::now();
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -271,6 +315,12 @@ pub async fn run_worker<E: Engine + 'static>(
                 ) =>
             {
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                continue 'connection;
+            }
+            // Rank 0's session table is full: wait for idle sessions to expire.
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                tracing::warn!("the coordinator is at its session cap; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
                 continue 'connection;
             }
             Err(status) => return Err(WorkerError::Refused(status.message().to_string())),

@@ -192,7 +192,7 @@ impl std::fmt::Debug for CandleEngine {
     }
 }
 
-fn sha256_files(files: &[PathBuf]) -> Result<String, EngineError> {
+pub(crate) fn sha256_files(files: &[PathBuf]) -> Result<String, EngineError> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for f in files {

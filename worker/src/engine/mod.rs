@@ -104,6 +104,17 @@ pub struct ModelFingerprint {
     pub architecture: String,
 }
 
+/// The digest a fingerprint's `weights_sha256` holds for the model at `path` (a GGUF file or
+/// a safetensors directory), computed without loading it: rank 0 pins a run's model with it.
+pub fn weights_sha256(path: &std::path::Path) -> Result<String, EngineError> {
+    let files = if path.is_dir() {
+        safetensors::weight_files(path)?
+    } else {
+        vec![path.to_path_buf()]
+    };
+    candle_engine::sha256_files(&files)
+}
+
 impl ModelFingerprint {
     /// The single string compared at Register and stored with every result.
     pub fn id(&self) -> String {
