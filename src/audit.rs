@@ -416,8 +416,12 @@ pub fn audit(dir: &Path) -> AuditReport {
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
     {
         Some(written) => {
-            let expected = serde_json::to_value(need_review::aggregate(&mission, &queue_rows))
-                .unwrap_or_default();
+            let expected = serde_json::to_value(need_review::aggregate(
+                &mission,
+                &queue_rows,
+                config.runner.epochs,
+            ))
+            .unwrap_or_default();
             if written != expected {
                 report.fail(
                     "need_review",

@@ -286,7 +286,15 @@ impl RunLoop {
             GuidanceRepo::create(&inputs.config.guidance.path, &mission, &dir, options)?
         };
         let writers = Writers::create(&dir)?;
-        let reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        let mut reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        reflector.set_run_groups(
+            inputs
+                .ingested
+                .tickets
+                .iter()
+                .map(|t| t.group_id.clone())
+                .collect(),
+        );
         let initial_guidance_hash = guidance.head_hash().to_string();
         Ok(RunLoop {
             dir,
