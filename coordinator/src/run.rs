@@ -630,6 +630,8 @@ impl RunLoop {
                         "schema_version": SCHEMA_VERSION,
                         "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
                         "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
+                        "epoch_step": epoch_step, "guidance_step": guidance_step,
+                        "guidance_hash": self.guidance.head_hash(),
                         "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
                         "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": text, "error": null,
                     });
@@ -713,6 +715,8 @@ impl RunLoop {
                 "schema_version": SCHEMA_VERSION,
                 "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
                 "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
+                "epoch_step": epoch_step, "guidance_step": guidance_step,
+                "guidance_hash": self.guidance.head_hash(),
                 "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
                 "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
                 "error": job_error.as_ref().map(|f| json!({"code": f.code, "message": f.message})),
