@@ -517,3 +517,25 @@ fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
     );
     assert_audit_ok(&run_dir);
 }
+
+/// No configuration may make every reflection call fail silently (issue 8, item 1): when no
+/// decision pass of an epoch yields a usable answer, `summary.json` says so.
+///
+/// Fails on the old code: the run ended normally with no trace beyond per-cycle
+/// `decision_error` warnings in `reflection.jsonl`.
+#[test]
+fn regression_issue8_an_epoch_without_a_usable_decision_pass_is_reported_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let script = Script::new(Behaviour {
+        invalid_json_decisions: usize::MAX,
+        ..Behaviour::default()
+    });
+    let (summary, run_dir) = run_mission(dir.path(), json!({}), 1, engines(&script));
+    assert_eq!(summary.warnings.len(), 1, "{:?}", summary.warnings);
+    assert!(summary.warnings[0].contains("epoch 1"));
+    let written: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join(files::SUMMARY)).unwrap()).unwrap();
+    assert_eq!(written["warnings"], json!(summary.warnings));
+    assert_audit_ok(&run_dir);
+}

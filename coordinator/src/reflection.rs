@@ -200,6 +200,10 @@ pub struct Reflector {
     run_groups: BTreeSet<String>,
     /// `runner.epochs`: the epoch whose routing `need_review.json` shows as the final view.
     final_epoch: u32,
+    /// Decision passes of this epoch that ran (at least one call) and that parsed.
+    decisions_epoch: (u32, u32),
+    /// Warnings for `summary.json`.
+    run_warnings: Vec<String>,
 }
 
 impl Reflector {
@@ -251,6 +255,8 @@ impl Reflector {
             worker_grace: Duration::from_secs(600),
             run_groups: BTreeSet::new(),
             final_epoch: run.runner.epochs,
+            decisions_epoch: (0, 0),
+            run_warnings: Vec::new(),
         })
     }
 
@@ -299,6 +305,7 @@ impl Reflector {
         self.retry_counts.clear();
         self.calls_epoch = 0;
         self.applied_epoch = 0;
+        self.decisions_epoch = (0, 0);
         self.arrivals = 0;
     }
 
@@ -584,6 +591,10 @@ impl Reflector {
                 reflection_schema::parse_decision,
             )
             .await?;
+        self.decisions_epoch.0 += 1;
+        if decision.is_some() {
+            self.decisions_epoch.1 += 1;
+        }
         let Some(decision) = decision else {
             warnings.push("decision_error".into());
             self.requeue_uncharged(attempt, dropped);
@@ -1052,7 +1063,18 @@ impl Reflector {
 
     /// Epoch end: optional lifecycle cleanup; buffered feedback of undecided tickets is
     /// discarded (it never became a contributor).
-    pub fn end_epoch(&mut self, _epoch: u32, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+    pub fn end_epoch(&mut self, epoch: u32, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+        let (ran, parsed) = self.decisions_epoch;
+        if ran > 0 && parsed == 0 {
+            // No configuration may make every reflection call fail silently.
+            let warning = format!(
+                "epoch {epoch}: none of {ran} decision passes produced a usable answer; the \
+                 guidance could not learn (see the calls in reflection.jsonl: PROMPT_TOO_LONG \
+                 means reflection.token_budget/max_new_tokens exceed the model's context)"
+            );
+            tracing::error!("{warning}");
+            self.run_warnings.push(warning);
+        }
         self.flush_immediate_feedback(guidance)?;
         if let Some(lc) = &self.lifecycle
             && lc.enable_auto_cleanup
@@ -1069,6 +1091,11 @@ impl Reflector {
             }
         }
         Ok(())
+    }
+
+    /// Warnings for `summary.json`, in the order they arose.
+    pub fn run_warnings(&self) -> &[String] {
+        &self.run_warnings
     }
 
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).

@@ -151,6 +151,9 @@ pub struct RunSummary {
     pub guidance_hash: String,
     pub need_review: usize,
     pub reflection_cycles: u64,
+    /// Run-level warnings a user must not miss (e.g. an epoch in which no decision pass
+    /// parsed: the guidance could not learn anything then).
+    pub warnings: Vec<String>,
     pub runtime: serde_json::Value,
 }
 
@@ -402,6 +405,7 @@ impl RunLoop {
             guidance_hash: self.guidance.head_hash().to_string(),
             need_review: self.reflector.need_review_count(),
             reflection_cycles: self.reflector.cycles(),
+            warnings: self.reflector.run_warnings().to_vec(),
             runtime: json!({
                 "started_at": started_at,
                 "finished_at": finished_at,
