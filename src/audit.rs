@@ -12,7 +12,9 @@
 //! - `metrics.jsonl` epoch rows recomputed from `selections.jsonl` and the need-review queue;
 //! - `need_review.json` equal to the aggregation of `need_review_queue.jsonl`;
 //! - reflection: learnable ∩ stop-gradient = ∅, every applied op's evidence ⊆ that cycle's
-//!   learnable set (so no stop-gradient key is ever evidence);
+//!   learnable set (so no stop-gradient key is ever evidence), `covered` = the applied ops'
+//!   evidence ∩ learnable (a skipped or unapplied op covers nothing), no accepted rule text and
+//!   no rule of the final guidance names a group id of the run or a label suffix;
 //! - the guidance hash chain verifies and `S*` rules are unchanged from the seed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -416,8 +418,12 @@ pub fn audit(dir: &Path) -> AuditReport {
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
     {
         Some(written) => {
-            let expected = serde_json::to_value(need_review::aggregate(&mission, &queue_rows))
-                .unwrap_or_default();
+            let expected = serde_json::to_value(need_review::aggregate(
+                &mission,
+                &queue_rows,
+                config.runner.epochs,
+            ))
+            .unwrap_or_default();
             if written != expected {
                 report.fail(
                     "need_review",
@@ -484,7 +490,11 @@ pub fn audit(dir: &Path) -> AuditReport {
         }
     }
 
-    // Reflection: stop-gradient isolation and evidence ⊆ learnable.
+    // Reflection: stop-gradient isolation, evidence ⊆ learnable, coverage, no label in rules.
+    let group_ids: BTreeSet<String> = selections
+        .iter()
+        .filter_map(|(_, r)| r["group_id"].as_str().map(str::to_string))
+        .collect();
     for (line, row) in &reflections {
         let set = |v: &Value| -> BTreeSet<String> {
             v.as_array()
@@ -504,6 +514,36 @@ pub fn audit(dir: &Path) -> AuditReport {
                 Some(*line),
                 "a ticket is both learnable and stop-gradient",
             );
+        }
+        // Coverage counts only ops that changed the guidance: E = applied evidence ∩ L.
+        let applied_evidence: BTreeSet<String> = row["applied_ops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|op| set(&op["evidence"]))
+            .collect();
+        let expected: BTreeSet<String> =
+            applied_evidence.intersection(&learnable).cloned().collect();
+        if row.get("covered").is_some() && set(&row["covered"]) != expected {
+            report.fail(
+                "coverage_from_applied_ops",
+                files::REFLECTION,
+                Some(*line),
+                "covered is not the evidence of the applied ops within the learnable set",
+            );
+        }
+        for op in row["accepted_ops"].as_array().into_iter().flatten() {
+            if let Some(leak) = op["op"]["text"]
+                .as_str()
+                .and_then(|t| stageb_coordinator::rule_text::label_leak(t, &group_ids))
+            {
+                report.fail(
+                    "no_label_in_rules",
+                    files::REFLECTION,
+                    Some(*line),
+                    format!("an accepted rule text contains {leak}"),
+                );
+            }
         }
         for op in row["applied_ops"].as_array().into_iter().flatten() {
             for ev in set(&op["evidence"]) {
@@ -540,6 +580,18 @@ pub fn audit(dir: &Path) -> AuditReport {
     }
     if let Err(detail) = scaffold_unchanged(dir, &mission) {
         report.fail("scaffold_untouched", guidance::GUIDANCE_FILE, None, detail);
+    }
+    if let Ok(g) = guidance::load_mission_section(&dir.join(guidance::GUIDANCE_FILE), &mission) {
+        for (k, t) in &g.experiences {
+            if let Some(leak) = stageb_coordinator::rule_text::label_leak(t, &group_ids) {
+                report.fail(
+                    "no_label_in_rules",
+                    guidance::GUIDANCE_FILE,
+                    None,
+                    format!("{k} contains {leak}"),
+                );
+            }
+        }
     }
     report
 }

@@ -147,3 +147,33 @@ fn an_edited_scaffold_rule_or_guidance_chain_is_caught() {
         "{found:?}"
     );
 }
+
+/// Coverage counts only applied changes (issue 8): a cycle claiming a ticket as covered that no
+/// applied op cites is caught, and so is a rule text naming a group id of the run.
+#[test]
+fn coverage_without_an_applied_op_and_a_label_in_a_rule_are_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    let mut tampered = false;
+    rewrite_jsonl(&run.join(files::REFLECTION), |rows| {
+        if let Some(row) = rows.iter_mut().find(|r| {
+            r["learnable"].as_array().is_some_and(|l| !l.is_empty()) && r["applied"] == false
+        }) {
+            row["covered"] = row["learnable"].clone();
+            tampered = true;
+        }
+        if let Some(op) = rows
+            .iter_mut()
+            .find_map(|r| r["accepted_ops"].as_array_mut()?.first_mut())
+        {
+            op["op"]["text"] = json!("若工单 QC TOY F3 出现则判不通过");
+        }
+    });
+    assert!(
+        tampered,
+        "the clean run has no unapplied cycle with learnable tickets"
+    );
+    let found = checks(&run);
+    assert!(found.contains(&"coverage_from_applied_ops"), "{found:?}");
+    assert!(found.contains(&"no_label_in_rules"), "{found:?}");
+}

@@ -413,3 +413,129 @@ fn a_revision_round_applies_every_op_once() {
     );
     assert_audit_ok(&run_dir);
 }
+
+/// Budgets are charged for what happened (issue 8, item 5): cases the token budget drops
+/// before any model saw them are re-batched without being charged a reflection retry. With a
+/// budget that fits one case per prompt, every case is reflected on at attempt 0, nothing is
+/// retried for having been dropped, and nothing is exhausted.
+///
+/// Fails on the old code: dropped cases went through retry-or-route (attempts 1, 2, then
+/// `budget_exhausted`).
+#[test]
+fn regression_issue8_cases_dropped_by_the_token_budget_are_not_charged_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let script = Script::new(Behaviour {
+        quiet: true,
+        ..Behaviour::default()
+    });
+    let (_, run_dir) = run_mission(
+        dir.path(),
+        json!({"reflection": {"token_budget": 1}}),
+        1,
+        engines(&script),
+    );
+    let reflections = read_jsonl(&run_dir, files::REFLECTION);
+    let dropped: BTreeSet<String> = reflections
+        .iter()
+        .flat_map(|r| str_set(&r["dropped_by_token_budget"]))
+        .collect();
+    assert!(!dropped.is_empty(), "the budget must drop cases");
+    for r in &reflections {
+        assert_eq!(r["retry_attempt"], 0, "a retry was charged: {r:#}");
+    }
+    // Every dropped case was reflected on later, at attempt 0.
+    let reflected: BTreeSet<String> = reflections
+        .iter()
+        .flat_map(|r| str_set(&r["learnable"]))
+        .collect();
+    assert!(dropped.is_subset(&reflected));
+    let queue = read_jsonl(&run_dir, files::NEED_REVIEW_QUEUE);
+    assert!(
+        queue.iter().all(|r| r["reason_code"] != BUDGET_EXHAUSTED),
+        "{queue:#?}"
+    );
+    assert_audit_ok(&run_dir);
+}
+
+/// When the epoch's change cap is reached, no further reflection call is made that epoch and
+/// the remaining gradient tickets are routed `change_cap_reached` (they used up no budget), not
+/// `budget_exhausted`.
+///
+/// Fails on the old code: later cycles still called the model, and their uncovered tickets were
+/// retried and ended `budget_exhausted`.
+#[test]
+fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let script = Script::new(Behaviour {
+        quiet: true,
+        ..Behaviour::default()
+    });
+    let (_, run_dir) = run_mission(
+        dir.path(),
+        json!({"reflection": {"change_cap_per_epoch": 1}}),
+        1,
+        engines(&script),
+    );
+    let reflections = read_jsonl(&run_dir, files::REFLECTION);
+    let first_applied = reflections
+        .iter()
+        .position(|r| r["applied"] == true)
+        .expect("one cycle applies");
+    let after = &reflections[first_applied + 1..];
+    assert!(!after.is_empty(), "later batches exist");
+    let mut capped = BTreeSet::new();
+    for r in after {
+        assert_eq!(
+            r["calls"].as_array().unwrap().len(),
+            0,
+            "a call after the cap: {r:#}"
+        );
+        assert!(
+            r["warnings"]
+                .to_string()
+                .contains("epoch_change_cap_reached")
+        );
+        capped.extend(str_set(&r["routing"]["change_cap_reached"]));
+    }
+    let queue = read_jsonl(&run_dir, files::NEED_REVIEW_QUEUE);
+    let routed: BTreeSet<String> = queue
+        .iter()
+        .filter(|r| r["reason_code"] == "change_cap_reached")
+        .map(|r| r["ticket_key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(routed, capped);
+    assert!(!routed.is_empty());
+    assert!(queue.iter().all(|r| r["reason_code"] != BUDGET_EXHAUSTED));
+    let aggregate: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join(files::NEED_REVIEW)).unwrap()).unwrap();
+    assert_eq!(aggregate["final_epoch"], 1);
+    assert_eq!(
+        aggregate["final_epoch_items"].as_array().unwrap().len(),
+        queue.len()
+    );
+    assert_audit_ok(&run_dir);
+}
+
+/// No configuration may make every reflection call fail silently (issue 8, item 1): when no
+/// decision pass of an epoch yields a usable answer, `summary.json` says so.
+///
+/// Fails on the old code: the run ended normally with no trace beyond per-cycle
+/// `decision_error` warnings in `reflection.jsonl`.
+#[test]
+fn regression_issue8_an_epoch_without_a_usable_decision_pass_is_reported_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let script = Script::new(Behaviour {
+        invalid_json_decisions: usize::MAX,
+        ..Behaviour::default()
+    });
+    let (summary, run_dir) = run_mission(dir.path(), json!({}), 1, engines(&script));
+    assert_eq!(summary.warnings.len(), 1, "{:?}", summary.warnings);
+    assert!(summary.warnings[0].contains("epoch 1"));
+    let written: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join(files::SUMMARY)).unwrap()).unwrap();
+    assert_eq!(written["warnings"], json!(summary.warnings));
+    assert_audit_ok(&run_dir);
+}

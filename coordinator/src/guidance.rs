@@ -234,10 +234,10 @@ impl MissionGuidance {
 
     /// The key whose text has the same dedupe form as `text`, if any.
     pub fn key_with_text(&self, text: &str) -> Option<RuleKey> {
-        let wanted = dedupe_form(text);
+        let wanted = loose_form(text);
         self.experiences
             .iter()
-            .find(|(_, v)| dedupe_form(v) == wanted)
+            .find(|(_, v)| loose_form(v) == wanted)
             .map(|(k, _)| *k)
     }
 
@@ -283,6 +283,20 @@ pub fn dedupe_form(s: &str) -> String {
         .trim_end_matches(['。', '.'])
         .trim()
         .to_string()
+}
+
+/// The form in which two rule texts are *the same rule* (duplicate detection, and an update
+/// that changes nothing): [`dedupe_form`], lowercase, without whitespace and punctuation.
+pub fn loose_form(s: &str) -> String {
+    dedupe_form(s)
+        .to_lowercase()
+        .chars()
+        .filter(|c| {
+            !c.is_whitespace()
+                && !c.is_ascii_punctuation()
+                && !"，。！？；：、（）【】《》“”‘’·~—…".contains(*c)
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,6 +410,9 @@ pub enum SkipReason {
     EmptyText,
     DuplicateOfScaffold,
     DuplicateText,
+    /// The text equals the rule's current text ([`loose_form`]): nothing would change, so the
+    /// op gets no step, no version, no hit and covers no evidence.
+    Unchanged,
 }
 
 /// An op that did not change the guidance.
@@ -420,8 +437,10 @@ pub struct OpsApplication {
 /// Semantics (reference §7.4, with the strict differences noted):
 /// - `delete`: `S*` and `G0` are never removed; a missing key is skipped (and therefore never
 ///   counts as evidence coverage, B9).
-/// - `add`: text equal (dedupe form) to an existing `G` rule updates that rule; equal to an
-///   `S` rule is skipped; otherwise the smallest unused `G<i>` is created.
+/// - `add`: text equal ([`loose_form`]) to an existing rule is skipped (`unchanged` for a `G`
+///   rule, `duplicate_of_scaffold` for an `S` rule): it changes nothing, so it earns no hit and
+///   covers no evidence; otherwise the smallest unused `G<i>` is created.
+/// - `update` whose text equals the rule's current text is skipped `unchanged` likewise.
 /// - `update`: the key must exist (the original created it; here a missing key is skipped so a
 ///   typo cannot invent a rule); text equal to a *different* rule is skipped (it would create a
 ///   duplicate).
@@ -484,7 +503,7 @@ pub fn apply_ops(
                     skipped.push(skip(SkipReason::EmptyText, "empty text".into()));
                     continue;
                 }
-                let (target, effect) = match g.key_with_text(&text) {
+                let target = match g.key_with_text(&text) {
                     Some(k) if k.is_scaffold() => {
                         skipped.push(skip(
                             SkipReason::DuplicateOfScaffold,
@@ -492,9 +511,16 @@ pub fn apply_ops(
                         ));
                         continue;
                     }
-                    Some(k) => (k, OpEffect::Updated),
-                    None => (g.next_free_g(), OpEffect::Created),
+                    Some(k) => {
+                        skipped.push(skip(
+                            SkipReason::Unchanged,
+                            format!("{k} already says this"),
+                        ));
+                        continue;
+                    }
+                    None => g.next_free_g(),
                 };
+                let effect = OpEffect::Created;
                 upsert(
                     &mut g,
                     target,
@@ -523,6 +549,14 @@ pub fn apply_ops(
                     ));
                 } else if dedupe_form(&text).is_empty() {
                     skipped.push(skip(SkipReason::EmptyText, "empty text".into()));
+                } else if g
+                    .text(*key)
+                    .is_some_and(|t| loose_form(t) == loose_form(&text))
+                {
+                    skipped.push(skip(
+                        SkipReason::Unchanged,
+                        format!("{key} already says this"),
+                    ));
                 } else if let Some(other) = g.key_with_text(&text).filter(|k| k != key) {
                     let reason = if other.is_scaffold() {
                         SkipReason::DuplicateOfScaffold
@@ -1999,17 +2033,21 @@ mod tests {
     }
 
     #[test]
-    fn identical_text_reuses_its_key() {
+    fn regression_issue8_an_identical_rule_changes_nothing() {
+        // An add equal to an existing rule (or repeated in the same apply) and an update that
+        // restates its rule are skipped `unchanged`: no hit, no sources, no coverage, and when
+        // nothing else changes, no step and no version.
         let tmp = tempfile::tempdir().unwrap();
         let mut r = repo(tmp.path());
-        r.apply(
-            &[
-                add("规则一", &["QC-1::fail"]),
-                add("规则一。", &["QC-2::fail"]),
-            ],
-            "rid",
-        )
-        .unwrap();
+        let out = r
+            .apply(
+                &[
+                    add("规则一", &["QC-1::fail"]),
+                    add("规则一。", &["QC-2::fail"]),
+                ],
+                "rid",
+            )
+            .unwrap();
         let keys: Vec<RuleKey> = r.current().experiences.keys().copied().collect();
         assert_eq!(
             keys,
@@ -2017,15 +2055,35 @@ mod tests {
         );
         assert_eq!(
             r.current().metadata[&RuleKey::G(2)].sources,
-            vec!["QC-2::fail", "QC-1::fail"]
+            vec!["QC-1::fail"]
         );
-        // An add equal to an existing learned rule updates it.
-        let out = r
-            .apply(&[add("若挡风板缺失则不通过", &["QC-3::fail"])], "rid2")
-            .unwrap();
-        assert_eq!(out.applied[0].key, RuleKey::G1);
-        assert_eq!(out.applied[0].effect, OpEffect::Updated);
-        assert!(out.new_keys.is_empty());
+        assert_eq!(out.skipped[0].reason, SkipReason::Unchanged);
+        assert_eq!(
+            crate::ops::evidence_covered(&out.applied),
+            [TicketKey("QC-1::fail".into())].into_iter().collect()
+        );
+        let (step, versions) = (r.step(), r.versions().len());
+        let hits = r.current().metadata[&RuleKey::G(2)].hit_count;
+        let err = r
+            .apply(
+                &[
+                    add("若挡风板缺失则不通过", &["QC-3::fail"]),
+                    GuidanceOp::Update {
+                        key: RuleKey::G(2),
+                        text: " 规则一 ".into(),
+                        rationale: None,
+                        evidence: vec![TicketKey("QC-4::fail".into())],
+                    },
+                ],
+                "rid2",
+            )
+            .unwrap_err();
+        let GuidanceError::NothingApplied { skipped, .. } = err else {
+            panic!("{err:?}")
+        };
+        assert!(skipped.iter().all(|s| s.reason == SkipReason::Unchanged));
+        assert_eq!((r.step(), r.versions().len()), (step, versions));
+        assert_eq!(r.current().metadata[&RuleKey::G(2)].hit_count, hits);
     }
 
     #[test]

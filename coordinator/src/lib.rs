@@ -11,6 +11,8 @@
 //! - [`eligibility`]: which tickets carry learnable signal (gradient candidates).
 //! - [`guidance`]: the per-run guidance repository (atomic, snapshotted, hash-chained).
 //! - [`ops`]: validation of reflection operations proposed by the model.
+//! - [`rule_text`]: whether a proposed rule text is a rule (no label leak, not a number, …).
+//! - [`feedback`]: which rule (key and generation) buffered hit/miss feedback belongs to.
 //! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
 //! - [`metrics`]: accuracy windows and epoch rows, recomputable from selections.
 //! - [`reflection`]: the two-pass reflection driver (decision → need-review, ops → guidance).
@@ -22,6 +24,7 @@
 pub mod artifacts;
 pub mod edge;
 pub mod eligibility;
+pub mod feedback;
 pub mod guidance;
 pub mod journal;
 pub mod metrics;
@@ -29,6 +32,7 @@ pub mod need_review;
 pub mod ops;
 pub mod prompts;
 pub mod reflection;
+pub mod rule_text;
 pub mod run;
 pub mod scheduler;
 pub mod selection;

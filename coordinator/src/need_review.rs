@@ -1,10 +1,13 @@
 //! The stop-gradient queue: rows of `need_review_queue.jsonl` and their deterministic
 //! aggregation into `need_review.json` (seed 003, reference §6.3).
 //!
-//! Only two routes lead here: the decision pass declared a ticket unlearnable after seeing its
-//! label (`reflection_no_evidence_after_gt`), or its bounded retries ran out
-//! (`budget_exhausted`). Hard failures never do. Rows are keyed by ticket key and
-//! non-sticky (one epoch's routing says nothing about the next).
+//! Three routes lead here: the decision pass declared a ticket unlearnable after seeing its
+//! label (`reflection_no_evidence_after_gt`), its bounded retries or the epoch's calls ran out
+//! (`budget_exhausted`), or the epoch's change cap was reached before its ops pass
+//! (`change_cap_reached`). Hard failures never do. Rows are keyed by ticket key and
+//! non-sticky (one epoch's routing says nothing about the next): `need_review.json` therefore
+//! has, next to the full history, the view of the final epoch (`final_epoch_items`), which is
+//! what is still in review when the run ends.
 //!
 //! `pred_verdict`/`pred_reason` are the *final* selection (after the fail-first override); the
 //! original took the winning candidate before the override (B10).
@@ -23,6 +26,9 @@ pub enum NeedReviewReason {
     ReflectionNoEvidenceAfterGt,
     /// Its retries (or the epoch's reflection calls) were used up while uncovered.
     BudgetExhausted,
+    /// The epoch's `change_cap_per_epoch` was reached before its ops pass: no further guidance
+    /// change was possible this epoch (not a budget the ticket used up).
+    ChangeCapReached,
 }
 
 impl NeedReviewReason {
@@ -30,6 +36,7 @@ impl NeedReviewReason {
         match self {
             NeedReviewReason::ReflectionNoEvidenceAfterGt => "reflection_no_evidence_after_gt",
             NeedReviewReason::BudgetExhausted => "budget_exhausted",
+            NeedReviewReason::ChangeCapReached => "change_cap_reached",
         }
     }
 }
@@ -111,11 +118,18 @@ pub struct NeedReviewSummary {
     pub latest_by_ticket: BTreeMap<TicketKey, NeedReviewRow>,
     /// Every row, sorted by (epoch, ticket_key, reason_code, reflection_cycle).
     pub items: Vec<NeedReviewRow>,
+    /// The run's last epoch.
+    pub final_epoch: u32,
+    /// Distinct tickets routed in the final epoch.
+    pub n_final_epoch_tickets: usize,
+    /// The rows of the final epoch (same order as `items`): what is in review at the end.
+    pub final_epoch_items: Vec<NeedReviewRow>,
     pub schema_version: u32,
 }
 
-/// Aggregate queue rows. The result depends only on the set of rows, not their order.
-pub fn aggregate(mission: &str, rows: &[NeedReviewRow]) -> NeedReviewSummary {
+/// Aggregate queue rows of a run whose last epoch is `final_epoch`. The result depends only on
+/// the set of rows, not their order.
+pub fn aggregate(mission: &str, rows: &[NeedReviewRow], final_epoch: u32) -> NeedReviewSummary {
     let mut items = rows.to_vec();
     items.sort_by(|a, b| {
         let key = |r: &NeedReviewRow| {
@@ -144,6 +158,16 @@ pub fn aggregate(mission: &str, rows: &[NeedReviewRow]) -> NeedReviewSummary {
             latest_by_ticket.insert(row.ticket_key.clone(), row.clone());
         }
     }
+    let final_epoch_items: Vec<NeedReviewRow> = items
+        .iter()
+        .filter(|r| r.epoch == final_epoch)
+        .cloned()
+        .collect();
+    let n_final_epoch_tickets = final_epoch_items
+        .iter()
+        .map(|r| &r.ticket_key)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
     NeedReviewSummary {
         mission: mission.to_string(),
         n: items.len(),
@@ -151,6 +175,9 @@ pub fn aggregate(mission: &str, rows: &[NeedReviewRow]) -> NeedReviewSummary {
         by_reason_code,
         latest_by_ticket,
         items,
+        final_epoch,
+        n_final_epoch_tickets,
+        final_epoch_items,
         schema_version: SCHEMA_VERSION,
     }
 }
@@ -241,7 +268,7 @@ mod tests {
             ),
             row("a::fail", 1, 0, NeedReviewReason::BudgetExhausted),
         ];
-        let s = aggregate("m", &rows);
+        let s = aggregate("m", &rows, 2);
         assert_eq!(s.n, 4);
         assert_eq!(s.n_tickets, 2);
         assert_eq!(
@@ -278,14 +305,39 @@ mod tests {
         let mut reversed = rows.clone();
         reversed.reverse();
         assert_eq!(
-            serde_json::to_string(&aggregate("m", &reversed)).unwrap(),
-            serde_json::to_string(&aggregate("m", &rows)).unwrap()
+            serde_json::to_string(&aggregate("m", &reversed, 2)).unwrap(),
+            serde_json::to_string(&aggregate("m", &rows, 2)).unwrap()
         );
     }
 
     #[test]
+    fn regression_issue8_need_review_json_shows_the_final_epoch() {
+        // The history alone reads as a sticky queue: a ticket routed in epoch 1 and learned in
+        // epoch 2 is not in review at the end of a 2-epoch run.
+        let rows = vec![
+            row("a::fail", 1, 0, NeedReviewReason::BudgetExhausted),
+            row("b::fail", 2, 4, NeedReviewReason::ChangeCapReached),
+            row("b::fail", 1, 1, NeedReviewReason::BudgetExhausted),
+        ];
+        let s = aggregate("m", &rows, 2);
+        assert_eq!(s.final_epoch, 2);
+        assert_eq!(s.n_final_epoch_tickets, 1);
+        let keys: Vec<&str> = s
+            .final_epoch_items
+            .iter()
+            .map(|r| r.ticket_key.as_str())
+            .collect();
+        assert_eq!(keys, vec!["b::fail"]);
+        assert_eq!(
+            serde_json::to_value(&s.final_epoch_items[0]).unwrap()["reason_code"],
+            "change_cap_reached"
+        );
+        assert_eq!(aggregate("m", &rows, 3).final_epoch_items.len(), 0);
+    }
+
+    #[test]
     fn empty_queue_aggregates_to_zero() {
-        let s = aggregate("m", &[]);
+        let s = aggregate("m", &[], 1);
         assert_eq!((s.n, s.n_tickets), (0, 0));
         assert!(s.items.is_empty() && s.latest_by_ticket.is_empty() && s.by_reason_code.is_empty());
     }

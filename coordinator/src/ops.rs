@@ -15,11 +15,15 @@
 //! 4. evidence: non-empty (`empty_evidence`), each id resolved through the `第N组` shorthand,
 //!    and every key ∈ L; one outside key rejects the whole op (`evidence_outside_learnable`),
 //!    never a partial filter and never a "whole bundle" default;
-//! 5. text (add/update/merge): present (`missing_text`); no third-state wording in text or
-//!    rationale (`third_state_text`); no Stage-A object chain (`stage_a_leak`); text ≤ 160 and
-//!    rationale ≤ 80 characters (the schema's bound) (`text_too_long`, `rationale_too_long`; rejected, never
-//!    truncated: a cut rule can mean something else);
-//! 6. duplicates: an `add` whose text matches an existing `G` rule becomes an `update` of that
+//! 5. text (add/update/merge): present (`missing_text`); no ticket key, group id or label
+//!    suffix (`label_leak`); no third-state wording in text or rationale (`third_state_text`);
+//!    no Stage-A object chain (`stage_a_leak`); text ≤ 160 and rationale ≤ 80 characters (the
+//!    schema's bound) (`text_too_long`, `rationale_too_long`; rejected, never truncated: a cut
+//!    rule can mean something else); then the text must be a rule ([`crate::rule_text`]):
+//!    `not_a_rule`, `script_mismatch`, `text_too_short`, `copies_case_summary`, `g0_not_focus`;
+//! 6. duplicates: an `update` whose text equals the rule's current text, or an `add` equal to
+//!    an existing `G` rule, changes nothing (`unchanged_text`: it must not count as coverage);
+//!    an `add` nearly equal to an existing `G` rule becomes an `update` of that
 //!    key; text equal to an `S` rule (`duplicate_of_scaffold`) or, for update/merge, to another
 //!    rule (`duplicate_text`) is rejected; an op identical to an accepted one is `duplicate_op`;
 //!    an op touching a key an accepted op already touches is `key_conflict` (op order inside one
@@ -30,7 +34,8 @@
 //! ([`evidence_covered`]), never from accepted proposals: an op skipped at apply time (e.g. a
 //! delete of a key that no longer exists) does not cover its evidence (B9).
 
-use crate::guidance::{AppliedOp, GuidanceOp, MissionGuidance, RuleKey, dedupe_form};
+use crate::guidance::{AppliedOp, GuidanceOp, MissionGuidance, RuleKey, dedupe_form, loose_form};
+use crate::rule_text::{self, TextContext, TextIssue};
 use serde::{Deserialize, Serialize};
 use stageb_shared::domain::TicketKey;
 pub use stageb_shared::reflection_schema::ProposedOp;
@@ -59,10 +64,17 @@ pub enum RejectReason {
     EmptyEvidence,
     EvidenceOutsideLearnable,
     MissingText,
+    LabelLeak,
     ThirdStateText,
     StageALeak,
     TextTooLong,
     RationaleTooLong,
+    NotARule,
+    ScriptMismatch,
+    TextTooShort,
+    CopiesCaseSummary,
+    G0NotFocus,
+    UnchangedText,
     DuplicateOfScaffold,
     DuplicateText,
     DuplicateOp,
@@ -83,10 +95,17 @@ impl RejectReason {
             RejectReason::EmptyEvidence => "empty_evidence",
             RejectReason::EvidenceOutsideLearnable => "evidence_outside_learnable",
             RejectReason::MissingText => "missing_text",
+            RejectReason::LabelLeak => "label_leak",
             RejectReason::ThirdStateText => "third_state_text",
             RejectReason::StageALeak => "stage_a_leak",
             RejectReason::TextTooLong => "text_too_long",
             RejectReason::RationaleTooLong => "rationale_too_long",
+            RejectReason::NotARule => "not_a_rule",
+            RejectReason::ScriptMismatch => "script_mismatch",
+            RejectReason::TextTooShort => "text_too_short",
+            RejectReason::CopiesCaseSummary => "copies_case_summary",
+            RejectReason::G0NotFocus => "g0_not_focus",
+            RejectReason::UnchangedText => "unchanged_text",
             RejectReason::DuplicateOfScaffold => "duplicate_of_scaffold",
             RejectReason::DuplicateText => "duplicate_text",
             RejectReason::DuplicateOp => "duplicate_op",
@@ -106,6 +125,23 @@ pub struct OpsContext<'a> {
     pub guidance: &'a MissionGuidance,
     /// Cap on accepted ops (`reflection.max_operations`); `None` = unlimited.
     pub max_operations: Option<usize>,
+    /// Group ids of every ticket of the run (a rule must never name one).
+    pub group_ids: &'a BTreeSet<String>,
+    /// Stage-A summaries of this pass's cases (a rule must not copy one).
+    pub case_summaries: &'a [String],
+}
+
+impl RejectReason {
+    fn of_text_issue(issue: &TextIssue) -> RejectReason {
+        match issue {
+            TextIssue::LabelLeak(_) => RejectReason::LabelLeak,
+            TextIssue::NotARule(_) => RejectReason::NotARule,
+            TextIssue::ScriptMismatch { .. } => RejectReason::ScriptMismatch,
+            TextIssue::TooShort { .. } => RejectReason::TextTooShort,
+            TextIssue::CopiesCaseSummary => RejectReason::CopiesCaseSummary,
+            TextIssue::G0NotFocus => RejectReason::G0NotFocus,
+        }
+    }
 }
 
 /// An accepted op, ready for [`crate::guidance::GuidanceRepo::apply`].
@@ -275,6 +311,9 @@ fn check_op(p: &ProposedOp, ctx: &OpsContext<'_>) -> Check<(GuidanceOp, Option<R
             format!("{kind} needs a non-empty text"),
         );
     };
+    if let Some(what) = rule_text::label_leak(&rule_text, ctx.group_ids) {
+        return reject(RejectReason::LabelLeak, TextIssue::LabelLeak(what).detail());
+    }
     if let Some(w) = text::find_third_state(&rule_text, THIRD_STATE_REFLECTION) {
         return reject(RejectReason::ThirdStateText, format!("text contains '{w}'"));
     }
@@ -291,12 +330,29 @@ fn check_op(p: &ProposedOp, ctx: &OpsContext<'_>) -> Check<(GuidanceOp, Option<R
             format!("text has {n} characters (max {MAX_TEXT_CHARS})"),
         );
     }
+    let text_ctx = TextContext {
+        guidance: g,
+        group_ids: ctx.group_ids,
+        case_summaries: ctx.case_summaries,
+    };
+    if let Err(issue) = rule_text::check(&rule_text, key, &text_ctx) {
+        return reject(RejectReason::of_text_issue(&issue), issue.detail());
+    }
     match (kind.as_str(), key) {
         ("add", _) => match similar_rule(g, &rule_text) {
             Some(k) if k.is_scaffold() => reject(
                 RejectReason::DuplicateOfScaffold,
                 format!("same rule as {k}"),
             ),
+            Some(k)
+                if g.text(k)
+                    .is_some_and(|t| loose_form(t) == loose_form(&rule_text)) =>
+            {
+                reject(
+                    RejectReason::UnchangedText,
+                    format!("{k} already says this; an add must add a new rule"),
+                )
+            }
             Some(k) => Ok((
                 GuidanceOp::Update {
                     key: k,
@@ -316,6 +372,14 @@ fn check_op(p: &ProposedOp, ctx: &OpsContext<'_>) -> Check<(GuidanceOp, Option<R
             )),
         },
         ("update", Some(key)) => {
+            if g.text(key)
+                .is_some_and(|t| loose_form(t) == loose_form(&rule_text))
+            {
+                return reject(
+                    RejectReason::UnchangedText,
+                    format!("{key} already says this; an update must change the rule"),
+                );
+            }
             duplicate_elsewhere(g, &rule_text, &[key])?;
             Ok((
                 GuidanceOp::Update {
@@ -536,19 +600,6 @@ pub fn stage_a_leak(text: &str) -> Option<&'static str> {
     None
 }
 
-/// Punctuation-insensitive comparison form.
-fn loose_form(s: &str) -> String {
-    dedupe_form(s)
-        .to_lowercase()
-        .chars()
-        .filter(|c| {
-            !c.is_whitespace()
-                && !c.is_ascii_punctuation()
-                && !"，。！？；：、（）【】《》“”‘’·~—…".contains(*c)
-        })
-        .collect()
-}
-
 /// An existing rule that is the same as `text`: equal in loose form, or one containing the
 /// other with a length ratio ≥ [`SIMILAR_CONTAINMENT_RATIO`]. Exact matches win over
 /// containment; ties go to the lowest key.
@@ -683,6 +734,8 @@ mod tests {
         learnable: BTreeSet<TicketKey>,
         shorthand: BTreeMap<String, TicketKey>,
         guidance: MissionGuidance,
+        group_ids: BTreeSet<String>,
+        summaries: Vec<String>,
     }
 
     impl Fixture {
@@ -694,6 +747,11 @@ mod tests {
                 learnable: keys(&["g1::pass", "g2::pass"]),
                 shorthand,
                 guidance: guidance(),
+                group_ids: ["g1", "g2", "QC-HOLD-0042"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                summaries: vec!["挡风板/显示完整×1，备注: 挡风板装反了，需要整改".into()],
             }
         }
 
@@ -703,6 +761,8 @@ mod tests {
                 shorthand: &self.shorthand,
                 guidance: &self.guidance,
                 max_operations: max,
+                group_ids: &self.group_ids,
+                case_summaries: &self.summaries,
             };
             validate_ops(ops, &ctx)
         }
@@ -772,21 +832,8 @@ mod tests {
     }
 
     #[test]
-    fn add_with_existing_text_becomes_update_of_that_key() {
+    fn add_with_nearly_existing_text_becomes_update_of_that_key() {
         let f = Fixture::new();
-        let v = f.validate(
-            &[op(
-                "add",
-                None,
-                Some("若挡风板缺失则判不通过。"),
-                &["g1::pass"],
-            )],
-            None,
-        );
-        assert_eq!(v.accepted.len(), 1);
-        assert_eq!(v.accepted[0].op.key(), Some(RuleKey::G1));
-        assert_eq!(v.accepted[0].op.kind(), "update");
-        assert_eq!(v.accepted[0].reused_key, Some(RuleKey::G1));
         // Near-identical (contained, length ratio ≥ 0.85) also reuses the key.
         let v = f.validate(
             &[op(
@@ -1119,6 +1166,100 @@ mod tests {
                 RejectReason::EvidenceOutsideLearnable,
                 RejectReason::MaxOperationsExceeded
             ]
+        );
+    }
+
+    #[test]
+    fn regression_issue8_noop_update_and_add_of_an_existing_rule_are_unchanged_text() {
+        // A restated rule changed nothing and must not count toward closure `L == E`.
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op(
+                    "update",
+                    Some("G1"),
+                    Some("若挡风板缺失则判不通过。"),
+                    &["g1::pass"],
+                ),
+                op("add", None, Some("若 挡风板缺失 则判不通过"), &["g2::pass"]),
+                op(
+                    "update",
+                    Some("G0"),
+                    Some("至少需要检测到挡风板"),
+                    &["g2::pass"],
+                ),
+            ],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::UnchangedText; 3], "{v:?}");
+        assert!(v.accepted.is_empty());
+    }
+
+    #[test]
+    fn regression_issue8_label_leak_is_rejected_in_every_form() {
+        // A rule naming a ticket would put its label into every later rollout prompt.
+        let f = Fixture::new();
+        for text in [
+            "若工单QC-HOLD-0042出现则判不通过",
+            "若工单ＱＣ－ＨＯＬＤ－００４２出现则判不通过",
+            "若工单 QC HOLD 0042 出现则判不通过",
+            "若挡风板缺失则判不通过，见g1::pass",
+            "若挡风板缺失则判不通过，见ｇ１：：ｆａｉｌ",
+        ] {
+            let v = f.validate(&[op("add", None, Some(text), &["g1::pass"])], None);
+            assert_eq!(reasons(&v), vec![RejectReason::LabelLeak], "{text}");
+            assert!(v.rejected[0].detail.contains("must not name"));
+        }
+        let v = f.validate(
+            &[op(
+                "update",
+                Some("G1"),
+                Some("若挡风板缺失则判不通过 QC-HOLD-0042"),
+                &["g1::pass"],
+            )],
+            None,
+        );
+        assert_eq!(reasons(&v), vec![RejectReason::LabelLeak]);
+    }
+
+    #[test]
+    fn regression_issue8_version_strings_are_not_rules() {
+        // Observed on the real model: G0 replaced by `2.0.0`, `G2: "1.0.0"`, `G3: "1.2.0"`.
+        let f = Fixture::new();
+        let v = f.validate(
+            &[
+                op("update", Some("G0"), Some("2.0.0"), &["g1::pass"]),
+                op("add", None, Some("1.0.0"), &["g1::pass"]),
+                op("add", None, Some("1.2.0"), &["g2::pass"]),
+                op(
+                    "add",
+                    None,
+                    Some("Fail when the panel is missing"),
+                    &["g2::pass"],
+                ),
+                op("add", None, Some("判不通过"), &["g2::pass"]),
+                op("add", None, Some("挡风板装反了，需要整改"), &["g2::pass"]),
+                op(
+                    "update",
+                    Some("G0"),
+                    Some("所有样本都判为合格即可"),
+                    &["g2::pass"],
+                ),
+            ],
+            None,
+        );
+        assert_eq!(
+            reasons(&v),
+            vec![
+                RejectReason::NotARule,
+                RejectReason::NotARule,
+                RejectReason::NotARule,
+                RejectReason::ScriptMismatch,
+                RejectReason::TextTooShort,
+                RejectReason::CopiesCaseSummary,
+                RejectReason::G0NotFocus,
+            ],
+            "{v:#?}"
         );
     }
 

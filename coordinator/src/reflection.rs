@@ -34,7 +34,8 @@ use stageb_shared::text;
 use tokio::sync::mpsc;
 
 use crate::artifacts::{JsonlWriter, write_json_atomic};
-use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
+use crate::feedback::FeedbackLedger;
+use crate::guidance::{GuidanceError, GuidanceRepo, OpEffect, RuleKey};
 use crate::need_review::{self, NeedReviewReason, NeedReviewRow};
 use crate::ops::{self, OpsContext, OpsValidation, RejectedOp};
 use crate::run::{RunError, TicketOutcome, await_completions, files};
@@ -80,13 +81,7 @@ pub struct CaseCandidate {
     pub reason: String,
 }
 
-/// Hit/miss feedback a gradient ticket owes the rules that were active when it was decided;
-/// committed only if the ticket ends up a contributor.
-#[derive(Debug, Clone, Default)]
-pub struct PendingFeedback {
-    pub keys: Vec<RuleKey>,
-    pub label_match: bool,
-}
+pub use crate::feedback::PendingFeedback;
 
 /// A ticket with learnable signal, waiting for reflection.
 #[derive(Debug, Clone)]
@@ -140,7 +135,7 @@ impl GradientRecord {
             selection: outcome.selection.clone(),
             order: 0,
             feedback: PendingFeedback {
-                keys: Vec::new(),
+                rules: Vec::new(),
                 label_match: outcome.selection.label_match,
             },
         }
@@ -198,11 +193,17 @@ pub struct Reflector {
     cycles: u64,
     arrivals: u64,
     last_applied: Option<String>,
-    last_applied_keys: Vec<RuleKey>,
-    immediate_hits: Vec<RuleKey>,
-    immediate_misses: Vec<RuleKey>,
+    feedback: FeedbackLedger,
     guidance_reused: bool,
     worker_grace: Duration,
+    /// Group ids of every ticket of the run: no rule text may name one.
+    run_groups: BTreeSet<String>,
+    /// `runner.epochs`: the epoch whose routing `need_review.json` shows as the final view.
+    final_epoch: u32,
+    /// Decision passes of this epoch that ran (at least one call) and that parsed.
+    decisions_epoch: (u32, u32),
+    /// Warnings for `summary.json`.
+    run_warnings: Vec<String>,
 }
 
 impl Reflector {
@@ -249,17 +250,24 @@ impl Reflector {
             cycles: 0,
             arrivals: 0,
             last_applied: None,
-            last_applied_keys: Vec::new(),
-            immediate_hits: Vec::new(),
-            immediate_misses: Vec::new(),
+            feedback: FeedbackLedger::default(),
             guidance_reused: false,
             worker_grace: Duration::from_secs(600),
+            run_groups: BTreeSet::new(),
+            final_epoch: run.runner.epochs,
+            decisions_epoch: (0, 0),
+            run_warnings: Vec::new(),
         })
     }
 
     /// How long reflection calls wait with no live worker before giving up.
     pub fn set_worker_grace(&mut self, grace: Duration) {
         self.worker_grace = grace;
+    }
+
+    /// The group ids of every ticket of the run (for the `label_leak` check of rule texts).
+    pub fn set_run_groups(&mut self, groups: BTreeSet<String>) {
+        self.run_groups = groups;
     }
 
     pub fn set_guidance_reused(&mut self, reused: bool) {
@@ -297,25 +305,21 @@ impl Reflector {
         self.retry_counts.clear();
         self.calls_epoch = 0;
         self.applied_epoch = 0;
+        self.decisions_epoch = (0, 0);
         self.arrivals = 0;
     }
 
     /// Record a decided ticket that is *not* a gradient candidate: its feedback on the rules
     /// of the last applied reflection is immediate (it agreed with its label).
     pub fn add_stable(&mut self, label_match: bool) {
-        let keys = self.last_applied_keys.clone();
-        if label_match {
-            self.immediate_hits.extend(keys);
-        } else {
-            self.immediate_misses.extend(keys);
-        }
+        self.feedback.credit_stable(label_match);
     }
 
     /// Queue a gradient candidate; its feedback is buffered until reflection decides.
     pub fn add_candidate(&mut self, mut record: GradientRecord) {
         record.order = self.arrivals;
         self.arrivals += 1;
-        record.feedback.keys = self.last_applied_keys.clone();
+        record.feedback.rules = self.feedback.owed_now();
         self.pending.push(record);
     }
 
@@ -372,11 +376,10 @@ impl Reflector {
     }
 
     fn flush_immediate_feedback(&mut self, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
-        if self.immediate_hits.is_empty() && self.immediate_misses.is_empty() {
+        let (hits, misses) = self.feedback.take_immediate();
+        if hits.is_empty() && misses.is_empty() {
             return Ok(());
         }
-        let hits = std::mem::take(&mut self.immediate_hits);
-        let misses = std::mem::take(&mut self.immediate_misses);
         guidance
             .record_feedback(&hits, &misses)
             .map_err(ReflectionError::from)?;
@@ -445,6 +448,27 @@ impl Reflector {
         Ok(routed)
     }
 
+    /// Cases dropped by the token budget never reached a model: they go back to the queue
+    /// they came from (arrival order kept) without being charged a retry.
+    fn requeue_uncharged(&mut self, attempt: u32, records: Vec<GradientRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        if attempt == 0 {
+            self.pending.extend(records);
+            self.pending.sort_by_key(|r| r.order);
+        } else {
+            self.retry.entry(attempt).or_default().extend(records);
+        }
+    }
+
+    /// Has the epoch applied `change_cap_per_epoch` reflections already?
+    fn change_cap_reached(&self) -> bool {
+        self.config
+            .change_cap_per_epoch
+            .is_some_and(|cap| self.applied_epoch >= cap)
+    }
+
     fn calls_left(&self) -> bool {
         self.config
             .max_calls_per_epoch
@@ -507,6 +531,24 @@ impl Reflector {
             );
         }
 
+        // No change can be applied any more this epoch: no model call is spent on the batch,
+        // and its tickets are routed with their own reason (they used up no budget).
+        if self.change_cap_reached() {
+            warnings.push("epoch_change_cap_reached".into());
+            let mut routed = Vec::with_capacity(batch.len());
+            for r in &batch {
+                routed.push(r.ticket_key.clone());
+                self.route(r, NeedReviewReason::ChangeCapReached, None, None)?;
+            }
+            return self.finish_cycle(
+                row,
+                warnings,
+                calls,
+                json!({"change_cap_reached": routed}),
+                guidance,
+            );
+        }
+
         // Pack whole cases under the token budget, highest priority first; at least one case.
         let mut ordered = batch;
         ordered.sort_by(|a, b| {
@@ -518,6 +560,13 @@ impl Reflector {
         let (kept, dropped) = self.pack(&ordered, guidance);
         if !dropped.is_empty() {
             warnings.push(format!("dropped_by_token_budget={}", dropped.len()));
+            // Re-batched uncharged: they never reached a model.
+            row["dropped_by_token_budget"] = json!(
+                dropped
+                    .iter()
+                    .map(|r| r.ticket_key.clone())
+                    .collect::<Vec<_>>()
+            );
         }
         let shorthand: BTreeMap<String, TicketKey> = kept
             .iter()
@@ -542,11 +591,14 @@ impl Reflector {
                 reflection_schema::parse_decision,
             )
             .await?;
+        self.decisions_epoch.0 += 1;
+        if decision.is_some() {
+            self.decisions_epoch.1 += 1;
+        }
         let Some(decision) = decision else {
             warnings.push("decision_error".into());
-            let mut retry = kept;
-            retry.extend(dropped);
-            let routed = self.retry_or_route(retry, Some(&reflection_id))?;
+            self.requeue_uncharged(attempt, dropped);
+            let routed = self.retry_or_route(kept, Some(&reflection_id))?;
             return self.finish_cycle(
                 row,
                 warnings,
@@ -582,20 +634,19 @@ impl Reflector {
         row["learnable"] = json!(learnable);
         row["decision"] = json!({"no_evidence_group_ids": decision.no_evidence_group_ids, "resolved": resolved.keys,
                                  "unknown_ids": resolved.unknown, "decision_analysis": decision.decision_analysis});
+        self.requeue_uncharged(attempt, dropped);
         if learnable_records.is_empty() {
-            let routed = self.retry_or_route(dropped, Some(&reflection_id))?;
             return self.finish_cycle(
                 row,
                 warnings,
                 calls,
-                json!({"budget_exhausted": routed}),
+                json!({"budget_exhausted": []}),
                 guidance,
             );
         }
         if !self.calls_left() {
             warnings.push("budget_exhausted_before_ops".into());
-            let mut routed = self.exhaust_all(&learnable_records, Some(&reflection_id))?;
-            routed.extend(self.retry_or_route(dropped, Some(&reflection_id))?);
+            let routed = self.exhaust_all(&learnable_records, Some(&reflection_id))?;
             return self.finish_cycle(
                 row,
                 warnings,
@@ -618,6 +669,10 @@ impl Reflector {
             guidance,
             self.config.max_new_tokens,
         );
+        let case_summaries: Vec<String> = learnable_records
+            .iter()
+            .flat_map(|r| r.summaries.iter().map(|(_, s)| s.clone()))
+            .collect();
         let mut validation = OpsValidation::default();
         let mut proposals: Vec<Value> = Vec::new();
         let mut revision: Option<Vec<RejectedOp>> = None;
@@ -657,6 +712,8 @@ impl Reflector {
                 shorthand: &l_shorthand,
                 guidance: guidance.current(),
                 max_operations: if round == 0 { remaining_cap } else { None },
+                group_ids: &self.run_groups,
+                case_summaries: &case_summaries,
             };
             let mut v = ops::validate_ops(&ops_out.operations, &ctx);
             if round > 0 {
@@ -721,11 +778,9 @@ impl Reflector {
         let mut applied = false;
         let mut covered: BTreeSet<TicketKey> = BTreeSet::new();
         if !validation.accepted.is_empty() {
-            if self
-                .config
-                .change_cap_per_epoch
-                .is_some_and(|cap| self.applied_epoch >= cap)
-            {
+            if self.change_cap_reached() {
+                // Unreachable through the check at the cycle's start (one apply per cycle);
+                // kept so that the cap never depends on that ordering.
                 warnings.push("epoch_change_cap_reached".into());
             } else {
                 match guidance.apply(&validation.ops(), &reflection_id) {
@@ -734,7 +789,15 @@ impl Reflector {
                         self.applied_epoch += 1;
                         covered = ops::evidence_covered(&outcome.applied);
                         self.last_applied = Some(reflection_id.clone());
-                        self.last_applied_keys = outcome.touched_keys.clone();
+                        let removed: Vec<RuleKey> = outcome
+                            .applied
+                            .iter()
+                            .flat_map(|a| {
+                                let deleted = (a.effect == OpEffect::Deleted).then_some(a.key);
+                                deleted.into_iter().chain(a.merged_away.iter().copied())
+                            })
+                            .collect();
+                        self.feedback.on_applied(&outcome.touched_keys, &removed);
                         row["applied_ops"] = json!(outcome.applied);
                         row["skipped_at_apply"] = json!(outcome.skipped);
                     }
@@ -757,10 +820,11 @@ impl Reflector {
         let mut uncovered = Vec::new();
         for r in learnable_records {
             if covered.contains(&r.ticket_key) {
+                let keys = self.feedback.resolve(&r.feedback.rules);
                 if r.feedback.label_match {
-                    hits.extend(r.feedback.keys.iter().copied());
+                    hits.extend(keys);
                 } else {
-                    misses.extend(r.feedback.keys.iter().copied());
+                    misses.extend(keys);
                 }
             } else {
                 uncovered.push(r);
@@ -780,7 +844,6 @@ impl Reflector {
                 .map(|r| r.ticket_key.clone())
                 .collect::<Vec<_>>()
         );
-        uncovered.extend(dropped);
         let routed = self.retry_or_route(uncovered, Some(&reflection_id))?;
         self.finish_cycle(
             row,
@@ -1002,7 +1065,18 @@ impl Reflector {
 
     /// Epoch end: optional lifecycle cleanup; buffered feedback of undecided tickets is
     /// discarded (it never became a contributor).
-    pub fn end_epoch(&mut self, _epoch: u32, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+    pub fn end_epoch(&mut self, epoch: u32, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+        let (ran, parsed) = self.decisions_epoch;
+        if ran > 0 && parsed == 0 {
+            // No configuration may make every reflection call fail silently.
+            let warning = format!(
+                "epoch {epoch}: none of {ran} decision passes produced a usable answer; the \
+                 guidance could not learn (see the calls in reflection.jsonl: PROMPT_TOO_LONG \
+                 means reflection.token_budget/max_new_tokens exceed the model's context)"
+            );
+            tracing::error!("{warning}");
+            self.run_warnings.push(warning);
+        }
         self.flush_immediate_feedback(guidance)?;
         if let Some(lc) = &self.lifecycle
             && lc.enable_auto_cleanup
@@ -1015,15 +1089,21 @@ impl Reflector {
                 .map_err(ReflectionError::from)?;
             if !removed.is_empty() {
                 tracing::info!(?removed, "lifecycle cleanup removed low-confidence rules");
-                self.last_applied_keys.retain(|k| !removed.contains(k));
+                self.feedback.on_removed(&removed);
             }
         }
         Ok(())
     }
 
+    /// Warnings for `summary.json`, in the order they arose.
+    pub fn run_warnings(&self) -> &[String] {
+        &self.run_warnings
+    }
+
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).
     pub fn finish_run(&mut self) -> Result<(), RunError> {
-        let summary = need_review::aggregate(&self.mission, &self.need_review_rows);
+        let summary =
+            need_review::aggregate(&self.mission, &self.need_review_rows, self.final_epoch);
         let path = self.dir.join(files::NEED_REVIEW);
         write_json_atomic(&path, &summary).map_err(|source| RunError::Io { path, source })
     }

@@ -151,6 +151,9 @@ pub struct RunSummary {
     pub guidance_hash: String,
     pub need_review: usize,
     pub reflection_cycles: u64,
+    /// Run-level warnings a user must not miss (e.g. an epoch in which no decision pass
+    /// parsed: the guidance could not learn anything then).
+    pub warnings: Vec<String>,
     pub runtime: serde_json::Value,
 }
 
@@ -286,7 +289,15 @@ impl RunLoop {
             GuidanceRepo::create(&inputs.config.guidance.path, &mission, &dir, options)?
         };
         let writers = Writers::create(&dir)?;
-        let reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        let mut reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        reflector.set_run_groups(
+            inputs
+                .ingested
+                .tickets
+                .iter()
+                .map(|t| t.group_id.clone())
+                .collect(),
+        );
         let initial_guidance_hash = guidance.head_hash().to_string();
         Ok(RunLoop {
             dir,
@@ -390,6 +401,7 @@ impl RunLoop {
             guidance_hash: self.guidance.head_hash().to_string(),
             need_review: self.reflector.need_review_count(),
             reflection_cycles: self.reflector.cycles(),
+            warnings: self.reflector.run_warnings().to_vec(),
             runtime: json!({
                 "started_at": started_at,
                 "finished_at": finished_at,
@@ -618,6 +630,8 @@ impl RunLoop {
                         "schema_version": SCHEMA_VERSION,
                         "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
                         "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
+                        "epoch_step": epoch_step, "guidance_step": guidance_step,
+                        "guidance_hash": self.guidance.head_hash(),
                         "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
                         "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": text, "error": null,
                     });
@@ -701,6 +715,8 @@ impl RunLoop {
                 "schema_version": SCHEMA_VERSION,
                 "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
                 "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
+                "epoch_step": epoch_step, "guidance_step": guidance_step,
+                "guidance_hash": self.guidance.head_hash(),
                 "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
                 "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
                 "error": job_error.as_ref().map(|f| json!({"code": f.code, "message": f.message})),

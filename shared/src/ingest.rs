@@ -7,7 +7,9 @@
 //!
 //! # Record rules (reference §2)
 //! Each non-blank line is one JSON object:
-//! - `group_id`: non-empty string, or an integer (stringified).
+//! - `group_id`: non-empty string without leading/trailing whitespace (op evidence and
+//!   decision ids are resolved trimmed, so a padded id could never match), or an integer
+//!   (stringified).
 //! - `mission`: non-empty string. All records of all files share one mission.
 //! - `label`: trimmed and lowercased, must be `pass` or `fail`; anything else (including
 //!   `null`, numbers, `通过`) is [`ErrorCode::BadLabel`].
@@ -324,6 +326,14 @@ fn parse_record(text: &str, source: SourceLocation) -> Result<ParsedRecord, Reco
     }
 
     let group_id = match record.field("group_id")? {
+        // A padded id would be a different ticket key than the one a model (or a person)
+        // writes back, which is trimmed: refused here rather than silently never matching.
+        Value::String(text) if !text.trim().is_empty() && text.trim() != text => {
+            return Err((
+                ErrorCode::EmptyField,
+                format!("`group_id` must not start or end with whitespace, got {text:?}"),
+            ));
+        }
         Value::String(text) if !text.trim().is_empty() => text.clone(),
         Value::Number(number) if number.is_i64() || number.is_u64() => number.to_string(),
         other => {

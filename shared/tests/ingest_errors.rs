@@ -270,6 +270,21 @@ fn empty_group_id() {
 }
 
 #[test]
+fn regression_issue8_padded_group_id() {
+    // Op evidence and decision ids are resolved trimmed: " QC-1 ::fail" could never be
+    // matched, so the padded id is an ingest error instead of a silently unlearnable ticket.
+    for padded in [" QC-1", "QC-1 ", "\tQC-1"] {
+        let err = reject_after_valid_line(with("group_id", json!(padded)).as_bytes());
+        assert_rejected(
+            &err,
+            ErrorCode::EmptyField,
+            Some(2),
+            "must not start or end with whitespace",
+        );
+    }
+}
+
+#[test]
 fn null_group_id() {
     // null is a present field of the wrong type, not an absent one.
     let err = reject_after_valid_line(with("group_id", json!(null)).as_bytes());

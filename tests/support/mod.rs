@@ -32,7 +32,8 @@
 //!   pass-labelled cases remembered): then the label, not the rule, looks wrong;
 //! - decision pass: a wrongly decided case with none of these directions is no-evidence;
 //! - ops pass: the explaining rule is added (or an existing presence rule extended), and every
-//!   other learnable case is cited as evidence of a restated `G0`, so closure `L == E` holds.
+//!   other learnable case is cited as further evidence of that change, so closure `L == E`
+//!   holds whenever the cycle changes something (a restated rule is no change).
 //!
 //! [`Behaviour`] switches on the scripted misbehaviours individual tests need.
 
@@ -876,22 +877,16 @@ fn propose(prompt: &ReflectionPrompt, behaviour: &Behaviour, memory: &Memory) ->
         });
     }
 
-    // 3. Every other learnable case is evidence for the checklist itself (restated G0).
+    // 3. Every other learnable case was considered for this cycle's change: cited as its
+    //    evidence. Without a change they stay uncovered (a restated rule changes nothing and
+    //    covers nothing).
     let rest: Vec<String> = cases
         .iter()
         .map(|c| c.key.clone())
         .filter(|k| !cited.contains(k))
         .collect();
-    if let Some((_, g0)) = prompt.rules.iter().find(|(k, _)| k == "G0")
-        && !rest.is_empty()
-    {
-        drafts.push(Draft {
-            op: "update",
-            key: Some("G0".into()),
-            text: Some(g0.clone()),
-            rationale: "这些案例的结论与检查清单一致，保留清单原文",
-            evidence: rest,
-        });
+    if let Some(first) = drafts.first_mut() {
+        first.evidence.extend(rest);
     }
 
     for d in &mut drafts {

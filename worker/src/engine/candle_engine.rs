@@ -772,17 +772,21 @@ impl CandleEngine {
         Ok(if any { cont } else { allowed })
     }
 
-    /// The text of a row: its tokens without stop/special tokens, decoded as generated.
+    /// The text of a row: the raw decoded output, special tokens the model emitted included
+    /// (the contract parser judges them; hiding them would make a malformed answer look
+    /// clean). Only the stop token that ended the row is left out.
     fn row_text(&self, row: &Row) -> Result<String, EngineError> {
-        let ids: Vec<u32> = row
-            .tokens
-            .iter()
-            .copied()
-            .filter(|t| !self.stop_ids.contains(t))
-            .collect();
         self.tokenizer
-            .decode(&ids, true)
+            .decode(without_terminator(&row.tokens, &self.stop_ids), false)
             .map_err(|e| EngineError::Model(format!("detokenize: {e}")))
+    }
+}
+
+/// `tokens` without the trailing stop token that ended generation (if it ended on one).
+fn without_terminator<'a>(tokens: &'a [u32], stop_ids: &[u32]) -> &'a [u32] {
+    match tokens.split_last() {
+        Some((last, rest)) if stop_ids.contains(last) => rest,
+        _ => tokens,
     }
 }
 
@@ -937,4 +941,19 @@ pub fn default_model_path(workspace_root: &Path) -> Option<PathBuf> {
     }
     let p = workspace_root.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     p.exists().then_some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_terminator;
+
+    #[test]
+    fn regression_issue8_raw_text_keeps_special_tokens_the_model_emitted() {
+        // 2 = EOS, 7 = a special token emitted mid-answer: only the terminator goes.
+        let stop = [2, 3];
+        assert_eq!(without_terminator(&[5, 7, 6, 2], &stop), &[5, 7, 6]);
+        assert_eq!(without_terminator(&[5, 2, 6], &stop), &[5, 2, 6]);
+        assert_eq!(without_terminator(&[5, 6], &stop), &[5, 6]);
+        assert_eq!(without_terminator(&[], &stop), &[] as &[u32]);
+    }
 }

@@ -55,7 +55,8 @@ pub struct CandidateOutput {
     pub decode_index: u32,
     pub sample_index: u32,
     pub seed: u64,
-    /// The decoded text, exactly as generated (special tokens excluded, never normalized).
+    /// The decoded text, exactly as generated (special tokens the model emitted included, only
+    /// the terminating stop token left out; never normalized).
     pub text: String,
     pub completion_tokens: u32,
     pub finish: FinishReason,

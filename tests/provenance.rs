@@ -1,0 +1,83 @@
+//! Provenance of failure rows (issue 8, item 6): a malformed candidate's
+//! `failure_malformed.jsonl` row carries the same `epoch_step`, `guidance_step` and
+//! `guidance_hash` as its ticket's selection row, so a failure can be placed in the guidance
+//! history like any decision. The raw text (special tokens included) is kept as generated.
+
+mod support;
+
+use serde_json::json;
+use stageb_coordinator::run::files;
+use stageb_worker::engine::{
+    Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
+    RolloutRequest,
+};
+use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, read_jsonl, write_toy_mission};
+
+/// The scripted engine, except that the first candidate of every rollout starts with special
+/// tokens (a chat-template echo) that the contract does not allow.
+struct SpecialTokenEngine(ScriptedEngine);
+
+impl Engine for SpecialTokenEngine {
+    fn fingerprint(&self) -> &ModelFingerprint {
+        self.0.fingerprint()
+    }
+
+    fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
+        let mut out = self.0.rollout(request)?;
+        if let Some(c) = out.candidates.first_mut() {
+            c.text = format!("<|im_start|>assistant\n{}", c.text);
+        }
+        Ok(out)
+    }
+
+    fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        self.0.generate(request)
+    }
+}
+
+#[test]
+fn regression_issue8_failure_rows_carry_the_provenance_of_selections() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let script = Script::new(Behaviour {
+        quiet: true,
+        ..Behaviour::default()
+    });
+    let config = support::write_config(dir.path(), json!({"runner": {"epochs": 2}}));
+    let summary = support::try_run(
+        &config,
+        1,
+        move |_| SpecialTokenEngine(ScriptedEngine::new(script.clone())),
+        stageb::cluster::StartMode::Fresh,
+        std::future::pending(),
+    )
+    .expect("the run completes");
+    let run_dir = summary.run_dir.clone();
+    let failures = read_jsonl(&run_dir, files::FAILURE_MALFORMED);
+    let selections = read_jsonl(&run_dir, files::SELECTIONS);
+    assert!(!failures.is_empty());
+    for f in &failures {
+        assert!(
+            f["raw_text"]
+                .as_str()
+                .unwrap()
+                .starts_with("<|im_start|>assistant\n")
+        );
+        let sel = selections
+            .iter()
+            .find(|s| s["epoch"] == f["epoch"] && s["ticket_key"] == f["ticket_key"])
+            .expect("the ticket's selection row");
+        for field in ["epoch_step", "guidance_hash"] {
+            assert!(!f[field].is_null(), "{field} missing: {f}");
+            assert_eq!(f[field], sel[field], "{field}");
+        }
+        assert_eq!(f["guidance_step"], sel["result"]["guidance_step"]);
+    }
+    // Guidance changed between epochs, so the provenance is not trivially constant.
+    let steps: std::collections::BTreeSet<String> = failures
+        .iter()
+        .map(|f| f["guidance_hash"].to_string())
+        .collect();
+    assert!(steps.len() > 1, "{steps:?}");
+    assert_audit_ok(&run_dir);
+}
