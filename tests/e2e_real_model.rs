@@ -582,3 +582,102 @@ fn generate_prints_eight_contract_valid_candidates_reproducibly() {
     let text = generate(&["--seed", "5"]);
     assert_eq!(text.matches("Verdict: ").count(), 8, "{text}");
 }
+
+/// The small mission over mutual TLS with rank 0 and two workers as separate processes, the way
+/// a cluster job runs it: `stageb tls-init` makes the job's CA and certificate, the coordinator
+/// requires client certificates, both workers present theirs and verify the coordinator as
+/// `stageb-coordinator`. The run completes, every ticket is decided once, the audit passes.
+#[test]
+fn small_mission_completes_over_mutual_tls_with_separate_processes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let knobs = Knobs {
+        tickets: 3,
+        run_name: "mtls",
+        reflection_tokens: 16,
+        ..Knobs::default()
+    };
+    let config = write_mission(tmp.path(), &knobs);
+    let tls_dir = tmp.path().join("tls");
+    let init = Command::new(env!("CARGO_BIN_EXE_stageb"))
+        .arg("tls-init")
+        .arg(&tls_dir)
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let port = free_port();
+    let with_tls = |cmd: &mut Command| {
+        cmd.env("STAGEB_TLS_CERT", tls_dir.join("node.pem"))
+            .env("STAGEB_TLS_KEY", tls_dir.join("node.key"))
+            .env_remove("STAGEB_TOKEN")
+            .env_remove("STAGEB_TOKEN_FILE");
+    };
+    let coordinator_log = tmp.path().join("coordinator.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stageb"));
+    cmd.args(["coordinator", "--config"])
+        .arg(&config)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--worker-grace-s",
+            "120",
+        ])
+        .arg("--tls-client-ca")
+        .arg(tls_dir.join("ca.pem"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&coordinator_log).unwrap());
+    with_tls(&mut cmd);
+    let mut coordinator = Proc(cmd.spawn().unwrap());
+    let workers: Vec<Proc> = (0..2)
+        .map(|i| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_stageb"));
+            cmd.args([
+                "worker",
+                "--coordinator",
+                &format!("127.0.0.1:{port}"),
+                "--threads",
+                "1",
+                "--tls-server-name",
+                "stageb-coordinator",
+            ])
+            .arg("--model")
+            .arg(model_path())
+            .arg("--tls-ca")
+            .arg(tls_dir.join("ca.pem"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(tmp.path().join(format!("worker{i}.log"))).unwrap());
+            with_tls(&mut cmd);
+            Proc(cmd.spawn().unwrap())
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = coordinator.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the run did not complete");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(workers);
+    let log = std::fs::read_to_string(&coordinator_log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "coordinator failed:\n{log}");
+    assert!(
+        log.contains("MutualTls"),
+        "rank 0 served mutual TLS:\n{log}"
+    );
+    assert_eq!(
+        log.matches("worker registered").count(),
+        2,
+        "both workers joined over mTLS:\n{log}"
+    );
+    let dir = mission_dir(tmp.path(), knobs.run_name);
+    assert_audit_ok(&dir);
+    assert_eq!(rows_without_runtime(&dir.join("selections.jsonl")).len(), 3);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["model"]["pinned_by"], "config");
+}
