@@ -27,7 +27,7 @@ pub const KEY_FILE: &str = "node.key";
 pub enum CertError {
     #[error("cannot generate the certificates: {0}")]
     Generate(#[from] rcgen::Error),
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         path: PathBuf,
         source: std::io::Error,

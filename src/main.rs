@@ -354,7 +354,13 @@ fn classify(e: &anyhow::Error) -> u8 {
         }
         _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
         _ if e.downcast_ref::<stageb_shared::tls::TlsError>().is_some() => exit::INPUT_ERROR,
-        _ if e.downcast_ref::<stageb::certs::CertError>().is_some() => exit::RUNTIME_ERROR,
+        _ if matches!(
+            e.downcast_ref::<stageb::certs::CertError>(),
+            Some(stageb::certs::CertError::Validity)
+        ) =>
+        {
+            exit::INPUT_ERROR
+        }
         _ => exit::RUNTIME_ERROR,
     }
 }

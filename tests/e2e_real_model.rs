@@ -679,5 +679,5 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
     assert_eq!(rows_without_runtime(&dir.join("selections.jsonl")).len(), 3);
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["model"]["pinned_by"], "config");
+    assert_eq!(manifest["runtime"]["model_pinned_by"], "config");
 }

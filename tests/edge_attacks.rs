@@ -209,6 +209,18 @@ fn unfinished_unauthenticated_health_bodies_stay_within_a_memory_bound() {
     );
 }
 
+/// `stageb coordinator` on `config` exits 2 (bad input) before serving anything.
+fn assert_coordinator_refuses_input(config: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_stageb"))
+        .args(["coordinator", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+}
+
 /// Regression (issue #9): a mission name that is not a plain path component is bad input
 /// (exit 2, like every input error), and an input error found once the run directory exists
 /// leaves no empty `jobs.jsonl` behind.
@@ -218,14 +230,7 @@ fn input_errors_exit_2_and_leave_no_empty_journal() {
     let config = toy_config(tmp.path());
     // The guidance has no section for the mission: found only after the directory exists.
     std::fs::write(tmp.path().join("guidance.json"), "{}").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_stageb"))
-        .args(["coordinator", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_coordinator_refuses_input(&config);
     let run_dir = tmp.path().join("runs/it").join(MISSION);
     assert!(
         !run_dir.join("jobs.jsonl").exists(),
@@ -240,12 +245,5 @@ fn input_errors_exit_2_and_leave_no_empty_journal() {
         stage_a.replace(MISSION, ".."),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_stageb"))
-        .args(["coordinator", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_coordinator_refuses_input(&config);
 }

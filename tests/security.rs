@@ -239,10 +239,11 @@ async fn health_is_served_without_a_token() {
     );
 }
 
-#[test]
-fn listening_off_loopback_without_a_token_is_refused() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stageb"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+/// `stageb coordinator` on the small demo, listening on all interfaces with `token` (if any)
+/// in `STAGEB_TOKEN`: its exit code and stderr.
+fn coordinator_off_loopback(token: Option<&str>) -> (Option<i32>, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_stageb"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
         .args([
             "coordinator",
             "--config",
@@ -251,11 +252,21 @@ fn listening_off_loopback_without_a_token_is_refused() {
             "0.0.0.0:0",
         ])
         .env_remove("STAGEB_TOKEN")
-        .env_remove("STAGEB_TOKEN_FILE")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+        .env_remove("STAGEB_TOKEN_FILE");
+    if let Some(t) = token {
+        cmd.env("STAGEB_TOKEN", t);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn listening_off_loopback_without_a_token_is_refused() {
+    let (code, stderr) = coordinator_off_loopback(None);
+    assert_eq!(code, Some(2), "stderr: {stderr}");
     assert!(stderr.contains("without a token"), "stderr: {stderr}");
 }
 
@@ -709,20 +720,7 @@ async fn invalid_utf8_in_a_message_is_invalid_argument_not_internal() {
 
 #[test]
 fn a_short_token_is_refused_off_loopback_regression_one_character_token() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stageb"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args([
-            "coordinator",
-            "--config",
-            "examples/demo/small/config.yaml",
-            "--listen",
-            "0.0.0.0:0",
-        ])
-        .env("STAGEB_TOKEN", "x")
-        .env_remove("STAGEB_TOKEN_FILE")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let (code, stderr) = coordinator_off_loopback(Some("x"));
+    assert_eq!(code, Some(2), "stderr: {stderr}");
     assert!(stderr.contains("at least 32 bytes"), "stderr: {stderr}");
 }

@@ -350,7 +350,7 @@ impl RunLoop {
             "input_digests": self.inputs.ingested.input_digests,
             "tickets_digest": digest::digest_of(&self.inputs.ingested.tickets),
             "tickets": self.inputs.ingested.tickets.len(),
-            "model": {"path": cfg.model.model_name_or_path, "fingerprint": model.fingerprint, "pinned_by": model.pinned_by},
+            "model": {"path": cfg.model.model_name_or_path, "fingerprint": model.fingerprint},
             "seeds": {"run_seed": cfg.seed, "candidate_seed": "sha256(stageb/candidate-seed/v1, run seed, epoch, ticket key, decode index, sample index)"},
             "schedule": {"step_size": step_size(cfg), "reference_ranks": REFERENCE_RANKS, "epochs": cfg.runner.epochs},
             "guidance": {
@@ -360,7 +360,9 @@ impl RunLoop {
             },
             // Timing-dependent (workers come and go), hence under `runtime`.
             "runtime": {"started_at": started_at, "finished_at": finished_at, "live_workers": self.scheduler.live_workers(),
-                        "resumed": self.resuming, "replayed_answers": self.scheduler.stats().replayed},
+                        "resumed": self.resuming, "replayed_answers": self.scheduler.stats().replayed,
+                        // Who pinned the model differs between an attempt and its resume.
+                        "model_pinned_by": model.pinned_by},
         });
         let path = self.dir.join(files::MANIFEST);
         write_json_atomic(&path, &manifest).map_err(io_err(&path))

@@ -22,7 +22,7 @@ pub const MIN_NETWORK_TOKEN_BYTES: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("cannot read token file {path}: {source}")]
+    #[error("cannot read token file {path}")]
     TokenFile {
         path: PathBuf,
         source: std::io::Error,

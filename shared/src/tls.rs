@@ -29,7 +29,7 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {path}")]
     Read {
         what: &'static str,
         path: PathBuf,
@@ -45,6 +45,10 @@ pub enum TlsError {
     Incomplete(&'static str, &'static str),
     #[error("--tls-client-ca (mutual TLS) needs the coordinator's own --tls-cert and --tls-key")]
     ClientCaWithoutIdentity,
+    #[error(
+        "the TLS certificate, key or CA cannot be used ({0}): check that they are PEM files of a matching certificate and key"
+    )]
+    Unusable(String),
 }
 
 fn read_pem(what: &'static str, path: &Path, block: &'static str) -> Result<Vec<u8>, TlsError> {
@@ -118,10 +122,16 @@ impl ServerTls {
         let client_ca = client_ca
             .map(|p| read_pem("client CA", p, "CERTIFICATE").map(Certificate::from_pem))
             .transpose()?;
-        Ok(Some(ServerTls {
+        let tls = ServerTls {
             identity: identity(cert, key)?,
             client_ca,
-        }))
+        };
+        // rustls parses the PEM contents only when the server is built: do it now, so a
+        // broken file is an input error at start, not a server that never serves.
+        tonic::transport::Server::builder()
+            .tls_config(tls.config())
+            .map_err(|e| TlsError::Unusable(error_chain(&e)))?;
+        Ok(Some(tls))
     }
 
     /// True when workers must present a certificate (mutual TLS).
@@ -139,6 +149,17 @@ impl ServerTls {
             None => config,
         }
     }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// A worker's TLS: the CA it trusts for the coordinator, its own identity under mTLS, and the
@@ -223,6 +244,27 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_certificate_with_a_pem_header_but_garbage_inside_is_refused_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        let key = dir.path().join("key.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            ServerTls::from_files(Some(&cert), Some(&key), None),
+            Err(TlsError::Unusable(_))
+        ));
     }
 
     #[test]
