@@ -487,8 +487,6 @@ impl RunLoop {
                         .append(&row)
                         .map_err(io_err(&self.dir))?;
                 }
-                let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-                p.candidates = self.candidates_seen;
             }
             // Step boundary: make the step durable before guidance may change.
             self.writers.sync().map_err(io_err(&self.dir))?;
@@ -554,6 +552,11 @@ impl RunLoop {
             .await?;
             let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
             p.done += 1;
+            // Counted as results arrive, not when the step is decided (a whole step later),
+            // so the displayed rate is real from the first result on.
+            if let Ok(JobOutput::Rollout { candidates, .. }) = &next.result {
+                p.candidates += candidates.len() as u64;
+            }
             p.live_workers = self.scheduler.live_workers();
             drop(p);
             out.insert(next.job, next);
