@@ -16,6 +16,7 @@
 //! The HTTP/2 and gRPC limits (streams per connection, keepalive, request timeout, header and
 //! message sizes) are applied by [`crate::server::serve`] from the same [`EdgeLimits`].
 
+use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -177,8 +178,6 @@ fn aborted_error() -> io::Error {
         "rank 0 closed the connection at shutdown",
     )
 }
-
-use std::future::Future as _;
 
 impl AsyncRead for GatedConnection {
     fn poll_read(

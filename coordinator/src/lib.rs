@@ -5,6 +5,7 @@
 //! - [`server`]: the gRPC service (thin: decode, call the scheduler, encode), auth, health.
 //! - [`edge`]: the connection gate in front of it (cap, preface deadline, forced close).
 //! - [`scheduler`]: the lease table: queues, TTLs, fencing, re-leasing.
+//! - [`result_check`]: what a worker's answer must be to be accepted (shape, sizes, counters).
 //! - [`prompts`]: the rollout and reflection prompts built from guidance and summaries.
 //! - [`selection`], [`signals`]: one verdict per ticket by majority vote, then the
 //!   mission-scoped fail-first override.
@@ -32,6 +33,7 @@ pub mod need_review;
 pub mod ops;
 pub mod prompts;
 pub mod reflection;
+pub mod result_check;
 pub mod rule_text;
 pub mod run;
 pub mod scheduler;

@@ -867,7 +867,7 @@ impl Reflector {
         row["guidance_step_after"] = json!(guidance.step());
         row["guidance_hash_after"] = json!(guidance.head_hash());
         // Worker-reported counts: summed wide (the scheduler bounds each one, see
-        // `scheduler::MAX_REPORTED_TOKENS`), so no run can overflow them.
+        // `result_check::MAX_REPORTED_TOKENS`), so no run can overflow them.
         let prompt_tokens: u64 = calls.iter().map(|c| u64::from(c.prompt_tokens)).sum();
         let completion_tokens: u64 = calls.iter().map(|c| u64::from(c.completion_tokens)).sum();
         row["token_usage"] = json!({"calls": calls.len(), "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens});

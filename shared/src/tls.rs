@@ -57,10 +57,10 @@ fn read_pem(what: &'static str, path: &Path, block: &'static str) -> Result<Vec<
         path: path.to_path_buf(),
         source,
     })?;
-    let marker = format!("-----BEGIN {block}");
-    let found = String::from_utf8_lossy(&text).contains(&marker)
+    let pem = String::from_utf8_lossy(&text);
+    let found = pem.contains(&format!("-----BEGIN {block}"))
         // Keys come as `PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE KEY`.
-        || (block == "PRIVATE KEY" && String::from_utf8_lossy(&text).contains(" PRIVATE KEY-----"));
+        || (block == "PRIVATE KEY" && pem.contains(" PRIVATE KEY-----"));
     if !found {
         return Err(TlsError::NotPem {
             what,
