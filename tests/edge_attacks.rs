@@ -15,6 +15,9 @@ use serde_json::json;
 use stageb_worker::client::{WorkerOptions, run_worker};
 use support::{Behaviour, MISSION, Script, ScriptedEngine};
 
+/// The tests here hold many sockets and time a rank 0 process: run them one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A child process killed when the test ends, however it ends.
 struct Proc(Child);
 
@@ -88,6 +91,7 @@ fn rss_kib(pid: u32) -> u64 {
 /// legitimate worker (whose name tries to forge a log line) completes an audited run.
 #[test]
 fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     stageb_coordinator::edge::raise_fd_limit();
     let tmp = tempfile::tempdir().unwrap();
     let config = toy_config(tmp.path());
@@ -161,6 +165,7 @@ fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
 /// flow control bounds what is buffered: rank 0 grows by less than 32 MiB.
 #[test]
 fn unfinished_unauthenticated_health_bodies_stay_within_a_memory_bound() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let config = toy_config(tmp.path());
     let (coordinator, addr, _log) = start_coordinator(&config, 4096);
@@ -226,6 +231,7 @@ fn assert_coordinator_refuses_input(config: &Path) {
 /// leaves no empty `jobs.jsonl` behind.
 #[test]
 fn input_errors_exit_2_and_leave_no_empty_journal() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let config = toy_config(tmp.path());
     // The guidance has no section for the mission: found only after the directory exists.
