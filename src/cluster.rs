@@ -14,9 +14,10 @@ use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_coordinator::start;
 pub use stageb_coordinator::start::StartMode;
 use stageb_shared::auth::AuthToken;
-use stageb_shared::config::load_config;
-use stageb_shared::error::InputError;
+use stageb_shared::config::{self, load_config};
+use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::ingest::load_tickets;
+use stageb_shared::limits;
 use stageb_shared::tls::{ClientTls, ServerTls};
 use stageb_worker::client::{WorkerOptions, WorkerSummary, run_worker};
 use stageb_worker::engine::Engine;
@@ -77,6 +78,8 @@ pub struct CoordinatorSettings {
     pub progress_every: Duration,
     /// Report progress at all (tests turn it off).
     pub show_progress: bool,
+    /// Where the run publishes its progress (a test may watch it); `None`: a handle of its own.
+    pub progress: Option<ProgressHandle>,
     /// A fresh start, `--overwrite` or `--resume` (see `stageb_coordinator::start`).
     pub start: StartMode,
 }
@@ -85,33 +88,71 @@ pub struct CoordinatorSettings {
 pub type LocalWorkers = Vec<JoinHandle<Result<WorkerSummary, String>>>;
 
 /// Which model the run accepts: the one an earlier attempt recorded (resume), else the one
-/// the config names when rank 0 can read it, else the first worker's (said in the log).
-async fn model_pin(inputs: &RunInputs, resumed: Option<String>) -> ModelPin {
-    if let Some(fingerprint) = resumed {
-        return ModelPin::by_resumed_run(fingerprint);
-    }
+/// the config names when rank 0 can read it, else the first worker's (said in the log). The
+/// run's context is decided with it: the earlier attempt's, else `model.max_model_len` or the
+/// model's declaration, else the first worker's.
+async fn model_pin(inputs: &RunInputs, plan: &start::StartPlan) -> Result<ModelPin, ClusterError> {
     let path = PathBuf::from(&inputs.config.model.model_name_or_path);
-    let hashed = tokio::task::spawn_blocking({
+    let read = tokio::task::spawn_blocking({
         let path = path.clone();
-        move || stageb_worker::engine::weights_sha256(&path)
+        let hash = plan.pinned_fingerprint.is_none();
+        move || {
+            let declared = declared_context(&path);
+            (
+                hash.then(|| stageb_worker::engine::weights_sha256(&path)),
+                declared,
+            )
+        }
     })
-    .await;
-    match hashed {
-        Ok(Ok(weights)) => {
+    .await
+    .map_err(|e| ClusterError::Serve(format!("reading the model failed: {e}")))?;
+    let (hashed, declared) = read;
+    let pin = match (plan.pinned_fingerprint.clone(), hashed) {
+        (Some(fingerprint), _) => ModelPin::by_resumed_run(fingerprint),
+        (None, Some(Ok(weights))) => {
             tracing::info!(model = %path.display(), weights_sha256 = %&weights[..weights.len().min(16)], "run model pinned by the config");
             ModelPin::by_config(weights)
         }
-        Ok(Err(e)) => {
+        (None, Some(Err(e))) => {
             tracing::warn!(model = %path.display(), "rank 0 cannot read the config's model ({e}): the first worker to register pins the run's model");
             ModelPin::by_first_worker()
         }
-        Err(e) => {
-            tracing::warn!(
-                "hashing the config's model failed ({e}): the first worker to register pins the run's model"
-            );
-            ModelPin::by_first_worker()
-        }
+        (None, None) => ModelPin::by_first_worker(),
+    };
+    if let Some(context) = plan.pinned_context {
+        return Ok(pin.with_context(context));
     }
+    let context = run_context(inputs, declared)?;
+    Ok(match context {
+        Some(context) => pin.with_context(context),
+        None => pin,
+    })
+}
+
+/// The run's context from `model.max_model_len` and the model's declaration (`Err`: rank 0
+/// cannot read the model); a conflict is an input error at the config's line.
+pub fn run_context(
+    inputs: &RunInputs,
+    declared: Result<Option<u32>, String>,
+) -> Result<Option<limits::RunContext>, InputError> {
+    limits::decide_context(inputs.config.model.max_model_len, Some(declared)).map_err(|e| {
+        let text = std::fs::read_to_string(&inputs.config_path).unwrap_or_default();
+        let line = config::key_line(&text, "model.max_model_len")
+            .or_else(|| config::key_line(&text, "model.model_name_or_path"));
+        InputError::new(
+            ErrorCode::InvalidConfigValue,
+            inputs.config_path.display().to_string(),
+            line,
+            e.to_string(),
+        )
+    })
+}
+
+/// What the model at `path` declares as its context (`Err`: it cannot be read).
+pub fn declared_context(path: &Path) -> Result<Option<u32>, String> {
+    stageb_worker::engine::declared_context(path)
+        .map(|n| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
+        .map_err(|e| e.to_string())
 }
 
 /// After an input error found once the run directory exists: remove the journal this start
@@ -164,7 +205,7 @@ pub async fn run_coordinator_until(
         start::StartError::Input(e) => ClusterError::Input(e),
         start::StartError::Run(e) => ClusterError::Run(e),
     })?;
-    let model = model_pin(&inputs, plan.pinned_fingerprint.clone()).await;
+    let model = model_pin(&inputs, &plan).await?;
     let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
     let journal = plan.open_journal()?;
     let (scheduler, completions) = Scheduler::new(SchedulerConfig::with_lease_ttl(
@@ -192,7 +233,10 @@ pub async fn run_coordinator_until(
     }));
     let workers = spawn_local(addr, settings.token.clone());
 
-    let progress: ProgressHandle = Arc::new(Mutex::new(Default::default()));
+    let progress: ProgressHandle = settings
+        .progress
+        .clone()
+        .unwrap_or_else(|| Arc::new(Mutex::new(Default::default())));
     let (progress_stop_tx, progress_stop_rx) = oneshot::channel::<()>();
     let progress_task = settings.show_progress.then(|| {
         tokio::spawn(crate::progress::report(

@@ -13,6 +13,7 @@ use stageb::exit;
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::error::{ErrorCode, InputError};
+use stageb_shared::limits::ContextSource;
 use stageb_shared::telemetry::{LogFormat, init_tracing};
 use stageb_shared::tls::{ClientTls, ServerTls};
 use stageb_worker::client::{WorkerOptions, run_worker};
@@ -39,6 +40,11 @@ struct ModelArgs {
     /// Compute threads per worker (default: all cores).
     #[arg(long, env = "STAGEB_THREADS")]
     threads: Option<usize>,
+    /// Context length in tokens (prompt + generated) this worker holds; default: what the model
+    /// declares (GGUF `*.context_length`, `config.json` `max_position_embeddings`). Rank 0
+    /// refuses a worker that holds less than the run plans with.
+    #[arg(long, env = "STAGEB_MAX_MODEL_LEN")]
+    max_model_len: Option<u32>,
 }
 
 /// What to do when the run directory already holds a run.
@@ -302,6 +308,7 @@ fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
     Ok(EngineOptions {
         device,
         threads: args.threads,
+        max_context: args.max_model_len.map(|n| n as usize),
         ..EngineOptions::default()
     })
 }
@@ -473,6 +480,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 worker_grace: Duration::from_secs(120),
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
+                progress: None,
                 start: start.mode(),
             };
             let first = std::sync::Mutex::new(Some(first));
@@ -517,6 +525,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 worker_grace: Duration::from_secs(worker_grace_s),
                 progress_every: Duration::from_secs(10),
                 show_progress: true,
+                progress: None,
                 start: start.mode(),
             };
             let summary = cluster::run_coordinator_until(
@@ -587,6 +596,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     worker_grace: Duration::from_secs(600),
                     progress_every: Duration::from_secs(10),
                     show_progress: true,
+                    progress: None,
                     start: start.mode(),
                 };
                 let options = engine_options(&model)?;
@@ -743,6 +753,41 @@ async fn dispatch(command: Command) -> Result<u8> {
 }
 
 /// `stageb validate`: config, Stage-A inputs, guidance section, model file; runs nothing.
+/// The lengths a run of `inputs` would plan with, and every config value it would lower.
+fn print_effective_limits(
+    inputs: &stageb_coordinator::run::RunInputs,
+    declared: Result<Option<u32>, String>,
+) -> Result<()> {
+    let Some(context) = cluster::run_context(inputs, declared.clone())? else {
+        println!(
+            "note: cannot read the model's context ({}); the first worker to register states it",
+            declared.err().unwrap_or_default()
+        );
+        return Ok(());
+    };
+    let limits = stageb_shared::limits::EffectiveLimits::fit(&inputs.config, context);
+    println!(
+        "context: {} tokens (from the {}); rollouts generate at most {:?} tokens, reflection \
+         {} tokens after a prompt of at most {}",
+        limits.context,
+        match limits.context_source {
+            ContextSource::Model => "model file",
+            ContextSource::Config => "config's model.max_model_len",
+            ContextSource::FirstWorker => "first worker",
+        },
+        limits.rollout_max_new_tokens,
+        limits.reflection_max_new_tokens,
+        limits.reflection_prompt_budget()
+    );
+    for a in &limits.adjusted {
+        println!(
+            "warning: {} asks for {} tokens, the run uses {}: {}",
+            a.key, a.asked, a.used, a.why
+        );
+    }
+    Ok(())
+}
+
 fn validate(config: &Path) -> Result<u8> {
     let inputs = cluster::prepare_inputs(config, "validate")?;
     let cfg = &inputs.config;
@@ -796,6 +841,7 @@ fn validate(config: &Path) -> Result<u8> {
         cfg.runner.epochs,
         model.display()
     );
+    print_effective_limits(&inputs, cluster::declared_context(model))?;
     // What a start would do with the run directory (a plain start there would be refused).
     let dir = stageb_coordinator::run::run_dir(cfg, &inputs.ingested.mission)?;
     if dir.join(stageb_coordinator::run::files::MANIFEST).exists() {

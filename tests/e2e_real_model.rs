@@ -126,6 +126,7 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
             worker_grace: Duration::from_secs(120),
             progress_every: Duration::from_secs(30),
             show_progress: false,
+            progress: None,
             start: cluster::StartMode::Fresh,
         };
         let model = model_path();
@@ -680,4 +681,210 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["runtime"]["model_pinned_by"], "config");
+}
+
+/// The Python original's production config (`tests/fixtures/config/bbu_line.yaml`: every key
+/// it carries, `stage_b_distillation`, `guidance_lifecycle`, `default_domain`, grid `stop`
+/// lists, `seed: null`, `reflection.max_new_tokens: 12000`, `token_budget` and
+/// `max_reflection_length: 24000`) run on the 8k-context demo model. Only what must point at
+/// this machine changes: the model path, the input/output/prompt paths, and `runner.epochs`
+/// (one epoch over two tickets keeps CI short). Before the run fitted its lengths to
+/// the model's context, every reflection call of this config failed with `PROMPT_TOO_LONG` and
+/// the guidance never changed, silently.
+#[test]
+fn the_originals_production_config_runs_on_an_8k_model_with_fitted_limits() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Two fail tickets the model passes unanimously (`挡风板装反了`, `未拧紧` carry no trigger
+    // word), so reflection has learnable cases to work on.
+    let src = std::fs::read_to_string(workspace().join("examples/demo/stage_a.jsonl")).unwrap();
+    let tickets: Vec<&str> = src
+        .lines()
+        .filter(|l| {
+            l.contains("QC-DEMO-20260101-1453811") || l.contains("QC-DEMO-20260102-1821596")
+        })
+        .collect();
+    assert_eq!(tickets.len(), 2);
+    std::fs::write(dir.join("stage_a.jsonl"), tickets.join("\n") + "\n").unwrap();
+    std::fs::copy(
+        workspace().join("examples/demo/guidance.json"),
+        dir.join("guidance.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("decision.txt"),
+        "你是质检规则学习中的判定助手。逐组判断案例能否由规则学到，按要求输出 JSON。",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("ops.txt"),
+        "你是质检规则编辑助手。根据案例修改检查规则，使判定与参考答案一致，按要求输出 JSON。",
+    )
+    .unwrap();
+    let original =
+        std::fs::read_to_string(workspace().join("tests/fixtures/config/bbu_line.yaml")).unwrap();
+    let d = dir.display();
+    let config = original
+        .replace(
+            "models/SmolLM2-135M-Instruct-Q4_1.gguf",
+            &model_path().display().to_string(),
+        )
+        .replace(
+            "output_post/stage_a/bbu_line.jsonl",
+            &format!("{d}/stage_a.jsonl"),
+        )
+        .replace(
+            "output_post/stage_b/initial_guidance.json",
+            &format!("{d}/guidance.json"),
+        )
+        .replace("root: output_post/stage_b", &format!("root: {d}/runs"))
+        .replace(
+            "configs/prompts/stage_b_reflection_decision_prompt.txt",
+            &format!("{d}/decision.txt"),
+        )
+        .replace(
+            "configs/prompts/stage_b_reflection_ops_prompt.txt",
+            &format!("{d}/ops.txt"),
+        )
+        .replace("epochs: 3", "epochs: 1");
+    assert!(config.contains("max_new_tokens: 12000") && config.contains("token_budget: 24000"));
+    let path = dir.join("bbu_line.yaml");
+    std::fs::write(&path, config).unwrap();
+
+    // As a user runs it: `stageb run`, its log kept.
+    let started = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_stageb"))
+        .args(["run", "--threads", "2", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
+        .status()
+        .unwrap();
+    eprintln!("original config, 1 epoch: {:?}", started.elapsed());
+    let log = std::fs::read_to_string(dir.join("run.log")).unwrap();
+    assert!(status.success(), "stageb run failed:\n{log}");
+    let run_dir = dir.join("runs/12-18/挡风板安装检查");
+    assert_audit_ok(&run_dir);
+    // Said once at start: which key, asked, used, why; then the limits used.
+    for key in [
+        "reflection.max_new_tokens",
+        "reflection.max_reflection_length",
+        "reflection.token_budget",
+    ] {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(key)).collect();
+        assert_eq!(lines.len(), 1, "{key} in the log:\n{log}");
+        assert!(
+            lines[0].contains("asked") && lines[0].contains("used"),
+            "{}",
+            lines[0]
+        );
+    }
+    assert!(log.contains("effective limits"), "{log}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["tickets"], 2);
+
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("manifest.json")).unwrap())
+            .unwrap();
+    let limits = &manifest["effective_limits"];
+    assert_eq!(limits["context"], 8192, "{limits}");
+    assert_eq!(limits["context_source"], "model");
+    assert_eq!(limits["reflection_max_new_tokens"], 4096);
+    assert_eq!(limits["reflection_token_budget"], 4096);
+    assert_eq!(
+        limits["rollout_max_new_tokens"],
+        serde_json::json!([1024, 1024, 1024])
+    );
+    let lowered: Vec<&str> = limits["adjusted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        lowered,
+        [
+            "reflection.max_new_tokens",
+            "reflection.max_reflection_length",
+            "reflection.token_budget"
+        ]
+    );
+    // The config is recorded as written.
+    assert_eq!(manifest["config"]["reflection"]["max_new_tokens"], 12000);
+
+    // Reflection really ran: at least one decision pass came back and parsed.
+    let calls: Vec<Value> = std::fs::read_to_string(run_dir.join("reflection.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let parsed_decisions = calls
+        .iter()
+        .filter(|row| row["decision"].is_object() && !row["decision"].is_null())
+        .count();
+    assert!(
+        parsed_decisions >= 1,
+        "no decision pass parsed: {}",
+        calls
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        !calls
+            .iter()
+            .any(|row| row.to_string().contains("PROMPT_TOO_LONG")),
+        "a reflection call was too long for the context"
+    );
+    assert_eq!(summary["warnings"], serde_json::json!([]), "{summary}");
+}
+
+/// A rollout prompt that cannot fit the run's context (here `model.max_model_len: 256`, below
+/// the demo's prompts) is reported per ticket with its code, never silently dropped: each
+/// ticket gets a `failure_malformed` row with `error.code == PROMPT_TOO_LONG`, a selection
+/// without a verdict, and the run still completes with an audit that passes.
+#[test]
+fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs {
+        tickets: 2,
+        run_name: "short-context",
+        ..Knobs::default()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_mission(tmp.path(), &knobs);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let model_line = format!("model: {{model_name_or_path: {}}}", model_path().display());
+    assert!(text.contains(&model_line));
+    std::fs::write(
+        &config,
+        text.replace(
+            &model_line,
+            &format!(
+                "model: {{model_name_or_path: {}, max_model_len: 256}}",
+                model_path().display()
+            ),
+        ),
+    )
+    .unwrap();
+    let summary = run_embedded(&config, 1);
+    assert_eq!(
+        summary.hard_failures, 2,
+        "both tickets fail with their code"
+    );
+    let dir = mission_dir(tmp.path(), knobs.run_name);
+    assert_audit_ok(&dir);
+    let failures = rows_without_runtime(&dir.join("failure_malformed.jsonl"));
+    assert_eq!(failures.len(), 2);
+    for row in &failures {
+        assert_eq!(row["error"]["code"], "PROMPT_TOO_LONG", "{row}");
+    }
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["effective_limits"]["context"], 256);
+    assert_eq!(manifest["effective_limits"]["context_source"], "config");
 }

@@ -69,6 +69,7 @@ fn named_register_request(name: &str, fingerprint: &str) -> pb::RegisterRequest 
             model_fingerprint: fingerprint.into(),
             capacity: 1,
             version: "test".into(),
+            max_context: 8192,
         }),
     }
 }
@@ -117,6 +118,35 @@ async fn a_worker_with_another_model_is_refused() {
     let mut c = client(&served.addr).await;
     let err = c.register(register_request("fp-other")).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
+}
+
+/// The run plans every call with its context (here 4096 tokens from the model file): a worker
+/// holding less would fail prompts that fit on its peers, so it is refused at Register; one
+/// holding more is told the run's context; one that states none is refused.
+#[tokio::test]
+async fn a_worker_whose_context_is_below_the_runs_is_refused_at_register() {
+    use stageb_shared::limits::{ContextSource, RunContext};
+    let pin = ModelPin::by_resumed_run("fp-1".into()).with_context(RunContext {
+        tokens: 4096,
+        source: ContextSource::Model,
+    });
+    let served = serve_pinned(None, pin).await;
+    let mut c = client(&served.addr).await;
+    let with_context = |tokens: u32| {
+        let mut r = register_request("fp-1");
+        r.worker.as_mut().unwrap().max_context = tokens;
+        r
+    };
+    let small = c.register(with_context(1024)).await.unwrap_err();
+    assert_eq!(small.code(), Code::FailedPrecondition);
+    assert!(small.message().contains("4096"), "{}", small.message());
+    let none = c.register(with_context(0)).await.unwrap_err();
+    assert_eq!(none.code(), Code::FailedPrecondition);
+    let large = c.register(with_context(32768)).await.unwrap().into_inner();
+    assert_eq!(
+        large.max_context, 4096,
+        "the worker keeps to the run's context"
+    );
 }
 
 #[tokio::test]

@@ -94,6 +94,7 @@ fn register_request() -> pb::RegisterRequest {
             model_fingerprint: "w|c|d|cpu".into(),
             capacity: 1,
             version: "test".into(),
+            max_context: 8192,
         }),
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`server`]: the gRPC service (thin: decode, call the scheduler, encode), auth, health.
+//! - [`model_pin`]: which model and context a run accepts, and who decided them.
 //! - [`edge`]: the connection gate in front of it (cap, preface deadline, forced close).
 //! - [`scheduler`]: the lease table: queues, TTLs, fencing, re-leasing.
 //! - [`result_check`]: what a worker's answer must be to be accepted (shape, sizes, counters).
@@ -29,6 +30,7 @@ pub mod feedback;
 pub mod guidance;
 pub mod journal;
 pub mod metrics;
+pub mod model_pin;
 pub mod need_review;
 pub mod ops;
 pub mod prompts;

@@ -28,6 +28,7 @@ use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::digest::{digest_of, sha256_hex};
 use stageb_shared::domain::{ChatMessage, Ticket, TicketKey, Verdict};
+use stageb_shared::limits::EffectiveLimits;
 use stageb_shared::reflection_schema;
 use stageb_shared::seed::derived_seed;
 use stageb_shared::text;
@@ -258,6 +259,14 @@ impl Reflector {
             decisions_epoch: (0, 0),
             run_warnings: Vec::new(),
         })
+    }
+
+    /// Plan every call within the run's context: the fitted output length and prompt budget
+    /// replace the config's (see [`stageb_shared::limits`]).
+    pub fn fit_limits(&mut self, limits: &EffectiveLimits) {
+        self.config.max_new_tokens = limits.reflection_max_new_tokens;
+        self.config.max_reflection_length = limits.reflection_max_prompt_tokens;
+        self.config.token_budget = limits.reflection_token_budget;
     }
 
     /// How long reflection calls wait with no live worker before giving up.
@@ -985,16 +994,21 @@ impl Reflector {
         Ok(None)
     }
 
+    /// What a reflection prompt may hold (bytes bound tokens from above): the fitted
+    /// `min(token_budget, max_reflection_length)`, so that `prompt + max_new_tokens ≤ context`.
+    fn prompt_budget(&self) -> usize {
+        self.config
+            .token_budget
+            .min(self.config.max_reflection_length) as usize
+    }
+
     /// Split `ordered` into cases that fit the token budget and cases dropped whole.
     fn pack(
         &self,
         ordered: &[GradientRecord],
         guidance: &GuidanceRepo,
     ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
-        let budget = self
-            .config
-            .token_budget
-            .min(self.config.max_reflection_length) as usize;
+        let budget = self.prompt_budget();
         // Both passes see the same cases; budget for the longer of the two system prompts.
         let system = self.decision_system.len().max(self.ops_system.len());
         let base = system
@@ -1047,13 +1061,23 @@ impl Reflector {
             user.push_str(
                 "\n以下操作被拒绝。只需给出按原因修正后的这些操作，不要重复已接受的操作：\n",
             );
+            // The packed cases fit the prompt budget; the rejected ops (a hostile model can
+            // make them long) get what is left, each line capped, the rest left out.
+            let budget = self.prompt_budget();
+            let mut used = self.ops_system.len() + estimate_tokens(&user) + estimate_tokens("");
             for r in rejected {
                 let op = serde_json::to_string(&r.proposed).unwrap_or_default();
-                user.push_str(&format!(
-                    "- {op} → 拒绝原因: {} ({})\n",
+                let line = format!(
+                    "- {} → 拒绝原因: {} ({})\n",
+                    text::truncate_chars(&op, REJECTED_OP_CHARS),
                     r.reason.code(),
-                    r.detail
-                ));
+                    text::truncate_chars(&r.detail, REJECTED_OP_CHARS)
+                );
+                if used + line.len() > budget {
+                    break;
+                }
+                used += line.len();
+                user.push_str(&line);
             }
         }
         user.push_str("\n请输出 JSON。");
@@ -1143,6 +1167,9 @@ fn failed_call(
 /// A guaranteed upper bound on a text's token count: byte-level tokenizers never produce a
 /// token of zero bytes, so tokens ≤ bytes. Packing by it can drop a case that would have fit,
 /// but never sends a prompt that does not (prompts are never truncated).
+/// Characters of a rejected op (and of its reason detail) shown in the revision round.
+const REJECTED_OP_CHARS: usize = 400;
+
 pub fn estimate_tokens(text: &str) -> usize {
     text.len() + TEMPLATE_TOKENS
 }

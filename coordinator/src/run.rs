@@ -25,6 +25,7 @@ use stageb_shared::contract::{self, ContractViolation};
 use stageb_shared::digest;
 use stageb_shared::domain::{Ticket, Verdict};
 use stageb_shared::ingest::Ingested;
+use stageb_shared::limits::EffectiveLimits;
 use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
@@ -236,6 +237,8 @@ pub struct RunLoop {
     candidates_seen: u64,
     malformed: u64,
     hard_failures: u64,
+    /// The token limits the run plans with, once its context is known.
+    limits: Option<EffectiveLimits>,
 }
 
 impl RunLoop {
@@ -316,6 +319,7 @@ impl RunLoop {
             candidates_seen: 0,
             malformed: 0,
             hard_failures: 0,
+            limits: None,
             inputs,
         })
         .map(|mut r| {
@@ -351,6 +355,8 @@ impl RunLoop {
             "tickets_digest": digest::digest_of(&self.inputs.ingested.tickets),
             "tickets": self.inputs.ingested.tickets.len(),
             "model": {"path": cfg.model.model_name_or_path, "fingerprint": model.fingerprint},
+            // The lengths every call was planned with (the config above is kept as written).
+            "effective_limits": self.limits,
             "seeds": {"run_seed": cfg.seed, "candidate_seed": "sha256(stageb/candidate-seed/v1, run seed, epoch, ticket key, decode index, sample index)"},
             "schedule": {"step_size": step_size(cfg), "reference_ranks": REFERENCE_RANKS, "epochs": cfg.runner.epochs},
             "guidance": {
@@ -373,7 +379,9 @@ impl RunLoop {
         let started = Instant::now();
         let started_at = now_iso();
         self.write_manifest(&started_at, None)?;
-        let cfg = self.inputs.config.clone();
+        let limits = self.plan_limits().await?;
+        self.write_manifest(&started_at, None)?;
+        let cfg = limits.apply(&self.inputs.config);
         let tickets = self.inputs.ingested.tickets.clone();
         let total = tickets.len() as u64 * cfg.runner.epochs as u64;
         {
@@ -414,6 +422,36 @@ impl RunLoop {
         let path = self.dir.join(files::SUMMARY);
         write_json_atomic(&path, &summary).map_err(io_err(&path))?;
         Ok(summary)
+    }
+
+    /// Wait for the run's context (known at start unless the first worker states it), fit the
+    /// config's lengths into it and say once what was lowered.
+    async fn plan_limits(&mut self) -> Result<EffectiveLimits, RunError> {
+        let waited = Instant::now();
+        let context = loop {
+            if let Some(context) = self.model.lock().unwrap_or_else(|e| e.into_inner()).context {
+                break context;
+            }
+            if waited.elapsed() >= self.worker_grace {
+                return Err(RunError::NoWorkers(self.worker_grace));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let limits = EffectiveLimits::fit(&self.inputs.config, context);
+        for a in &limits.adjusted {
+            tracing::warn!(key = %a.key, asked = a.asked, used = a.used, why = %a.why, "config value lowered to fit the model's context");
+        }
+        tracing::info!(
+            context = limits.context,
+            context_from = ?limits.context_source,
+            rollout_max_new_tokens = ?limits.rollout_max_new_tokens,
+            reflection_max_new_tokens = limits.reflection_max_new_tokens,
+            reflection_prompt_tokens = limits.reflection_prompt_budget(),
+            "effective limits"
+        );
+        self.reflector.fit_limits(&limits);
+        self.limits = Some(limits.clone());
+        Ok(limits)
     }
 
     async fn run_epoch(

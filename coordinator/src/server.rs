@@ -44,78 +44,7 @@ const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
 /// Largest encoded `Register`, `Lease` or `Heartbeat` request: only `Submit` carries bulk.
 pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024;
 
-/// Which model a run accepts, and who decided it (recorded in the manifest).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelPin {
-    /// The full fingerprint id, once known.
-    pub fingerprint: Option<String>,
-    /// The weights digest every worker's fingerprint must start with, when rank 0 computed it
-    /// from `model.model_name_or_path` itself.
-    pub weights_sha256: Option<String>,
-    /// `config` (rank 0 hashed the model file), `resumed_run` (the manifest of the run being
-    /// resumed) or `first_worker` (rank 0 cannot read the model: the first worker's pins it).
-    pub pinned_by: &'static str,
-}
-
-impl ModelPin {
-    /// Pinned to the weights rank 0 hashed; the first matching worker completes the id
-    /// (candle version, dtype, device kind).
-    pub fn by_config(weights_sha256: String) -> Self {
-        ModelPin {
-            fingerprint: None,
-            weights_sha256: Some(weights_sha256),
-            pinned_by: "config",
-        }
-    }
-
-    /// Pinned to the full id an earlier attempt recorded.
-    pub fn by_resumed_run(fingerprint: String) -> Self {
-        ModelPin {
-            weights_sha256: Some(weights_of(&fingerprint).to_string()),
-            fingerprint: Some(fingerprint),
-            pinned_by: "resumed_run",
-        }
-    }
-
-    /// Nothing known yet: the first worker to register pins the run.
-    pub fn by_first_worker() -> Self {
-        ModelPin {
-            fingerprint: None,
-            weights_sha256: None,
-            pinned_by: "first_worker",
-        }
-    }
-
-    /// Check a worker's fingerprint, pinning the full id on the first acceptable one. The
-    /// error never contains the expected value (a stranger with a token must not learn it).
-    fn admit(&mut self, presented: &str) -> Result<(), &'static str> {
-        if let Some(weights) = &self.weights_sha256
-            && weights_of(presented) != weights
-        {
-            return Err(
-                "model fingerprint mismatch: this worker's model weights are not the run's model",
-            );
-        }
-        match &self.fingerprint {
-            Some(fp) if fp != presented => Err(
-                "model fingerprint mismatch: this worker runs the run's weights with other numerics (candle version, dtype or device kind)",
-            ),
-            Some(_) => Ok(()),
-            None => {
-                self.fingerprint = Some(presented.to_string());
-                Ok(())
-            }
-        }
-    }
-}
-
-/// The weights digest a fingerprint id starts with (`<sha256>|candle-…|dtype|device`).
-pub fn weights_of(fingerprint: &str) -> &str {
-    fingerprint.split('|').next().unwrap_or(fingerprint)
-}
-
-/// The pin, shared between the service and the run loop (which writes it to the manifest).
-pub type ModelPinHandle = Arc<Mutex<ModelPin>>;
+pub use crate::model_pin::{ModelPin, ModelPinHandle, weights_of};
 
 /// What the service needs besides the scheduler.
 pub struct ServiceConfig {
@@ -290,17 +219,18 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             return Err(Status::invalid_argument("model fingerprint is required"));
         }
         let name = log_safe(&worker.name);
-        {
+        let run_context = {
             let mut pin = self.model.lock().unwrap_or_else(|e| e.into_inner());
             let first = pin.fingerprint.is_none();
-            if let Err(refusal) = pin.admit(&worker.model_fingerprint) {
-                tracing::warn!(worker = %name, presented = %log_safe(short(&worker.model_fingerprint)), "refusing a worker with another model");
+            if let Err(refusal) = pin.admit(&worker.model_fingerprint, worker.max_context) {
+                tracing::warn!(worker = %name, presented = %log_safe(short(&worker.model_fingerprint)), context = worker.max_context, %refusal, "refusing a worker");
                 return Err(Status::failed_precondition(refusal));
             }
             if first {
                 tracing::info!(worker = %name, pinned_by = pin.pinned_by, fingerprint = %log_safe(&worker.model_fingerprint), "run model pinned");
             }
-        }
+            pin.context.map(|c| c.tokens).unwrap_or(0)
+        };
         let (worker_id, session) = self.scheduler.register().map_err(session_error)?;
         tracing::info!(worker_id = %worker_id, name = %name, device = %log_safe(&worker.device), "worker registered");
         Ok(Response::new(pb::RegisterResponse {
@@ -314,6 +244,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 .lease_ttl
                 .as_millis()
                 .min(u32::MAX as u128) as u32,
+            max_context: run_context,
         }))
     }
 
@@ -604,31 +535,4 @@ pub enum BindError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_weights_pinned_by_the_config_cannot_be_squatted() {
-        let mut pin = ModelPin::by_config("aaaa".into());
-        assert!(pin.admit("bogus|candle-0.11|q|cpu").is_err());
-        assert_eq!(pin.fingerprint, None, "a refused worker pins nothing");
-        assert!(pin.admit("aaaa|candle-0.11|q|cpu").is_ok());
-        assert_eq!(pin.fingerprint.as_deref(), Some("aaaa|candle-0.11|q|cpu"));
-        let refusal = pin.admit("aaaa|candle-0.11|f32|cuda").unwrap_err();
-        assert!(
-            !refusal.contains("aaaa"),
-            "never print the expected fingerprint"
-        );
-    }
-
-    #[test]
-    fn without_a_readable_model_the_first_worker_pins_the_run() {
-        let mut pin = ModelPin::by_first_worker();
-        assert!(pin.admit("x|c|d|cpu").is_ok());
-        assert!(pin.admit("y|c|d|cpu").is_err());
-        assert_eq!(pin.pinned_by, "first_worker");
-    }
 }

@@ -6,8 +6,8 @@
 //! a directory without a manifest starts fresh, so a requeued batch job can always pass it.
 //!
 //! Resuming checks that it continues the *same* run: same config text, same tickets, same
-//! artifact schema. It pins the model fingerprint the earlier attempt recorded, so workers with
-//! another model are refused. A run that continued a previous run's guidance
+//! artifact schema. It pins the model fingerprint and the context the earlier attempt recorded,
+//! so workers with another model are refused and every call is planned as before. A run that continued a previous run's guidance
 //! (`guidance.reset_on_rerun: false`) cannot be resumed: its starting guidance was overwritten
 //! by the attempt itself.
 
@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use stageb_shared::digest;
 use stageb_shared::error::{ErrorCode, InputError};
+use stageb_shared::limits::RunContext;
 
 use crate::journal::{JOURNAL_FILE, Journal, ReplayCache};
 use crate::run::{RunError, RunInputs, files, run_dir};
@@ -40,6 +41,8 @@ pub struct StartPlan {
     pub resuming: bool,
     /// Resuming: the model fingerprint the earlier attempt ran with.
     pub pinned_fingerprint: Option<String>,
+    /// Resuming: the context the earlier attempt planned with (its `effective_limits`).
+    pub pinned_context: Option<RunContext>,
     /// Resuming: the earlier attempt's answers.
     pub replay: ReplayCache,
 }
@@ -69,6 +72,7 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
         dir,
         resuming: false,
         pinned_fingerprint: None,
+        pinned_context: None,
         replay: ReplayCache::default(),
     };
     if !manifest_path.exists() {
@@ -137,6 +141,15 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
     let pinned_fingerprint = manifest["model"]["fingerprint"]
         .as_str()
         .map(str::to_string);
+    let limits = &manifest["effective_limits"];
+    let pinned_context = serde_json::from_value(limits["context_source"].clone())
+        .ok()
+        .zip(
+            limits["context"]
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok()),
+        )
+        .map(|(source, tokens)| RunContext { tokens, source });
     let journal = dir.join(JOURNAL_FILE);
     let replay = ReplayCache::load(&journal).map_err(|source| RunError::Io {
         path: journal.clone(),
@@ -152,6 +165,7 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
         dir,
         resuming: true,
         pinned_fingerprint,
+        pinned_context,
         replay,
     })
 }

@@ -29,6 +29,8 @@
 //! - `sampler.constrained` (bool, default `true`): constrained decoding on.
 //! - `reflection.decision_prompt_path` / `reflection.ops_prompt_path` are optional (required in
 //!   the original); absent or `null` selects the built-in prompts.
+//! - `model.max_model_len` (int or null, ≥ 256): the run's context in tokens, below the
+//!   model's own (see [`crate::limits`] for how asked lengths are fitted into it).
 //! - `runner.lease_ttl_s` (default 60) and `runner.heartbeat_interval_s` (default 5, must be
 //!   smaller than the lease TTL): lease timing between rank 0 and the workers.
 //!
@@ -92,7 +94,16 @@ pub struct RunConfig {
 pub struct ModelConfig {
     /// A model file or directory (GGUF or safetensors); kept as written.
     pub model_name_or_path: String,
+    /// stageb addition: the run's context in tokens (prompt + generated). `None`: the model's
+    /// own (GGUF `*.context_length`, `config.json` `max_position_embeddings`). At least
+    /// [`MIN_MODEL_LEN`]; more than the model declares is refused when the model is loaded.
+    #[serde(default)]
+    pub max_model_len: Option<u32>,
 }
+
+/// Smallest `model.max_model_len`: a rollout's contract alone needs a few dozen tokens, and a
+/// reflection call a system prompt, the guidance and one case.
+pub const MIN_MODEL_LEN: u32 = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuidanceConfig {
@@ -436,7 +447,7 @@ const TOP_SCHEMA: SectionSchema = SectionSchema {
 
 const MODEL_SCHEMA: SectionSchema = SectionSchema {
     prefix: "model",
-    known: &["model_name_or_path"],
+    known: &["model_name_or_path", "max_model_len"],
     ignored: &[
         ("torch_dtype", MODEL_PLACEMENT),
         ("device_map", MODEL_PLACEMENT),
@@ -699,6 +710,16 @@ const PROBE_HIT: &str = "\u{0}stageb-config-probe-hit";
 
 /// 1-based line of the node at `path` (the key itself for a key, the item for an index), or
 /// `None` when the path cannot be followed in the raw event stream. See the module header.
+/// The line of a config key (`section.key`) in the config's text, for errors found after
+/// parsing (a value the model cannot honour). `None` when the key is not written there.
+pub fn key_line(text: &str, dotted_key: &str) -> Option<usize> {
+    let path: Vec<Seg> = dotted_key
+        .split('.')
+        .map(|k| Seg::Key(k.to_string()))
+        .collect();
+    probe_line(text, &path)
+}
+
 fn probe_line(text: &str, path: &[Seg]) -> Option<usize> {
     let deserializer = serde_norway::Deserializer::from_str(text);
     match (Probe { path }).deserialize(deserializer) {
@@ -1271,6 +1292,7 @@ fn build_run_config(doc: &Doc, top: &Section) -> Result<RunConfig, InputError> {
     let model_section = top.req_section(doc, "model")?;
     let model = ModelConfig {
         model_name_or_path: model_section.req_string(doc, "model_name_or_path")?,
+        max_model_len: model_section.nullable_u32(doc, "max_model_len", MIN_MODEL_LEN)?,
     };
 
     let guidance_section = top.req_section(doc, "guidance")?;

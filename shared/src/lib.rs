@@ -7,6 +7,7 @@
 //! - [`error`]: stable error codes and the located input error (file, line, code).
 //! - [`config`]: the YAML run config with the Python original's keys, strictly validated.
 //! - [`ingest`]: Stage-A JSONL into tickets, every bad line a located, coded error.
+//! - [`limits`]: the run's token limits, fitted into the model's context.
 //! - [`text`]: Chinese text normalization (traditional→simplified, spaces) and the canonical
 //!   third-state vocabulary.
 //! - [`contract`]: the strict two-line verdict parser (the rubric every candidate passes on
@@ -26,6 +27,7 @@ pub mod digest;
 pub mod domain;
 pub mod error;
 pub mod ingest;
+pub mod limits;
 pub mod reflection_schema;
 pub mod seed;
 pub mod telemetry;

@@ -43,6 +43,15 @@ pub const THIRD_STATE_REFLECTION: &[&str] = &[
     "不得判断为",
 ];
 
+/// At most `max` characters of `s`, with `…` when something was cut (for prompts and logs
+/// that must stay bounded whatever a model wrote).
+pub fn truncate_chars(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(max) {
+        None => std::borrow::Cow::Borrowed(s),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!("{}…", &s[..cut])),
+    }
+}
+
 /// Traditional→simplified for one character, ignoring context. Context-free on purpose: the
 /// constrained decoder bans every character whose simplification lands in a banned word, which
 /// is only exact if the parser simplifies the same way.

@@ -1088,6 +1088,22 @@ where
     E: stageb_worker::engine::Engine + 'static,
     F: Fn(usize) -> E + Send + Sync + 'static,
 {
+    try_run_watched(config_path, workers, make_engine, start, interrupt, None)
+}
+
+/// [`try_run`] publishing the run's progress to `progress` (for tests that watch it).
+pub fn try_run_watched<E, F>(
+    config_path: &Path,
+    workers: usize,
+    make_engine: F,
+    start: cluster::StartMode,
+    interrupt: impl std::future::Future<Output = ()>,
+    progress: Option<stageb_coordinator::run::ProgressHandle>,
+) -> Result<RunSummary, cluster::ClusterError>
+where
+    E: stageb_worker::engine::Engine + 'static,
+    F: Fn(usize) -> E + Send + Sync + 'static,
+{
     let inputs = cluster::prepare_inputs(config_path, "embedded")?;
     let settings = CoordinatorSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -1097,6 +1113,7 @@ where
         worker_grace: Duration::from_secs(30),
         progress_every: Duration::from_secs(60),
         show_progress: false,
+        progress,
         start,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

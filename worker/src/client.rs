@@ -167,12 +167,15 @@ struct Session {
     id: String,
     worker_id: String,
     heartbeat: Duration,
+    /// The run's context in tokens (0 from a coordinator that does not say).
+    max_context: u32,
 }
 
 async fn register(
     client: &mut Client,
     opts: &WorkerOptions,
     fingerprint: &str,
+    max_context: u32,
 ) -> Result<Session, Status> {
     let resp = client
         .register(pb::RegisterRequest {
@@ -183,6 +186,7 @@ async fn register(
                 model_fingerprint: fingerprint.to_string(),
                 capacity: 1,
                 version: env!("CARGO_PKG_VERSION").to_string(),
+                max_context,
             }),
         })
         .await?
@@ -191,6 +195,7 @@ async fn register(
         id: resp.session,
         worker_id: resp.worker_id,
         heartbeat: Duration::from_millis(resp.heartbeat_interval_ms.max(100) as u64),
+        max_context: resp.max_context,
     })
 }
 
@@ -298,6 +303,7 @@ pub async fn run_worker<E: Engine + 'static>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, WorkerError> {
     let fingerprint = engine.fingerprint().id();
+    let max_context = engine.max_context();
     let engine = Arc::new(Mutex::new(engine));
     let mut summary = WorkerSummary::default();
     tokio::pin!(shutdown);
@@ -306,7 +312,7 @@ pub async fn run_worker<E: Engine + 'static>(
             c = connect(&opts) => c?,
             _ = &mut shutdown => return Ok(summary),
         };
-        let session = match register(&mut client, &opts, &fingerprint).await {
+        let session = match register(&mut client, &opts, &fingerprint, max_context).await {
             Ok(s) => s,
             Err(status)
                 if matches!(
@@ -326,7 +332,13 @@ pub async fn run_worker<E: Engine + 'static>(
             Err(status) => return Err(WorkerError::Refused(status.message().to_string())),
         };
         summary.registrations += 1;
-        tracing::info!(worker_id = %session.worker_id, "registered with the coordinator");
+        if session.max_context > 0 {
+            engine
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .limit_context(session.max_context);
+        }
+        tracing::info!(worker_id = %session.worker_id, context = session.max_context, "registered with the coordinator");
 
         // Heartbeats run beside the job loop and report the leases currently held.
         let held: Arc<Mutex<BTreeSet<u64>>> = Arc::default();

@@ -152,7 +152,7 @@ fn lockstep_rows_match_and_greedy_is_seed_independent() {
 fn bad_requests_are_rejected() {
     let path = model_path();
     let opts = EngineOptions {
-        max_context: 64,
+        max_context: Some(64),
         ..EngineOptions::default()
     };
     let mut engine = CandleEngine::load(&path, &opts).expect("load model");

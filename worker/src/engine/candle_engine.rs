@@ -61,9 +61,6 @@ pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAIN
 /// arithmetic in the fixed order of `kernels`).
 pub const CPU_FAST_DTYPE: &str = "cpu-f32-fixed-order";
 
-/// Default context cap (prompt + generated tokens).
-pub const DEFAULT_MAX_CONTEXT: usize = 4096;
-
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceSpec {
@@ -100,8 +97,10 @@ pub struct EngineOptions {
     pub device: DeviceSpec,
     /// Compute threads; `None` = candle's default (RAYON_NUM_THREADS or the physical cores).
     pub threads: Option<usize>,
-    /// Cap on prompt + generated tokens.
-    pub max_context: usize,
+    /// Cap on prompt + generated tokens; `None`: the model's own context (its GGUF
+    /// `*.context_length` or `config.json` `max_position_embeddings`). More than the model
+    /// declares is refused.
+    pub max_context: Option<usize>,
     /// GGUF only: keep the file's quantization or dequantize at load.
     pub weight_format: WeightFormat,
 }
@@ -111,7 +110,7 @@ impl Default for EngineOptions {
         EngineOptions {
             device: DeviceSpec::Auto,
             threads: None,
-            max_context: DEFAULT_MAX_CONTEXT,
+            max_context: None,
             weight_format: WeightFormat::Auto,
         }
     }
@@ -181,6 +180,9 @@ pub struct CandleEngine {
     workspace: Workspace,
     /// Bench only: unconstrained rows run to `max_new_tokens` through stop tokens.
     ignore_eos: bool,
+    /// Prompt + generated tokens a job may use: the loaded context, or the run's when rank 0
+    /// asked for less ([`Engine::limit_context`]).
+    context_limit: usize,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -190,6 +192,39 @@ impl std::fmt::Debug for CandleEngine {
             .field("stop_ids", &self.stop_ids)
             .finish_non_exhaustive()
     }
+}
+
+/// The context a model is loaded with: `asked` when given (at most what the model declares),
+/// else the model's declaration. A model that declares none needs an explicit length.
+fn context_for(
+    path: &Path,
+    declared: Option<usize>,
+    asked: Option<usize>,
+) -> Result<usize, EngineError> {
+    match (asked, declared) {
+        (Some(a), Some(d)) if a > d => Err(model_err(
+            path,
+            format!("a context of {a} tokens was asked (max_model_len) but the model declares {d}"),
+        )),
+        (Some(a), _) => Ok(a),
+        (None, Some(d)) => Ok(d),
+        (None, None) => Err(model_err(
+            path,
+            "the model does not declare its context length; set model.max_model_len (or --max-model-len)",
+        )),
+    }
+}
+
+/// The context length a model file declares (GGUF `*.context_length`, `config.json`
+/// `max_position_embeddings`), read without loading weights. `None` when it declares none.
+pub fn declared_context(path: &Path) -> Result<Option<usize>, EngineError> {
+    if path.is_dir() {
+        return Ok(super::safetensors::read_config(path)?.0.trained_context);
+    }
+    let mut file = std::fs::File::open(path).map_err(|e| model_err(path, e))?;
+    let ct = gguf_file::Content::read(&mut file)
+        .map_err(|e| model_err(path, format!("not a readable GGUF file: {e}")))?;
+    Ok(gguf::read_config(&ct, path)?.trained_context)
 }
 
 pub(crate) fn sha256_files(files: &[PathBuf]) -> Result<String, EngineError> {
@@ -222,7 +257,7 @@ struct Row {
 impl CandleEngine {
     /// Loads a GGUF file or an HF safetensors directory.
     pub fn load(model_path: &Path, options: &EngineOptions) -> Result<CandleEngine, EngineError> {
-        if options.max_context < 2 {
+        if options.max_context.is_some_and(|n| n < 2) {
             return Err(EngineError::InvalidRequest(
                 "max_context must be at least 2".into(),
             ));
@@ -271,7 +306,8 @@ impl CandleEngine {
             }
         })?;
         // Check the architecture before the (more expensive) tokenizer.
-        gguf::read_config(&ct, path)?;
+        let declared = gguf::read_config(&ct, path)?.trained_context;
+        let max_context = context_for(path, declared, options.max_context)?;
         let tokenizer = super::tokenizer::from_gguf(&ct, path)?;
         let template_src = gguf::md_string(&ct, "tokenizer.chat_template");
         let tok_name = |key: &str| {
@@ -292,7 +328,7 @@ impl CandleEngine {
             Some(template.source()),
         );
         let (model, dtype) = if device.is_cpu() && options.weight_format == WeightFormat::Auto {
-            let m = gguf::load_cpu(path, &mut file, &ct, options.max_context)?;
+            let m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
             (Backend::Cpu(m), CPU_FAST_DTYPE.to_string())
         } else {
             let loaded = gguf::load(
@@ -301,7 +337,7 @@ impl CandleEngine {
                 &ct,
                 device,
                 options.weight_format,
-                options.max_context,
+                max_context,
             )?;
             let dtype = if loaded.dequantized {
                 "f32-dequantized"
@@ -326,7 +362,8 @@ impl CandleEngine {
         device_kind: &str,
         options: &EngineOptions,
     ) -> Result<CandleEngine, EngineError> {
-        super::safetensors::read_config(dir)?;
+        let declared = super::safetensors::read_config(dir)?.0.trained_context;
+        let max_context = context_for(dir, declared, options.max_context)?;
         let tokenizer = super::tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let (template_src, bos, eos) = super::safetensors::tokenizer_config(dir)?;
         let template = ChatTemplate::new(template_src.as_deref(), &bos, &eos)?;
@@ -335,7 +372,7 @@ impl CandleEngine {
         let stop_ids =
             super::tokenizer::stop_token_ids(&tokenizer, &declared, Some(template.source()));
         let files = super::safetensors::weight_files(dir)?;
-        let model = super::safetensors::load(dir, device, options.max_context)?;
+        let model = super::safetensors::load(dir, device, max_context)?;
         let fingerprint = ModelFingerprint {
             weights_sha256: sha256_files(&files)?,
             candle_version: CANDLE_VERSION.to_string(),
@@ -365,6 +402,7 @@ impl CandleEngine {
             ));
         }
         Ok(CandleEngine {
+            context_limit: model.max_context(),
             model,
             tokenizer,
             template,
@@ -573,7 +611,7 @@ impl CandleEngine {
     /// Prefills `prompt` once and decodes every row in one lockstep batch.
     fn run_rows(&mut self, prompt: &[u32], rows: &mut [Row]) -> Result<(u64, u64), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
-        let limit = self.model.max_context();
+        let limit = self.context_limit;
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest(
                 "the rendered prompt is empty".into(),
@@ -582,7 +620,8 @@ impl CandleEngine {
         if prompt.len() + max_new > limit {
             return Err(EngineError::PromptTooLong {
                 tokens: prompt.len(),
-                limit: limit.saturating_sub(max_new),
+                max_new,
+                context: limit,
             });
         }
         let t0 = Instant::now();
@@ -828,6 +867,14 @@ impl Engine for CandleEngine {
 
     fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
         self.run_pooled(|eng| eng.generate_inner(request))
+    }
+
+    fn max_context(&self) -> u32 {
+        u32::try_from(self.context_limit).unwrap_or(u32::MAX)
+    }
+
+    fn limit_context(&mut self, tokens: u32) {
+        self.context_limit = (tokens as usize).clamp(2, self.model.max_context());
     }
 }
 

@@ -17,7 +17,7 @@ pub mod sampler;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use candle_engine::{CandleEngine, DeviceSpec, EngineOptions};
+pub use candle_engine::{CandleEngine, DeviceSpec, EngineOptions, declared_context};
 pub use gguf::WeightFormat;
 
 /// How one group of candidates is decoded (one `sampler.grid` entry with its seeds).
@@ -130,8 +130,14 @@ impl ModelFingerprint {
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The prompt does not fit the model's context (never truncated).
-    #[error("prompt of {tokens} tokens exceeds the context limit of {limit}")]
-    PromptTooLong { tokens: usize, limit: usize },
+    #[error(
+        "a prompt of {tokens} tokens plus {max_new} tokens to generate exceeds the context of {context}"
+    )]
+    PromptTooLong {
+        tokens: usize,
+        max_new: usize,
+        context: usize,
+    },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("model error: {0}")]
@@ -158,4 +164,12 @@ pub trait Engine: Send {
     fn fingerprint(&self) -> &ModelFingerprint;
     fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError>;
     fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError>;
+    /// Tokens (prompt + generated) one job may use. Engines without a context bound (test
+    /// doubles) keep the default.
+    fn max_context(&self) -> u32 {
+        u32::MAX
+    }
+    /// Use at most `tokens` of context from now on (the run's context, told by rank 0 at
+    /// Register), so whether a prompt fits never depends on which worker ran it.
+    fn limit_context(&mut self, _tokens: u32) {}
 }
