@@ -52,180 +52,21 @@ pub fn apply_ops(
     let mut applied = Vec::new();
     let mut skipped = Vec::new();
     for (index, op) in ops.iter().enumerate() {
-        let skip = |reason: SkipReason, detail: String| SkippedOp {
-            index,
-            op: op.kind().to_string(),
-            reason,
-            detail,
-        };
-        let done = |key: RuleKey, effect: OpEffect, merged_away: Vec<RuleKey>| AppliedOp {
-            index,
-            op: op.kind().to_string(),
-            key,
-            effect,
-            merged_away,
-            evidence: op.evidence().to_vec(),
-        };
-        match op {
-            GuidanceOp::Delete { key, .. } => {
-                if key.is_scaffold() {
-                    skipped.push(skip(SkipReason::ScaffoldKey, format!("{key} is read-only")));
-                } else if key.is_g0() {
-                    skipped.push(skip(SkipReason::G0Delete, "G0 cannot be deleted".into()));
-                } else if g.experiences.remove(key).is_none() {
-                    skipped.push(skip(
-                        SkipReason::MissingKey,
-                        format!("{key} does not exist"),
-                    ));
-                } else {
-                    g.metadata.remove(key);
-                    applied.push(done(*key, OpEffect::Deleted, Vec::new()));
-                }
-            }
-            GuidanceOp::Add {
-                text,
-                rationale,
-                evidence,
-            } => {
-                let text = text::normalize(text);
-                if dedupe_form(&text).is_empty() {
-                    skipped.push(skip(SkipReason::EmptyText, "empty text".into()));
-                    continue;
-                }
-                let target = match g.key_with_text(&text) {
-                    Some(k) if k.is_scaffold() => {
-                        skipped.push(skip(
-                            SkipReason::DuplicateOfScaffold,
-                            format!("same text as {k}"),
-                        ));
-                        continue;
-                    }
-                    Some(k) => {
-                        skipped.push(skip(
-                            SkipReason::Unchanged,
-                            format!("{k} already says this"),
-                        ));
-                        continue;
-                    }
-                    None => g.next_free_g(),
-                };
-                let effect = OpEffect::Created;
-                upsert(
-                    &mut g,
-                    target,
-                    text,
-                    rationale.as_deref(),
-                    evidence,
-                    &[],
-                    reflection_id,
-                    now,
-                );
-                applied.push(done(target, effect, Vec::new()));
-            }
-            GuidanceOp::Update {
+        match apply_one(&mut g, op, reflection_id, now) {
+            Ok((key, effect, merged_away)) => applied.push(AppliedOp {
+                index,
+                op: op.kind().to_string(),
                 key,
-                text,
-                rationale,
-                evidence,
-            } => {
-                let text = text::normalize(text);
-                if key.is_scaffold() {
-                    skipped.push(skip(SkipReason::ScaffoldKey, format!("{key} is read-only")));
-                } else if !g.experiences.contains_key(key) {
-                    skipped.push(skip(
-                        SkipReason::MissingKey,
-                        format!("{key} does not exist"),
-                    ));
-                } else if dedupe_form(&text).is_empty() {
-                    skipped.push(skip(SkipReason::EmptyText, "empty text".into()));
-                } else if g
-                    .text(*key)
-                    .is_some_and(|t| loose_form(t) == loose_form(&text))
-                {
-                    skipped.push(skip(
-                        SkipReason::Unchanged,
-                        format!("{key} already says this"),
-                    ));
-                } else if let Some(other) = g.key_with_text(&text).filter(|k| k != key) {
-                    let reason = if other.is_scaffold() {
-                        SkipReason::DuplicateOfScaffold
-                    } else {
-                        SkipReason::DuplicateText
-                    };
-                    skipped.push(skip(reason, format!("same text as {other}")));
-                } else {
-                    upsert(
-                        &mut g,
-                        *key,
-                        text,
-                        rationale.as_deref(),
-                        evidence,
-                        &[],
-                        reflection_id,
-                        now,
-                    );
-                    applied.push(done(*key, OpEffect::Updated, Vec::new()));
-                }
-            }
-            GuidanceOp::Merge {
-                key,
-                merged_from,
-                text,
-                rationale,
-                evidence,
-            } => {
-                let text = text::normalize(text);
-                if key.is_scaffold() {
-                    skipped.push(skip(SkipReason::ScaffoldKey, format!("{key} is read-only")));
-                    continue;
-                }
-                if !g.experiences.contains_key(key) {
-                    skipped.push(skip(
-                        SkipReason::MissingKey,
-                        format!("{key} does not exist"),
-                    ));
-                    continue;
-                }
-                if dedupe_form(&text).is_empty() {
-                    skipped.push(skip(SkipReason::EmptyText, "empty text".into()));
-                    continue;
-                }
-                let consumed =
-                    |k: &RuleKey| merged_from.contains(k) && !k.is_scaffold() && !k.is_g0();
-                if let Some(other) = g.key_with_text(&text).filter(|k| k != key && !consumed(k)) {
-                    let reason = if other.is_scaffold() {
-                        SkipReason::DuplicateOfScaffold
-                    } else {
-                        SkipReason::DuplicateText
-                    };
-                    skipped.push(skip(reason, format!("same text as {other}")));
-                    continue;
-                }
-                let mut folded = Vec::new();
-                let mut merged_away = Vec::new();
-                for m in merged_from {
-                    if m == key || m.is_scaffold() || m.is_g0() || merged_away.contains(m) {
-                        continue;
-                    }
-                    if g.experiences.remove(m).is_some() {
-                        if let Some(meta) = g.metadata.remove(m) {
-                            folded.push(meta);
-                        }
-                        merged_away.push(*m);
-                    }
-                }
-                upsert(
-                    &mut g,
-                    *key,
-                    text,
-                    rationale.as_deref(),
-                    evidence,
-                    &folded,
-                    reflection_id,
-                    now,
-                );
-                applied.push(done(*key, OpEffect::Merged, merged_away));
-            }
+                effect,
+                merged_away,
+                evidence: op.evidence().to_vec(),
+            }),
+            Err((reason, detail)) => skipped.push(SkippedOp {
+                index,
+                op: op.kind().to_string(),
+                reason,
+                detail,
+            }),
         }
     }
     if applied.is_empty() {
@@ -242,6 +83,195 @@ pub fn apply_ops(
         applied,
         skipped,
     })
+}
+
+/// What one op did to the guidance: the key it resolved to, its effect and the keys a merge
+/// removed; or why it was skipped, in which case the guidance is unchanged.
+type OpOutcome = Result<(RuleKey, OpEffect, Vec<RuleKey>), (SkipReason, String)>;
+
+/// Apply one op to `g` (one step of [`apply_ops`]; the semantics are documented there).
+fn apply_one(
+    g: &mut MissionGuidance,
+    op: &GuidanceOp,
+    reflection_id: &str,
+    now: &str,
+) -> OpOutcome {
+    match op {
+        GuidanceOp::Delete { key, .. } => apply_delete(g, *key),
+        GuidanceOp::Add {
+            text,
+            rationale,
+            evidence,
+        } => apply_add(g, text, rationale.as_deref(), evidence, reflection_id, now),
+        GuidanceOp::Update {
+            key,
+            text,
+            rationale,
+            evidence,
+        } => apply_update(
+            g,
+            *key,
+            text,
+            rationale.as_deref(),
+            evidence,
+            reflection_id,
+            now,
+        ),
+        GuidanceOp::Merge {
+            key,
+            merged_from,
+            text,
+            rationale,
+            evidence,
+        } => apply_merge(
+            g,
+            *key,
+            merged_from,
+            text,
+            rationale.as_deref(),
+            evidence,
+            reflection_id,
+            now,
+        ),
+    }
+}
+
+fn apply_delete(g: &mut MissionGuidance, key: RuleKey) -> OpOutcome {
+    if key.is_scaffold() {
+        Err((SkipReason::ScaffoldKey, format!("{key} is read-only")))
+    } else if key.is_g0() {
+        Err((SkipReason::G0Delete, "G0 cannot be deleted".into()))
+    } else if g.experiences.remove(&key).is_none() {
+        Err((SkipReason::MissingKey, format!("{key} does not exist")))
+    } else {
+        g.metadata.remove(&key);
+        Ok((key, OpEffect::Deleted, Vec::new()))
+    }
+}
+
+fn apply_add(
+    g: &mut MissionGuidance,
+    text: &str,
+    rationale: Option<&str>,
+    evidence: &[TicketKey],
+    reflection_id: &str,
+    now: &str,
+) -> OpOutcome {
+    let text = text::normalize(text);
+    if dedupe_form(&text).is_empty() {
+        return Err((SkipReason::EmptyText, "empty text".into()));
+    }
+    let target = match g.key_with_text(&text) {
+        Some(k) if k.is_scaffold() => {
+            return Err((SkipReason::DuplicateOfScaffold, format!("same text as {k}")));
+        }
+        Some(k) => {
+            return Err((SkipReason::Unchanged, format!("{k} already says this")));
+        }
+        None => g.next_free_g(),
+    };
+    let effect = OpEffect::Created;
+    upsert(
+        g,
+        target,
+        text,
+        rationale,
+        evidence,
+        &[],
+        reflection_id,
+        now,
+    );
+    Ok((target, effect, Vec::new()))
+}
+
+fn apply_update(
+    g: &mut MissionGuidance,
+    key: RuleKey,
+    text: &str,
+    rationale: Option<&str>,
+    evidence: &[TicketKey],
+    reflection_id: &str,
+    now: &str,
+) -> OpOutcome {
+    let text = text::normalize(text);
+    if key.is_scaffold() {
+        Err((SkipReason::ScaffoldKey, format!("{key} is read-only")))
+    } else if !g.experiences.contains_key(&key) {
+        Err((SkipReason::MissingKey, format!("{key} does not exist")))
+    } else if dedupe_form(&text).is_empty() {
+        Err((SkipReason::EmptyText, "empty text".into()))
+    } else if g
+        .text(key)
+        .is_some_and(|t| loose_form(t) == loose_form(&text))
+    {
+        Err((SkipReason::Unchanged, format!("{key} already says this")))
+    } else if let Some(other) = g.key_with_text(&text).filter(|k| *k != key) {
+        let reason = if other.is_scaffold() {
+            SkipReason::DuplicateOfScaffold
+        } else {
+            SkipReason::DuplicateText
+        };
+        Err((reason, format!("same text as {other}")))
+    } else {
+        upsert(g, key, text, rationale, evidence, &[], reflection_id, now);
+        Ok((key, OpEffect::Updated, Vec::new()))
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the op's fields plus the stamp, as `upsert`
+fn apply_merge(
+    g: &mut MissionGuidance,
+    key: RuleKey,
+    merged_from: &[RuleKey],
+    text: &str,
+    rationale: Option<&str>,
+    evidence: &[TicketKey],
+    reflection_id: &str,
+    now: &str,
+) -> OpOutcome {
+    let text = text::normalize(text);
+    if key.is_scaffold() {
+        return Err((SkipReason::ScaffoldKey, format!("{key} is read-only")));
+    }
+    if !g.experiences.contains_key(&key) {
+        return Err((SkipReason::MissingKey, format!("{key} does not exist")));
+    }
+    if dedupe_form(&text).is_empty() {
+        return Err((SkipReason::EmptyText, "empty text".into()));
+    }
+    let consumed = |k: &RuleKey| merged_from.contains(k) && !k.is_scaffold() && !k.is_g0();
+    if let Some(other) = g.key_with_text(&text).filter(|k| *k != key && !consumed(k)) {
+        let reason = if other.is_scaffold() {
+            SkipReason::DuplicateOfScaffold
+        } else {
+            SkipReason::DuplicateText
+        };
+        return Err((reason, format!("same text as {other}")));
+    }
+    let mut folded = Vec::new();
+    let mut merged_away = Vec::new();
+    for m in merged_from {
+        if *m == key || m.is_scaffold() || m.is_g0() || merged_away.contains(m) {
+            continue;
+        }
+        if g.experiences.remove(m).is_some() {
+            if let Some(meta) = g.metadata.remove(m) {
+                folded.push(meta);
+            }
+            merged_away.push(*m);
+        }
+    }
+    upsert(
+        g,
+        key,
+        text,
+        rationale,
+        evidence,
+        &folded,
+        reflection_id,
+        now,
+    );
+    Ok((key, OpEffect::Merged, merged_away))
 }
 
 #[allow(clippy::too_many_arguments)] // one private helper; a struct would only rename the args

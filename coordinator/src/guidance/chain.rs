@@ -7,7 +7,9 @@
 use super::apply::{apply_ops, remove_keys};
 use super::model::{MissionGuidance, RuleKey};
 use super::parse::invalid;
-use super::version::{VersionEntry, VersionKind, guidance_path, read_run_file};
+use super::version::{
+    SectionFile, VersionBody, VersionEntry, VersionKind, guidance_path, read_run_file,
+};
 use serde_json::Value;
 use stageb_shared::digest::digest_of;
 use stageb_shared::error::{ErrorCode, InputError};
@@ -40,22 +42,8 @@ pub enum ChainError {
 /// content and step equal the head.
 pub fn verify_chain(run_dir: &Path) -> Result<ChainReport, ChainError> {
     let path = guidance_path(run_dir);
-    let bytes = fs::read(&path).map_err(|e| {
-        InputError::new(
-            ErrorCode::FileNotFound,
-            path.display().to_string(),
-            None,
-            format!("cannot read: {e}"),
-        )
-    })?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(&path, format!("not valid JSON: {e}")))?;
-    let mission = match value.as_object() {
-        Some(top) if top.len() == 1 => top.keys().next().cloned().unwrap_or_default(),
-        _ => return Err(invalid(&path, "run guidance must hold exactly one mission").into()),
-    };
+    let mission = run_file_mission(&path)?;
     let (live, file) = read_run_file(&path, &mission)?;
-    let broken = |seq: u64, reason: String| ChainError::Broken { seq, reason };
 
     let first = file
         .versions
@@ -94,40 +82,7 @@ pub fn verify_chain(run_dir: &Path) -> Result<ChainReport, ChainError> {
                     "parent_hash does not link to the previous version".into(),
                 ));
             }
-            match body.kind {
-                VersionKind::Seed => {
-                    return Err(broken(seq, "a seed after the first version".into()));
-                }
-                VersionKind::Reflection => {
-                    let rid = body.reflection_id.as_deref().unwrap_or("");
-                    let replay = apply_ops(&state, &body.ops, rid, "")
-                        .map_err(|e| broken(seq, format!("replay failed: {e}")))?;
-                    if replay.applied != body.applied || replay.skipped != body.skipped {
-                        return Err(broken(
-                            seq,
-                            "replayed op outcome differs from the recorded one".into(),
-                        ));
-                    }
-                    state = replay.guidance;
-                }
-                VersionKind::Cleanup => {
-                    for k in &body.removed {
-                        if k.is_scaffold() || k.is_g0() || !state.experiences.contains_key(k) {
-                            return Err(broken(
-                                seq,
-                                format!("cleanup removed {k}, which it may not"),
-                            ));
-                        }
-                    }
-                    state = remove_keys(&state, &body.removed, "");
-                }
-            }
-            if body.step != state.step {
-                return Err(broken(
-                    seq,
-                    format!("step {} but replay gives {}", body.step, state.step),
-                ));
-            }
+            state = replay(&state, body, seq)?;
         }
         if state.content_hash() != body.content_hash {
             return Err(broken(
@@ -150,6 +105,91 @@ pub fn verify_chain(run_dir: &Path) -> Result<ChainReport, ChainError> {
         prev = Some(entry);
     }
     let head = prev.ok_or_else(|| broken(0, "no versions".into()))?;
+    check_head(&live, &file, head)?;
+    Ok(ChainReport {
+        mission,
+        versions: file.versions.len(),
+        step: live.step,
+        head_hash: head.version_hash.clone(),
+        content_hash: head.body.content_hash.clone(),
+    })
+}
+
+fn broken(seq: u64, reason: String) -> ChainError {
+    ChainError::Broken { seq, reason }
+}
+
+/// The one mission a run file holds (a step of [`verify_chain`], which is given only the run
+/// directory, so the mission comes from the file).
+fn run_file_mission(path: &Path) -> Result<String, ChainError> {
+    let bytes = fs::read(path).map_err(|e| {
+        InputError::new(
+            ErrorCode::FileNotFound,
+            path.display().to_string(),
+            None,
+            format!("cannot read: {e}"),
+        )
+    })?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
+    let mission = match value.as_object() {
+        Some(top) if top.len() == 1 => top.keys().next().cloned().unwrap_or_default(),
+        _ => return Err(invalid(path, "run guidance must hold exactly one mission").into()),
+    };
+    Ok(mission)
+}
+
+/// Replay the version `body` (seq `seq`, not the seed) on its parent's `state` and check its
+/// step (a step of [`verify_chain`]).
+fn replay(
+    state: &MissionGuidance,
+    body: &VersionBody,
+    seq: u64,
+) -> Result<MissionGuidance, ChainError> {
+    let next = match body.kind {
+        VersionKind::Seed => {
+            return Err(broken(seq, "a seed after the first version".into()));
+        }
+        VersionKind::Reflection => {
+            let rid = body.reflection_id.as_deref().unwrap_or("");
+            let replay = apply_ops(state, &body.ops, rid, "")
+                .map_err(|e| broken(seq, format!("replay failed: {e}")))?;
+            if replay.applied != body.applied || replay.skipped != body.skipped {
+                return Err(broken(
+                    seq,
+                    "replayed op outcome differs from the recorded one".into(),
+                ));
+            }
+            replay.guidance
+        }
+        VersionKind::Cleanup => {
+            for k in &body.removed {
+                if k.is_scaffold() || k.is_g0() || !state.experiences.contains_key(k) {
+                    return Err(broken(
+                        seq,
+                        format!("cleanup removed {k}, which it may not"),
+                    ));
+                }
+            }
+            remove_keys(state, &body.removed, "")
+        }
+    };
+    if body.step != next.step {
+        return Err(broken(
+            seq,
+            format!("step {} but replay gives {}", body.step, next.step),
+        ));
+    }
+    Ok(next)
+}
+
+/// The live content, step and `version_hash` must be the head version's (a step of
+/// [`verify_chain`]).
+fn check_head(
+    live: &MissionGuidance,
+    file: &SectionFile,
+    head: &VersionEntry,
+) -> Result<(), ChainError> {
     let last = head.body.seq;
     if live.content_hash() != head.body.content_hash || file.content_hash != head.body.content_hash
     {
@@ -167,13 +207,7 @@ pub fn verify_chain(run_dir: &Path) -> Result<ChainReport, ChainError> {
     if file.version_hash != head.version_hash {
         return Err(broken(last, "live version_hash is not the head's".into()));
     }
-    Ok(ChainReport {
-        mission,
-        versions: file.versions.len(),
-        step: live.step,
-        head_hash: head.version_hash.clone(),
-        content_hash: head.body.content_hash.clone(),
-    })
+    Ok(())
 }
 
 #[cfg(test)]

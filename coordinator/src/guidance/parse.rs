@@ -111,6 +111,24 @@ pub(super) fn parse_section(
             ));
         }
     };
+    let experiences = parse_experiences(obj, mission, file)?;
+    let metadata = parse_metadata(obj, &experiences, mission, file)?;
+    Ok(MissionGuidance {
+        mission: mission.to_string(),
+        step,
+        updated_at,
+        experiences,
+        metadata,
+    })
+}
+
+/// The `experiences` mapping of a section, with a legacy `focus` promoted to `G0`; non-empty
+/// and containing `G0` (a step of [`parse_section`]).
+fn parse_experiences(
+    obj: &serde_json::Map<String, Value>,
+    mission: &str,
+    file: &Path,
+) -> Result<BTreeMap<RuleKey, String>, InputError> {
     let raw_exp = obj
         .get("experiences")
         .and_then(Value::as_object)
@@ -162,6 +180,17 @@ pub(super) fn parse_section(
             format!("Mission {mission}: experiences must contain G0"),
         ));
     }
+    Ok(experiences)
+}
+
+/// The optional `metadata` mapping of a section; every key must name one of `experiences` (a
+/// step of [`parse_section`]).
+fn parse_metadata(
+    obj: &serde_json::Map<String, Value>,
+    experiences: &BTreeMap<RuleKey, String>,
+    mission: &str,
+    file: &Path,
+) -> Result<BTreeMap<RuleKey, RuleMetadata>, InputError> {
     let mut metadata = BTreeMap::new();
     match obj.get("metadata") {
         None | Some(Value::Null) => {}
@@ -194,13 +223,7 @@ pub(super) fn parse_section(
             ));
         }
     }
-    Ok(MissionGuidance {
-        mission: mission.to_string(),
-        step,
-        updated_at,
-        experiences,
-        metadata,
-    })
+    Ok(metadata)
 }
 
 #[cfg(test)]
