@@ -201,3 +201,16 @@ mod tests {
         assert_eq!(temps, 0);
     }
 }
+
+/// Artifact file names inside `{output.root}/{run_name}/{mission}/`.
+pub mod files {
+    pub const MANIFEST: &str = "manifest.json";
+    pub const TRAJECTORIES: &str = "trajectories.jsonl";
+    pub const SELECTIONS: &str = "selections.jsonl";
+    pub const METRICS: &str = "metrics.jsonl";
+    pub const FAILURE_MALFORMED: &str = "failure_malformed.jsonl";
+    pub const NEED_REVIEW_QUEUE: &str = "need_review_queue.jsonl";
+    pub const NEED_REVIEW: &str = "need_review.json";
+    pub const REFLECTION: &str = "reflection.jsonl";
+    pub const SUMMARY: &str = "summary.json";
+}

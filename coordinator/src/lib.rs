@@ -18,12 +18,14 @@
 //! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
 //! - [`metrics`]: accuracy windows and epoch rows, recomputable from selections.
 //! - [`reflection`]: the two-pass reflection driver (decision → need-review, ops → guidance).
+//! - [`completions`]: waiting for job results, giving up when no worker is alive.
 //! - [`artifacts`]: crash-safe JSONL appends and atomic whole-file writes.
 //! - [`journal`]: every accepted model answer by payload digest, replayed by `--resume`.
 //! - [`run`]: the epoch loop tying it together.
 //! - [`start`]: fresh start, `--overwrite` or `--resume` of a run directory.
 
 pub mod artifacts;
+pub mod completions;
 pub mod edge;
 pub mod eligibility;
 pub mod feedback;

@@ -34,13 +34,16 @@ use stageb_shared::seed::derived_seed;
 use stageb_shared::text;
 use tokio::sync::mpsc;
 
+use crate::artifacts::files;
 use crate::artifacts::{JsonlWriter, write_json_atomic};
+use crate::completions::{WaitError, await_completions};
+use crate::eligibility::Eligibility;
 use crate::feedback::FeedbackLedger;
 use crate::guidance::{GuidanceError, GuidanceRepo, OpEffect, RuleKey};
 use crate::need_review::{self, NeedReviewReason, NeedReviewRow};
 use crate::ops::{self, OpsContext, OpsValidation, RejectedOp};
-use crate::run::{RunError, TicketOutcome, await_completions, files};
 use crate::scheduler::{Completion, JobOutput, JobPayload, Scheduler};
+use crate::selection::{Selection, VoteCandidate};
 
 /// Extra attempts (new seed each) for a reflection call whose output is not valid JSON.
 pub const JSON_RETRIES: u32 = 2;
@@ -65,6 +68,8 @@ pub enum ReflectionError {
     EmptyPrompt { path: PathBuf },
     #[error(transparent)]
     Guidance(#[from] GuidanceError),
+    #[error(transparent)]
+    Wait(#[from] WaitError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReflectionError + '_ {
@@ -72,6 +77,16 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReflectionError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// One ticket's rollout outcome as the run loop decided it: what reflection learns from.
+pub struct TicketOutcome {
+    pub ticket_index: usize,
+    pub selection: Selection,
+    pub eligibility: Eligibility,
+    pub candidates: Vec<VoteCandidate>,
+    /// Raw candidate texts by candidate index (for reflection cases).
+    pub raw_texts: Vec<String>,
 }
 
 /// One candidate as a reflection case shows it.
@@ -367,7 +382,7 @@ impl Reflector {
         scheduler: &Scheduler,
         completions: &mut mpsc::UnboundedReceiver<Completion>,
         drain: bool,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), ReflectionError> {
         self.flush_immediate_feedback(guidance)?;
         while let Some((attempt, batch)) = self.next_batch(drain) {
             self.run_cycle(
@@ -384,7 +399,10 @@ impl Reflector {
         Ok(())
     }
 
-    fn flush_immediate_feedback(&mut self, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+    fn flush_immediate_feedback(
+        &mut self,
+        guidance: &mut GuidanceRepo,
+    ) -> Result<(), ReflectionError> {
         let (hits, misses) = self.feedback.take_immediate();
         if hits.is_empty() && misses.is_empty() {
             return Ok(());
@@ -495,7 +513,7 @@ impl Reflector {
         guidance: &mut GuidanceRepo,
         scheduler: &Scheduler,
         completions: &mut mpsc::UnboundedReceiver<Completion>,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), ReflectionError> {
         let cycle = self.cycles;
         let batch_keys: Vec<TicketKey> = batch.iter().map(|r| r.ticket_key.clone()).collect();
         let reflection_id = format!(
@@ -813,7 +831,7 @@ impl Reflector {
                     Err(GuidanceError::NothingApplied { .. }) => {
                         warnings.push("apply_failed:nothing_applied".into())
                     }
-                    Err(e) => return Err(ReflectionError::from(e).into()),
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
@@ -870,7 +888,7 @@ impl Reflector {
         calls: Vec<CallRecord>,
         routing: Value,
         guidance: &GuidanceRepo,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), ReflectionError> {
         row["warnings"] = json!(warnings);
         row["routing"] = routing;
         row["guidance_step_after"] = json!(guidance.step());
@@ -906,7 +924,7 @@ impl Reflector {
         completions: &mut mpsc::UnboundedReceiver<Completion>,
         calls: &mut Vec<CallRecord>,
         parse: impl Fn(&str) -> Result<T, reflection_schema::ReflectionParseError>,
-    ) -> Result<Option<T>, RunError> {
+    ) -> Result<Option<T>, ReflectionError> {
         for attempt in 0..=JSON_RETRIES {
             if !self.calls_left() {
                 return Ok(None);
@@ -1089,7 +1107,11 @@ impl Reflector {
 
     /// Epoch end: optional lifecycle cleanup; buffered feedback of undecided tickets is
     /// discarded (it never became a contributor).
-    pub fn end_epoch(&mut self, epoch: u32, guidance: &mut GuidanceRepo) -> Result<(), RunError> {
+    pub fn end_epoch(
+        &mut self,
+        epoch: u32,
+        guidance: &mut GuidanceRepo,
+    ) -> Result<(), ReflectionError> {
         let (ran, parsed) = self.decisions_epoch;
         if ran > 0 && parsed == 0 {
             // No configuration may make every reflection call fail silently.
@@ -1125,11 +1147,11 @@ impl Reflector {
     }
 
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).
-    pub fn finish_run(&mut self) -> Result<(), RunError> {
+    pub fn finish_run(&mut self) -> Result<(), ReflectionError> {
         let summary =
             need_review::aggregate(&self.mission, &self.need_review_rows, self.final_epoch);
         let path = self.dir.join(files::NEED_REVIEW);
-        write_json_atomic(&path, &summary).map_err(|source| RunError::Io { path, source })
+        write_json_atomic(&path, &summary).map_err(|source| ReflectionError::Io { path, source })
     }
 }
 

@@ -21,20 +21,21 @@ use serde::Serialize;
 use serde_json::json;
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::{ConfigNotice, RunConfig};
-use stageb_shared::contract::{self, ContractViolation};
+use stageb_shared::contract;
 use stageb_shared::digest;
-use stageb_shared::domain::{Ticket, Verdict};
+use stageb_shared::domain::Ticket;
 use stageb_shared::ingest::Ingested;
 use stageb_shared::limits::EffectiveLimits;
 use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
 use crate::artifacts::{JsonlWriter, write_json_atomic};
-use crate::eligibility::{self, Eligibility};
+use crate::completions::{WaitError, await_any};
+use crate::eligibility;
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
 use crate::metrics;
 use crate::prompts;
-use crate::reflection::{GradientRecord, ReflectionError, Reflector};
+use crate::reflection::{GradientRecord, ReflectionError, Reflector, TicketOutcome};
 use crate::scheduler::{
     Completion, DecodeJob, JobFailure, JobId, JobOutput, JobPayload, Provenance, Scheduler,
 };
@@ -51,18 +52,7 @@ pub fn step_size(config: &RunConfig) -> usize {
     (config.runner.per_rank_rollout_batch_size.max(1) * REFERENCE_RANKS) as usize
 }
 
-/// Artifact file names inside `{output.root}/{run_name}/{mission}/`.
-pub mod files {
-    pub const MANIFEST: &str = "manifest.json";
-    pub const TRAJECTORIES: &str = "trajectories.jsonl";
-    pub const SELECTIONS: &str = "selections.jsonl";
-    pub const METRICS: &str = "metrics.jsonl";
-    pub const FAILURE_MALFORMED: &str = "failure_malformed.jsonl";
-    pub const NEED_REVIEW_QUEUE: &str = "need_review_queue.jsonl";
-    pub const NEED_REVIEW: &str = "need_review.json";
-    pub const REFLECTION: &str = "reflection.jsonl";
-    pub const SUMMARY: &str = "summary.json";
-}
+pub use crate::artifacts::files;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -77,7 +67,28 @@ pub enum RunError {
     #[error("the scheduler stopped delivering results")]
     SchedulerClosed,
     #[error(transparent)]
-    Reflection(#[from] ReflectionError),
+    Reflection(ReflectionError),
+}
+
+impl From<WaitError> for RunError {
+    fn from(e: WaitError) -> Self {
+        match e {
+            WaitError::NoWorkers(grace) => RunError::NoWorkers(grace),
+            WaitError::SchedulerClosed => RunError::SchedulerClosed,
+        }
+    }
+}
+
+/// Reflection's failures as the run reports them: a guidance or wait failure is the same
+/// whichever part of the loop met it (bad guidance input stays an input error, exit 2).
+impl From<ReflectionError> for RunError {
+    fn from(e: ReflectionError) -> Self {
+        match e {
+            ReflectionError::Guidance(g) => RunError::Guidance(g),
+            ReflectionError::Wait(w) => w.into(),
+            other => RunError::Reflection(other),
+        }
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunError + '_ {
@@ -203,16 +214,6 @@ fn runtime_json(p: Option<&Provenance>, extra: serde_json::Value) -> serde_json:
 
 fn now_iso() -> String {
     crate::guidance::utc_now_iso()
-}
-
-/// One ticket's rollout outcome as decided on rank 0.
-pub struct TicketOutcome {
-    pub ticket_index: usize,
-    pub selection: Selection,
-    pub eligibility: Eligibility,
-    pub candidates: Vec<VoteCandidate>,
-    /// Raw candidate texts by candidate index (for reflection cases).
-    pub raw_texts: Vec<String>,
 }
 
 /// The rank-0 run loop.
@@ -495,16 +496,14 @@ impl RunLoop {
                     .expect("await_jobs returns every requested job");
                 epoch_step += 1;
                 self.global_step += 1;
-                let outcome = self.decide_ticket(
+                let at = TicketAt {
                     epoch,
                     epoch_step,
                     guidance_step,
-                    &g0,
-                    &tickets[ti],
-                    ti,
-                    completion,
+                    ticket: &tickets[ti],
                     cfg,
-                )?;
+                };
+                let outcome = self.decide_ticket(&at, &g0, ti, completion)?;
                 let t = &tickets[ti];
                 window.push(metrics::Outcome {
                     ticket_key: t.key(),
@@ -604,184 +603,50 @@ impl RunLoop {
 
     /// Parse, vote, override and write one ticket's rows. Pure decisions come from
     /// `selection`, `signals` and `eligibility`; this function only orders and records them.
-    #[allow(clippy::too_many_arguments)]
     fn decide_ticket(
         &mut self,
-        epoch: u32,
-        epoch_step: u64,
-        guidance_step: u64,
+        at: &TicketAt<'_>,
         g0: &str,
-        ticket: &Ticket,
         ticket_index: usize,
         completion: Completion,
-        cfg: &RunConfig,
     ) -> Result<TicketOutcome, RunError> {
-        let key = ticket.key();
-        let spd = cfg.sampler.samples_per_decode;
+        let ticket = at.ticket;
         let provenance = completion.provenance.clone();
-        let mut timing = json!({});
-        let mut job_error: Option<JobFailure> = None;
-        let mut texts: BTreeMap<(u32, u32), (String, u32, String)> = BTreeMap::new();
-        match completion.result {
-            Ok(JobOutput::Rollout {
-                candidates,
-                prompt_tokens,
-                prefill_us,
-                decode_us,
-            }) => {
-                timing = json!({"prompt_tokens": prompt_tokens, "prefill_us": prefill_us, "decode_us": decode_us});
-                for c in candidates {
-                    texts.insert(
-                        (c.decode_index, c.sample_index),
-                        (c.text, c.completion_tokens, c.finish_reason),
-                    );
-                }
-            }
-            Ok(JobOutput::Generate { .. }) => {
-                job_error = Some(JobFailure {
-                    code: "WRONG_RESULT_KIND".into(),
-                    message: "a rollout returned a generation".into(),
-                })
-            }
-            Err(f) => job_error = Some(f),
-        }
-
-        // Candidates in grid order: candidate_index = decode_index × samples_per_decode + sample.
-        let mut vote = Vec::new();
-        let mut raw_texts = Vec::new();
-        let mut rows = Vec::new();
-        for (d, spec) in cfg.sampler.decode_specs().iter().enumerate() {
-            for s in 0..spd {
-                let candidate_index = d as u32 * spd + s;
-                let Some((text, completion_tokens, finish)) = texts.remove(&(d as u32, s)) else {
-                    continue;
-                };
-                let parsed = contract::parse(&text);
-                let (verdict, reason, violation): (
-                    Option<Verdict>,
-                    String,
-                    Option<ContractViolation>,
-                ) = match parsed {
-                    Ok(ok) => (Some(ok.verdict), ok.reason, None),
-                    Err(v) => (None, String::new(), Some(v)),
-                };
-                self.candidates_seen += 1;
-                if let Some(v) = &violation {
-                    self.malformed += 1;
-                    tracing::warn!(ticket = %key, candidate_index, code = v.code.code(), "malformed candidate dropped from the vote");
-                    let row = json!({
-                        "schema_version": SCHEMA_VERSION,
-                        "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
-                        "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
-                        "epoch_step": epoch_step, "guidance_step": guidance_step,
-                        "guidance_hash": self.guidance.head_hash(),
-                        "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
-                        "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": text, "error": null,
-                    });
-                    self.writers
-                        .failures
-                        .append(&row)
-                        .map_err(io_err(&self.dir))?;
-                }
-                let seed = candidate_seed(cfg.seed, epoch, key.as_str(), d as u32, s);
-                rows.push(json!({
-                    "schema_version": SCHEMA_VERSION,
-                    "group_id": ticket.group_id,
-                    "mission": ticket.mission,
-                    "ticket_key": key,
-                    "gt_label": ticket.label,
-                    "epoch": epoch,
-                    "global_step": self.global_step,
-                    "guidance_step": guidance_step,
-                    "reflection_cycle": self.reflector.cycles(),
-                    "result": {
-                        "candidate_index": candidate_index,
-                        "decode_index": d,
-                        "sample_index": s,
-                        "decode": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
-                                   "repetition_penalty": spec.repetition_penalty, "seed": seed},
-                        "text": text,
-                        "verdict": verdict,
-                        "reason": reason,
-                        "format_ok": violation.is_none(),
-                        "violation": violation.as_ref().map(|v| json!({"code": v.code.code(), "detail": v.detail})),
-                        "finish_reason": finish,
-                        "completion_tokens": completion_tokens,
-                        "label_match": verdict.map(|v| v == ticket.label),
-                    },
-                }));
-                vote.push(VoteCandidate {
-                    candidate_index,
-                    temperature: spec.temperature,
-                    verdict,
-                    reason,
-                });
-                raw_texts.push(text);
-            }
-        }
+        let answer = RolloutAnswer::from_result(completion.result);
+        let judged = self.judge_candidates(at, answer.texts)?;
 
         let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
         let selection = selection::select(
-            &vote,
+            &judged.vote,
             &evidence,
             ticket.label,
-            cfg.manual_review.min_verdict_agreement,
+            at.cfg.manual_review.min_verdict_agreement,
         );
         let eligibility = eligibility::assess(&selection, ticket.label);
 
-        // Trajectory rows carry the ticket-level signals, as in the original.
-        for mut row in rows {
-            if let Some(result) = row["result"].as_object_mut() {
-                result.insert("vote_strength".into(), json!(selection.vote_strength));
-                result.insert("low_agreement".into(), json!(selection.low_agreement));
-                result.insert(
-                    "needs_manual_review".into(),
-                    json!(selection.needs_manual_review),
-                );
-            }
-            row["runtime"] = runtime_json(provenance.as_ref(), timing.clone());
-            self.writers
-                .trajectories
-                .append(&row)
-                .map_err(io_err(&self.dir))?;
+        self.write_trajectories(judged.rows, &selection, provenance.as_ref(), &answer.timing)?;
+        if selection.verdict.is_none() {
+            // A hard failure: logged, never routed to need-review (seed 003).
+            self.write_hard_failure(at, answer.job_error.as_ref())?;
         }
-
-        let ineligible_reason = match (&job_error, selection.verdict) {
+        let ineligible_reason = match (&answer.job_error, selection.verdict) {
             (Some(f), _) => Some(format!("engine_error:{}", f.code)),
             (None, None) => Some("no_valid_candidates".to_string()),
             _ => None,
         };
-        if selection.verdict.is_none() {
-            // A hard failure: logged, never routed to need-review (seed 003).
-            self.hard_failures += 1;
-            let row = json!({
-                "schema_version": SCHEMA_VERSION,
-                "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
-                "gt_label": ticket.label, "epoch": epoch, "global_step": self.global_step,
-                "epoch_step": epoch_step, "guidance_step": guidance_step,
-                "guidance_hash": self.guidance.head_hash(),
-                "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
-                "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
-                "error": job_error.as_ref().map(|f| json!({"code": f.code, "message": f.message})),
-            });
-            self.writers
-                .failures
-                .append(&row)
-                .map_err(io_err(&self.dir))?;
-        }
         let row = json!({
             "schema_version": SCHEMA_VERSION,
             "group_id": ticket.group_id,
             "mission": ticket.mission,
-            "ticket_key": key,
+            "ticket_key": ticket.key(),
             "gt_label": ticket.label,
-            "epoch": epoch,
-            "epoch_step": epoch_step,
+            "epoch": at.epoch,
+            "epoch_step": at.epoch_step,
             "global_step": self.global_step,
             "schedule_step": self.schedule_step,
             "result": selection_result_json(
                 &selection,
-                guidance_step,
+                at.guidance_step,
                 self.reflector.last_applied_reflection(),
                 self.reflector.cycles(),
                 ineligible_reason,
@@ -798,10 +663,209 @@ impl RunLoop {
             ticket_index,
             selection,
             eligibility,
-            candidates: vote,
-            raw_texts,
+            candidates: judged.vote,
+            raw_texts: judged.raw_texts,
         })
     }
+
+    /// Parse every candidate in grid order (`candidate_index = decode_index ×
+    /// samples_per_decode + sample`): its trajectory row (written once the vote is known), its
+    /// vote, and a `failure_malformed` row now when it breaks the contract.
+    fn judge_candidates(
+        &mut self,
+        at: &TicketAt<'_>,
+        mut texts: BTreeMap<(u32, u32), CandidateAnswer>,
+    ) -> Result<JudgedCandidates, RunError> {
+        let (ticket, cfg, key) = (at.ticket, at.cfg, at.ticket.key());
+        let spd = cfg.sampler.samples_per_decode;
+        let mut judged = JudgedCandidates::default();
+        for (d, spec) in cfg.sampler.decode_specs().iter().enumerate() {
+            for s in 0..spd {
+                let candidate_index = d as u32 * spd + s;
+                let Some(answer) = texts.remove(&(d as u32, s)) else {
+                    continue;
+                };
+                let (verdict, reason, violation) = match contract::parse(&answer.text) {
+                    Ok(ok) => (Some(ok.verdict), ok.reason, None),
+                    Err(v) => (None, String::new(), Some(v)),
+                };
+                self.candidates_seen += 1;
+                if let Some(v) = &violation {
+                    self.malformed += 1;
+                    tracing::warn!(ticket = %key, candidate_index, code = v.code.code(), "malformed candidate dropped from the vote");
+                    let row = json!({
+                        "schema_version": SCHEMA_VERSION,
+                        "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
+                        "gt_label": ticket.label, "epoch": at.epoch, "global_step": self.global_step,
+                        "epoch_step": at.epoch_step, "guidance_step": at.guidance_step,
+                        "guidance_hash": self.guidance.head_hash(),
+                        "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
+                        "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": answer.text, "error": null,
+                    });
+                    self.writers
+                        .failures
+                        .append(&row)
+                        .map_err(io_err(&self.dir))?;
+                }
+                let seed = candidate_seed(cfg.seed, at.epoch, key.as_str(), d as u32, s);
+                judged.rows.push(json!({
+                    "schema_version": SCHEMA_VERSION,
+                    "group_id": ticket.group_id,
+                    "mission": ticket.mission,
+                    "ticket_key": key,
+                    "gt_label": ticket.label,
+                    "epoch": at.epoch,
+                    "global_step": self.global_step,
+                    "guidance_step": at.guidance_step,
+                    "reflection_cycle": self.reflector.cycles(),
+                    "result": {
+                        "candidate_index": candidate_index,
+                        "decode_index": d,
+                        "sample_index": s,
+                        "decode": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
+                                   "repetition_penalty": spec.repetition_penalty, "seed": seed},
+                        "text": answer.text,
+                        "verdict": verdict,
+                        "reason": reason,
+                        "format_ok": violation.is_none(),
+                        "violation": violation.as_ref().map(|v| json!({"code": v.code.code(), "detail": v.detail})),
+                        "finish_reason": answer.finish_reason,
+                        "completion_tokens": answer.completion_tokens,
+                        "label_match": verdict.map(|v| v == ticket.label),
+                    },
+                }));
+                judged.vote.push(VoteCandidate {
+                    candidate_index,
+                    temperature: spec.temperature,
+                    verdict,
+                    reason,
+                });
+                judged.raw_texts.push(answer.text);
+            }
+        }
+        Ok(judged)
+    }
+
+    /// Trajectory rows carry the ticket-level signals, as in the original.
+    fn write_trajectories(
+        &mut self,
+        rows: Vec<serde_json::Value>,
+        selection: &Selection,
+        provenance: Option<&Provenance>,
+        timing: &serde_json::Value,
+    ) -> Result<(), RunError> {
+        for mut row in rows {
+            if let Some(result) = row["result"].as_object_mut() {
+                result.insert("vote_strength".into(), json!(selection.vote_strength));
+                result.insert("low_agreement".into(), json!(selection.low_agreement));
+                result.insert(
+                    "needs_manual_review".into(),
+                    json!(selection.needs_manual_review),
+                );
+            }
+            row["runtime"] = runtime_json(provenance, timing.clone());
+            self.writers
+                .trajectories
+                .append(&row)
+                .map_err(io_err(&self.dir))?;
+        }
+        Ok(())
+    }
+
+    /// A ticket without a verdict: its `failure_malformed` row (engine error or no valid
+    /// candidate), counted as a hard failure.
+    fn write_hard_failure(
+        &mut self,
+        at: &TicketAt<'_>,
+        job_error: Option<&JobFailure>,
+    ) -> Result<(), RunError> {
+        self.hard_failures += 1;
+        let ticket = at.ticket;
+        let row = json!({
+            "schema_version": SCHEMA_VERSION,
+            "ticket_key": ticket.key(), "group_id": ticket.group_id, "mission": ticket.mission,
+            "gt_label": ticket.label, "epoch": at.epoch, "global_step": self.global_step,
+            "epoch_step": at.epoch_step, "guidance_step": at.guidance_step,
+            "guidance_hash": self.guidance.head_hash(),
+            "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
+            "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
+            "error": job_error.map(|f| json!({"code": f.code, "message": f.message})),
+        });
+        self.writers
+            .failures
+            .append(&row)
+            .map_err(io_err(&self.dir))
+    }
+}
+
+/// Where a ticket is decided: its place in the run and the config it runs under.
+struct TicketAt<'a> {
+    epoch: u32,
+    epoch_step: u64,
+    guidance_step: u64,
+    ticket: &'a Ticket,
+    cfg: &'a RunConfig,
+}
+
+/// One candidate's answer as the worker sent it.
+struct CandidateAnswer {
+    text: String,
+    completion_tokens: u32,
+    finish_reason: String,
+}
+
+/// A rollout job's result, unpacked: candidates by (decode, sample), timing, or the job error.
+struct RolloutAnswer {
+    texts: BTreeMap<(u32, u32), CandidateAnswer>,
+    timing: serde_json::Value,
+    job_error: Option<JobFailure>,
+}
+
+impl RolloutAnswer {
+    fn from_result(result: Result<JobOutput, JobFailure>) -> Self {
+        let mut answer = RolloutAnswer {
+            texts: BTreeMap::new(),
+            timing: json!({}),
+            job_error: None,
+        };
+        match result {
+            Ok(JobOutput::Rollout {
+                candidates,
+                prompt_tokens,
+                prefill_us,
+                decode_us,
+            }) => {
+                answer.timing = json!({"prompt_tokens": prompt_tokens, "prefill_us": prefill_us, "decode_us": decode_us});
+                for c in candidates {
+                    answer.texts.insert(
+                        (c.decode_index, c.sample_index),
+                        CandidateAnswer {
+                            text: c.text,
+                            completion_tokens: c.completion_tokens,
+                            finish_reason: c.finish_reason,
+                        },
+                    );
+                }
+            }
+            Ok(JobOutput::Generate { .. }) => {
+                answer.job_error = Some(JobFailure {
+                    code: "WRONG_RESULT_KIND".into(),
+                    message: "a rollout returned a generation".into(),
+                })
+            }
+            Err(f) => answer.job_error = Some(f),
+        }
+        answer
+    }
+}
+
+/// The candidates of one ticket, judged by the contract parser.
+#[derive(Default)]
+struct JudgedCandidates {
+    vote: Vec<VoteCandidate>,
+    raw_texts: Vec<String>,
+    /// Trajectory rows, completed with the vote's signals before they are written.
+    rows: Vec<serde_json::Value>,
 }
 
 /// The `result` object of a selections row: the original's fields plus stageb's audit fields.
@@ -854,61 +918,10 @@ pub fn rollout_payload(
     }
 }
 
-/// Wait for every job in `ids`. Completions of other jobs are unexpected here and dropped with
-/// a warning. Gives up when no worker has been alive for `grace`.
-pub async fn await_completions(
-    scheduler: &Scheduler,
-    completions: &mut mpsc::UnboundedReceiver<Completion>,
-    ids: &[JobId],
-    grace: Duration,
-) -> Result<HashMap<JobId, Completion>, RunError> {
-    let mut out = HashMap::with_capacity(ids.len());
-    while out.len() < ids.len() {
-        let pending: Vec<JobId> = ids
-            .iter()
-            .filter(|j| !out.contains_key(*j))
-            .copied()
-            .collect();
-        let next = await_any(scheduler, completions, &pending, grace).await?;
-        out.insert(next.job, next);
-    }
-    Ok(out)
-}
-
-/// The next completion among `ids`. Completions of other jobs are unexpected here and dropped
-/// with a warning. Gives up when no worker has been alive for `grace`.
-async fn await_any(
-    scheduler: &Scheduler,
-    completions: &mut mpsc::UnboundedReceiver<Completion>,
-    ids: &[JobId],
-    grace: Duration,
-) -> Result<Completion, RunError> {
-    let mut lonely_since: Option<Instant> = None;
-    loop {
-        match tokio::time::timeout(Duration::from_secs(1), completions.recv()).await {
-            Ok(Some(c)) if ids.contains(&c.job) => return Ok(c),
-            Ok(Some(c)) => {
-                tracing::warn!(job = c.job, "completion of a job nobody waits for; dropped")
-            }
-            Ok(None) => return Err(RunError::SchedulerClosed),
-            Err(_) => {
-                if scheduler.live_workers() == 0 {
-                    let since = *lonely_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= grace {
-                        return Err(RunError::NoWorkers(grace));
-                    }
-                } else {
-                    lonely_since = None;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stageb_shared::domain::SourceLocation;
+    use stageb_shared::domain::{SourceLocation, Verdict};
 
     const CONFIG: &str = "seed: 17\nstage_a_paths: [a.jsonl]\nmodel: {model_name_or_path: m.gguf}\n\
 guidance: {path: g.json, retention: 2}\noutput: {root: runs, run_name: t}\n\
