@@ -161,6 +161,7 @@ fn discard_empty_start(dir: &Path) {
     let journal = dir.join(stageb_coordinator::journal::JOURNAL_FILE);
     if std::fs::metadata(&journal).is_ok_and(|m| m.len() == 0) {
         let _ = std::fs::remove_file(&journal);
+        let _ = std::fs::remove_file(dir.join(start::LOCK_FILE));
     }
     let _ = std::fs::remove_dir(dir);
 }
@@ -207,6 +208,11 @@ pub async fn run_coordinator_until(
     })?;
     let model = model_pin(&inputs, &plan).await?;
     let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
+    // Before anything is written: a second process on this directory must not truncate it.
+    let _run_lock = start::lock_run_dir(&plan.dir).map_err(|e| match e {
+        start::StartError::Input(e) => ClusterError::Input(e),
+        start::StartError::Run(e) => ClusterError::Run(e),
+    })?;
     let journal = plan.open_journal()?;
     let (scheduler, completions) = Scheduler::new(SchedulerConfig::with_lease_ttl(
         Duration::from_secs(runner.lease_ttl_s.max(1)),

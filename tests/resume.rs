@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use stageb::cluster::{ClusterError, StartMode};
 use stageb_coordinator::journal::JOURNAL_FILE;
 use stageb_coordinator::run::files;
+use stageb_coordinator::start::LOCK_FILE;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
@@ -165,14 +166,16 @@ fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
     }
 }
 
-/// Every artifact except the journal (its rows are in completion order, a runtime fact).
+/// Every artifact except the journal (its rows are in completion order, a runtime fact) and the
+/// run directory's lock file (it names the process holding it).
 fn artifact_names(run_dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(run_dir)
         .unwrap()
         .filter_map(|e| {
             let e = e.unwrap();
             let name = e.file_name().to_string_lossy().to_string();
-            (e.file_type().unwrap().is_file() && name != JOURNAL_FILE).then_some(name)
+            (e.file_type().unwrap().is_file() && name != JOURNAL_FILE && name != LOCK_FILE)
+                .then_some(name)
         })
         .collect();
     names.sort();

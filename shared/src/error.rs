@@ -53,6 +53,8 @@ pub enum ErrorCode {
     RunExists,
     /// `--resume` of a run whose inputs, config or model changed, or that cannot be resumed.
     ResumeMismatch,
+    /// Another stageb process is running in the same run directory.
+    RunLocked,
 }
 
 impl ErrorCode {
@@ -79,6 +81,7 @@ impl ErrorCode {
             ErrorCode::DuplicateImageKey => "E_DUPLICATE_IMAGE_KEY",
             ErrorCode::RunExists => "E_RUN_EXISTS",
             ErrorCode::ResumeMismatch => "E_RESUME_MISMATCH",
+            ErrorCode::RunLocked => "E_RUN_LOCKED",
         }
     }
 }
