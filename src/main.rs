@@ -232,9 +232,11 @@ enum Command {
     Launch {
         #[arg(long)]
         config: PathBuf,
-        /// Port rank 0 listens on (all interfaces; a token is required).
-        #[arg(long, env = "STAGEB_LISTEN_PORT", default_value_t = 50051)]
-        listen_port: u16,
+        /// Port rank 0 listens on (all interfaces; a token is required) and the other ranks
+        /// dial, where no launcher variable names one (`STAGEB_COORDINATOR`'s port, torchrun's
+        /// `MASTER_PORT+1`); default 50051.
+        #[arg(long, env = "STAGEB_LISTEN_PORT")]
+        listen_port: Option<u16>,
         #[arg(long)]
         token_file: Option<PathBuf>,
         #[command(flatten)]
@@ -587,7 +589,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             }
             if topo.rank == 0 {
                 let inputs = cluster::prepare_inputs(&config, "cluster")?;
-                let listen: SocketAddr = ([0, 0, 0, 0], listen_port).into();
+                let listen: SocketAddr = ([0, 0, 0, 0], topo.listen_port).into();
                 let settings = CoordinatorSettings {
                     listen,
                     token,
