@@ -351,6 +351,7 @@ where
                     device: "local".into(),
                     run_id: String::new(),
                     connect_timeout: Duration::from_secs(30),
+                    reconnect_timeout: stageb_worker::client::DEFAULT_RECONNECT_TIMEOUT,
                 };
                 run_worker(engine, opts, std::future::pending())
                     .await

@@ -224,6 +224,9 @@ enum Command {
         /// Keep trying to reach the coordinator for this long.
         #[arg(long, default_value_t = 300)]
         connect_timeout_s: u64,
+        /// Once registered, exit when the coordinator stays unreachable this long (it is gone).
+        #[arg(long, env = "STAGEB_RECONNECT_TIMEOUT_S", default_value_t = 60)]
+        reconnect_timeout_s: u64,
         #[command(flatten)]
         tls: WorkerTlsArgs,
     },
@@ -247,6 +250,10 @@ enum Command {
         tls: LaunchTlsArgs,
         #[command(flatten)]
         edge: EdgeArgs,
+        /// Ranks > 0: once registered, exit when rank 0 stays unreachable this long (it is
+        /// gone), giving the GPU back.
+        #[arg(long, env = "STAGEB_RECONNECT_TIMEOUT_S", default_value_t = 60)]
+        reconnect_timeout_s: u64,
     },
     /// Make a certificate authority and one certificate for every rank of a job (mutual TLS):
     /// `ca.pem`, `node.pem`, `node.key` in DIR, readable by the owner only. The CA's key is
@@ -545,6 +552,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             token_file,
             model_args,
             connect_timeout_s,
+            reconnect_timeout_s,
             tls,
         } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
@@ -559,6 +567,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 device: engine.fingerprint().device.clone(),
                 run_id: String::new(),
                 connect_timeout: Duration::from_secs(connect_timeout_s),
+                reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
             };
             let summary = run_worker(engine, opts, shutdown_signal()).await?;
             tracing::info!(
@@ -576,6 +585,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             start,
             tls,
             edge,
+            reconnect_timeout_s,
         } => {
             let topo = cluster::resolve_topology(listen_port)?;
             let client_tls = tls.client()?;
@@ -626,6 +636,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     device: engine.fingerprint().device.clone(),
                     run_id: String::new(),
                     connect_timeout: Duration::from_secs(600),
+                    reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
                 };
                 run_worker(engine, opts, shutdown_signal()).await?;
                 Ok(exit::OK)

@@ -117,6 +117,7 @@ fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
             device: "cpu".into(),
             run_id: String::new(),
             connect_timeout: Duration::from_secs(90),
+            reconnect_timeout: stageb_worker::client::DEFAULT_RECONNECT_TIMEOUT,
         };
         tokio::time::timeout(
             Duration::from_secs(180),

@@ -34,9 +34,17 @@ pub struct WorkerOptions {
     pub device: String,
     /// Run id to join; empty joins whatever run the coordinator serves.
     pub run_id: String,
-    /// How long to keep trying to reach the coordinator before giving up.
+    /// How long to keep trying to reach the coordinator before the first registration (rank 0
+    /// may still be loading or queued by the scheduler).
     pub connect_timeout: Duration,
+    /// How long to keep trying once registered and the coordinator went away: rank 0 is gone
+    /// (crashed, preempted, or done), so a worker must give its GPU back soon rather than hold
+    /// the allocation for the whole first-contact window.
+    pub reconnect_timeout: Duration,
 }
+
+/// Default [`WorkerOptions::reconnect_timeout`].
+pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -133,7 +141,7 @@ fn endpoint(opts: &WorkerOptions) -> Result<Endpoint, WorkerError> {
     Ok(endpoint)
 }
 
-async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
+async fn connect(opts: &WorkerOptions, window: Duration) -> Result<Client, WorkerError> {
     let endpoint = endpoint(opts)?;
     let start = Instant::now();
     let mut backoff = Duration::from_millis(100);
@@ -149,7 +157,7 @@ async fn connect(opts: &WorkerOptions) -> Result<Client, WorkerError> {
                 .max_encoding_message_size(8 * 1024 * 1024));
             }
             Err(e) => {
-                if start.elapsed() >= opts.connect_timeout {
+                if start.elapsed() >= window {
                     return Err(WorkerError::Unreachable {
                         addr: opts.coordinator.clone(),
                         waited: start.elapsed(),
@@ -308,8 +316,13 @@ pub async fn run_worker<E: Engine + 'static>(
     let mut summary = WorkerSummary::default();
     tokio::pin!(shutdown);
     'connection: loop {
+        let window = if summary.registrations == 0 {
+            opts.connect_timeout
+        } else {
+            opts.reconnect_timeout
+        };
         let mut client = tokio::select! {
-            c = connect(&opts) => c?,
+            c = connect(&opts, window) => c?,
             _ = &mut shutdown => return Ok(summary),
         };
         let session = match register(&mut client, &opts, &fingerprint, max_context).await {
