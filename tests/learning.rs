@@ -21,10 +21,11 @@ use support::{
     str_set,
 };
 
-/// The demo config's reflection and sampling knobs, 3 epochs. Deviation: the prompt token
-/// budget. The demo's 2048 is sized for SmolLM2-135M and our packing estimate counts bytes
-/// (3 per CJK character), so it fits about one demo case per call; the scripted engine has no
-/// context limit, and packing is not what this test is about.
+/// The demo config's sampling knobs, 3 epochs. Deviation: reflection batches of 8 under a
+/// 16384-token budget. The demo's 7808 is what SmolLM2-135M's 8k context leaves beside a
+/// 384-token answer, and our packing estimate counts bytes (3 per CJK character), so the demo
+/// reflects on 4 cases at a time; the scripted engine has no context limit, and packing is not
+/// what this test is about.
 fn demo_overrides() -> Value {
     json!({
         "runner": {"epochs": 3, "per_rank_rollout_batch_size": 4, "logging_steps": 16},
