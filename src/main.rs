@@ -769,14 +769,13 @@ async fn dispatch(command: Command) -> Result<u8> {
 /// The lengths a run of `inputs` would plan with, and every config value it would lower.
 fn print_effective_limits(
     inputs: &stageb_coordinator::run::RunInputs,
-    declared: Result<Option<u32>, String>,
-) -> Result<()> {
-    let Some(context) = cluster::run_context(inputs, declared.clone())? else {
+    context: Option<stageb_shared::limits::RunContext>,
+) {
+    let Some(context) = context else {
         println!(
-            "note: cannot read the model's context ({}); the first worker to register states it",
-            declared.err().unwrap_or_default()
+            "note: cannot read the model's context here; the first worker to register states it"
         );
-        return Ok(());
+        return;
     };
     let limits = stageb_shared::limits::EffectiveLimits::fit(&inputs.config, context);
     println!(
@@ -798,7 +797,6 @@ fn print_effective_limits(
             a.key, a.asked, a.used, a.why
         );
     }
-    Ok(())
 }
 
 fn validate(config: &Path) -> Result<u8> {
@@ -843,6 +841,8 @@ fn validate(config: &Path) -> Result<u8> {
             .into());
         }
     }
+    // Decided before saying ok: a length the model cannot hold is an input error.
+    let context = cluster::run_context(&inputs, cluster::declared_context(model))?;
     for n in &inputs.notices {
         println!("warning: {n}");
     }
@@ -854,7 +854,7 @@ fn validate(config: &Path) -> Result<u8> {
         cfg.runner.epochs,
         model.display()
     );
-    print_effective_limits(&inputs, cluster::declared_context(model))?;
+    print_effective_limits(&inputs, context);
     // What a start would do with the run directory (a plain start there would be refused).
     let dir = stageb_coordinator::run::run_dir(cfg, &inputs.ingested.mission)?;
     if dir.join(stageb_coordinator::run::files::MANIFEST).exists() {

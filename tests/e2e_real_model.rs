@@ -752,6 +752,48 @@ fn the_originals_production_config_runs_on_an_8k_model_with_fitted_limits() {
     let path = dir.join("bbu_line.yaml");
     std::fs::write(&path, config).unwrap();
 
+    // `stageb validate` says the same before anything runs.
+    let validate = |config: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_stageb"))
+            .arg("validate")
+            .arg(config)
+            .output()
+            .unwrap()
+    };
+    let checked = validate(&path);
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{said}");
+    assert!(
+        said.contains("context: 8192 tokens (from the model file)"),
+        "{said}"
+    );
+    assert!(
+        said.contains(
+            "warning: reflection.max_new_tokens asks for 12000 tokens, the run uses 4096"
+        ),
+        "{said}"
+    );
+    // A length the model cannot hold is bad input, at its line.
+    let too_long = dir.join("too_long.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let model_line = text
+        .lines()
+        .find(|l| l.contains("model_name_or_path"))
+        .unwrap();
+    std::fs::write(
+        &too_long,
+        text.replace(model_line, &format!("{model_line}\n  max_model_len: 9000")),
+    )
+    .unwrap();
+    let refused = validate(&too_long);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("too_long.yaml:9: model.max_model_len asks for 9000 tokens")
+            && err.contains("E_INVALID_CONFIG_VALUE"),
+        "{err}"
+    );
+
     // As a user runs it: `stageb run`, its log kept.
     let started = Instant::now();
     let status = Command::new(env!("CARGO_BIN_EXE_stageb"))
