@@ -778,7 +778,7 @@ fn the_originals_production_config_runs_on_an_8k_model_with_fitted_limits() {
     let text = std::fs::read_to_string(&path).unwrap();
     let model_line = text
         .lines()
-        .find(|l| l.contains("model_name_or_path"))
+        .find(|l| l.trim_start().starts_with("model_name_or_path:"))
         .unwrap();
     std::fs::write(
         &too_long,
