@@ -184,6 +184,23 @@ fn apply_add(
     Ok((target, effect, Vec::new()))
 }
 
+/// What an update and a merge both need: an existing learnable key and a non-empty new text.
+fn check_rewrite_target(
+    g: &MissionGuidance,
+    key: RuleKey,
+    text: &str,
+) -> Result<(), (SkipReason, String)> {
+    if key.is_scaffold() {
+        Err((SkipReason::ScaffoldKey, format!("{key} is read-only")))
+    } else if !g.experiences.contains_key(&key) {
+        Err((SkipReason::MissingKey, format!("{key} does not exist")))
+    } else if dedupe_form(text).is_empty() {
+        Err((SkipReason::EmptyText, "empty text".into()))
+    } else {
+        Ok(())
+    }
+}
+
 fn apply_update(
     g: &mut MissionGuidance,
     key: RuleKey,
@@ -194,12 +211,8 @@ fn apply_update(
     now: &str,
 ) -> OpOutcome {
     let text = text::normalize(text);
-    if key.is_scaffold() {
-        Err((SkipReason::ScaffoldKey, format!("{key} is read-only")))
-    } else if !g.experiences.contains_key(&key) {
-        Err((SkipReason::MissingKey, format!("{key} does not exist")))
-    } else if dedupe_form(&text).is_empty() {
-        Err((SkipReason::EmptyText, "empty text".into()))
+    if let Err(skip) = check_rewrite_target(g, key, &text) {
+        Err(skip)
     } else if g
         .text(key)
         .is_some_and(|t| loose_form(t) == loose_form(&text))
@@ -230,15 +243,7 @@ fn apply_merge(
     now: &str,
 ) -> OpOutcome {
     let text = text::normalize(text);
-    if key.is_scaffold() {
-        return Err((SkipReason::ScaffoldKey, format!("{key} is read-only")));
-    }
-    if !g.experiences.contains_key(&key) {
-        return Err((SkipReason::MissingKey, format!("{key} does not exist")));
-    }
-    if dedupe_form(&text).is_empty() {
-        return Err((SkipReason::EmptyText, "empty text".into()));
-    }
+    check_rewrite_target(g, key, &text)?;
     let consumed = |k: &RuleKey| merged_from.contains(k) && !k.is_scaffold() && !k.is_g0();
     if let Some(other) = g.key_with_text(&text).filter(|k| *k != key && !consumed(k)) {
         let reason = if other.is_scaffold() {

@@ -6,14 +6,12 @@
 
 use super::apply::{apply_ops, remove_keys};
 use super::model::{MissionGuidance, RuleKey};
-use super::parse::invalid;
+use super::parse::{invalid, read_json};
 use super::version::{
     SectionFile, VersionBody, VersionEntry, VersionKind, guidance_path, read_run_file,
 };
-use serde_json::Value;
 use stageb_shared::digest::digest_of;
-use stageb_shared::error::{ErrorCode, InputError};
-use std::fs;
+use stageb_shared::error::InputError;
 use std::path::Path;
 
 /// The verified state of a run's guidance chain.
@@ -122,16 +120,7 @@ fn broken(seq: u64, reason: String) -> ChainError {
 /// The one mission a run file holds (a step of [`verify_chain`], which is given only the run
 /// directory, so the mission comes from the file).
 fn run_file_mission(path: &Path) -> Result<String, ChainError> {
-    let bytes = fs::read(path).map_err(|e| {
-        InputError::new(
-            ErrorCode::FileNotFound,
-            path.display().to_string(),
-            None,
-            format!("cannot read: {e}"),
-        )
-    })?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
+    let value = read_json(path)?;
     let mission = match value.as_object() {
         Some(top) if top.len() == 1 => top.keys().next().cloned().unwrap_or_default(),
         _ => return Err(invalid(path, "run guidance must hold exactly one mission").into()),
@@ -215,7 +204,8 @@ mod tests {
     use super::*;
     use crate::guidance::GUIDANCE_FILE;
     use crate::guidance::test_support::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
+    use std::fs;
 
     #[test]
     fn chain_verification_detects_tampering() {

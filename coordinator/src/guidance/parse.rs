@@ -23,8 +23,8 @@ pub(super) fn invalid(file: &Path, message: impl Into<String>) -> InputError {
     )
 }
 
-/// Read and validate one mission's section of a guidance file (reference §3 rules).
-pub fn load_mission_section(path: &Path, mission: &str) -> Result<MissionGuidance, InputError> {
+/// A guidance file (seed or run) as JSON; unreadable or malformed files are coded input errors.
+pub(super) fn read_json(path: &Path) -> Result<Value, InputError> {
     let bytes = fs::read(path).map_err(|e| {
         InputError::new(
             ErrorCode::FileNotFound,
@@ -35,6 +35,12 @@ pub fn load_mission_section(path: &Path, mission: &str) -> Result<MissionGuidanc
     })?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// Read and validate one mission's section of a guidance file (reference §3 rules).
+pub fn load_mission_section(path: &Path, mission: &str) -> Result<MissionGuidance, InputError> {
+    let value = read_json(path)?;
     let section = mission_section(&value, mission, path)?;
     parse_section(section, mission, path)
 }

@@ -8,13 +8,11 @@
 
 use super::model::{HashedContent, MissionGuidance, RuleKey, RuleMetadata};
 use super::ops::{AppliedOp, GuidanceOp, SkippedOp};
-use super::parse::{invalid, mission_section, parse_section};
+use super::parse::{invalid, mission_section, parse_section, read_json};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use stageb_shared::digest::digest_of;
-use stageb_shared::error::{ErrorCode, InputError};
+use stageb_shared::error::InputError;
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 /// File name of the run guidance inside the run directory.
@@ -98,16 +96,7 @@ pub(super) fn read_run_file(
     path: &Path,
     mission: &str,
 ) -> Result<(MissionGuidance, SectionFile), InputError> {
-    let bytes = fs::read(path).map_err(|e| {
-        InputError::new(
-            ErrorCode::FileNotFound,
-            path.display().to_string(),
-            None,
-            format!("cannot read: {e}"),
-        )
-    })?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
+    let value = read_json(path)?;
     let section = mission_section(&value, mission, path)?;
     let current = parse_section(section, mission, path)?;
     let file: SectionFile = serde_json::from_value(section.clone())
