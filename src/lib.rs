@@ -29,4 +29,9 @@ pub mod exit {
     pub const RUNTIME_ERROR: u8 = 3;
     /// `stageb audit` found invariant violations.
     pub const AUDIT_FAILED: u8 = 4;
+    /// Interrupted before the run was over (SIGTERM/SIGINT, or a worker told by a draining
+    /// rank 0 to leave): everything finished is on disk and `--resume` continues the run. A
+    /// scheduler should requeue on this code, never count it as a failure. 75 is sysexits'
+    /// `EX_TEMPFAIL` ("try again later").
+    pub const INTERRUPTED: u8 = 75;
 }

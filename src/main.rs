@@ -21,9 +21,17 @@ use stageb_worker::engine::{
     CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, RolloutRequest,
 };
 
+/// `stageb --version`: the version and the compute backend this binary was built with, so a
+/// launcher can tell a CPU-only build before it asks for GPUs (`scripts/stage_b.sh` does).
+const VERSION: &str = if cfg!(feature = "cuda") {
+    concat!(env!("CARGO_PKG_VERSION"), " (cuda)")
+} else {
+    concat!(env!("CARGO_PKG_VERSION"), " (cpu)")
+};
+
 /// Stage-B training-free verdict loop on a cluster of workers.
 #[derive(Parser)]
-#[command(name = "stageb", version, about, propagate_version = true)]
+#[command(name = "stageb", version = VERSION, about, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
