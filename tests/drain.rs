@@ -33,9 +33,11 @@ use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_miss
 use tokio::net::TcpListener;
 
 /// The scripted engine, slowed down so jobs are still running when the signal arrives, and
-/// counting rollouts started and finished.
+/// counting rollouts started and finished. It presents the real model's weights digest, so
+/// rank 0 pins the run by the config's model file, as in production.
 struct SlowEngine {
     inner: ScriptedEngine,
+    fingerprint: ModelFingerprint,
     delay: Duration,
     started: Arc<AtomicUsize>,
     finished: Arc<AtomicUsize>,
@@ -43,7 +45,7 @@ struct SlowEngine {
 
 impl Engine for SlowEngine {
     fn fingerprint(&self) -> &ModelFingerprint {
-        self.inner.fingerprint()
+        &self.fingerprint
     }
     fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
         self.started.fetch_add(1, Ordering::SeqCst);
@@ -57,6 +59,23 @@ impl Engine for SlowEngine {
     }
 }
 
+/// The real test model (fetched by `scripts/fetch-model.sh`; `scripts/test.sh` sets
+/// `STAGEB_MODEL`). Only its header and digest are read here.
+fn real_model() -> std::path::PathBuf {
+    let p = std::env::var_os("STAGEB_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.exists(),
+        "model {} not found: run scripts/fetch-model.sh",
+        p.display()
+    );
+    p
+}
+
 fn journal_rows(run_dir: &std::path::Path) -> usize {
     std::fs::read_to_string(run_dir.join("jobs.jsonl"))
         .map(|t| t.lines().count())
@@ -67,16 +86,35 @@ fn journal_rows(run_dir: &std::path::Path) -> usize {
 fn a_drained_run_journals_every_answer_in_flight_and_resumes_from_them() {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
-    let config = support::write_config(dir.path(), serde_json::json!({}));
+    // The config names a readable model: rank 0 knows the weights and the context at start,
+    // and only the first worker completes the fingerprint (the case that left it unrecorded).
+    let model = real_model();
+    let config = support::write_config(
+        dir.path(),
+        serde_json::json!({"model": {"model_name_or_path": model}}),
+    );
+    let fingerprint = ModelFingerprint {
+        weights_sha256: stageb_worker::engine::weights_sha256(&model).unwrap(),
+        candle_version: "scripted".into(),
+        dtype: "none".into(),
+        device: "cpu".into(),
+        architecture: "scripted".into(),
+    };
     let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let script = Script::new(Behaviour::default());
     let engines = {
         let (started, finished, script) = (started.clone(), finished.clone(), script.clone());
-        move |_| SlowEngine {
-            inner: ScriptedEngine::new(script.clone()),
-            delay: Duration::from_millis(400),
-            started: started.clone(),
-            finished: finished.clone(),
+        let fingerprint = fingerprint.clone();
+        move |_| {
+            // Loading a model takes a while: rank 0 is well into its start by then.
+            std::thread::sleep(Duration::from_millis(500));
+            SlowEngine {
+                inner: ScriptedEngine::new(script.clone()),
+                fingerprint: fingerprint.clone(),
+                delay: Duration::from_millis(400),
+                started: started.clone(),
+                finished: finished.clone(),
+            }
         }
     };
     // The signal comes while both workers are inside a rollout (the 5th and 6th started).
@@ -111,11 +149,26 @@ fn a_drained_run_journals_every_answer_in_flight_and_resumes_from_them() {
         done,
         "every finished rollout is in the journal"
     );
+    // The model was on record before the first job, so a resume can refuse another model.
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        manifest["model"]["fingerprint"].as_str(),
+        Some(fingerprint.id().as_str()),
+        "an early stop still leaves the model pinned"
+    );
 
     let resumed = try_run(
         &config,
         2,
-        move |_| ScriptedEngine::new(script.clone()),
+        move |_| SlowEngine {
+            inner: ScriptedEngine::new(script.clone()),
+            fingerprint: fingerprint.clone(),
+            delay: Duration::ZERO,
+            started: Arc::default(),
+            finished: Arc::default(),
+        },
         StartMode::Resume,
         std::future::pending(),
     )
