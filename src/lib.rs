@@ -8,6 +8,7 @@
 //!   otherwise).
 //! - [`audit`]: re-derives decisions from a run directory and checks every invariant.
 //! - [`certs`]: per-job CA and certificate for mutual TLS (`stageb tls-init`).
+//! - [`metrics_endpoint`]: the Prometheus `/metrics` endpoint (`--metrics-listen`).
 //!
 //! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to
 //! documented exit codes.
@@ -15,6 +16,7 @@
 pub mod audit;
 pub mod certs;
 pub mod cluster;
+pub mod metrics_endpoint;
 pub mod progress;
 
 /// Exit codes (documented in the README).

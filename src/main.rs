@@ -67,6 +67,32 @@ struct StartArgs {
     overwrite: bool,
 }
 
+/// The Prometheus endpoint.
+#[derive(Args, Clone, Copy)]
+struct MetricsArgs {
+    /// Serve Prometheus metrics at http://ADDR/metrics (off by default; e.g. 127.0.0.1:9464).
+    /// Under `launch`, a rank's port is this port plus its local rank, so ranks sharing a node
+    /// never collide.
+    #[arg(long, env = "STAGEB_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// Start the endpoint when asked, `port_offset` added to the port (local rank).
+    async fn start(self, port_offset: u32) -> Result<()> {
+        if let Some(mut addr) = self.metrics_listen {
+            if addr.port() != 0 {
+                let port = u32::from(addr.port()) + port_offset;
+                addr.set_port(u16::try_from(port).map_err(|_| {
+                    ClusterError::Launch(format!("metrics port {port} is out of range"))
+                })?);
+            }
+            stageb::metrics_endpoint::start(addr).await?;
+        }
+        Ok(())
+    }
+}
+
 /// How rank 0 stops on SIGTERM/SIGINT.
 #[derive(Args, Clone, Copy)]
 struct DrainArgs {
@@ -208,6 +234,8 @@ enum Command {
         start: StartArgs,
         #[command(flatten)]
         drain: DrainArgs,
+        #[command(flatten)]
+        metrics: MetricsArgs,
     },
     /// Serve a run as rank 0 only; workers join with `stageb worker`.
     Coordinator {
@@ -226,6 +254,8 @@ enum Command {
         #[command(flatten)]
         drain: DrainArgs,
         #[command(flatten)]
+        metrics: MetricsArgs,
+        #[command(flatten)]
         tls: ServerTlsArgs,
         #[command(flatten)]
         edge: EdgeArgs,
@@ -242,6 +272,8 @@ enum Command {
         token_file: Option<PathBuf>,
         #[command(flatten)]
         model_args: ModelArgs,
+        #[command(flatten)]
+        metrics: MetricsArgs,
         /// Keep trying to reach the coordinator for this long.
         #[arg(long, default_value_t = 300)]
         connect_timeout_s: u64,
@@ -269,6 +301,8 @@ enum Command {
         start: StartArgs,
         #[command(flatten)]
         drain: DrainArgs,
+        #[command(flatten)]
+        metrics: MetricsArgs,
         #[command(flatten)]
         tls: LaunchTlsArgs,
         #[command(flatten)]
@@ -531,6 +565,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             model,
             start,
             drain,
+            metrics,
         } => {
             if workers == 0 {
                 return Err(ClusterError::Launch(
@@ -539,6 +574,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 .into());
             }
             let inputs = cluster::prepare_inputs(&config, "embedded")?;
+            metrics.start(0).await?;
             let model_path = PathBuf::from(&inputs.config.model.model_name_or_path);
             // Fail on a bad model before starting anything.
             let options = engine_options(&model)?;
@@ -601,12 +637,14 @@ async fn dispatch(command: Command) -> Result<u8> {
             worker_grace_s,
             start,
             drain,
+            metrics,
             tls,
             edge,
         } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
             let tls = tls.load()?;
             let inputs = cluster::prepare_inputs(&config, "cluster")?;
+            metrics.start(0).await?;
             let settings = CoordinatorSettings {
                 listen,
                 token,
@@ -633,11 +671,13 @@ async fn dispatch(command: Command) -> Result<u8> {
             model,
             token_file,
             model_args,
+            metrics,
             connect_timeout_s,
             reconnect_timeout_s,
             tls,
         } => {
             let token = AuthToken::from_sources(token_file.as_deref())?;
+            metrics.start(0).await?;
             let tls = tls.load()?;
             let engine =
                 tokio::task::spawn_blocking(move || load_engine(&model, &model_args)).await??;
@@ -661,6 +701,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             model,
             start,
             drain,
+            metrics,
             tls,
             edge,
             reconnect_timeout_s,
@@ -670,6 +711,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
                            coordinator = %topo.coordinator, coordinator_from = %topo.coordinator_source, "launch topology");
             let token = AuthToken::from_sources(token_file.as_deref())?;
+            metrics.start(topo.local_rank).await?;
             let model_path = cluster::model_path_of(&config)?;
             let mut model = model;
             if model.device == "auto" && cfg!(feature = "cuda") {

@@ -26,6 +26,7 @@ use stageb_shared::digest;
 use stageb_shared::domain::Ticket;
 use stageb_shared::ingest::Ingested;
 use stageb_shared::limits::EffectiveLimits;
+use stageb_shared::observe;
 use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
@@ -210,6 +211,18 @@ fn runtime_json(p: Option<&Provenance>, extra: serde_json::Value) -> serde_json:
         }
     }
     v
+}
+
+/// The Prometheus gauges of a finished epoch's accuracy (need-review counted wrong, and left
+/// out), labelled by epoch: a run has few epochs, so the label set stays small.
+fn record_epoch_accuracy(epoch: u32, row: &metrics::MetricsRow) {
+    for (review, counts) in [
+        ("included", &row.include_manual_review),
+        ("excluded", &row.exclude_manual_review),
+    ] {
+        ::metrics::gauge!(observe::EPOCH_ACCURACY, "epoch" => epoch.to_string(), "review" => review)
+            .set(counts.acc);
+    }
 }
 
 fn now_iso() -> String {
@@ -475,6 +488,8 @@ impl RunLoop {
         let mut window = metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64)
             .with_epoch_size(tickets.len());
         self.reflector.start_epoch(epoch);
+        ::metrics::gauge!(observe::EPOCH).set(epoch);
+        ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
         let mut epoch_step = 0u64;
         for step in order.chunks(step_size(cfg)) {
             self.schedule_step += 1;
@@ -510,6 +525,7 @@ impl RunLoop {
                     cfg,
                 };
                 let outcome = self.decide_ticket(&at, &g0, ti, completion)?;
+                ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
                 let t = &tickets[ti];
                 window.push(metrics::Outcome {
                     ticket_key: t.key(),
@@ -544,6 +560,7 @@ impl RunLoop {
                     false,
                 )
                 .await?;
+            ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
         }
         // Epoch end: drain reflection (including retries), then close the epoch's metrics.
         self.reflector
@@ -565,6 +582,7 @@ impl RunLoop {
                 .map_err(io_err(&self.dir))?;
         }
         let epoch_row = window.epoch_row(self.global_step);
+        record_epoch_accuracy(epoch, &epoch_row);
         self.writers
             .metrics
             .append(&epoch_row)
@@ -696,8 +714,11 @@ impl RunLoop {
                     Err(v) => (None, String::new(), Some(v)),
                 };
                 self.candidates_seen += 1;
+                ::metrics::counter!(observe::CANDIDATES).increment(1);
                 if let Some(v) = &violation {
                     self.malformed += 1;
+                    ::metrics::counter!(observe::CANDIDATES_MALFORMED, "code" => v.code.code())
+                        .increment(1);
                     tracing::warn!(ticket = %key, candidate_index, code = v.code.code(), "malformed candidate dropped from the vote");
                     let row = json!({
                         "schema_version": SCHEMA_VERSION,

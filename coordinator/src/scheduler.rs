@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use stageb_shared::domain::ChatMessage;
+use stageb_shared::observe;
 use tokio::sync::{Notify, mpsc};
 
 use crate::journal::{Journal, ReplayCache, payload_digest};
@@ -191,6 +192,8 @@ struct LeaseState {
     session: String,
     deadline: Instant,
     attempt: u32,
+    /// When the lease was issued (the job latency metric).
+    issued: Instant,
 }
 
 #[derive(Debug)]
@@ -490,12 +493,16 @@ impl Scheduler {
                             session: session.to_string(),
                             deadline: now + self.config.lease_ttl,
                             attempt,
+                            issued: now,
                         },
                     );
                     g.stats.leases_issued += 1;
                     out.push((lease_id, payload));
                 }
                 if !out.is_empty() {
+                    metrics::counter!(observe::LEASES_ISSUED).increment(out.len() as u64);
+                    metrics::histogram!(observe::LEASE_WAIT)
+                        .record((wait - deadline.saturating_duration_since(now)).as_secs_f64());
                     return Ok((out, ControlSignal::Continue));
                 }
             }
@@ -548,6 +555,19 @@ impl Scheduler {
         lease_id: LeaseId,
         result: Result<JobOutput, JobFailure>,
     ) -> Result<SubmitOutcome, SubmitError> {
+        let outcome = self.submit_checked(session, lease_id, result);
+        if let Ok(SubmitOutcome::Fenced) = outcome {
+            metrics::counter!(observe::SUBMITS_FENCED).increment(1);
+        }
+        outcome
+    }
+
+    fn submit_checked(
+        &self,
+        session: &str,
+        lease_id: LeaseId,
+        result: Result<JobOutput, JobFailure>,
+    ) -> Result<SubmitOutcome, SubmitError> {
         let mut journal_digest = None;
         let completion = {
             let mut g = self.lock();
@@ -593,6 +613,14 @@ impl Scheduler {
                 validate_output(&job.payload, output, self.config.max_text_bytes)
                     .map_err(SubmitError::Mismatch)?;
             }
+            let kind = match &job.payload {
+                JobPayload::Rollout { .. } => "rollout",
+                JobPayload::Generate { .. } => "generate",
+            };
+            metrics::counter!(observe::JOBS_COMPLETED, "kind" => kind, "outcome" => if result.is_ok() { "ok" } else { "error" })
+                .increment(1);
+            metrics::histogram!(observe::JOB_LATENCY, "kind" => kind)
+                .record(lease.issued.elapsed().as_secs_f64());
             g.leases.remove(&lease_id);
             g.accepted.insert(lease_id, session.to_string());
             let provenance = Some(Provenance {
@@ -664,6 +692,15 @@ impl Scheduler {
                 self.expire_lease(&mut g, *id, &mut failed);
             }
             self.forget_idle_sessions(&mut g, now);
+            metrics::gauge!(observe::QUEUE_DEPTH).set(g.queue.len() as f64);
+            metrics::gauge!(observe::JOBS_IN_FLIGHT).set(g.leases.len() as f64);
+            let horizon = self.config.lease_ttl * 2;
+            let live = g
+                .sessions
+                .values()
+                .filter(|s| now.saturating_duration_since(s.last_seen) < horizon)
+                .count();
+            metrics::gauge!(observe::LIVE_WORKERS).set(live as f64);
             expired.len()
         };
         self.after_expiry(failed, n > 0);
@@ -677,6 +714,7 @@ impl Scheduler {
             return;
         };
         g.stats.leases_expired += 1;
+        metrics::counter!(observe::LEASES_EXPIRED).increment(1);
         let Some(job) = g.jobs.get_mut(&lease.job) else {
             return;
         };

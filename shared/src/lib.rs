@@ -28,6 +28,7 @@ pub mod domain;
 pub mod error;
 pub mod ingest;
 pub mod limits;
+pub mod observe;
 pub mod reflection_schema;
 pub mod seed;
 pub mod telemetry;

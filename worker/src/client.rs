@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use stageb_shared::auth::{AUTH_HEADER, AuthToken};
 use stageb_shared::domain::ChatMessage;
+use stageb_shared::observe;
 use stageb_shared::pb;
 use stageb_shared::tls::ClientTls;
 use tonic::transport::{Channel, Endpoint};
@@ -543,7 +544,13 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
             let Some(kind) = job.kind else { continue };
             shared.held().insert(job.lease_id);
             cancel.reset();
+            let started = Instant::now();
             let result = run_job(engine, kind).await;
+            let kv_bytes = engine
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .last_kv_cache_bytes();
+            record_job_metrics(&result, started.elapsed(), kv_bytes);
             let cancelled =
                 matches!(&result, pb::submit_request::Result::Error(e) if e.code == "CANCELLED");
             if cancelled {
@@ -560,6 +567,45 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     };
     heartbeat.abort();
     ended
+}
+
+/// The worker's Prometheus metrics for one job (see [`stageb_shared::observe`]).
+fn record_job_metrics(result: &pb::submit_request::Result, took: Duration, kv_bytes: u64) {
+    use pb::submit_request::Result as R;
+    let (kind, outcome) = match result {
+        R::Rollout(_) => ("rollout", "ok"),
+        R::Generate(_) => ("generate", "ok"),
+        R::Error(e) if e.code == "CANCELLED" => ("any", "cancelled"),
+        R::Error(_) => ("any", "error"),
+    };
+    metrics::counter!(observe::WORKER_JOBS, "kind" => kind, "outcome" => outcome).increment(1);
+    metrics::histogram!(observe::WORKER_JOB_DURATION, "kind" => kind).record(took.as_secs_f64());
+    let rate = |tokens: u64, us: u64| (us > 0).then(|| tokens as f64 * 1e6 / us as f64);
+    match result {
+        R::Rollout(r) => {
+            let decoded: u64 = r
+                .candidates
+                .iter()
+                .map(|c| c.completion_tokens as u64)
+                .sum();
+            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(r.prompt_tokens as u64);
+            metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(decoded);
+            if let Some(v) = rate(r.prompt_tokens as u64, r.prefill_us) {
+                metrics::gauge!(observe::WORKER_PREFILL_RATE).set(v);
+            }
+            if let Some(v) = rate(decoded, r.decode_us) {
+                metrics::gauge!(observe::WORKER_DECODE_RATE).set(v);
+            }
+        }
+        R::Generate(g) => {
+            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(g.prompt_tokens as u64);
+            metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(g.completion_tokens as u64);
+        }
+        R::Error(_) => {}
+    }
+    if kv_bytes > 0 {
+        metrics::gauge!(observe::WORKER_KV_CACHE).set(kv_bytes as f64);
+    }
 }
 
 /// Hand one result back and count it.

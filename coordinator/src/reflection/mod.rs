@@ -29,6 +29,7 @@ use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::digest::{digest_of, sha256_hex};
 use stageb_shared::domain::{ChatMessage, Ticket, TicketKey, Verdict};
 use stageb_shared::limits::EffectiveLimits;
+use stageb_shared::observe;
 use stageb_shared::reflection_schema;
 use stageb_shared::seed::derived_seed;
 use stageb_shared::text;
@@ -799,6 +800,8 @@ impl Reflector {
                     r
                 }));
         }
+        ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "rejected")
+            .increment(validation.rejected.len() as u64);
         row["proposals"] = json!(proposals);
         row["accepted_ops"] = json!(validation.accepted);
         row["rejected_ops"] = json!(validation.rejected);
@@ -827,6 +830,8 @@ impl Reflector {
                             })
                             .collect();
                         self.feedback.on_applied(&outcome.touched_keys, &removed);
+                        ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "applied")
+                            .increment(outcome.applied.len() as u64);
                         row["applied_ops"] = json!(outcome.applied);
                         row["skipped_at_apply"] = json!(outcome.skipped);
                     }
@@ -969,6 +974,13 @@ impl Reflector {
                     latency_us,
                 }) => {
                     let parsed = parse(&text);
+                    let outcome = if parsed.is_ok() {
+                        "parsed"
+                    } else {
+                        "unparseable"
+                    };
+                    ::metrics::counter!(observe::REFLECTION_CALLS, "pass" => pass, "outcome" => outcome)
+                        .increment(1);
                     let mut runtime = runtime;
                     runtime["latency_us"] = json!(latency_us);
                     calls.push(CallRecord {
@@ -1001,6 +1013,8 @@ impl Reflector {
                     ));
                 }
                 Err(f) => {
+                    ::metrics::counter!(observe::REFLECTION_CALLS, "pass" => pass, "outcome" => "failed")
+                        .increment(1);
                     calls.push(failed_call(
                         pass, attempt, seed, &f.code, &f.message, runtime,
                     ));

@@ -185,6 +185,8 @@ pub struct CandleEngine {
     context_limit: usize,
     /// Raised by the worker to stop the job in progress ([`Engine::set_cancel`]).
     cancel: CancelFlag,
+    /// KV-cache bytes the last job held at its peak ([`Engine::last_kv_cache_bytes`]).
+    last_kv_bytes: u64,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -406,6 +408,7 @@ impl CandleEngine {
         Ok(CandleEngine {
             context_limit: model.max_context(),
             cancel: CancelFlag::default(),
+            last_kv_bytes: 0,
             model,
             tokenizer,
             template,
@@ -614,6 +617,10 @@ impl CandleEngine {
     /// Prefills `prompt` once and decodes every row in one lockstep batch.
     fn run_rows(&mut self, prompt: &[u32], rows: &mut [Row]) -> Result<(u64, u64), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
+        // The prompt's positions once, then each row's own (f32 keys and values per layer).
+        let c = self.model.config();
+        let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * 4) as u64;
+        self.last_kv_bytes = per_position * (prompt.len() + rows.len() * max_new) as u64;
         let limit = self.context_limit;
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest(
@@ -885,6 +892,10 @@ impl Engine for CandleEngine {
 
     fn set_cancel(&mut self, flag: CancelFlag) {
         self.cancel = flag;
+    }
+
+    fn last_kv_cache_bytes(&self) -> u64 {
+        self.last_kv_bytes
     }
 }
 

@@ -204,4 +204,8 @@ pub trait Engine: Send {
     /// Watch `flag` from now on: a raised flag ends the job in progress at its next decode
     /// step with [`EngineError::Cancelled`]. Engines that cannot stop early ignore it.
     fn set_cancel(&mut self, _flag: CancelFlag) {}
+    /// Bytes of KV cache the last job reserved (a metric; 0 where unknown).
+    fn last_kv_cache_bytes(&self) -> u64 {
+        0
+    }
 }

@@ -1,0 +1,124 @@
+//! Names and help texts of stageb's Prometheus metrics, in one place.
+//!
+//! The libraries record through the `metrics` facade (a no-op until a binary installs a
+//! recorder), so library code and tests pay nothing when no endpoint is served. Names follow
+//! Prometheus conventions: a `stageb_` prefix, the unit in the name (`_seconds`, `_bytes`,
+//! `_tokens`), `_total` on counters. Labels are small closed sets (job kind, outcome, pass,
+//! violation code, epoch): never a ticket id, a worker name or any text from the inputs, so
+//! cardinality stays bounded whatever the run.
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+
+// Rank 0: the lease table.
+pub const LEASES_ISSUED: &str = "stageb_leases_issued_total";
+pub const LEASES_EXPIRED: &str = "stageb_leases_expired_total";
+pub const SUBMITS_FENCED: &str = "stageb_submits_fenced_total";
+pub const JOBS_COMPLETED: &str = "stageb_jobs_completed_total";
+pub const QUEUE_DEPTH: &str = "stageb_queue_depth_jobs";
+pub const JOBS_IN_FLIGHT: &str = "stageb_jobs_in_flight";
+pub const LIVE_WORKERS: &str = "stageb_live_workers";
+pub const LEASE_WAIT: &str = "stageb_lease_wait_seconds";
+pub const JOB_LATENCY: &str = "stageb_job_latency_seconds";
+
+// Rank 0: the run.
+pub const TICKETS_DECIDED: &str = "stageb_tickets_decided_total";
+pub const CANDIDATES: &str = "stageb_candidates_total";
+pub const CANDIDATES_MALFORMED: &str = "stageb_candidates_malformed_total";
+pub const REFLECTION_CALLS: &str = "stageb_reflection_calls_total";
+pub const REFLECTION_OPS: &str = "stageb_reflection_ops_total";
+pub const GUIDANCE_STEP: &str = "stageb_guidance_step";
+pub const EPOCH: &str = "stageb_epoch";
+pub const EPOCH_ACCURACY: &str = "stageb_epoch_accuracy_ratio";
+
+// Workers.
+pub const WORKER_JOBS: &str = "stageb_worker_jobs_total";
+pub const WORKER_PREFILL_TOKENS: &str = "stageb_worker_prefill_tokens_total";
+pub const WORKER_DECODE_TOKENS: &str = "stageb_worker_decode_tokens_total";
+pub const WORKER_DECODE_RATE: &str = "stageb_worker_decode_tokens_per_second";
+pub const WORKER_PREFILL_RATE: &str = "stageb_worker_prefill_tokens_per_second";
+pub const WORKER_KV_CACHE: &str = "stageb_worker_kv_cache_bytes";
+pub const WORKER_JOB_DURATION: &str = "stageb_worker_job_duration_seconds";
+
+/// Bucket bounds (seconds) for the latency histograms: a lease wait is milliseconds when work
+/// is queued, a real job seconds to minutes.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0,
+];
+
+/// Register every metric's help text and unit with the installed recorder.
+pub fn describe_all() {
+    describe_counter!(LEASES_ISSUED, "Leases handed to workers.");
+    describe_counter!(
+        LEASES_EXPIRED,
+        "Leases that expired or were fenced (their jobs re-queued)."
+    );
+    describe_counter!(
+        SUBMITS_FENCED,
+        "Results refused because their lease was no longer valid."
+    );
+    describe_counter!(
+        JOBS_COMPLETED,
+        "Jobs completed, by kind (rollout, generate) and outcome (ok, error)."
+    );
+    describe_gauge!(QUEUE_DEPTH, "Jobs queued and not leased.");
+    describe_gauge!(JOBS_IN_FLIGHT, "Jobs leased and not yet answered.");
+    describe_gauge!(LIVE_WORKERS, "Worker sessions seen within two lease TTLs.");
+    describe_histogram!(
+        LEASE_WAIT,
+        Unit::Seconds,
+        "Time a Lease call waited before it got jobs."
+    );
+    describe_histogram!(
+        JOB_LATENCY,
+        Unit::Seconds,
+        "Time from a lease to its accepted result, by job kind."
+    );
+    describe_counter!(
+        TICKETS_DECIDED,
+        "Tickets decided (one per ticket and epoch)."
+    );
+    describe_counter!(CANDIDATES, "Candidate verdicts received from rollouts.");
+    describe_counter!(
+        CANDIDATES_MALFORMED,
+        "Candidates that broke the two-line contract, by violation code."
+    );
+    describe_counter!(
+        REFLECTION_CALLS,
+        "Reflection model calls, by pass (decision, ops) and outcome."
+    );
+    describe_counter!(
+        REFLECTION_OPS,
+        "Guidance operations proposed by the ops pass, by outcome (applied, rejected)."
+    );
+    describe_gauge!(GUIDANCE_STEP, "The guidance step in force.");
+    describe_gauge!(EPOCH, "The epoch being run.");
+    describe_gauge!(
+        EPOCH_ACCURACY,
+        "Accuracy of a finished epoch, need-review counted wrong (review=included) or left out (review=excluded)."
+    );
+    describe_counter!(
+        WORKER_JOBS,
+        "Jobs a worker ran, by kind and outcome (ok, error, cancelled)."
+    );
+    describe_counter!(WORKER_PREFILL_TOKENS, "Prompt tokens prefilled.");
+    describe_counter!(WORKER_DECODE_TOKENS, "Tokens generated.");
+    describe_gauge!(
+        WORKER_DECODE_RATE,
+        "Generated tokens per second of the last rollout's decode."
+    );
+    describe_gauge!(
+        WORKER_PREFILL_RATE,
+        "Prompt tokens per second of the last job's prefill."
+    );
+    describe_gauge!(
+        WORKER_KV_CACHE,
+        Unit::Bytes,
+        "Bytes of the KV cache the last job held at its peak."
+    );
+    describe_histogram!(
+        WORKER_JOB_DURATION,
+        Unit::Seconds,
+        "Time a worker spent running a job, by kind."
+    );
+}

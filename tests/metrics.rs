@@ -1,0 +1,118 @@
+//! The Prometheus endpoint (issue 12, item 1): what a scrape of a finished run shows, and that
+//! it follows Prometheus conventions with bounded labels.
+//!
+//! One test per process: the recorder is process-wide, so the counts below are this run's.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+
+use serde_json::json;
+use support::{Behaviour, Script, ScriptedEngine, copy_demo_mission, read_jsonl, run_mission};
+
+/// `GET /metrics` over a plain socket: the body.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// The value of the sample `name{labels}` (exact text before the value).
+fn sample(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let addr = runtime
+        .block_on(stageb::metrics_endpoint::start(
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .expect("metrics endpoint");
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let script = Script::new(Behaviour::default());
+    let (summary, run_dir) = run_mission(dir.path(), json!({}), 2, move |_| {
+        ScriptedEngine::new(script.clone())
+    });
+    let body = scrape(addr);
+
+    let decided = (summary.tickets * summary.epochs as usize) as f64;
+    assert_eq!(sample(&body, "stageb_tickets_decided_total"), decided);
+    assert_eq!(
+        sample(&body, "stageb_candidates_total"),
+        summary.candidates as f64
+    );
+    let epochs = read_jsonl(&run_dir, "metrics.jsonl")
+        .into_iter()
+        .filter(|r| r["event"] == "epoch_end")
+        .collect::<Vec<_>>();
+    for row in &epochs {
+        let series = format!(
+            "stageb_epoch_accuracy_ratio{{epoch=\"{}\",review=\"included\"}}",
+            row["epoch"]
+        );
+        assert_eq!(
+            sample(&body, &series),
+            row["include_manual_review"]["acc"].as_f64().unwrap()
+        );
+    }
+    assert_eq!(
+        sample(&body, "stageb_guidance_step"),
+        summary.guidance_step as f64
+    );
+    assert!(sample(&body, "stageb_leases_issued_total") >= decided);
+    assert!(sample(&body, "stageb_worker_prefill_tokens_total") > 0.0);
+    assert!(body.contains("stageb_lease_wait_seconds_bucket{le=\"0.05\"}"));
+    assert!(body.contains("stageb_reflection_calls_total{pass=\"decision\",outcome=\"parsed\"}"));
+
+    // Conventions: every family described and typed, counters end in _total, and labels come
+    // from small closed sets (never a ticket key, a group id or any text of the run).
+    let allowed: BTreeSet<&str> = ["kind", "outcome", "pass", "code", "epoch", "review", "le"]
+        .into_iter()
+        .collect();
+    for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split_whitespace().skip(2);
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        assert!(name.starts_with("stageb_"), "{name}");
+        assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+        assert!(
+            body.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP"
+        );
+    }
+    for line in body
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains('{'))
+    {
+        let labels = &line[line.find('{').unwrap() + 1..line.find('}').unwrap()];
+        for pair in labels.split(',') {
+            let (key, _) = pair.split_once('=').unwrap();
+            assert!(allowed.contains(key), "unexpected label {key} in {line}");
+        }
+        assert!(
+            !line.contains("::"),
+            "a ticket key leaked into a label: {line}"
+        );
+    }
+}
