@@ -116,3 +116,33 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
         );
     }
 }
+
+/// The Grafana dashboard only queries metrics stageb exports (a renamed metric would leave a
+/// panel silently empty).
+#[test]
+fn the_dashboard_queries_only_exported_metrics() {
+    let dashboard = include_str!("../deploy/grafana/stageb-dashboard.json");
+    let exported = include_str!("../shared/src/observe.rs");
+    let dashboard: serde_json::Value = serde_json::from_str(dashboard).expect("dashboard JSON");
+    let mut names = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for (i, _) in expr.match_indices("stageb_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                names.insert(name);
+            }
+        }
+    }
+    assert!(names.len() >= 15, "{names:?}");
+    for name in names {
+        let base = name.strip_suffix("_bucket").unwrap_or(&name);
+        assert!(
+            exported.contains(&format!("\"{base}\"")),
+            "the dashboard queries {name}, which stageb does not export"
+        );
+    }
+}
