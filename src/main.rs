@@ -536,23 +536,34 @@ fn worker_code(summary: &stageb_worker::client::WorkerSummary) -> u8 {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGINT or SIGTERM, whichever comes first. The handlers are installed when this is called,
+/// not when the future is first polled: a signal that arrives while the model loads or rank 0
+/// starts up is kept and acted on (a drain) instead of killing the process outright. Call it
+/// first thing in the commands that stop gracefully, and only there: once installed, the
+/// default action of these signals is gone for the life of the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return std::future::pending().await,
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                _ => std::future::pending().await,
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -567,6 +578,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             drain,
             metrics,
         } => {
+            let interrupt = shutdown_signal();
             if workers == 0 {
                 return Err(ClusterError::Launch(
                     "--workers must be at least 1 (use `stageb coordinator` for a coordinator alone)".into(),
@@ -625,7 +637,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                         CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
                     })
                 },
-                shutdown_signal(),
+                interrupt,
             )
             .await?;
             Ok(summary_code(&summary))
@@ -641,6 +653,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             tls,
             edge,
         } => {
+            let interrupt = shutdown_signal();
             let token = AuthToken::from_sources(token_file.as_deref())?;
             let tls = tls.load()?;
             let inputs = cluster::prepare_inputs(&config, "cluster")?;
@@ -657,13 +670,9 @@ async fn dispatch(command: Command) -> Result<u8> {
                 start: start.mode(),
                 drain_timeout: Duration::from_secs(drain.drain_timeout_s),
             };
-            let summary = cluster::run_coordinator_until(
-                inputs,
-                settings,
-                |_, _| Vec::new(),
-                shutdown_signal(),
-            )
-            .await?;
+            let summary =
+                cluster::run_coordinator_until(inputs, settings, |_, _| Vec::new(), interrupt)
+                    .await?;
             Ok(summary_code(&summary))
         }
         Command::Worker {
@@ -676,6 +685,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             reconnect_timeout_s,
             tls,
         } => {
+            let interrupt = shutdown_signal();
             let token = AuthToken::from_sources(token_file.as_deref())?;
             metrics.start(0).await?;
             let tls = tls.load()?;
@@ -691,7 +701,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 connect_timeout: Duration::from_secs(connect_timeout_s),
                 reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
             };
-            let summary = run_worker(engine, opts, shutdown_signal()).await?;
+            let summary = run_worker(engine, opts, interrupt).await?;
             Ok(worker_code(&summary))
         }
         Command::Launch {
@@ -706,6 +716,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             edge,
             reconnect_timeout_s,
         } => {
+            let interrupt = shutdown_signal();
             let topo = cluster::resolve_topology(listen_port)?;
             let client_tls = tls.client()?;
             tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
@@ -742,7 +753,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                             CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
                         })
                     },
-                    shutdown_signal(),
+                    interrupt,
                 )
                 .await?;
                 Ok(summary_code(&summary))
@@ -759,7 +770,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     connect_timeout: Duration::from_secs(600),
                     reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
                 };
-                let summary = run_worker(engine, opts, shutdown_signal()).await?;
+                let summary = run_worker(engine, opts, interrupt).await?;
                 Ok(worker_code(&summary))
             }
         }

@@ -385,7 +385,9 @@ fn a_worker_registering_again_has_its_old_leases_fenced_at_once() {
 }
 
 /// `stageb coordinator` waiting for workers, then SIGTERM: exit 75, and with JSON logs every
-/// stderr line (the closing error too) is a JSON object.
+/// stderr line (the closing error too) is a JSON object. Regression: the signal handlers were
+/// installed at the first poll of the shutdown future, so a SIGTERM during start-up (right
+/// after "run started" here, or while a model loads) killed the process outright.
 #[cfg(unix)]
 #[test]
 fn sigterm_exits_75_and_every_log_line_is_json() {
