@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use stageb_coordinator::edge::EdgeLimits;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
-use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
+use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig};
 use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_coordinator::start;
 pub use stageb_coordinator::start::StartMode;
@@ -232,9 +232,13 @@ pub async fn run_coordinator_until(
         start::StartError::Run(e) => ClusterError::Run(e),
     })?;
     let journal = plan.open_journal()?;
-    let (scheduler, completions) = Scheduler::new(SchedulerConfig::with_lease_ttl(
-        Duration::from_secs(runner.lease_ttl_s.max(1)),
-    ));
+    let (scheduler, completions) = Scheduler::new(SchedulerConfig {
+        speculation: SpeculationConfig {
+            multiple: runner.speculation_multiple,
+            min_age: Duration::from_millis(runner.speculation_min_ms),
+        },
+        ..SchedulerConfig::with_lease_ttl(Duration::from_secs(runner.lease_ttl_s.max(1)))
+    });
     let scheduler = Arc::new(scheduler.with_journal(journal, plan.replay));
     let run_id = format!("{}-{}", inputs.config.output.run_name, &uuid_hex()[..8]);
     let service = server::build_service(

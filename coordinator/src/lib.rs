@@ -44,4 +44,5 @@ pub mod scheduler;
 pub mod selection;
 pub mod server;
 pub mod signals;
+pub mod speculation;
 pub mod start;

@@ -22,12 +22,18 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::journal::{Journal, ReplayCache, payload_digest};
 use crate::result_check::validate_output;
+pub use crate::speculation::SpeculationConfig;
+use crate::speculation::{JobKind, JobTimes};
 
 pub type JobId = u64;
 pub type LeaseId = u64;
 
 /// The `worker_id` in the provenance of an answer replayed from the journal.
 pub const REPLAY_WORKER: &str = "journal-replay";
+
+/// How often an idle `Lease` call looks for stragglers while leases are out and the queue is
+/// empty (stragglers appear with time, not with an enqueue).
+const STRAGGLER_POLL: Duration = Duration::from_millis(250);
 
 /// How one group of candidates is decoded, with one seed per sample.
 pub use stageb_shared::domain::DecodeGroup as DecodeJob;
@@ -145,6 +151,8 @@ pub struct SchedulerConfig {
     pub session_idle_ttl: Duration,
     /// Most sessions held at once; `Register` beyond it is refused until idle ones expire.
     pub max_sessions: usize,
+    /// Straggler speculation (see [`crate::speculation`]).
+    pub speculation: SpeculationConfig,
 }
 
 impl SchedulerConfig {
@@ -168,6 +176,7 @@ impl Default for SchedulerConfig {
             max_text_bytes: 64 * 1024,
             session_idle_ttl: Duration::from_secs(180),
             max_sessions: 16_384,
+            speculation: SpeculationConfig::default(),
         }
     }
 }
@@ -184,6 +193,19 @@ struct JobState {
     /// Leases that expired; they count against `max_expiries` instead.
     expiries: u32,
     done: bool,
+    /// Live leases of the job: one, or two while a straggler is speculated on.
+    live: Vec<LeaseId>,
+    /// A speculative copy was leased (at most one per job).
+    speculated: bool,
+}
+
+impl JobState {
+    fn kind(&self) -> JobKind {
+        match self.payload {
+            JobPayload::Rollout { .. } => JobKind::Rollout,
+            JobPayload::Generate { .. } => JobKind::Generate,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -192,8 +214,10 @@ struct LeaseState {
     session: String,
     deadline: Instant,
     attempt: u32,
-    /// When the lease was issued (the job latency metric).
+    /// When the lease was issued (job latency, straggler detection).
     issued: Instant,
+    /// A second copy of a straggling job.
+    speculative: bool,
 }
 
 #[derive(Debug)]
@@ -214,6 +238,8 @@ struct Inner {
     sessions: HashMap<String, SessionState>,
     control: Option<ControlSignal>,
     stats: SchedulerStats,
+    /// Recent accepted job times, for straggler detection.
+    times: JobTimes,
 }
 
 /// Counters for progress reporting and the run summary.
@@ -231,6 +257,12 @@ pub struct SchedulerStats {
     pub sessions_expired: u64,
     /// Leases fenced because their worker registered again (a subset of `leases_expired`).
     pub leases_fenced_on_register: u64,
+    /// Second copies leased for straggling jobs.
+    pub speculative_leases: u64,
+    /// Jobs whose speculative copy answered first.
+    pub speculation_wins: u64,
+    /// Leases fenced because the other copy of their job answered first.
+    pub leases_fenced_by_speculation: u64,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -306,6 +338,8 @@ impl Scheduler {
                     errors: 0,
                     expiries: 0,
                     done: replayed.is_some(),
+                    live: Vec::new(),
+                    speculated: false,
                 },
             );
             if replayed.is_some() {
@@ -457,6 +491,7 @@ impl Scheduler {
         wait: Duration,
     ) -> Result<(Vec<(LeaseId, JobPayload)>, ControlSignal), SubmitError> {
         let deadline = Instant::now() + wait;
+        let mut watch_stragglers;
         loop {
             // Register interest before checking, so an enqueue between the check and the
             // wait is not missed.
@@ -477,28 +512,23 @@ impl Scheduler {
                     let Some(job_id) = g.queue.pop_front() else {
                         break;
                     };
-                    let lease_id = g.next_lease;
-                    g.next_lease += 1;
-                    let (payload, attempt) = match g.jobs.get_mut(&job_id) {
-                        Some(j) if !j.done => {
-                            j.attempts += 1;
-                            (j.payload.clone(), j.attempts)
-                        }
-                        _ => continue,
-                    };
-                    g.leases.insert(
-                        lease_id,
-                        LeaseState {
-                            job: job_id,
-                            session: session.to_string(),
-                            deadline: now + self.config.lease_ttl,
-                            attempt,
-                            issued: now,
-                        },
-                    );
-                    g.stats.leases_issued += 1;
-                    out.push((lease_id, payload));
+                    if let Some(leased) = self.issue_lease(&mut g, job_id, session, now, false) {
+                        out.push(leased);
+                    }
                 }
+                if out.is_empty()
+                    && let Some(job_id) = self.straggler(&g, session, now)
+                    && let Some(leased) = self.issue_lease(&mut g, job_id, session, now, true)
+                {
+                    g.stats.speculative_leases += 1;
+                    tracing::info!(
+                        job = job_id,
+                        lease = leased.0,
+                        "straggler: leasing a second copy"
+                    );
+                    out.push(leased);
+                }
+                watch_stragglers = self.config.speculation.enabled() && !g.leases.is_empty();
                 if !out.is_empty() {
                     metrics::counter!(observe::LEASES_ISSUED).increment(out.len() as u64);
                     metrics::histogram!(observe::LEASE_WAIT)
@@ -510,8 +540,66 @@ impl Scheduler {
             if remaining.is_zero() {
                 return Ok((Vec::new(), self.control()));
             }
-            let _ = tokio::time::timeout(remaining, notified).await;
+            // A lease may become a straggler without anything being queued: look again soon.
+            let nap = if watch_stragglers {
+                remaining.min(STRAGGLER_POLL)
+            } else {
+                remaining
+            };
+            let _ = tokio::time::timeout(nap, notified).await;
         }
+    }
+
+    /// Lease `job_id` to `session` (`None` when the job is already done).
+    fn issue_lease(
+        &self,
+        g: &mut Inner,
+        job_id: JobId,
+        session: &str,
+        now: Instant,
+        speculative: bool,
+    ) -> Option<(LeaseId, JobPayload)> {
+        let lease_id = g.next_lease;
+        let job = g.jobs.get_mut(&job_id).filter(|j| !j.done)?;
+        job.attempts += 1;
+        job.live.push(lease_id);
+        job.speculated |= speculative;
+        let (payload, attempt) = (job.payload.clone(), job.attempts);
+        g.next_lease += 1;
+        g.leases.insert(
+            lease_id,
+            LeaseState {
+                job: job_id,
+                session: session.to_string(),
+                deadline: now + self.config.lease_ttl,
+                attempt,
+                issued: now,
+                speculative,
+            },
+        );
+        g.stats.leases_issued += 1;
+        Some((lease_id, payload))
+    }
+
+    /// The oldest straggling job `session` could take a second copy of: its only lease is held
+    /// by another session and is older than the threshold of its kind.
+    fn straggler(&self, g: &Inner, session: &str, now: Instant) -> Option<JobId> {
+        let config = &self.config.speculation;
+        if !config.enabled() {
+            return None;
+        }
+        g.leases
+            .values()
+            .filter(|l| l.session != session)
+            .filter_map(|l| {
+                let job = g.jobs.get(&l.job)?;
+                let age = now.saturating_duration_since(l.issued);
+                let threshold = g.times.threshold(job.kind(), config)?;
+                (!job.done && !job.speculated && job.live.len() == 1 && age >= threshold)
+                    .then_some((age, l.job))
+            })
+            .max()
+            .map(|(_, job)| job)
     }
 
     /// Extend the session's live leases; returns the ids among `lease_ids` that are no longer
@@ -619,10 +707,17 @@ impl Scheduler {
             };
             metrics::counter!(observe::JOBS_COMPLETED, "kind" => kind, "outcome" => if result.is_ok() { "ok" } else { "error" })
                 .increment(1);
-            metrics::histogram!(observe::JOB_LATENCY, "kind" => kind)
-                .record(lease.issued.elapsed().as_secs_f64());
+            let took = lease.issued.elapsed();
+            let speculative = lease.speculative;
+            metrics::histogram!(observe::JOB_LATENCY, "kind" => kind).record(took.as_secs_f64());
             g.leases.remove(&lease_id);
             g.accepted.insert(lease_id, session.to_string());
+            let job = g.jobs.get_mut(&job_id).expect("job exists");
+            job.live.retain(|id| *id != lease_id);
+            let job_kind = job.kind();
+            if result.is_ok() {
+                g.times.record(job_kind, took);
+            }
             let provenance = Some(Provenance {
                 worker_id,
                 lease_id,
@@ -634,6 +729,8 @@ impl Scheduler {
                     job.done = true;
                     journal_digest = job.digest.clone();
                     g.stats.submits_accepted += 1;
+                    g.stats.speculation_wins += u64::from(speculative);
+                    Self::fence_other_copies(&mut g, job_id);
                     Completion {
                         job: job_id,
                         result: Ok(output),
@@ -647,13 +744,17 @@ impl Scheduler {
                     let job = g.jobs.get_mut(&job_id).expect("job exists");
                     job.errors += 1;
                     if !deterministic && job.errors < self.config.max_attempts {
-                        tracing::warn!(job = job_id, code = %failure.code, "worker reported an error; re-queueing");
-                        g.queue.push_front(job_id);
+                        // The other copy of a speculated job may still answer: no re-queue.
+                        if job.live.is_empty() {
+                            tracing::warn!(job = job_id, code = %failure.code, "worker reported an error; re-queueing");
+                            g.queue.push_front(job_id);
+                        }
                         drop(g);
                         self.work_available.notify_waiters();
                         return Ok(SubmitOutcome::Accepted);
                     }
                     job.done = true;
+                    Self::fence_other_copies(&mut g, job_id);
                     Completion {
                         job: job_id,
                         result: Err(failure),
@@ -670,6 +771,19 @@ impl Scheduler {
         }
         let _ = self.completions.send(completion);
         Ok(SubmitOutcome::Accepted)
+    }
+
+    /// The job is answered: the other copy of a speculated job loses its lease, so its worker
+    /// hears it is fenced (at the next heartbeat) and its late result is refused.
+    fn fence_other_copies(g: &mut Inner, job_id: JobId) {
+        let others = match g.jobs.get_mut(&job_id) {
+            Some(job) => std::mem::take(&mut job.live),
+            None => return,
+        };
+        for id in others {
+            g.leases.remove(&id);
+            g.stats.leases_fenced_by_speculation += 1;
+        }
     }
 
     /// Expire leases past their deadline: fence their ids and re-queue their jobs at the front.
@@ -718,6 +832,11 @@ impl Scheduler {
         let Some(job) = g.jobs.get_mut(&lease.job) else {
             return;
         };
+        job.live.retain(|l| *l != id);
+        if job.done || !job.live.is_empty() {
+            // The other copy of a speculated job is still running it.
+            return;
+        }
         job.expiries += 1;
         if job.expiries >= self.config.max_expiries {
             job.done = true;

@@ -33,6 +33,8 @@
 //!   model's own (see [`crate::limits`] for how asked lengths are fitted into it).
 //! - `runner.lease_ttl_s` (default 60) and `runner.heartbeat_interval_s` (default 5, must be
 //!   smaller than the lease TTL): lease timing between rank 0 and the workers.
+//! - `runner.speculation_multiple` (default 3, 0 turns it off) and `runner.speculation_min_ms`
+//!   (default 2000): when rank 0 leases a second copy of a straggling job.
 //!
 //! # Paths
 //! Paths are kept exactly as written. Like the original, relative paths mean "relative to
@@ -229,6 +231,13 @@ pub struct RunnerConfig {
     pub lease_ttl_s: u64,
     /// stageb addition: worker heartbeat period in seconds, < `lease_ttl_s`. Default 5.
     pub heartbeat_interval_s: u64,
+    /// stageb addition: straggler speculation. When the queue is empty and a lease has run
+    /// longer than this multiple of the median job time (of its kind), an idle worker gets the
+    /// same job; the first answer wins. 0 turns it off. Default 3.
+    pub speculation_multiple: u32,
+    /// stageb addition: never speculate on a lease younger than this (milliseconds), however
+    /// fast the median job. Default 2000.
+    pub speculation_min_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -544,6 +553,8 @@ const RUNNER_SCHEMA: SectionSchema = SectionSchema {
         "logging_steps",
         "lease_ttl_s",
         "heartbeat_interval_s",
+        "speculation_multiple",
+        "speculation_min_ms",
     ],
     ignored: &[],
 };
@@ -1570,6 +1581,8 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
         logging_steps: runner.opt_u32(doc, "logging_steps", 256, 1)?,
         lease_ttl_s: runner.opt_u64(doc, "lease_ttl_s", 60, 1)?,
         heartbeat_interval_s: runner.opt_u64(doc, "heartbeat_interval_s", 5, 1)?,
+        speculation_multiple: runner.opt_u32(doc, "speculation_multiple", 3, 0)?,
+        speculation_min_ms: runner.opt_u64(doc, "speculation_min_ms", 2000, 0)?,
     };
     if config.heartbeat_interval_s >= config.lease_ttl_s {
         // Point at whichever of the two the user wrote (the heartbeat if both).

@@ -39,6 +39,8 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod compare;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
