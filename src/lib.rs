@@ -8,6 +8,7 @@
 //!   otherwise).
 //! - [`audit`]: re-derives decisions from a run directory and checks every invariant.
 //! - [`certs`]: per-job CA and certificate for mutual TLS (`stageb tls-init`).
+//! - [`report`]: a run directory as one self-contained HTML page (`stageb report`).
 //!
 //! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to
 //! documented exit codes.
@@ -16,6 +17,7 @@ pub mod audit;
 pub mod certs;
 pub mod cluster;
 pub mod progress;
+pub mod report;
 
 /// Exit codes (documented in the README).
 pub mod exit {

@@ -333,6 +333,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a run's report: one self-contained HTML page (no network, no script) with the
+    /// audit's verdict, accuracy, votes, malformed candidates, reflection, guidance history,
+    /// need-review and throughput.
+    Report {
+        /// `{output.root}/{run_name}/{mission}`.
+        run_dir: PathBuf,
+        /// Where to write it (default: RUN_DIR/report.html).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
@@ -393,6 +403,13 @@ fn classify(e: &anyhow::Error) -> u8 {
             exit::INPUT_ERROR
         }
         _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
+        _ if matches!(
+            e.downcast_ref::<stageb::report::ReportError>(),
+            Some(stageb::report::ReportError::RunDir(_))
+        ) =>
+        {
+            exit::INPUT_ERROR
+        }
         _ if e.downcast_ref::<stageb_shared::tls::TlsError>().is_some() => exit::INPUT_ERROR,
         _ if matches!(
             e.downcast_ref::<stageb::certs::CertError>(),
@@ -840,6 +857,14 @@ async fn dispatch(command: Command) -> Result<u8> {
             } else {
                 exit::AUDIT_FAILED
             })
+        }
+        Command::Report { run_dir, out } => {
+            let path = tokio::task::spawn_blocking(move || {
+                stageb::report::write(&run_dir, out.as_deref())
+            })
+            .await??;
+            println!("{}", path.display());
+            Ok(exit::OK)
         }
     }
 }

@@ -1,0 +1,188 @@
+//! `stageb report RUN_DIR`: one self-contained HTML file that shows what a run did.
+//!
+//! The file opens from a `file://` URL with no network: styles are inline, charts are inline
+//! SVG drawn by `plotters`, there is no script, and a Content-Security-Policy forbids every
+//! load. Text from artifacts is escaped (model output is untrusted).
+//!
+//! # Layout
+//! - [`load`]: tolerant readers (a missing or damaged artifact becomes a note, never an error).
+//! - [`identity`], [`outcomes`], [`reflection`], [`review`], [`guidance`], [`throughput`]:
+//!   one streaming pass per artifact, aggregated into per-epoch counters and capped lists, so
+//!   a run of 100k tickets gives a report of the same size as a run of 100.
+//! - [`charts`]: the SVG charts. [`html`]: escaping and page building blocks.
+//! - [`render`]: one function per section; each section has an `id` (`overview`, `accuracy`,
+//!   `votes`, `malformed`, `reflection`, `guidance`, `need-review`, `throughput`) so a
+//!   script can link to or screenshot it.
+//!
+//! A directory that is not a run directory is an input error ([`ReportError::RunDir`]); the
+//! audit's verdict ([`crate::audit`]) heads the page.
+
+mod charts;
+mod guidance;
+mod html;
+mod identity;
+mod load;
+mod outcomes;
+mod reflection;
+mod render;
+mod review;
+mod throughput;
+
+use std::path::{Path, PathBuf};
+
+use stageb_coordinator::run::files;
+use stageb_shared::error::{ErrorCode, InputError};
+
+/// The report's file name in the run directory (`stageb report` and the end of `stageb run`).
+pub const REPORT_FILE: &str = "report.html";
+
+/// Most rows a table lists; the rest are counted in a note. Keeps the page light whatever
+/// the run's size.
+pub(crate) const ROW_CAP: usize = 200;
+
+/// Files whose presence makes a directory a run directory.
+const RUN_MARKERS: [&str; 4] = [
+    files::MANIFEST,
+    files::SELECTIONS,
+    files::SUMMARY,
+    stageb_coordinator::guidance::GUIDANCE_FILE,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The directory is missing or holds no run (bad input: exit code 2).
+    #[error(transparent)]
+    RunDir(InputError),
+    #[error("cannot write the report to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Everything the report shows, aggregated from one run directory.
+pub struct RunData {
+    pub run_dir: PathBuf,
+    pub audit: crate::audit::AuditReport,
+    pub identity: identity::Identity,
+    pub outcomes: outcomes::Outcomes,
+    pub reflection: reflection::Reflection,
+    pub review: review::NeedReview,
+    pub guidance: guidance::GuidanceTimeline,
+    pub compute: throughput::Compute,
+}
+
+/// Read and aggregate `run_dir`.
+pub fn collect(run_dir: &Path) -> Result<RunData, ReportError> {
+    check_run_dir(run_dir)?;
+    let identity = identity::collect(run_dir);
+    let summary_rows = identity
+        .summary
+        .as_ref()
+        .map(|s| s.epoch_accuracy.clone())
+        .unwrap_or_default();
+    Ok(RunData {
+        run_dir: run_dir.to_path_buf(),
+        audit: crate::audit::audit(run_dir),
+        outcomes: outcomes::collect(run_dir, &summary_rows),
+        identity,
+        reflection: reflection::collect(run_dir),
+        review: review::collect(run_dir),
+        guidance: guidance::collect(run_dir),
+        compute: throughput::collect(run_dir),
+    })
+}
+
+/// The report of `run_dir` as one HTML document.
+pub fn render(run_dir: &Path) -> Result<String, ReportError> {
+    Ok(render::page(&collect(run_dir)?))
+}
+
+/// Write the report of `run_dir` to `out` (default `run_dir/report.html`) and return its
+/// path. Written to a temporary file and renamed, so a reader never sees half a report.
+pub fn write(run_dir: &Path, out: Option<&Path>) -> Result<PathBuf, ReportError> {
+    let html = render(run_dir)?;
+    let path = out.map_or_else(|| run_dir.join(REPORT_FILE), Path::to_path_buf);
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(REPORT_FILE),
+        std::process::id()
+    ));
+    let write_err = |source| ReportError::Write {
+        path: path.clone(),
+        source,
+    };
+    std::fs::write(&tmp, html).map_err(write_err)?;
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        write_err(e)
+    })?;
+    Ok(path)
+}
+
+/// A run directory exists and holds at least one of the run's own files; otherwise say what
+/// the user probably meant (a run directory is `{output.root}/{run_name}/{mission}`).
+fn check_run_dir(dir: &Path) -> Result<(), ReportError> {
+    let bad = |message: String| {
+        ReportError::RunDir(InputError::new(
+            ErrorCode::FileNotFound,
+            dir.display().to_string(),
+            None,
+            message,
+        ))
+    };
+    if !dir.is_dir() {
+        return Err(bad("no such run directory".into()));
+    }
+    if RUN_MARKERS.iter().any(|m| dir.join(m).is_file()) {
+        return Ok(());
+    }
+    let mut runs_below: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join(files::MANIFEST).is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    runs_below.sort();
+    let hint = if runs_below.is_empty() {
+        String::new()
+    } else {
+        format!("; run directories below it: {}", runs_below.join(", "))
+    };
+    Err(bad(format!(
+        "not a run directory (no manifest.json, selections.jsonl, summary.json or \
+         guidance.json; a run directory is {{output.root}}/{{run_name}}/{{mission}}){hint}"
+    )))
+}
+
+/// `s` cut to `max` characters, with `…` when cut (whole characters, never a split UTF-8
+/// sequence).
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_counts_characters_not_bytes() {
+        assert_eq!(clip("挡风板安装", 3), "挡风板…");
+        assert_eq!(clip("abc", 3), "abc");
+        assert_eq!(clip("", 0), "");
+    }
+
+    #[test]
+    fn escaping_covers_markup_and_quotes() {
+        assert_eq!(
+            html::esc(r#"<script>alert("x&'y")</script>"#),
+            "&lt;script&gt;alert(&quot;x&amp;&#39;y&quot;)&lt;/script&gt;"
+        );
+    }
+}
