@@ -76,6 +76,14 @@ struct DrainArgs {
     drain_timeout_s: u64,
 }
 
+/// The HTML report rank 0 writes beside the artifacts when a run completes.
+#[derive(Args, Clone, Copy)]
+struct ReportArgs {
+    /// Do not write `report.html` into the run directory at the end of the run.
+    #[arg(long, env = "STAGEB_NO_REPORT")]
+    no_report: bool,
+}
+
 /// Limits of the coordinator's gRPC edge (the rest are fixed; docs/ARCHITECTURE.md §11.2).
 #[derive(Args, Clone, Copy)]
 struct EdgeArgs {
@@ -208,6 +216,8 @@ enum Command {
         start: StartArgs,
         #[command(flatten)]
         drain: DrainArgs,
+        #[command(flatten)]
+        report: ReportArgs,
     },
     /// Serve a run as rank 0 only; workers join with `stageb worker`.
     Coordinator {
@@ -225,6 +235,8 @@ enum Command {
         start: StartArgs,
         #[command(flatten)]
         drain: DrainArgs,
+        #[command(flatten)]
+        report: ReportArgs,
         #[command(flatten)]
         tls: ServerTlsArgs,
         #[command(flatten)]
@@ -269,6 +281,8 @@ enum Command {
         start: StartArgs,
         #[command(flatten)]
         drain: DrainArgs,
+        #[command(flatten)]
+        report: ReportArgs,
         #[command(flatten)]
         tls: LaunchTlsArgs,
         #[command(flatten)]
@@ -466,6 +480,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The end of a completed run on rank 0: the report beside the artifacts (unless
+/// `--no-report`), then the outcome line and exit code. A report that cannot be written is a
+/// warning: the run itself is complete and its artifacts are on disk.
+async fn finish_run(summary: &stageb_coordinator::run::RunSummary, report: ReportArgs) -> u8 {
+    if !report.no_report {
+        let run_dir = summary.run_dir.clone();
+        match tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, None)).await {
+            Ok(Ok(path)) => tracing::info!(report = %path.display(), "report written"),
+            Ok(Err(e)) => tracing::warn!("no report: {e}"),
+            Err(e) => tracing::warn!("no report: {e}"),
+        }
+    }
+    summary_code(summary)
+}
+
 fn summary_code(summary: &stageb_coordinator::run::RunSummary) -> u8 {
     let code = if summary.hard_failures > 0 {
         exit::COMPLETED_WITH_FAILURES
@@ -548,6 +577,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             model,
             start,
             drain,
+            report,
         } => {
             if workers == 0 {
                 return Err(ClusterError::Launch(
@@ -609,7 +639,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 shutdown_signal(),
             )
             .await?;
-            Ok(summary_code(&summary))
+            Ok(finish_run(&summary, report).await)
         }
         Command::Coordinator {
             config,
@@ -618,6 +648,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             worker_grace_s,
             start,
             drain,
+            report,
             tls,
             edge,
         } => {
@@ -643,7 +674,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 shutdown_signal(),
             )
             .await?;
-            Ok(summary_code(&summary))
+            Ok(finish_run(&summary, report).await)
         }
         Command::Worker {
             coordinator,
@@ -678,6 +709,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             model,
             start,
             drain,
+            report,
             tls,
             edge,
             reconnect_timeout_s,
@@ -720,7 +752,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     shutdown_signal(),
                 )
                 .await?;
-                Ok(summary_code(&summary))
+                Ok(finish_run(&summary, report).await)
             } else {
                 let engine =
                     tokio::task::spawn_blocking(move || load_engine(&model_path, &model)).await??;
