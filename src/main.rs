@@ -84,6 +84,14 @@ struct ReportArgs {
     no_report: bool,
 }
 
+/// `stageb report --audit`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AuditChoice {
+    Auto,
+    Always,
+    Never,
+}
+
 /// Limits of the coordinator's gRPC edge (the rest are fixed; docs/ARCHITECTURE.md §11.2).
 #[derive(Args, Clone, Copy)]
 struct EdgeArgs {
@@ -356,6 +364,10 @@ enum Command {
         /// Where to write it (default: RUN_DIR/report.html).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Run `stageb audit` for the verdict at the top: auto skips it when the artifacts
+        /// pass 256 MiB (the audit holds every row in memory).
+        #[arg(long, value_enum, default_value_t = AuditChoice::Auto)]
+        audit: AuditChoice,
     },
 }
 
@@ -486,7 +498,8 @@ fn main() -> ExitCode {
 async fn finish_run(summary: &stageb_coordinator::run::RunSummary, report: ReportArgs) -> u8 {
     if !report.no_report {
         let run_dir = summary.run_dir.clone();
-        match tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, None)).await {
+        let options = stageb::report::Options::default();
+        match tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, &options)).await {
             Ok(Ok(path)) => tracing::info!(report = %path.display(), "report written"),
             Ok(Err(e)) => tracing::warn!("no report: {e}"),
             Err(e) => tracing::warn!("no report: {e}"),
@@ -890,11 +903,22 @@ async fn dispatch(command: Command) -> Result<u8> {
                 exit::AUDIT_FAILED
             })
         }
-        Command::Report { run_dir, out } => {
-            let path = tokio::task::spawn_blocking(move || {
-                stageb::report::write(&run_dir, out.as_deref())
-            })
-            .await??;
+        Command::Report {
+            run_dir,
+            out,
+            audit,
+        } => {
+            let options = stageb::report::Options {
+                out,
+                audit: match audit {
+                    AuditChoice::Auto => stageb::report::AuditMode::Auto,
+                    AuditChoice::Always => stageb::report::AuditMode::Always,
+                    AuditChoice::Never => stageb::report::AuditMode::Never,
+                },
+            };
+            let path =
+                tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, &options))
+                    .await??;
             println!("{}", path.display());
             Ok(exit::OK)
         }

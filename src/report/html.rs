@@ -35,6 +35,7 @@ p { margin:6px 0; }
 .verdict { border-radius:6px; padding:10px 14px; font-weight:600; font-size:15px; margin-bottom:12px; }
 .verdict.ok { background:#e8f5ec; color:var(--ok); border:1px solid #b7dfc3; }
 .verdict.bad { background:#fdeceb; color:var(--bad); border:1px solid #f3b8b3; }
+.verdict.skipped { background:var(--warn-bg); color:#7a5200; border:1px solid var(--warn-line); }
 .note { background:var(--warn-bg); border-left:4px solid var(--warn-line); padding:6px 10px;
   margin:8px 0; border-radius:4px; }
 dl.facts { display:grid; grid-template-columns: max-content 1fr max-content 1fr; gap:4px 16px;
@@ -60,6 +61,8 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 .tag.ok { background:#e8f5ec; color:var(--ok); } .tag.bad { background:#fdeceb; color:var(--bad); }
 .rule { white-space:pre-wrap; overflow-wrap:anywhere; }
 .add { background:var(--add); } .del { background:var(--del); text-decoration:line-through; }
+.was, .now { padding:1px 3px; } .was { background:var(--del); } .now { background:var(--add); }
+.was del { background:#f5bdb7; } .now ins { background:#b5e3c0; text-decoration:none; }
 ul.ops { margin:0; padding-left:16px; } ul.ops li { margin:2px 0; overflow-wrap:anywhere; }
 .version { border-top:1px solid var(--line); padding-top:8px; margin-top:10px; }
 "#;

@@ -15,7 +15,9 @@
 //!   script can link to or screenshot it.
 //!
 //! A directory that is not a run directory is an input error ([`ReportError::RunDir`]); the
-//! audit's verdict ([`crate::audit`]) heads the page.
+//! audit's verdict ([`crate::audit`]) heads the page. The audit holds every row in memory
+//! (about 15 times the artifacts' size), so by default ([`AuditMode::Auto`]) a run whose
+//! artifacts pass [`AUTO_AUDIT_MAX_BYTES`] is reported without it, and the page says so.
 
 mod charts;
 mod guidance;
@@ -40,6 +42,35 @@ pub const REPORT_FILE: &str = "report.html";
 /// the run's size.
 pub(crate) const ROW_CAP: usize = 200;
 
+/// In [`AuditMode::Auto`], runs whose JSONL artifacts are larger than this together are not
+/// audited: 256 MiB of rows take the audit about 4 GiB of memory and ten seconds or more, a
+/// price the end of `stageb run` must not pay unasked on a shared machine.
+pub const AUTO_AUDIT_MAX_BYTES: u64 = 256 << 20;
+
+/// Whether the report runs [`crate::audit::audit`] for its verdict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AuditMode {
+    /// Audit unless the artifacts pass [`AUTO_AUDIT_MAX_BYTES`].
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+/// How to write a report.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Where to write it; default `RUN_DIR/report.html`.
+    pub out: Option<PathBuf>,
+    pub audit: AuditMode,
+}
+
+/// The audit's verdict, or why there is none.
+pub enum AuditOutcome {
+    Ran(crate::audit::AuditReport),
+    Skipped(String),
+}
+
 /// Files whose presence makes a directory a run directory.
 const RUN_MARKERS: [&str; 4] = [
     files::MANIFEST,
@@ -63,7 +94,7 @@ pub enum ReportError {
 /// Everything the report shows, aggregated from one run directory.
 pub struct RunData {
     pub run_dir: PathBuf,
-    pub audit: crate::audit::AuditReport,
+    pub audit: AuditOutcome,
     pub identity: identity::Identity,
     pub outcomes: outcomes::Outcomes,
     pub reflection: reflection::Reflection,
@@ -73,7 +104,7 @@ pub struct RunData {
 }
 
 /// Read and aggregate `run_dir`.
-pub fn collect(run_dir: &Path) -> Result<RunData, ReportError> {
+pub fn collect(run_dir: &Path, audit: AuditMode) -> Result<RunData, ReportError> {
     check_run_dir(run_dir)?;
     let identity = identity::collect(run_dir);
     let summary_rows = identity
@@ -83,7 +114,7 @@ pub fn collect(run_dir: &Path) -> Result<RunData, ReportError> {
         .unwrap_or_default();
     Ok(RunData {
         run_dir: run_dir.to_path_buf(),
-        audit: crate::audit::audit(run_dir),
+        audit: run_audit(run_dir, audit),
         outcomes: outcomes::collect(run_dir, &summary_rows),
         identity,
         reflection: reflection::collect(run_dir),
@@ -93,16 +124,53 @@ pub fn collect(run_dir: &Path) -> Result<RunData, ReportError> {
     })
 }
 
-/// The report of `run_dir` as one HTML document.
-pub fn render(run_dir: &Path) -> Result<String, ReportError> {
-    Ok(render::page(&collect(run_dir)?))
+fn run_audit(run_dir: &Path, mode: AuditMode) -> AuditOutcome {
+    let bytes = || -> u64 {
+        std::fs::read_dir(run_dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
+            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+            .sum()
+    };
+    match mode {
+        AuditMode::Always => AuditOutcome::Ran(crate::audit::audit(run_dir)),
+        AuditMode::Never => AuditOutcome::Skipped("not asked for (--audit never)".into()),
+        AuditMode::Auto => {
+            let size = bytes();
+            if size > AUTO_AUDIT_MAX_BYTES {
+                AuditOutcome::Skipped(format!(
+                    "the artifacts hold {} MiB of rows, more than the {} MiB a report audits \
+                     unasked (the audit keeps every row in memory); `stageb report --audit \
+                     always` or `stageb audit` runs it",
+                    size >> 20,
+                    AUTO_AUDIT_MAX_BYTES >> 20
+                ))
+            } else {
+                AuditOutcome::Ran(crate::audit::audit(run_dir))
+            }
+        }
+    }
 }
 
-/// Write the report of `run_dir` to `out` (default `run_dir/report.html`) and return its
-/// path. Written to a temporary file and renamed, so a reader never sees half a report.
-pub fn write(run_dir: &Path, out: Option<&Path>) -> Result<PathBuf, ReportError> {
-    let html = render(run_dir)?;
-    let path = out.map_or_else(|| run_dir.join(REPORT_FILE), Path::to_path_buf);
+/// The report of `run_dir` as one HTML document (audited per [`AuditMode::Auto`]).
+pub fn render(run_dir: &Path) -> Result<String, ReportError> {
+    render_with(run_dir, AuditMode::Auto)
+}
+
+pub fn render_with(run_dir: &Path, audit: AuditMode) -> Result<String, ReportError> {
+    Ok(render::page(&collect(run_dir, audit)?))
+}
+
+/// Write the report of `run_dir` and return its path. Written to a temporary file and
+/// renamed, so a reader never sees half a report.
+pub fn write(run_dir: &Path, options: &Options) -> Result<PathBuf, ReportError> {
+    let html = render_with(run_dir, options.audit)?;
+    let path = options
+        .out
+        .clone()
+        .unwrap_or_else(|| run_dir.join(REPORT_FILE));
     let tmp = path.with_file_name(format!(
         ".{}.tmp-{}",
         path.file_name()

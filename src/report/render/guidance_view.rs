@@ -50,7 +50,7 @@ fn versions(page: &mut Page, g: &GuidanceTimeline) {
     }
     page.heading(&format!("Versions ({})", g.total_versions));
     page.markup(&format!(
-        "<p data-metric=\"guidance_versions\" class=\"muted\">{} version(s), {} of them \
+        "<p class=\"muted\" data-metric=\"guidance_versions\">{} version(s), {} of them \
          reflections.</p>",
         g.total_versions,
         g.versions.iter().filter(|v| v.kind == "reflection").count()
@@ -71,15 +71,13 @@ fn versions(page: &mut Page, g: &GuidanceTimeline) {
 }
 
 fn version_rows(v: &VersionView) -> Vec<Vec<Cell>> {
-    let label = format!(
-        "<b>v{}</b> · step {} · {}<br><span class=\"muted mono\">{}</span><br><span \
-         class=\"muted\">{}</span>",
-        v.seq,
-        v.step,
-        esc(&v.kind),
-        esc(v.reflection_id.as_deref().unwrap_or("")),
-        esc(v.created_at.as_deref().unwrap_or(""))
-    );
+    let mut label = format!("<b>v{}</b> · step {} · {}", v.seq, v.step, esc(&v.kind));
+    for line in [&v.reflection_id, &v.created_at].into_iter().flatten() {
+        label.push_str(&format!(
+            "<br><span class=\"muted mono\">{}</span>",
+            esc(line)
+        ));
+    }
     let mut rows: Vec<Vec<Cell>> = v.changes.iter().map(change_row).collect();
     rows.extend(v.skipped.iter().map(|s| {
         vec![
@@ -117,10 +115,13 @@ fn change_row(c: &RuleChange) -> Vec<Cell> {
             format!("<div class=\"rule {class}\">{}</div>", esc(t))
         })
     };
-    let mut text = match c.kind {
-        ChangeKind::Added => rule("add", &c.after),
-        ChangeKind::Removed => rule("del", &c.before),
-        ChangeKind::Changed => rule("del", &c.before) + &rule("add", &c.after),
+    let mut text = match (c.kind, &c.before, &c.after) {
+        (ChangeKind::Changed, Some(before), Some(after)) => {
+            let (was, now) = marked_diff(before, after);
+            format!("<div class=\"rule was\">{was}</div><div class=\"rule now\">{now}</div>")
+        }
+        (ChangeKind::Added | ChangeKind::Changed, _, _) => rule("add", &c.after),
+        (ChangeKind::Removed, _, _) => rule("del", &c.before),
     };
     if let Some(note) = &c.note {
         text.push_str(&format!("<div class=\"muted\">{}</div>", esc(note)));
@@ -130,6 +131,36 @@ fn change_row(c: &RuleChange) -> Vec<Cell> {
         Cell::markup(format!("<b>{}</b>", esc(&c.key))),
         Cell::markup(text),
     ]
+}
+
+/// The two texts with what differs between them marked: the common head and tail stay
+/// plain, the middle is `<del>` in the old text and `<ins>` in the new one (a rule update
+/// usually inserts or rewords one clause, which this shows at a glance).
+fn marked_diff(before: &str, after: &str) -> (String, String) {
+    let b: Vec<char> = before.chars().collect();
+    let a: Vec<char> = after.chars().collect();
+    let head = b.iter().zip(&a).take_while(|(x, y)| x == y).count();
+    let tail = b[head..]
+        .iter()
+        .rev()
+        .zip(a[head..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let text = |cs: &[char]| esc(&cs.iter().collect::<String>());
+    let mark = |cs: &[char], tag: &str| {
+        let middle = &cs[head..cs.len() - tail];
+        let middle = if middle.is_empty() {
+            String::new()
+        } else {
+            format!("<{tag}>{}</{tag}>", text(middle))
+        };
+        format!(
+            "{}{middle}{}",
+            text(&cs[..head]),
+            text(&cs[cs.len() - tail..])
+        )
+    };
+    (mark(&b, "del"), mark(&a, "ins"))
 }
 
 fn snapshots(page: &mut Page, g: &GuidanceTimeline) {

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::super::RunData;
 use super::super::html::{Cell, Page, duration, esc};
 use super::super::identity::{Manifest, Summary};
+use super::super::{AuditOutcome, RunData};
 use super::{file_notes, left_out_note, opt};
 use crate::report::{ROW_CAP, clip};
 use stageb_coordinator::run::files;
@@ -36,7 +36,16 @@ pub fn render(page: &mut Page, data: &RunData) {
 }
 
 fn verdict(page: &mut Page, data: &RunData) {
-    let a = &data.audit;
+    let a = match &data.audit {
+        AuditOutcome::Ran(a) => a,
+        AuditOutcome::Skipped(why) => {
+            page.markup(&format!(
+                "<div class=\"verdict skipped\" data-metric=\"audit\">Audit not run: {}.</div>",
+                esc(why)
+            ));
+            return;
+        }
+    };
     if a.ok() {
         page.markup(&format!(
             "<div class=\"verdict ok\" data-metric=\"audit\">Audit OK: every invariant \
