@@ -91,26 +91,7 @@ fn milli(x: f64) -> i64 {
 
 /// A line per series, with markers when the series is short.
 pub fn line_chart(spec: &LineChart) -> Result<Drawn, ChartError> {
-    let xs = spec
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.0));
-    let (x_min, x_max) = min_max(xs).unwrap_or((0.0, 1.0));
-    let (ticks, x_range) = if spec.integer_x {
-        (integer_ticks(x_min, x_max), (x_min - 0.25)..(x_max + 0.25))
-    } else {
-        let hi = if x_max > x_min { x_max } else { x_min + 1.0 };
-        (nice_ticks(x_min, hi, 8), x_min..hi)
-    };
-    let y_range = spec.y_range.clone().unwrap_or_else(|| {
-        let top = min_max(
-            spec.series
-                .iter()
-                .flat_map(|s| s.points.iter().map(|p| p.1)),
-        )
-        .map_or(1.0, |(_, max)| max);
-        0.0..(top * 1.1).max(1e-9)
-    });
+    let (ticks, x_range, y_range) = line_axes(spec);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
@@ -155,6 +136,24 @@ pub fn line_chart(spec: &LineChart) -> Result<Drawn, ChartError> {
         svg,
         legend: legend_of(spec.series.iter().map(|s| s.name.as_str())),
     })
+}
+
+/// Ticks and ranges of a line chart: whole epochs or round numbers on x, y from 0 (or as
+/// asked).
+fn line_axes(spec: &LineChart) -> (Vec<f64>, Range<f64>, Range<f64>) {
+    let points = || spec.series.iter().flat_map(|s| s.points.iter());
+    let (x_min, x_max) = min_max(points().map(|p| p.0)).unwrap_or((0.0, 1.0));
+    let (ticks, x_range) = if spec.integer_x {
+        (integer_ticks(x_min, x_max), (x_min - 0.25)..(x_max + 0.25))
+    } else {
+        let hi = if x_max > x_min { x_max } else { x_min + 1.0 };
+        (nice_ticks(x_min, hi, 8), x_min..hi)
+    };
+    let y_range = spec.y_range.clone().unwrap_or_else(|| {
+        let top = min_max(points().map(|p| p.1)).map_or(1.0, |(_, max)| max);
+        0.0..(top * 1.1).max(1e-9)
+    });
+    (ticks, x_range, y_range)
 }
 
 pub struct BarChart<'a> {

@@ -217,76 +217,84 @@ fn replay_reflection(
     out: &mut GuidanceTimeline,
 ) {
     let ops = version.get("ops").and_then(Value::as_array);
-    for applied in version
-        .get("applied")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let key = applied
-            .get("key")
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-            .to_string();
-        let effect = applied.get("effect").and_then(Value::as_str).unwrap_or("");
-        let op = applied
+    for applied in array(version, "applied") {
+        let key = str_of(applied, "key").unwrap_or("?").to_string();
+        let effect = str_of(applied, "effect").unwrap_or("");
+        let text = applied
             .get("index")
             .and_then(Value::as_u64)
-            .and_then(|i| ops?.get(i as usize));
-        let text = op
-            .and_then(|o| o.get("text"))
-            .and_then(Value::as_str)
+            .and_then(|i| ops?.get(i as usize))
+            .and_then(|op| str_of(op, "text"))
             .map(|t| clip(t, RULE_CAP));
-        let order = RuleOrder::of(&key);
-        match effect {
-            "created" => {
-                let t = text.unwrap_or_default();
-                state.insert(order, t.clone());
-                view.changes
-                    .push(change(&key, ChangeKind::Added, None, Some(t), None));
-            }
-            "updated" | "merged" => {
-                let t = text.unwrap_or_default();
-                let before = state.insert(order, t.clone());
-                let kind = if before.is_some() {
-                    ChangeKind::Changed
-                } else {
-                    ChangeKind::Added
-                };
-                view.changes.push(change(&key, kind, before, Some(t), None));
-                for away in strings(applied.get("merged_away")) {
-                    let before = state.remove(&RuleOrder::of(&away));
-                    let note = Some(format!("merged into {key}"));
-                    view.changes
-                        .push(change(&away, ChangeKind::Removed, before, None, note));
-                }
-            }
-            "deleted" => {
-                let before = state.remove(&order);
-                view.changes
-                    .push(change(&key, ChangeKind::Removed, before, None, None));
-            }
-            other => out.problems.push(format!(
+        if !apply_effect(state, applied, &key, effect, text, view) {
+            out.problems.push(format!(
                 "version {}: unknown effect {} on {}",
                 view.seq,
-                clip(other, 40),
+                clip(effect, 40),
                 clip(&key, 40)
-            )),
+            ));
         }
     }
-    for skipped in version
-        .get("skipped")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let s = |k: &str| clip(skipped.get(k).and_then(Value::as_str).unwrap_or(""), 240);
+    for skipped in array(version, "skipped") {
+        let s = |k: &str| clip(str_of(skipped, k).unwrap_or(""), 240);
         view.skipped.push(SkippedView {
             op: s("op"),
             reason: s("reason"),
             detail: s("detail"),
         });
     }
+}
+
+/// Apply one `applied` entry (the rule `key` took `text` with `effect`) to `state` and
+/// record the change; `false` for an effect this replay does not know.
+fn apply_effect(
+    state: &mut Rules,
+    applied: &Value,
+    key: &str,
+    effect: &str,
+    text: Option<String>,
+    view: &mut VersionView,
+) -> bool {
+    let order = RuleOrder::of(key);
+    match effect {
+        "created" => {
+            let t = text.unwrap_or_default();
+            state.insert(order, t.clone());
+            view.changes
+                .push(change(key, ChangeKind::Added, None, Some(t), None));
+        }
+        "updated" | "merged" => {
+            let t = text.unwrap_or_default();
+            let before = state.insert(order, t.clone());
+            let kind = if before.is_some() {
+                ChangeKind::Changed
+            } else {
+                ChangeKind::Added
+            };
+            view.changes.push(change(key, kind, before, Some(t), None));
+            for away in strings(applied.get("merged_away")) {
+                let before = state.remove(&RuleOrder::of(&away));
+                let note = Some(format!("merged into {key}"));
+                view.changes
+                    .push(change(&away, ChangeKind::Removed, before, None, note));
+            }
+        }
+        "deleted" => {
+            let before = state.remove(&order);
+            view.changes
+                .push(change(key, ChangeKind::Removed, before, None, None));
+        }
+        _ => return false,
+    }
+    true
+}
+
+fn array<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(key).and_then(Value::as_array).into_iter().flatten()
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
 }
 
 fn change(

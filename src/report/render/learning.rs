@@ -1,10 +1,12 @@
 //! Sections `reflection` and `need-review`: what reflection did with the gradient candidates,
 //! and which tickets it gave up on.
 
+use std::collections::BTreeSet;
+
 use super::super::RunData;
 use super::super::html::{Cell, Page, duration, esc, ratio};
 use super::super::reflection::{CycleView, EpochReflection, OpView, RejectedView};
-use super::super::review::ReviewRow;
+use super::super::review::{NeedReview, ReviewRow};
 use super::{file_notes, left_out_note, opt};
 
 pub fn reflection(page: &mut Page, data: &RunData) {
@@ -121,40 +123,61 @@ fn add(sum: &mut EpochReflection, e: &EpochReflection) {
 }
 
 fn cycle_row(c: &CycleView) -> Vec<Cell> {
-    let retry = if c.retry_attempt > 0 {
-        format!(" · retry {}", c.retry_attempt)
-    } else {
-        String::new()
-    };
-    let mut batch = format!(
-        "{} ticket(s){}<br><span class=\"mono\">",
-        c.batch_len,
-        esc(&retry)
-    );
-    batch.push_str(
-        &c.batch
-            .iter()
-            .map(|k| esc(k))
-            .collect::<Vec<_>>()
-            .join("<br>"),
-    );
-    if c.batch_len > c.batch.len() {
-        batch.push_str(&format!("<br>… {} more", c.batch_len - c.batch.len()));
-    }
-    batch.push_str("</span>");
     let split = match (c.learnable, c.stop_gradient) {
         (None, None) => "no decision".to_string(),
         (l, s) => format!("{} / {}", opt(l), opt(s)),
     };
     let coverage = c.coverage.map_or("—".into(), |cv| {
-        format!(
-            "{}/{} ({})",
-            cv.covered,
-            cv.learnable,
-            ratio(cv.covered, cv.learnable)
-        )
+        let share = ratio(cv.covered, cv.learnable);
+        format!("{}/{} ({share})", cv.covered, cv.learnable)
     });
-    let guidance = if c.applied {
+    let tokens = &c.tokens;
+    vec![
+        Cell::markup(format!(
+            "{}<br><span class=\"muted mono\">{}</span>",
+            c.cycle,
+            esc(&c.reflection_id)
+        )),
+        Cell::num(c.epoch),
+        Cell::markup(batch_html(c)),
+        Cell::text(&split),
+        Cell::text(&coverage),
+        Cell::markup(outcome_html(c)),
+        Cell::markup(op_list(c.accepted.iter().map(op_html), c.accepted_len)),
+        Cell::markup(op_list(
+            c.rejected.iter().map(rejected_html),
+            c.rejected_len,
+        )),
+        Cell::num(format!(
+            "{} + {} ({})",
+            tokens.prompt_tokens, tokens.completion_tokens, tokens.calls
+        )),
+    ]
+}
+
+/// The batch: size, retry attempt, and its first ticket keys.
+fn batch_html(c: &CycleView) -> String {
+    let retry = if c.retry_attempt > 0 {
+        format!(" · retry {}", c.retry_attempt)
+    } else {
+        String::new()
+    };
+    let keys: Vec<String> = c.batch.iter().map(|k| esc(k)).collect();
+    let mut html = format!(
+        "{} ticket(s){retry}<br><span class=\"mono\">{}",
+        c.batch_len,
+        keys.join("<br>")
+    );
+    if c.batch_len > c.batch.len() {
+        html.push_str(&format!("<br>… {} more", c.batch_len - c.batch.len()));
+    }
+    html.push_str("</span>");
+    html
+}
+
+/// Whether the cycle changed the guidance, and its warnings.
+fn outcome_html(c: &CycleView) -> String {
+    let mut html = if c.applied {
         format!(
             "<span class=\"tag ok\">applied</span> step {} → {}",
             c.step_before, c.step_after
@@ -165,34 +188,11 @@ fn cycle_row(c: &CycleView) -> Vec<Cell> {
             c.step_before
         )
     };
-    let mut warnings = String::new();
     if !c.warnings.is_empty() {
-        warnings = format!(
-            "<br><span class=\"muted\">{}</span>",
-            esc(&c.warnings.join(", "))
-        );
+        let warnings = esc(&c.warnings.join(", "));
+        html.push_str(&format!("<br><span class=\"muted\">{warnings}</span>"));
     }
-    vec![
-        Cell::markup(format!(
-            "{}<br><span class=\"muted mono\">{}</span>",
-            c.cycle,
-            esc(&c.reflection_id)
-        )),
-        Cell::num(c.epoch),
-        Cell::markup(batch),
-        Cell::text(&split),
-        Cell::text(&coverage),
-        Cell::markup(guidance + &warnings),
-        Cell::markup(op_list(c.accepted.iter().map(op_html), c.accepted_len)),
-        Cell::markup(op_list(
-            c.rejected.iter().map(rejected_html),
-            c.rejected_len,
-        )),
-        Cell::num(format!(
-            "{} + {} ({})",
-            c.tokens.prompt_tokens, c.tokens.completion_tokens, c.tokens.calls
-        )),
-    ]
+    html
 }
 
 fn op_list(items: impl Iterator<Item = String>, total: usize) -> String {
@@ -254,39 +254,7 @@ pub fn need_review(page: &mut Page, data: &RunData) {
          (change_cap_reached). Routing is per epoch: the final epoch's rows are what is still \
          in review; earlier epochs are history. From need_review_queue.jsonl.",
     );
-    let codes: std::collections::BTreeSet<&String> = nr
-        .per_epoch
-        .values()
-        .flat_map(|e| e.by_code.keys())
-        .collect();
-    let mut headers = vec!["epoch", "rows", "tickets"];
-    headers.extend(codes.iter().map(|c| c.as_str()));
-    page.table(
-        &headers,
-        nr.per_epoch.iter().map(|(e, r)| {
-            let mut row = vec![
-                Cell::num(e),
-                Cell::num(r.rows).metric(format!("need_review_rows_e{e}")),
-                Cell::num(r.tickets).metric(format!("need_review_tickets_e{e}")),
-            ];
-            row.extend(
-                codes
-                    .iter()
-                    .map(|&c| Cell::num(r.by_code.get(c).copied().unwrap_or(0))),
-            );
-            row
-        }),
-    );
-    page.facts(&[
-        (
-            "rows (all epochs)",
-            Cell::num(nr.total_rows).metric("need_review_rows_total"),
-        ),
-        (
-            "distinct tickets",
-            Cell::num(nr.distinct_tickets).metric("need_review_distinct_tickets"),
-        ),
-    ]);
+    review_counts(page, nr);
     let final_epoch = data
         .identity
         .epochs()
@@ -313,6 +281,40 @@ pub fn need_review(page: &mut Page, data: &RunData) {
     }
     file_notes(page, [&nr.file]);
     page.close_section();
+}
+
+/// Rows and tickets per epoch and reason code, and the totals.
+fn review_counts(page: &mut Page, nr: &NeedReview) {
+    let codes: BTreeSet<&String> = nr
+        .per_epoch
+        .values()
+        .flat_map(|e| e.by_code.keys())
+        .collect();
+    let mut headers = vec!["epoch", "rows", "tickets"];
+    headers.extend(codes.iter().map(|c| c.as_str()));
+    page.table(
+        &headers,
+        nr.per_epoch.iter().map(|(e, r)| {
+            let mut row = vec![
+                Cell::num(e),
+                Cell::num(r.rows).metric(format!("need_review_rows_e{e}")),
+                Cell::num(r.tickets).metric(format!("need_review_tickets_e{e}")),
+            ];
+            let count = |c: &String| r.by_code.get(c).copied().unwrap_or(0);
+            row.extend(codes.iter().map(|&c| Cell::num(count(c))));
+            row
+        }),
+    );
+    page.facts(&[
+        (
+            "rows (all epochs)",
+            Cell::num(nr.total_rows).metric("need_review_rows_total"),
+        ),
+        (
+            "distinct tickets",
+            Cell::num(nr.distinct_tickets).metric("need_review_distinct_tickets"),
+        ),
+    ]);
 }
 
 fn review_row(r: &ReviewRow) -> Vec<Cell> {

@@ -5,8 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::super::RunData;
 use super::super::charts::{self, BarChart, LineChart, Series};
 use super::super::html::{Cell, Page, pct, ratio};
-use super::super::outcomes::EpochOutcome;
+use super::super::outcomes::{EpochAccuracy, EpochOutcome};
 use super::file_notes;
+
+/// A count read off a per-epoch record.
+type Count<T> = fn(&T) -> u64;
 
 /// Above this many distinct vote strengths the histogram bins by 0.05.
 const MAX_EXACT_BINS: usize = 24;
@@ -80,13 +83,13 @@ pub fn accuracy(page: &mut Page, data: &RunData) {
 
 fn accuracy_charts(page: &mut Page, data: &RunData) {
     let acc = &data.outcomes.accuracy;
-    let line = |name: &str, f: &dyn Fn(&super::super::outcomes::EpochAccuracy) -> f64| Series {
+    let line = |name: &str, f: fn(&EpochAccuracy) -> f64| Series {
         name: name.to_string(),
         points: acc.iter().map(|a| (a.epoch as f64, f(a))).collect(),
     };
     let series = [
-        line("all tickets", &|a| a.include.acc),
-        line("without need-review", &|a| a.exclude.acc),
+        line("all tickets", |a| a.include.acc),
+        line("without need-review", |a| a.exclude.acc),
     ];
     page.markup("<div class=\"charts\">");
     page.chart(
@@ -100,46 +103,34 @@ fn accuracy_charts(page: &mut Page, data: &RunData) {
             y_format: share,
         }),
     );
+    errors_chart(page, acc);
+    page.markup("</div>");
+}
+
+/// fn and fp per epoch, with and without need-review, side by side.
+fn errors_chart(page: &mut Page, acc: &[EpochAccuracy]) {
     let categories: Vec<String> = acc.iter().map(|a| format!("epoch {}", a.epoch)).collect();
-    let bars = [
-        (
-            "fn (all)",
-            acc.iter()
-                .map(|a| a.include.false_negatives as f64)
-                .collect(),
-        ),
-        (
-            "fp (all)",
-            acc.iter()
-                .map(|a| a.include.false_positives as f64)
-                .collect(),
-        ),
-        (
-            "fn (without)",
-            acc.iter()
-                .map(|a| a.exclude.false_negatives as f64)
-                .collect(),
-        ),
-        (
-            "fp (without)",
-            acc.iter()
-                .map(|a| a.exclude.false_positives as f64)
-                .collect(),
-        ),
-    ]
-    .map(|(n, v): (&str, Vec<f64>)| (n.to_string(), v));
+    let bars: [(&str, Count<EpochAccuracy>); 4] = [
+        ("fn (all)", |a| a.include.false_negatives),
+        ("fp (all)", |a| a.include.false_positives),
+        ("fn (without)", |a| a.exclude.false_negatives),
+        ("fp (without)", |a| a.exclude.false_positives),
+    ];
+    let series: Vec<(String, Vec<f64>)> = bars
+        .iter()
+        .map(|(name, f)| (name.to_string(), acc.iter().map(|a| f(a) as f64).collect()))
+        .collect();
     page.chart(
         "false negatives and false positives per epoch",
         charts::bar_chart(&BarChart {
             x_label: "epoch",
             y_label: "tickets",
             categories: &categories,
-            series: &bars,
+            series: &series,
             stacked: false,
             y_format: count,
         }),
     );
-    page.markup("</div>");
 }
 
 /// Vote strengths as histogram bins: exact values when few, else 0.05 wide bins.
@@ -196,6 +187,16 @@ pub fn votes(page: &mut Page, data: &RunData) {
         threshold.map_or("unknown".into(), |t| t.to_string())
     ));
     let bins = vote_bins(epochs);
+    vote_table(page, epochs, &bins);
+    if !bins.is_empty() {
+        vote_chart(page, epochs, &bins);
+    }
+    file_notes(page, data.outcomes.files.get(1));
+    page.close_section();
+}
+
+/// One row per bin, then the per-epoch flags and ticket counts.
+fn vote_table(page: &mut Page, epochs: &BTreeMap<u32, EpochOutcome>, bins: &[(String, Vec<u64>)]) {
     let mut headers = vec!["vote strength".to_string()];
     headers.extend(epochs.keys().map(|e| format!("epoch {e}")));
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
@@ -207,54 +208,47 @@ pub fn votes(page: &mut Page, data: &RunData) {
             row
         })
         .collect();
-    let summary_row = |name: &str, metric: &str, f: fn(&EpochOutcome) -> u64| {
+    let flags: [(&str, &str, Count<EpochOutcome>); 4] = [
+        ("no vote (no format-ok candidate)", "no_vote", |o| o.no_vote),
+        ("low agreement", "low_agreement", |o| o.low_agreement),
+        ("needs manual review", "needs_manual_review", |o| {
+            o.needs_manual_review
+        }),
+        ("tickets", "tickets", |o| o.tickets),
+    ];
+    for (name, metric, f) in flags {
         let mut row = vec![Cell::text(name)];
         row.extend(
             epochs
                 .iter()
                 .map(|(e, o)| Cell::num(f(o)).metric(format!("{metric}_e{e}"))),
         );
-        row
-    };
-    rows.push(summary_row(
-        "no vote (no format-ok candidate)",
-        "no_vote",
-        |o| o.no_vote,
-    ));
-    rows.push(summary_row("low agreement", "low_agreement", |o| {
-        o.low_agreement
-    }));
-    rows.push(summary_row(
-        "needs manual review",
-        "needs_manual_review",
-        |o| o.needs_manual_review,
-    ));
-    rows.push(summary_row("tickets", "tickets", |o| o.tickets));
-    page.table(&headers, rows);
-    if !bins.is_empty() {
-        let categories: Vec<String> = bins.iter().map(|(l, _)| l.clone()).collect();
-        let series: Vec<(String, Vec<f64>)> = epochs
-            .keys()
-            .enumerate()
-            .map(|(i, e)| {
-                let values = bins.iter().map(|(_, c)| c[i] as f64).collect();
-                (format!("epoch {e}"), values)
-            })
-            .collect();
-        page.chart(
-            "vote strength histogram",
-            charts::bar_chart(&BarChart {
-                x_label: "vote strength",
-                y_label: "tickets",
-                categories: &categories,
-                series: &series,
-                stacked: false,
-                y_format: count,
-            }),
-        );
+        rows.push(row);
     }
-    file_notes(page, data.outcomes.files.get(1));
-    page.close_section();
+    page.table(&headers, rows);
+}
+
+fn vote_chart(page: &mut Page, epochs: &BTreeMap<u32, EpochOutcome>, bins: &[(String, Vec<u64>)]) {
+    let categories: Vec<String> = bins.iter().map(|(l, _)| l.clone()).collect();
+    let series: Vec<(String, Vec<f64>)> = epochs
+        .keys()
+        .enumerate()
+        .map(|(i, e)| {
+            let values = bins.iter().map(|(_, c)| c[i] as f64).collect();
+            (format!("epoch {e}"), values)
+        })
+        .collect();
+    page.chart(
+        "vote strength histogram",
+        charts::bar_chart(&BarChart {
+            x_label: "vote strength",
+            y_label: "tickets",
+            categories: &categories,
+            series: &series,
+            stacked: false,
+            y_format: count,
+        }),
+    );
 }
 
 pub fn malformed(page: &mut Page, data: &RunData) {
@@ -275,32 +269,7 @@ pub fn malformed(page: &mut Page, data: &RunData) {
     headers.push("hard failures");
     page.table(
         &headers,
-        epochs.iter().map(|(e, o)| {
-            let mut row = vec![
-                Cell::num(e),
-                Cell::num(o.tickets),
-                Cell::num(o.candidates).metric(format!("candidates_e{e}")),
-                Cell::num(o.malformed).metric(format!("malformed_e{e}")),
-                Cell::num(ratio(o.malformed, o.candidates)).metric(format!("malformed_rate_e{e}")),
-            ];
-            row.extend(codes.iter().map(|&c| {
-                let n = o.malformed_by_code.get(c).copied().unwrap_or(0);
-                Cell::num(format!("{n} ({})", ratio(n, o.candidates)))
-            }));
-            let hard: Vec<String> = o
-                .hard_failures
-                .iter()
-                .map(|(k, n)| format!("{k}: {n}"))
-                .collect();
-            let total: u64 = o.hard_failures.values().sum();
-            let hard = if hard.is_empty() {
-                "0".into()
-            } else {
-                format!("{total} ({})", hard.join(", "))
-            };
-            row.push(Cell::text(&hard).metric(format!("hard_failures_e{e}")));
-            row
-        }),
+        epochs.iter().map(|(e, o)| malformed_row(*e, o, &codes)),
     );
     for (e, o) in epochs {
         if o.malformed_rows() != o.malformed {
@@ -319,6 +288,33 @@ pub fn malformed(page: &mut Page, data: &RunData) {
     }
     file_notes(page, data.outcomes.files.iter().skip(1));
     page.close_section();
+}
+
+fn malformed_row(e: u32, o: &EpochOutcome, codes: &BTreeSet<&String>) -> Vec<Cell> {
+    let mut row = vec![
+        Cell::num(e),
+        Cell::num(o.tickets),
+        Cell::num(o.candidates).metric(format!("candidates_e{e}")),
+        Cell::num(o.malformed).metric(format!("malformed_e{e}")),
+        Cell::num(ratio(o.malformed, o.candidates)).metric(format!("malformed_rate_e{e}")),
+    ];
+    row.extend(codes.iter().map(|&c| {
+        let n = o.malformed_by_code.get(c).copied().unwrap_or(0);
+        Cell::num(format!("{n} ({})", ratio(n, o.candidates)))
+    }));
+    let total: u64 = o.hard_failures.values().sum();
+    let hard = if total == 0 {
+        "0".to_string()
+    } else {
+        let parts: Vec<String> = o
+            .hard_failures
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect();
+        format!("{total} ({})", parts.join(", "))
+    };
+    row.push(Cell::text(&hard).metric(format!("hard_failures_e{e}")));
+    row
 }
 
 fn malformed_chart(

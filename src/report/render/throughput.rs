@@ -6,6 +6,7 @@ use super::super::RunData;
 use super::super::charts::{self, LineChart, Series};
 use super::super::html::{Cell, Page, duration};
 use super::super::outcomes::TimingWindow;
+use super::super::throughput::EpochCompute;
 use super::{file_notes, opt};
 use crate::report::clip;
 
@@ -108,40 +109,44 @@ fn by_epoch(page: &mut Page, data: &RunData) {
             "prompt tokens",
             "reflection model time",
         ],
-        epochs.iter().map(|e| {
-            let c = data.compute.per_epoch.get(e).copied().unwrap_or_default();
-            let w = last_window.get(e);
-            vec![
-                Cell::num(e),
-                Cell::num(w.map_or("—".into(), |w| {
-                    format!(
-                        "{} tickets at {}",
-                        w.epoch_step_end,
-                        duration(w.timing.elapsed_seconds)
-                    )
-                })),
-                Cell::num(w.map_or("—".into(), |w| {
-                    format!("{:.3}", w.timing.groups_per_second)
-                }))
-                .metric(format!("tickets_per_second_e{e}")),
-                Cell::num(c.jobs).metric(format!("rollout_jobs_e{e}")),
-                Cell::num(c.candidates),
-                Cell::num(c.completion_tokens),
-                Cell::num(duration(c.decode_us as f64 / 1e6)),
-                Cell::num(
-                    c.decode_tokens_per_second()
-                        .map_or("—".into(), |r| format!("{r:.1}")),
-                ),
-                Cell::num(duration(c.prefill_us as f64 / 1e6)),
-                Cell::num(c.prompt_tokens),
-                Cell::num(
-                    reflection
-                        .get(e)
-                        .map_or("—".into(), |r| duration(r.latency_us as f64 / 1e6)),
-                ),
-            ]
+        epochs.iter().map(|&e| {
+            let compute = data.compute.per_epoch.get(&e).copied().unwrap_or_default();
+            let reflection_us = reflection.get(&e).map(|r| r.latency_us);
+            epoch_row(e, &compute, last_window.get(&e).copied(), reflection_us)
         }),
     );
+}
+
+fn epoch_row(
+    e: u32,
+    c: &EpochCompute,
+    window: Option<&TimingWindow>,
+    reflection_us: Option<u64>,
+) -> Vec<Cell> {
+    let seconds = |us: u64| duration(us as f64 / 1e6);
+    let reached = window.map_or("—".into(), |w| {
+        let at = duration(w.timing.elapsed_seconds);
+        format!("{} tickets at {at}", w.epoch_step_end)
+    });
+    let rate = window.map_or("—".into(), |w| {
+        format!("{:.3}", w.timing.groups_per_second)
+    });
+    let decode_rate = c
+        .decode_tokens_per_second()
+        .map_or("—".into(), |r| format!("{r:.1}"));
+    vec![
+        Cell::num(e),
+        Cell::num(reached),
+        Cell::num(rate).metric(format!("tickets_per_second_e{e}")),
+        Cell::num(c.jobs).metric(format!("rollout_jobs_e{e}")),
+        Cell::num(c.candidates),
+        Cell::num(c.completion_tokens),
+        Cell::num(seconds(c.decode_us)),
+        Cell::num(decode_rate),
+        Cell::num(seconds(c.prefill_us)),
+        Cell::num(c.prompt_tokens),
+        Cell::num(reflection_us.map_or("—".into(), seconds)),
+    ]
 }
 
 /// Tickets decided against seconds since the epoch's start, one line per epoch.
