@@ -102,6 +102,22 @@ struct DrainArgs {
     drain_timeout_s: u64,
 }
 
+/// The HTML report rank 0 writes beside the artifacts when a run completes.
+#[derive(Args, Clone, Copy)]
+struct ReportArgs {
+    /// Do not write `report.html` into the run directory at the end of the run.
+    #[arg(long, env = "STAGEB_NO_REPORT")]
+    no_report: bool,
+}
+
+/// `stageb report --audit`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AuditChoice {
+    Auto,
+    Always,
+    Never,
+}
+
 /// Limits of the coordinator's gRPC edge (the rest are fixed; docs/ARCHITECTURE.md §11.2).
 #[derive(Args, Clone, Copy)]
 struct EdgeArgs {
@@ -236,6 +252,8 @@ enum Command {
         drain: DrainArgs,
         #[command(flatten)]
         metrics: MetricsArgs,
+        #[command(flatten)]
+        report: ReportArgs,
     },
     /// Serve a run as rank 0 only; workers join with `stageb worker`.
     Coordinator {
@@ -255,6 +273,8 @@ enum Command {
         drain: DrainArgs,
         #[command(flatten)]
         metrics: MetricsArgs,
+        #[command(flatten)]
+        report: ReportArgs,
         #[command(flatten)]
         tls: ServerTlsArgs,
         #[command(flatten)]
@@ -303,6 +323,8 @@ enum Command {
         drain: DrainArgs,
         #[command(flatten)]
         metrics: MetricsArgs,
+        #[command(flatten)]
+        report: ReportArgs,
         #[command(flatten)]
         tls: LaunchTlsArgs,
         #[command(flatten)]
@@ -367,6 +389,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a run's report: one self-contained HTML page (no network, no script) with the
+    /// audit's verdict, accuracy, votes, malformed candidates, reflection, guidance history,
+    /// need-review and throughput.
+    Report {
+        /// `{output.root}/{run_name}/{mission}`.
+        run_dir: PathBuf,
+        /// Where to write it (default: RUN_DIR/report.html).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Run `stageb audit` for the verdict at the top: auto skips it when the artifacts
+        /// pass 256 MiB (the audit holds every row in memory).
+        #[arg(long, value_enum, default_value_t = AuditChoice::Auto)]
+        audit: AuditChoice,
+    },
 }
 
 fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
@@ -427,6 +463,13 @@ fn classify(e: &anyhow::Error) -> u8 {
             exit::INPUT_ERROR
         }
         _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
+        _ if matches!(
+            e.downcast_ref::<stageb::report::ReportError>(),
+            Some(stageb::report::ReportError::RunDir(_))
+        ) =>
+        {
+            exit::INPUT_ERROR
+        }
         _ if e.downcast_ref::<stageb_shared::tls::TlsError>().is_some() => exit::INPUT_ERROR,
         _ if matches!(
             e.downcast_ref::<stageb::certs::CertError>(),
@@ -481,6 +524,22 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => ExitCode::from(report_error(&e)),
     }
+}
+
+/// The end of a completed run on rank 0: the report beside the artifacts (unless
+/// `--no-report`), then the outcome line and exit code. A report that cannot be written is a
+/// warning: the run itself is complete and its artifacts are on disk.
+async fn finish_run(summary: &stageb_coordinator::run::RunSummary, report: ReportArgs) -> u8 {
+    if !report.no_report {
+        let run_dir = summary.run_dir.clone();
+        let options = stageb::report::Options::default();
+        match tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, &options)).await {
+            Ok(Ok(path)) => tracing::info!(report = %path.display(), "report written"),
+            Ok(Err(e)) => tracing::warn!("no report: {e}"),
+            Err(e) => tracing::warn!("no report: {e}"),
+        }
+    }
+    summary_code(summary)
 }
 
 fn summary_code(summary: &stageb_coordinator::run::RunSummary) -> u8 {
@@ -577,6 +636,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             start,
             drain,
             metrics,
+            report,
         } => {
             let interrupt = shutdown_signal();
             if workers == 0 {
@@ -640,7 +700,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 interrupt,
             )
             .await?;
-            Ok(summary_code(&summary))
+            Ok(finish_run(&summary, report).await)
         }
         Command::Coordinator {
             config,
@@ -650,6 +710,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             start,
             drain,
             metrics,
+            report,
             tls,
             edge,
         } => {
@@ -673,7 +734,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             let summary =
                 cluster::run_coordinator_until(inputs, settings, |_, _| Vec::new(), interrupt)
                     .await?;
-            Ok(summary_code(&summary))
+            Ok(finish_run(&summary, report).await)
         }
         Command::Worker {
             coordinator,
@@ -712,6 +773,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             start,
             drain,
             metrics,
+            report,
             tls,
             edge,
             reconnect_timeout_s,
@@ -756,7 +818,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     interrupt,
                 )
                 .await?;
-                Ok(summary_code(&summary))
+                Ok(finish_run(&summary, report).await)
             } else {
                 let engine =
                     tokio::task::spawn_blocking(move || load_engine(&model_path, &model)).await??;
@@ -893,6 +955,25 @@ async fn dispatch(command: Command) -> Result<u8> {
             } else {
                 exit::AUDIT_FAILED
             })
+        }
+        Command::Report {
+            run_dir,
+            out,
+            audit,
+        } => {
+            let options = stageb::report::Options {
+                out,
+                audit: match audit {
+                    AuditChoice::Auto => stageb::report::AuditMode::Auto,
+                    AuditChoice::Always => stageb::report::AuditMode::Always,
+                    AuditChoice::Never => stageb::report::AuditMode::Never,
+                },
+            };
+            let path =
+                tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, &options))
+                    .await??;
+            println!("{}", path.display());
+            Ok(exit::OK)
         }
     }
 }

@@ -630,6 +630,7 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
         ])
         .arg("--tls-client-ca")
         .arg(tls_dir.join("ca.pem"))
+        .arg("--no-report")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&coordinator_log).unwrap());
     with_tls(&mut cmd);
@@ -678,6 +679,7 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
     );
     let dir = mission_dir(tmp.path(), knobs.run_name);
     assert_audit_ok(&dir);
+    assert!(!dir.join("report.html").exists(), "--no-report writes none");
     assert_eq!(rows_without_runtime(&dir.join("selections.jsonl")).len(), 3);
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
@@ -809,6 +811,10 @@ fn the_originals_production_config_runs_on_an_8k_model_with_fitted_limits() {
     assert!(status.success(), "stageb run failed:\n{log}");
     let run_dir = dir.join("runs/12-18/挡风板安装检查");
     assert_audit_ok(&run_dir);
+    assert!(
+        run_dir.join("report.html").is_file(),
+        "stageb run writes its report beside the artifacts"
+    );
     // Said once at start: which key, asked, used, why; then the limits used.
     for key in [
         "reflection.max_new_tokens",
