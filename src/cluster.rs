@@ -38,8 +38,19 @@ pub enum ClusterError {
     Serve(String),
     #[error("{0}")]
     Launch(String),
-    #[error("interrupted by a signal before the run completed")]
-    Interrupted,
+    #[error(
+        "interrupted before the run was over: {answers} answers are journaled and every \
+         completed step is on disk{abandoned_note}; continue with --resume (run directory {})",
+        run_dir.display()
+    )]
+    Interrupted {
+        run_dir: PathBuf,
+        /// Answers accepted (and journaled) during the drain.
+        answers: u64,
+        /// Jobs still in flight when the drain timed out (recomputed on resume).
+        abandoned: usize,
+        abandoned_note: String,
+    },
 }
 
 /// Load and validate the config and its Stage-A inputs. Relative paths resolve against the
@@ -82,7 +93,14 @@ pub struct CoordinatorSettings {
     pub progress: Option<ProgressHandle>,
     /// A fresh start, `--overwrite` or `--resume` (see `stageb_coordinator::start`).
     pub start: StartMode,
+    /// On SIGTERM/SIGINT: how long to wait for the jobs in flight before exiting (below
+    /// Slurm's `--signal=TERM@120` and Kubernetes' grace period).
+    pub drain_timeout: Duration,
 }
+
+/// Default [`CoordinatorSettings::drain_timeout`]: room for a few long reflection jobs, and
+/// 30 s under the two minutes Slurm's `--signal=TERM@120` and our pod spec's grace give.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Handles of workers started in this process.
 pub type LocalWorkers = Vec<JoinHandle<Result<WorkerSummary, String>>>;
@@ -270,13 +288,13 @@ pub async fn run_coordinator_until(
         })?
         .with_worker_grace(settings.worker_grace);
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
+        let run = run.run();
+        tokio::pin!(run);
         tokio::select! {
-            r = run.run() => r.map_err(ClusterError::from),
-            _ = interrupt => {
-                tracing::warn!("interrupted: stopping workers; artifacts hold every completed step");
-                Err(ClusterError::Interrupted)
-            }
+            r = &mut run => return r.map_err(ClusterError::from),
+            _ = interrupt => {}
         }
+        drain(&scheduler, run, settings.drain_timeout, &run_dir).await
     }
     .await;
 
@@ -301,6 +319,52 @@ pub async fn run_coordinator_until(
         Err(e) => tracing::warn!("server task failed: {e}"),
     }
     result
+}
+
+/// After SIGTERM/SIGINT: lease nothing more, tell the workers to drain, and wait up to
+/// `timeout` for the jobs in flight. Every answer that arrives meanwhile is journaled (and the
+/// run loop keeps going, so a step those answers complete is written); then the journal is
+/// synced and the run ends as [`ClusterError::Interrupted`], resumable. Should the run finish
+/// during the drain, it simply completes.
+async fn drain(
+    scheduler: &Scheduler,
+    run: std::pin::Pin<&mut impl std::future::Future<Output = Result<RunSummary, RunError>>>,
+    timeout: Duration,
+    run_dir: &Path,
+) -> Result<RunSummary, ClusterError> {
+    let accepted_before = scheduler.stats().submits_accepted;
+    tracing::warn!(
+        in_flight = scheduler.in_flight(),
+        timeout_s = timeout.as_secs(),
+        "interrupted: draining (no new leases; waiting for the jobs in flight)"
+    );
+    scheduler.set_control(ControlSignal::Drain);
+    let settled = async {
+        while scheduler.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        r = run => return r.map_err(ClusterError::from),
+        _ = settled => {}
+        _ = tokio::time::sleep(timeout) => {}
+    }
+    let abandoned = scheduler.in_flight();
+    if let Err(e) = scheduler.sync_journal() {
+        tracing::warn!("syncing the job journal failed: {e}");
+    }
+    let answers = scheduler.stats().submits_accepted - accepted_before;
+    tracing::warn!(answers, abandoned, "drained");
+    Err(ClusterError::Interrupted {
+        run_dir: run_dir.to_path_buf(),
+        answers,
+        abandoned,
+        abandoned_note: if abandoned > 0 {
+            format!(" ({abandoned} jobs still running at the drain timeout are recomputed)")
+        } else {
+            String::new()
+        },
+    })
 }
 
 /// A worker's identity for logs: `host:pid:index`.

@@ -67,6 +67,15 @@ struct StartArgs {
     overwrite: bool,
 }
 
+/// How rank 0 stops on SIGTERM/SIGINT.
+#[derive(Args, Clone, Copy)]
+struct DrainArgs {
+    /// On SIGTERM/SIGINT, wait this long for the jobs in flight (no new leases meanwhile),
+    /// then exit 75: interrupted, resumable with --resume.
+    #[arg(long, env = "STAGEB_DRAIN_TIMEOUT_S", default_value_t = cluster::DEFAULT_DRAIN_TIMEOUT.as_secs())]
+    drain_timeout_s: u64,
+}
+
 /// Limits of the coordinator's gRPC edge (the rest are fixed; docs/ARCHITECTURE.md §11.2).
 #[derive(Args, Clone, Copy)]
 struct EdgeArgs {
@@ -197,6 +206,8 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         start: StartArgs,
+        #[command(flatten)]
+        drain: DrainArgs,
     },
     /// Serve a run as rank 0 only; workers join with `stageb worker`.
     Coordinator {
@@ -212,6 +223,8 @@ enum Command {
         worker_grace_s: u64,
         #[command(flatten)]
         start: StartArgs,
+        #[command(flatten)]
+        drain: DrainArgs,
         #[command(flatten)]
         tls: ServerTlsArgs,
         #[command(flatten)]
@@ -254,6 +267,8 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         start: StartArgs,
+        #[command(flatten)]
+        drain: DrainArgs,
         #[command(flatten)]
         tls: LaunchTlsArgs,
         #[command(flatten)]
@@ -356,9 +371,10 @@ fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine, Inp
     })
 }
 
-/// Map a failure to its exit code: bad input is 2, everything else is 3.
+/// Map a failure to its exit code: bad input is 2, an interrupted run 75, everything else 3.
 fn classify(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<ClusterError>() {
+        Some(ClusterError::Interrupted { .. }) => exit::INTERRUPTED,
         Some(ClusterError::Input(_)) | Some(ClusterError::Launch(_)) => exit::INPUT_ERROR,
         Some(ClusterError::Bind(stageb_coordinator::server::BindError::Policy(_))) => {
             exit::INPUT_ERROR
@@ -389,9 +405,32 @@ fn classify(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// Whether logs are JSON lines: then the closing lines (the run's outcome, the error) are
+/// JSON events too, so a log shipper never meets a plain-text line.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn json_logs() -> bool {
+    JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Report the error a command ended with, and return its exit code.
+fn report_error(e: &anyhow::Error) -> u8 {
+    let code = classify(e);
+    if json_logs() {
+        tracing::error!(exit_code = code, "{e:#}");
+    } else {
+        eprintln!("error: {e:#}");
+    }
+    code
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
+    JSON_LOGS.store(
+        cli.log_format == LogFormat::Json,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     // Connections, artifacts and the model all need descriptors: use what the system allows.
     stageb_coordinator::edge::raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -406,29 +445,60 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(classify(&e))
-        }
+        Err(e) => ExitCode::from(report_error(&e)),
     }
 }
 
 fn summary_code(summary: &stageb_coordinator::run::RunSummary) -> u8 {
-    eprintln!(
-        "run complete: {} tickets × {} epochs, {} candidates ({} malformed), {} hard failures, guidance step {}, {} need-review rows\nartifacts: {}",
-        summary.tickets,
-        summary.epochs,
-        summary.candidates,
-        summary.malformed_candidates,
-        summary.hard_failures,
-        summary.guidance_step,
-        summary.need_review,
-        summary.run_dir.display()
-    );
-    if summary.hard_failures > 0 {
+    let code = if summary.hard_failures > 0 {
         exit::COMPLETED_WITH_FAILURES
     } else {
         exit::OK
+    };
+    if json_logs() {
+        tracing::info!(
+            tickets = summary.tickets,
+            epochs = summary.epochs,
+            candidates = summary.candidates,
+            malformed = summary.malformed_candidates,
+            hard_failures = summary.hard_failures,
+            guidance_step = summary.guidance_step,
+            need_review = summary.need_review,
+            run_dir = %summary.run_dir.display(),
+            exit_code = code,
+            "run complete"
+        );
+    } else {
+        eprintln!(
+            "run complete: {} tickets × {} epochs, {} candidates ({} malformed), {} hard failures, guidance step {}, {} need-review rows\nartifacts: {}",
+            summary.tickets,
+            summary.epochs,
+            summary.candidates,
+            summary.malformed_candidates,
+            summary.hard_failures,
+            summary.guidance_step,
+            summary.need_review,
+            summary.run_dir.display()
+        );
+    }
+    code
+}
+
+/// A worker's exit code: 0 when the run is over, [`exit::INTERRUPTED`] when it left early
+/// (its own signal, or a draining rank 0): the run still needs workers, so a scheduler should
+/// bring it back.
+fn worker_code(summary: &stageb_worker::client::WorkerSummary) -> u8 {
+    use stageb_worker::client::WorkerEnd;
+    tracing::info!(
+        jobs = summary.jobs_done,
+        failed = summary.jobs_failed,
+        cancelled = summary.jobs_cancelled,
+        end = ?summary.end,
+        "worker finished"
+    );
+    match summary.end {
+        WorkerEnd::RunOver => exit::OK,
+        WorkerEnd::Drained | WorkerEnd::Interrupted => exit::INTERRUPTED,
     }
 }
 
@@ -460,6 +530,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             listen,
             model,
             start,
+            drain,
         } => {
             if workers == 0 {
                 return Err(ClusterError::Launch(
@@ -499,6 +570,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 show_progress: true,
                 progress: None,
                 start: start.mode(),
+                drain_timeout: Duration::from_secs(drain.drain_timeout_s),
             };
             let first = std::sync::Mutex::new(Some(first));
             let summary = cluster::run_coordinator_until(
@@ -528,6 +600,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             token_file,
             worker_grace_s,
             start,
+            drain,
             tls,
             edge,
         } => {
@@ -544,6 +617,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 show_progress: true,
                 progress: None,
                 start: start.mode(),
+                drain_timeout: Duration::from_secs(drain.drain_timeout_s),
             };
             let summary = cluster::run_coordinator_until(
                 inputs,
@@ -578,12 +652,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                 reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
             };
             let summary = run_worker(engine, opts, shutdown_signal()).await?;
-            tracing::info!(
-                jobs = summary.jobs_done,
-                failed = summary.jobs_failed,
-                "worker finished"
-            );
-            Ok(exit::OK)
+            Ok(worker_code(&summary))
         }
         Command::Launch {
             config,
@@ -591,6 +660,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             token_file,
             model,
             start,
+            drain,
             tls,
             edge,
             reconnect_timeout_s,
@@ -618,6 +688,7 @@ async fn dispatch(command: Command) -> Result<u8> {
                     show_progress: true,
                     progress: None,
                     start: start.mode(),
+                    drain_timeout: Duration::from_secs(drain.drain_timeout_s),
                 };
                 let options = engine_options(&model)?;
                 let summary = cluster::run_coordinator_until(
@@ -646,8 +717,8 @@ async fn dispatch(command: Command) -> Result<u8> {
                     connect_timeout: Duration::from_secs(600),
                     reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
                 };
-                run_worker(engine, opts, shutdown_signal()).await?;
-                Ok(exit::OK)
+                let summary = run_worker(engine, opts, shutdown_signal()).await?;
+                Ok(worker_code(&summary))
             }
         }
         Command::TlsInit { dir, hosts, days } => {

@@ -128,6 +128,7 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
             show_progress: false,
             progress: None,
             start: cluster::StartMode::Fresh,
+            drain_timeout: cluster::DEFAULT_DRAIN_TIMEOUT,
         };
         let model = model_path();
         cluster::run_coordinator(inputs, settings, move |addr, token| {

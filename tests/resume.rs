@@ -223,7 +223,7 @@ fn stop_and_resume(at: StopAfter) {
         stop_after(first.clone(), at),
     );
     assert!(
-        matches!(stopped, Err(ClusterError::Interrupted)),
+        matches!(stopped, Err(ClusterError::Interrupted { .. })),
         "the first attempt is cut short"
     );
     let second = Counters::default();

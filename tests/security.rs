@@ -71,6 +71,7 @@ fn named_register_request(name: &str, fingerprint: &str) -> pb::RegisterRequest 
             version: "test".into(),
             max_context: 8192,
         }),
+        previous_session: String::new(),
     }
 }
 

@@ -96,6 +96,7 @@ fn register_request() -> pb::RegisterRequest {
             version: "test".into(),
             max_context: 8192,
         }),
+        previous_session: String::new(),
     }
 }
 

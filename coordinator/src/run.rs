@@ -425,13 +425,19 @@ impl RunLoop {
         Ok(summary)
     }
 
-    /// Wait for the run's context (known at start unless the first worker states it), fit the
-    /// config's lengths into it and say once what was lowered.
+    /// Wait for the run's model and context, fit the config's lengths into the context and
+    /// say once what was lowered. The full model fingerprint (and the context, unless known at
+    /// start) comes with the first admitted worker; `run` records both in the manifest before
+    /// the first job is queued, so whatever work a later `--resume` replays, the manifest
+    /// already names the model that did it.
     async fn plan_limits(&mut self) -> Result<EffectiveLimits, RunError> {
         let waited = Instant::now();
         let context = loop {
-            if let Some(context) = self.model.lock().unwrap_or_else(|e| e.into_inner()).context {
-                break context;
+            {
+                let pin = self.model.lock().unwrap_or_else(|e| e.into_inner());
+                if let (Some(_), Some(context)) = (&pin.fingerprint, pin.context) {
+                    break context;
+                }
             }
             if waited.elapsed() >= self.worker_grace {
                 return Err(RunError::NoWorkers(self.worker_grace));

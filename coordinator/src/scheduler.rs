@@ -226,6 +226,8 @@ pub struct SchedulerStats {
     pub replayed: u64,
     /// Sessions forgotten after `session_idle_ttl` without a call.
     pub sessions_expired: u64,
+    /// Leases fenced because their worker registered again (a subset of `leases_expired`).
+    pub leases_fenced_on_register: u64,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -330,9 +332,45 @@ impl Scheduler {
     /// A new session for a worker. Returns (worker id, session secret), or `Exhausted` when
     /// `max_sessions` sessions are live.
     pub fn register(&self) -> Result<(String, String), SubmitError> {
+        self.register_replacing("")
+            .map(|(worker, session, _)| (worker, session))
+    }
+
+    /// [`Scheduler::register`] for a worker that held `previous` (its old session secret,
+    /// which only that worker knows): the old session is retired first and its leases are
+    /// fenced at once, their jobs back at the front of the queue, instead of waiting out their
+    /// TTL. Whatever the worker was running under the old session it has dropped, or it would
+    /// not register again. Returns the ids of the fenced leases as the third element.
+    pub fn register_replacing(
+        &self,
+        previous: &str,
+    ) -> Result<(String, String, Vec<LeaseId>), SubmitError> {
+        let mut failed = Vec::new();
         let mut g = self.lock();
+        let mut fenced: Vec<LeaseId> = Vec::new();
+        if !previous.is_empty() && g.sessions.remove(previous).is_some() {
+            fenced = g
+                .leases
+                .iter()
+                .filter(|(_, l)| l.session == previous)
+                .map(|(id, _)| *id)
+                .collect();
+            // Highest id first, each pushed to the front: the oldest lease's job leads.
+            fenced.sort_unstable_by(|a, b| b.cmp(a));
+            for id in &fenced {
+                self.expire_lease(&mut g, *id, &mut failed);
+            }
+            g.stats.leases_fenced_on_register += fenced.len() as u64;
+        }
+        let registered = self.register_locked(&mut g);
+        drop(g);
+        self.after_expiry(failed, !fenced.is_empty());
+        registered.map(|(worker, session)| (worker, session, fenced))
+    }
+
+    fn register_locked(&self, g: &mut Inner) -> Result<(String, String), SubmitError> {
         if g.sessions.len() >= self.config.max_sessions {
-            self.forget_idle_sessions(&mut g, Instant::now());
+            self.forget_idle_sessions(g, Instant::now());
             if g.sessions.len() >= self.config.max_sessions {
                 return Err(SubmitError::Exhausted(format!(
                     "too many worker sessions ({}); retry later",
@@ -401,6 +439,11 @@ impl Scheduler {
 
     pub fn control(&self) -> ControlSignal {
         self.lock().control.unwrap_or(ControlSignal::Continue)
+    }
+
+    /// Leases issued and not yet answered, expired or fenced: the jobs workers are running.
+    pub fn in_flight(&self) -> usize {
+        self.lock().leases.len()
     }
 
     /// Take up to `max_jobs` queued jobs for `session`, waiting up to `wait` for one to appear.

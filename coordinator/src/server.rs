@@ -231,7 +231,18 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             }
             pin.context.map(|c| c.tokens).unwrap_or(0)
         };
-        let (worker_id, session) = self.scheduler.register().map_err(session_error)?;
+        wire::check_len(
+            "previous session",
+            &req.previous_session,
+            wire::MAX_SESSION_BYTES,
+        )?;
+        let (worker_id, session, fenced) = self
+            .scheduler
+            .register_replacing(&req.previous_session)
+            .map_err(session_error)?;
+        if !fenced.is_empty() {
+            tracing::warn!(worker_id = %worker_id, name = %name, fenced = ?fenced, "worker registered again: its old session's leases fenced, their jobs re-queued");
+        }
         tracing::info!(worker_id = %worker_id, name = %name, device = %log_safe(&worker.device), "worker registered");
         Ok(Response::new(pb::RegisterResponse {
             worker_id,

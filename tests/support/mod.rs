@@ -1115,6 +1115,7 @@ where
         show_progress: false,
         progress,
         start,
+        drain_timeout: Duration::from_secs(10),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -4,10 +4,16 @@
 //! The worker owns no state that matters: everything it needs arrives in a lease and
 //! everything it returns is validated by rank 0. If the coordinator forgets the session (it
 //! restarted, or this worker was paused past its lease TTL), the worker registers again and
-//! carries on; its old leases were re-leased elsewhere and their late results are fenced.
+//! carries on, naming its old session so rank 0 fences that session's leases at once.
+//!
+//! Rank 0's word arrives with every lease and heartbeat: `DRAIN` (it is shutting down: finish
+//! the job in hand, take nothing new, leave), `STOP` (the run is over: leave now), and the
+//! leases it fenced (another worker has the job: abandon it at the next decode step). How a
+//! worker ended ([`WorkerEnd`]) decides its exit code.
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +24,7 @@ use stageb_shared::tls::ClientTls;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
-use crate::engine::{DecodeRequest, Engine, GenerateRequest, RolloutRequest};
+use crate::engine::{CancelFlag, DecodeRequest, Engine, GenerateRequest, RolloutRequest};
 
 /// How a worker reaches its coordinator.
 #[derive(Debug, Clone)]
@@ -62,12 +68,15 @@ pub enum WorkerError {
     Tls { addr: String, reason: String },
 }
 
-/// What a worker did, for its exit log.
+/// What a worker did, for its exit log, and why it stopped.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct WorkerSummary {
     pub jobs_done: u64,
     pub jobs_failed: u64,
+    /// Jobs abandoned mid-run: their lease was fenced, or the run ended under them.
+    pub jobs_cancelled: u64,
     pub registrations: u64,
+    pub end: WorkerEnd,
 }
 
 #[derive(Clone)]
@@ -179,15 +188,19 @@ struct Session {
     max_context: u32,
 }
 
+/// Register with rank 0; `previous_session` (empty at first) lets it fence the old
+/// session's leases at once.
 async fn register(
     client: &mut Client,
     opts: &WorkerOptions,
     fingerprint: &str,
     max_context: u32,
+    previous_session: &str,
 ) -> Result<Session, Status> {
     let resp = client
         .register(pb::RegisterRequest {
             run_id: opts.run_id.clone(),
+            previous_session: previous_session.to_string(),
             worker: Some(pb::WorkerInfo {
                 name: opts.name.clone(),
                 device: opts.device.clone(),
@@ -303,19 +316,77 @@ async fn run_job<E: Engine + 'static>(
     })
 }
 
-/// Pull and run jobs until the coordinator says stop, `shutdown` resolves, or the coordinator
-/// stays unreachable past `connect_timeout`.
+/// Why a worker's loop ended.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerEnd {
+    /// Rank 0 said the run is over (heartbeat or lease `CONTROL_STOP`).
+    #[default]
+    RunOver,
+    /// Rank 0 is draining (it was interrupted): this worker finished what it held and left.
+    /// The run is not over; a resumed rank 0 will want workers again.
+    Drained,
+    /// This worker's own shutdown signal (SIGTERM/SIGINT): it finished the job in hand first.
+    Interrupted,
+}
+
+/// How one session ended.
+enum SessionEnd {
+    Finished(WorkerEnd),
+    /// The coordinator forgot the session or a call failed: register again.
+    Lost,
+}
+
+/// What the job loop and the heartbeat task of one session share.
+struct SessionShared {
+    /// Leases in hand, reported with every heartbeat.
+    held: Mutex<BTreeSet<u64>>,
+    /// Jobs finished by this worker: the progress counter rank 0 sees with every heartbeat.
+    finished: AtomicU64,
+    /// The strongest control rank 0 sent in a heartbeat: 0 continue, 1 drain, 2 stop.
+    directive: AtomicU8,
+}
+
+impl SessionShared {
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note_control(&self, control: pb::Control) {
+        let level = match control {
+            pb::Control::Continue => 0,
+            pb::Control::Drain => 1,
+            pb::Control::Stop => 2,
+        };
+        self.directive.fetch_max(level, Ordering::Relaxed);
+    }
+
+    /// The end rank 0 asked for, if it asked.
+    fn asked_end(&self) -> Option<WorkerEnd> {
+        match self.directive.load(Ordering::Relaxed) {
+            0 => None,
+            1 => Some(WorkerEnd::Drained),
+            _ => Some(WorkerEnd::RunOver),
+        }
+    }
+}
+
+/// Pull and run jobs until the coordinator says stop or drain, `shutdown` resolves (the job in
+/// hand is finished and submitted first), or the coordinator stays unreachable past the
+/// connect window.
 pub async fn run_worker<E: Engine + 'static>(
-    engine: E,
+    mut engine: E,
     opts: WorkerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, WorkerError> {
     let fingerprint = engine.fingerprint().id();
     let max_context = engine.max_context();
+    let cancel = CancelFlag::default();
+    engine.set_cancel(cancel.clone());
     let engine = Arc::new(Mutex::new(engine));
     let mut summary = WorkerSummary::default();
+    let mut previous_session = String::new();
     tokio::pin!(shutdown);
-    'connection: loop {
+    loop {
         let window = if summary.registrations == 0 {
             opts.connect_timeout
         } else {
@@ -323,9 +394,20 @@ pub async fn run_worker<E: Engine + 'static>(
         };
         let mut client = tokio::select! {
             c = connect(&opts, window) => c?,
-            _ = &mut shutdown => return Ok(summary),
+            _ = &mut shutdown => {
+                summary.end = WorkerEnd::Interrupted;
+                return Ok(summary);
+            }
         };
-        let session = match register(&mut client, &opts, &fingerprint, max_context).await {
+        let registered = register(
+            &mut client,
+            &opts,
+            &fingerprint,
+            max_context,
+            &previous_session,
+        )
+        .await;
+        let session = match registered {
             Ok(s) => s,
             Err(status)
                 if matches!(
@@ -334,17 +416,18 @@ pub async fn run_worker<E: Engine + 'static>(
                 ) =>
             {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                continue 'connection;
+                continue;
             }
             // Rank 0's session table is full: wait for idle sessions to expire.
             Err(status) if status.code() == Code::ResourceExhausted => {
                 tracing::warn!("the coordinator is at its session cap; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                continue 'connection;
+                continue;
             }
             Err(status) => return Err(WorkerError::Refused(status.message().to_string())),
         };
         summary.registrations += 1;
+        previous_session = session.id.clone();
         if session.max_context > 0 {
             engine
                 .lock()
@@ -352,112 +435,165 @@ pub async fn run_worker<E: Engine + 'static>(
                 .limit_context(session.max_context);
         }
         tracing::info!(worker_id = %session.worker_id, context = session.max_context, "registered with the coordinator");
-
-        // Heartbeats run beside the job loop and report the leases currently held.
-        let held: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
-        // Jobs finished by this worker: the progress counter rank 0 sees with every heartbeat.
-        let finished = Arc::new(std::sync::atomic::AtomicU64::new(
-            summary.jobs_done + summary.jobs_failed,
-        ));
-        let heartbeat = {
-            let mut client = client.clone();
-            let held = held.clone();
-            let finished = finished.clone();
-            let session_id = session.id.clone();
-            let every = session.heartbeat;
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tick.tick().await;
-                    let lease_ids: Vec<u64> = held
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .iter()
-                        .copied()
-                        .collect();
-                    let _ = client
-                        .heartbeat(pb::HeartbeatRequest {
-                            session: session_id.clone(),
-                            lease_ids,
-                            jobs_done: finished.load(std::sync::atomic::Ordering::Relaxed),
-                        })
-                        .await;
-                }
-            })
-        };
-
-        let outcome: Result<bool, ()> = loop {
-            let lease = pb::LeaseRequest {
-                session: session.id.clone(),
-                max_jobs: 1,
-                wait_ms: 5_000,
-            };
-            let response = tokio::select! {
-                r = client.lease(lease) => r,
-                _ = &mut shutdown => break Ok(true),
-            };
-            let response = match response {
-                Ok(r) => r.into_inner(),
-                Err(status) if status.code() == Code::Unauthenticated => break Err(()),
-                Err(status) => {
-                    tracing::warn!(code = ?status.code(), "lease failed: {}", status.message());
-                    break Err(());
-                }
-            };
-            let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
-            if response.jobs.is_empty() {
-                if control != pb::Control::Continue {
-                    break Ok(true);
-                }
-                continue;
+        let ended = serve_session(
+            &client,
+            &session,
+            &engine,
+            &cancel,
+            &mut summary,
+            &mut shutdown,
+        )
+        .await;
+        match ended {
+            SessionEnd::Finished(end) => {
+                summary.end = end;
+                return Ok(summary);
             }
-            for job in response.jobs {
-                let Some(kind) = job.kind else { continue };
-                held.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(job.lease_id);
-                let result = run_job(&engine, kind).await;
-                let failed = matches!(result, pb::submit_request::Result::Error(_));
-                let submit = pb::SubmitRequest {
-                    session: session.id.clone(),
-                    lease_id: job.lease_id,
-                    result: Some(result),
-                };
-                let answer = client.submit(submit).await;
-                held.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&job.lease_id);
-                match answer {
-                    Ok(r) => {
-                        let status = pb::SubmitStatus::try_from(r.into_inner().status)
-                            .unwrap_or(pb::SubmitStatus::Unspecified);
-                        if status == pb::SubmitStatus::Fenced {
-                            tracing::warn!(
-                                lease = job.lease_id,
-                                "result fenced: the lease had expired"
-                            );
-                        }
-                        if failed {
-                            summary.jobs_failed += 1
-                        } else {
-                            summary.jobs_done += 1
-                        }
-                        finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(status) => {
-                        tracing::warn!(lease = job.lease_id, "submit failed: {}", status.message())
-                    }
-                }
-            }
-        };
-        heartbeat.abort();
-        match outcome {
-            Ok(_) => return Ok(summary),
-            Err(()) => {
+            SessionEnd::Lost => {
                 tracing::info!("session lost; reconnecting");
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                continue 'connection;
             }
         }
+    }
+}
+
+/// Heartbeats beside the job loop: they keep the leases in hand alive, and carry rank 0's
+/// word back: a fenced lease cancels its job at the next decode step, `STOP` cancels whatever
+/// runs, `DRAIN` lets it finish.
+fn spawn_heartbeat(
+    mut client: Client,
+    session: &Session,
+    shared: Arc<SessionShared>,
+    cancel: CancelFlag,
+) -> tokio::task::JoinHandle<()> {
+    let session_id = session.id.clone();
+    let every = session.heartbeat;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let lease_ids: Vec<u64> = shared.held().iter().copied().collect();
+            let response = client
+                .heartbeat(pb::HeartbeatRequest {
+                    session: session_id.clone(),
+                    lease_ids,
+                    jobs_done: shared.finished.load(Ordering::Relaxed),
+                })
+                .await;
+            let Ok(response) = response.map(|r| r.into_inner()) else {
+                continue;
+            };
+            let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
+            shared.note_control(control);
+            let fenced_in_hand = {
+                let held = shared.held();
+                response.fenced_lease_ids.iter().any(|id| held.contains(id))
+            };
+            if fenced_in_hand {
+                tracing::warn!(fenced = ?response.fenced_lease_ids, "rank 0 fenced a lease in hand: abandoning its job");
+                cancel.cancel();
+            } else if control == pb::Control::Stop {
+                cancel.cancel();
+            }
+        }
+    })
+}
+
+/// Lease, run and submit jobs under one session until it ends.
+async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
+    client: &Client,
+    session: &Session,
+    engine: &Arc<Mutex<E>>,
+    cancel: &CancelFlag,
+    summary: &mut WorkerSummary,
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> SessionEnd {
+    let mut client = client.clone();
+    let shared = Arc::new(SessionShared {
+        held: Mutex::default(),
+        finished: AtomicU64::new(summary.jobs_done + summary.jobs_failed),
+        directive: AtomicU8::new(0),
+    });
+    let heartbeat = spawn_heartbeat(client.clone(), session, shared.clone(), cancel.clone());
+    let ended = loop {
+        if let Some(end) = shared.asked_end() {
+            break SessionEnd::Finished(end);
+        }
+        let lease = pb::LeaseRequest {
+            session: session.id.clone(),
+            max_jobs: 1,
+            wait_ms: 5_000,
+        };
+        let response = tokio::select! {
+            r = client.lease(lease) => r,
+            _ = shutdown.as_mut() => break SessionEnd::Finished(WorkerEnd::Interrupted),
+        };
+        let response = match response {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                if status.code() != Code::Unauthenticated {
+                    tracing::warn!(code = ?status.code(), "lease failed: {}", status.message());
+                }
+                break SessionEnd::Lost;
+            }
+        };
+        let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
+        shared.note_control(control);
+        for job in response.jobs {
+            let Some(kind) = job.kind else { continue };
+            shared.held().insert(job.lease_id);
+            cancel.reset();
+            let result = run_job(engine, kind).await;
+            let cancelled =
+                matches!(&result, pb::submit_request::Result::Error(e) if e.code == "CANCELLED");
+            if cancelled {
+                shared.held().remove(&job.lease_id);
+                summary.jobs_cancelled += 1;
+                tracing::info!(
+                    lease = job.lease_id,
+                    "job cancelled before it finished; not submitted"
+                );
+                continue;
+            }
+            submit(&mut client, session, job.lease_id, result, summary, &shared).await;
+        }
+    };
+    heartbeat.abort();
+    ended
+}
+
+/// Hand one result back and count it.
+async fn submit(
+    client: &mut Client,
+    session: &Session,
+    lease_id: u64,
+    result: pb::submit_request::Result,
+    summary: &mut WorkerSummary,
+    shared: &SessionShared,
+) {
+    let failed = matches!(result, pb::submit_request::Result::Error(_));
+    let answer = client
+        .submit(pb::SubmitRequest {
+            session: session.id.clone(),
+            lease_id,
+            result: Some(result),
+        })
+        .await;
+    shared.held().remove(&lease_id);
+    match answer {
+        Ok(r) => {
+            let status = pb::SubmitStatus::try_from(r.into_inner().status)
+                .unwrap_or(pb::SubmitStatus::Unspecified);
+            if status == pb::SubmitStatus::Fenced {
+                tracing::warn!(lease = lease_id, "result fenced: the lease had expired");
+            }
+            if failed {
+                summary.jobs_failed += 1
+            } else {
+                summary.jobs_done += 1
+            }
+            shared.finished.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(status) => tracing::warn!(lease = lease_id, "submit failed: {}", status.message()),
     }
 }

@@ -32,8 +32,8 @@ use super::gguf::{self, WeightFormat, model_err};
 use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
-    CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
-    ModelFingerprint, RolloutOutput, RolloutRequest,
+    CancelFlag, CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput,
+    GenerateRequest, ModelFingerprint, RolloutOutput, RolloutRequest,
 };
 use crate::constraint::{
     AllowedTokens, ConstraintFactory, ConstraintSpec, TokenConstraint, Vocabulary,
@@ -183,6 +183,8 @@ pub struct CandleEngine {
     /// Prompt + generated tokens a job may use: the loaded context, or the run's when rank 0
     /// asked for less ([`Engine::limit_context`]).
     context_limit: usize,
+    /// Raised by the worker to stop the job in progress ([`Engine::set_cancel`]).
+    cancel: CancelFlag,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -403,6 +405,7 @@ impl CandleEngine {
         }
         Ok(CandleEngine {
             context_limit: model.max_context(),
+            cancel: CancelFlag::default(),
             model,
             tokenizer,
             template,
@@ -649,6 +652,9 @@ impl CandleEngine {
         // The prompt's last logits are the same for every row; step 0 samples from them.
         let mut step_logits: Vec<Vec<f32>> = vec![first_logits; n];
         for step in 0..max_new {
+            if self.cancel.is_cancelled() {
+                return Err(EngineError::Cancelled);
+            }
             let mut next = Vec::with_capacity(n);
             for (i, row) in rows.iter_mut().enumerate() {
                 if row.finish.is_some() {
@@ -875,6 +881,10 @@ impl Engine for CandleEngine {
 
     fn limit_context(&mut self, tokens: u32) {
         self.context_limit = (tokens as usize).clamp(2, self.model.max_context());
+    }
+
+    fn set_cancel(&mut self, flag: CancelFlag) {
+        self.cancel = flag;
     }
 }
 

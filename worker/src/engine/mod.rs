@@ -5,6 +5,9 @@
 //! in JSON-schema mode for reflection. Everything random is derived from the seeds in the
 //! request, so results never depend on which worker ran the job or what else it was doing.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use stageb_shared::domain::ChatMessage;
 
 pub mod candle_engine;
@@ -126,6 +129,28 @@ impl ModelFingerprint {
     }
 }
 
+/// Stops the job in progress at its next decode step: the worker raises it when the job's
+/// lease was fenced (another worker has the job now) or the run is over, so a dead job does
+/// not hold the device for the rest of its tokens. The engine then returns
+/// [`EngineError::Cancelled`]. Shared between the worker's heartbeat task and the engine.
+#[derive(Debug, Clone, Default)]
+pub struct CancelFlag(Arc<AtomicBool>);
+
+impl CancelFlag {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Clear the flag before the next job starts.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Stable error codes a worker reports for a job it could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -144,6 +169,9 @@ pub enum EngineError {
     Model(String),
     #[error("constraint error: {0}")]
     Constraint(#[from] crate::constraint::ConstraintError),
+    /// The worker cancelled the job ([`CancelFlag`]); its result is never submitted.
+    #[error("the job was cancelled")]
+    Cancelled,
 }
 
 impl EngineError {
@@ -154,6 +182,7 @@ impl EngineError {
             EngineError::InvalidRequest(_) => "INVALID_REQUEST",
             EngineError::Model(_) => "ENGINE_ERROR",
             EngineError::Constraint(_) => "CONSTRAINT_ERROR",
+            EngineError::Cancelled => "CANCELLED",
         }
     }
 }
@@ -172,4 +201,7 @@ pub trait Engine: Send {
     /// Use at most `tokens` of context from now on (the run's context, told by rank 0 at
     /// Register), so whether a prompt fits never depends on which worker ran it.
     fn limit_context(&mut self, _tokens: u32) {}
+    /// Watch `flag` from now on: a raised flag ends the job in progress at its next decode
+    /// step with [`EngineError::Cancelled`]. Engines that cannot stop early ignore it.
+    fn set_cancel(&mut self, _flag: CancelFlag) {}
 }
