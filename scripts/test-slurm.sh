@@ -19,7 +19,8 @@
 #   d  `kill -9` of rank 0 mid-run       -> the workers leave within STAGEB_RECONNECT_TIMEOUT_S
 #                                           (10 s here), the job ends within 40 s, not COMPLETED
 #
-#   scripts/test-slurm.sh            (as root; about 5 minutes on 2 cores)
+#   scripts/test-slurm.sh            (as root; about 4 minutes on 2 cores, 5 when it makes
+#                                     the reference run itself)
 #
 # Exit codes: 0 every scenario passed; 1 a scenario failed; 2 broken checkout (no binary could
 # be built, no model); 77 SKIPPED: Slurm or munge is missing and cannot be installed here, or

@@ -17,8 +17,8 @@
 #       alone) exits 0 with 4 workers registered at rank 0, audit OK, identical artifacts, and
 #       stage_b.sh warned that the binary is CPU-only.
 #
-#   scripts/test-torchrun.sh           (about 2 minutes on 2 cores; 1 more without a cached
-#                                       reference run)
+#   scripts/test-torchrun.sh           (2-3 minutes on 2 cores, the reference run included;
+#                                       it is cached for scripts/test-slurm.sh)
 #
 # Exit codes: 0 passed; 1 a check failed; 2 broken checkout (no binary could be built, no
 # model). Environment: STAGEB_BIN (default target/debug/stageb, built if missing);
