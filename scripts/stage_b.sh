@@ -42,6 +42,8 @@ Environment:
   STAGEB_BIN               The stageb binary to use. Default: target/release/stageb, then
                            stageb on PATH. If neither exists: cargo build --release.
   STAGEB_CARGO_FEATURES    Features for that build. Default: cuda when GPUs are given.
+                           With gpus= and a CPU-only binary (stageb --version says
+                           "(cpu)"), the script warns and runs on the CPU.
   STAGEB_TOKEN / STAGEB_TOKEN_FILE
                            Shared secret for a torchrun (multi-process) run. If neither is
                            set, a random token is generated for this run. It is never printed.
@@ -175,6 +177,21 @@ if ! bin="$(find_binary)"; then
     command -v cargo >/dev/null 2>&1 || die "no stageb binary (target/release/stageb or on PATH) and no cargo to build one"
     echo "stage_b.sh: building stageb: ${build_cmd[*]}" >&2
     (cd "$repo_root" && "${build_cmd[@]}")
+  fi
+fi
+
+# GPUs asked for, but a binary built without CUDA: say so, then run anyway (on the CPU). The
+# binary names its backend in `stageb --version`: "stageb 0.1.0 (cpu)" or "(cuda)".
+if ((n_gpus > 0)) && [[ -x "$bin" ]]; then
+  version="$("$bin" --version 2>/dev/null || true)"
+  if [[ "$version" == *"(cpu)"* ]]; then
+    {
+      echo "stage_b.sh: WARNING: gpus=$gpus_arg, but $bin is a CPU-only build ($version)."
+      echo "stage_b.sh: WARNING: every process will run on the CPU. For the GPUs, build a CUDA binary:"
+      echo "stage_b.sh: WARNING:   cargo build --release --features cuda   (this script uses target/release/stageb),"
+      echo "stage_b.sh: WARNING: or point STAGEB_BIN at one. (With no binary at all, this script builds one itself,"
+      echo "stage_b.sh: WARNING: with STAGEB_CARGO_FEATURES, which defaults to cuda when gpus= is given.)"
+    } >&2
   fi
 fi
 
