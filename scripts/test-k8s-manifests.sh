@@ -84,7 +84,7 @@ def decide(code=None, condition=None):
             if condition and pc["type"] == condition and pc.get("status", "True") == "True":
                 return rule["action"]
     return "Count"
-for code, want in [(2, "FailJob"), (75, "Ignore"), (1, "Count"), (3, "Count"), (137, "Count")]:
+for code, want in [(2, "FailJob"), (75, "Ignore"), (1, "FailIndex"), (3, "Count"), (137, "Count")]:
     got = decide(code=code)
     expect(got == want, f"exit code {code}: {got}, expected {want}")
 got = decide(condition="DisruptionTarget")
@@ -99,7 +99,7 @@ for p in dict.fromkeys(problems):
     print(f"ERROR {sys.argv[1]}: {p}")
 if problems:
     sys.exit(1)
-print(f"INFO {sys.argv[1]}: exit 2 -> FailJob, 75 -> Ignore, DisruptionTarget -> Ignore, 1/3/137 -> counted; grace {pod['terminationGracePeriodSeconds']} s; {spec['completions']} ranks")
+print(f"INFO {sys.argv[1]}: exit 2 -> FailJob, 1 -> FailIndex, 75 -> Ignore, DisruptionTarget -> Ignore, 3/137 -> counted; grace {pod['terminationGracePeriodSeconds']} s; {spec['completions']} ranks")
 PY
 )"; then
   echo "pod failure policy and Job settings: as documented"
