@@ -4,8 +4,10 @@
 # any uncaught exception, console error or warning, blocked load (a CSP violation), network
 # request, dialog, <script> element or missing section (scripts/report_browser.py check).
 #
-# The run: runs/demo/挡风板安装检查 when present, else a fresh small run with the real model
-# (~1 min), whose own report.html (written by `stageb run`) is checked too.
+# The run: $STAGEB_REPORT_RUN when set, else runs/demo/挡风板安装检查 when present, else the
+# launcher tests' reference run (.cache/launch-tests, CI runs them first), else a fresh small
+# run with the real model (~1 min); a run's own report.html (written by `stageb run`) is
+# checked too.
 # Chromium: Debian's `chromium`, installed with apt-get when missing. Exit code 77 (with the
 # reason on stderr) when no browser can be had: the test did not run.
 set -euo pipefail
