@@ -16,8 +16,13 @@
 #       processes; the real run (on a copy of the config, so runs/ in the checkout is left
 #       alone) exits 0 with 4 workers registered at rank 0, audit OK, identical artifacts, and
 #       stage_b.sh warned that the binary is CPU-only.
+#   iii scripts/stage_b.sh demo gpus=0,1,2,3, the full demo mission exactly as named (from a
+#       scratch copy of the launcher and examples/, so runs/ in the checkout is left alone):
+#       4 workers register at rank 0; then SIGTERM to the launcher, as a scheduler sends it.
+#       The stand-in forwards it to every rank, rank 0 drains and the launcher exits 75
+#       (interrupted, resumable), with the model already pinned in the run's manifest.
 #
-#   scripts/test-torchrun.sh           (2-3 minutes on 2 cores, the reference run included;
+#   scripts/test-torchrun.sh           (3-4 minutes on 2 cores, the reference run included;
 #                                       it is cached for scripts/test-slurm.sh)
 #
 # Exit codes: 0 passed; 1 a check failed; 2 broken checkout (no binary could be built, no
@@ -142,6 +147,39 @@ res=FAIL
 [[ $rc == 0 && "$dry_ok" == yes && "$registered" == 4 && "$warned" == yes && "$audit" == OK && "$same" == identical ]] && res=PASS
 record ii "$res" "dry run names torchrun x4: $dry_ok; exit $rc, $registered workers registered, CPU-build warning: $warned, audit $audit, artifacts $same, $((SECONDS - t0)) s"
 lt_log "ii: $res"
+
+# --- iii: scripts/stage_b.sh demo gpus=0,1,2,3, then SIGTERM ----------------------------------
+t0=$SECONDS
+scratch="$tmp/iii/repo"
+mkdir -p "$scratch/scripts" "$scratch/examples"
+cp scripts/stage_b.sh "$scratch/scripts/"
+cp -r examples/demo "$scratch/examples/demo"
+ln -s "$lt_repo/.cache" "$scratch/.cache"
+port="$(free_port_pair)"
+lt_log "iii: scripts/stage_b.sh demo gpus=0,1,2,3 (full demo; SIGTERM once 4 workers registered)"
+MASTER_PORT="$port" STAGEB_BIN="$lt_bin" STAGEB_DRAIN_TIMEOUT_S=30 \
+  "$scratch/scripts/stage_b.sh" demo gpus=0,1,2,3 >"$tmp/iii/stage_b.log" 2>&1 &
+launcher_pid=$!
+registered=0
+for _ in $(seq 180); do
+  registered="$(lt_registered_count "$tmp/iii/stage_b.log")"
+  ((registered >= 4)) && break
+  kill -0 "$launcher_pid" 2>/dev/null || break
+  sleep 1
+done
+rc=0
+kill -TERM "$launcher_pid" 2>/dev/null || true
+wait "$launcher_pid" || rc=$?
+launcher_pid=""
+drained=no
+grep -q '"drained"\|drained' "$tmp/iii/stage_b.log" && drained=yes
+pinned=no
+manifest="$(find "$scratch/runs" -name manifest.json 2>/dev/null | head -n1)"
+[[ -n "$manifest" ]] && python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); sys.exit(0 if m["model"]["fingerprint"] else 1)' "$manifest" && pinned=yes
+res=FAIL
+[[ $rc == 75 && "$registered" -ge 4 && "$drained" == yes && "$pinned" == yes ]] && res=PASS
+record iii "$res" "$registered workers registered, SIGTERM: exit $rc (75 expected), drained: $drained, model pinned: $pinned, $((SECONDS - t0)) s"
+lt_log "iii: $res"
 
 # --- summary ---------------------------------------------------------------------------------
 echo
