@@ -177,3 +177,50 @@ fn coverage_without_an_applied_op_and_a_label_in_a_rule_are_caught() {
     assert!(found.contains(&"coverage_from_applied_ops"), "{found:?}");
     assert!(found.contains(&"no_label_in_rules"), "{found:?}");
 }
+
+/// Regression: runs written before `runner.speculation_*` existed failed the audit with "no
+/// readable resolved config" once those keys were added to the config type.
+#[test]
+fn a_manifest_from_before_newer_config_keys_still_audits() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    let path = run.join(files::MANIFEST);
+    let mut manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let runner = manifest["config"]["runner"].as_object_mut().unwrap();
+    assert!(runner.remove("speculation_multiple").is_some());
+    assert!(runner.remove("speculation_min_ms").is_some());
+    std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    assert_eq!(checks(&run), Vec::<&str>::new());
+}
+
+/// A torn last line, a row that is not JSON and a duplicate candidate in one file: each is
+/// reported with its line, and the rows around them are still checked.
+#[test]
+fn broken_lines_are_reported_where_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = clean_run(dir.path());
+    let path = run.join(files::TRAJECTORIES);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    let first = text.lines().next().unwrap().to_string();
+    text.push_str("not json\n");
+    text.push_str(&first);
+    std::fs::write(&path, text).unwrap();
+    let report = stageb::audit::audit(&run);
+    let found: Vec<(&str, Option<usize>)> = report
+        .violations
+        .iter()
+        .map(|v| (v.check, v.line))
+        .collect();
+    assert!(found.contains(&("jsonl_framing", None)), "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|(c, l)| *c == "jsonl_parse" && l.is_some()),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|(c, _)| *c == "one_row_per_candidate"),
+        "{found:?}"
+    );
+}

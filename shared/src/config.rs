@@ -233,11 +233,22 @@ pub struct RunnerConfig {
     pub heartbeat_interval_s: u64,
     /// stageb addition: straggler speculation. When the queue is empty and a lease has run
     /// longer than this multiple of the median job time (of its kind), an idle worker gets the
-    /// same job; the first answer wins. 0 turns it off. Default 3.
+    /// same job; the first answer wins. 0 turns it off. Default 3. (Defaulted when absent, so
+    /// manifests written before these keys existed still read.)
+    #[serde(default = "default_speculation_multiple")]
     pub speculation_multiple: u32,
     /// stageb addition: never speculate on a lease younger than this (milliseconds), however
     /// fast the median job. Default 2000.
+    #[serde(default = "default_speculation_min_ms")]
     pub speculation_min_ms: u64,
+}
+
+fn default_speculation_multiple() -> u32 {
+    3
+}
+
+fn default_speculation_min_ms() -> u64 {
+    2000
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1581,8 +1592,18 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
         logging_steps: runner.opt_u32(doc, "logging_steps", 256, 1)?,
         lease_ttl_s: runner.opt_u64(doc, "lease_ttl_s", 60, 1)?,
         heartbeat_interval_s: runner.opt_u64(doc, "heartbeat_interval_s", 5, 1)?,
-        speculation_multiple: runner.opt_u32(doc, "speculation_multiple", 3, 0)?,
-        speculation_min_ms: runner.opt_u64(doc, "speculation_min_ms", 2000, 0)?,
+        speculation_multiple: runner.opt_u32(
+            doc,
+            "speculation_multiple",
+            default_speculation_multiple(),
+            0,
+        )?,
+        speculation_min_ms: runner.opt_u64(
+            doc,
+            "speculation_min_ms",
+            default_speculation_min_ms(),
+            0,
+        )?,
     };
     if config.heartbeat_interval_s >= config.lease_ttl_s {
         // Point at whichever of the two the user wrote (the heartbeat if both).
