@@ -19,17 +19,16 @@ use std::time::{Duration, Instant};
 
 use stageb::cluster::{ClusterError, StartMode};
 use stageb_coordinator::edge::EdgeLimits;
-use stageb_coordinator::scheduler::{
-    ControlSignal, DecodeJob, JobPayload, Scheduler, SchedulerConfig,
-};
+use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
 use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
-use stageb_shared::domain::ChatMessage;
 use stageb_worker::client::{WorkerEnd, WorkerOptions, run_worker};
 use stageb_worker::engine::{
     CancelFlag, Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint,
     RolloutOutput, RolloutRequest,
 };
-use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, try_run};
+use support::{
+    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, rollout_job, try_run,
+};
 use tokio::net::TcpListener;
 
 /// The scripted engine, slowed down so jobs are still running when the signal arrives, and
@@ -212,21 +211,6 @@ impl Engine for EndlessEngine {
     }
 }
 
-fn rollout_job() -> JobPayload {
-    JobPayload::Rollout {
-        messages: vec![ChatMessage::user("x")],
-        decodes: vec![DecodeJob {
-            decode_index: 0,
-            temperature: 0.7,
-            top_p: 0.9,
-            repetition_penalty: 1.0,
-            max_new_tokens: 8,
-            seeds: vec![1],
-        }],
-        constrained: true,
-    }
-}
-
 /// A coordinator on loopback over `scheduler`, heartbeats every `heartbeat`.
 async fn serve(
     scheduler: Arc<Scheduler>,
@@ -300,7 +284,7 @@ async fn a_fenced_lease_cancels_its_job_at_the_next_step_and_stop_cancels_the_ne
         ..SchedulerConfig::default()
     });
     let scheduler = Arc::new(scheduler);
-    scheduler.enqueue(rollout_job());
+    scheduler.enqueue(rollout_job(vec![1]));
     let (addr, _stop) = serve(scheduler.clone(), Duration::from_millis(700)).await;
     let cancelled = Arc::new(AtomicUsize::new(0));
     let (engine, opts) = endless_worker(addr, cancelled.clone());
@@ -341,7 +325,7 @@ async fn a_worker_told_to_drain_takes_nothing_new_and_leaves_as_interrupted() {
     let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
     let scheduler = Arc::new(scheduler);
     scheduler.set_control(ControlSignal::Drain);
-    scheduler.enqueue(rollout_job());
+    scheduler.enqueue(rollout_job(vec![1]));
     let (addr, _stop) = serve(scheduler.clone(), Duration::from_millis(200)).await;
     let (engine, opts) = endless_worker(addr, Arc::default());
     let summary = tokio::time::timeout(
@@ -364,7 +348,7 @@ async fn a_worker_told_to_drain_takes_nothing_new_and_leaves_as_interrupted() {
 #[test]
 fn a_worker_registering_again_has_its_old_leases_fenced_at_once() {
     let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
-    let job = scheduler.enqueue(rollout_job());
+    let job = scheduler.enqueue(rollout_job(vec![1]));
     let (_, old) = scheduler.register().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (leased, _) = rt

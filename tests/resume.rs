@@ -19,7 +19,7 @@ use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
 };
-use support::compare::{artifact_names, comparable, first_difference};
+use support::compare::{assert_same_artifacts, comparable};
 use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, try_run};
 
 /// The scripted engine, counting the rollouts and generations it is asked for.
@@ -161,18 +161,7 @@ fn stop_and_resume(at: StopAfter) {
 
     // Exactly the uninterrupted run's artifacts.
     let (whole_dir, resumed_dir) = (&whole.run_dir, &resumed.run_dir);
-    assert_eq!(artifact_names(whole_dir), artifact_names(resumed_dir));
-    for name in artifact_names(whole_dir) {
-        let (w, r) = (
-            Value::Array(comparable(&whole_dir.join(&name))),
-            Value::Array(comparable(&resumed_dir.join(&name))),
-        );
-        assert!(
-            w == r,
-            "{name} differs from the uninterrupted run's at {}",
-            first_difference(&w, &r, String::new()).unwrap_or_default()
-        );
-    }
+    assert_same_artifacts(whole_dir, resumed_dir);
     assert_eq!(resumed.epoch_accuracy, whole.epoch_accuracy);
     assert_eq!(resumed.guidance_hash, whole.guidance_hash);
     assert_audit_ok(resumed_dir);

@@ -10,31 +10,16 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use stageb::cluster::StartMode;
 use stageb_coordinator::scheduler::{
-    CandidateText, DecodeJob, JobOutput, JobPayload, Scheduler, SchedulerConfig, SpeculationConfig,
-    SubmitOutcome,
+    CandidateText, JobOutput, Scheduler, SchedulerConfig, SpeculationConfig, SubmitOutcome,
 };
-use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
 };
 use support::compare::assert_same_artifacts;
-use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, try_run};
-
-fn job(seed: u64) -> JobPayload {
-    JobPayload::Rollout {
-        messages: vec![ChatMessage::user("x")],
-        decodes: vec![DecodeJob {
-            decode_index: 0,
-            temperature: 0.7,
-            top_p: 0.9,
-            repetition_penalty: 1.0,
-            max_new_tokens: 8,
-            seeds: vec![seed],
-        }],
-        constrained: true,
-    }
-}
+use support::{
+    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, rollout_job, try_run,
+};
 
 fn answer(seed: u64) -> JobOutput {
     JobOutput::Rollout {
@@ -66,7 +51,7 @@ async fn warmed_scheduler() -> (
     });
     let (_, w) = s.register().unwrap();
     for seed in 100..103 {
-        s.enqueue(job(seed));
+        s.enqueue(rollout_job(vec![seed]));
         let (leased, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
         assert_eq!(
             s.submit(&w, leased[0].0, Ok(answer(seed))),
@@ -82,7 +67,7 @@ async fn a_straggler_gets_a_second_copy_and_the_first_answer_wins() {
     let (s, mut done) = warmed_scheduler().await;
     let (_, slow) = s.register().unwrap();
     let (_, idle) = s.register().unwrap();
-    let id = s.enqueue(job(7));
+    let id = s.enqueue(rollout_job(vec![7]));
     let (original, _) = s.lease(&slow, 1, Duration::ZERO).await.unwrap();
     let (none, _) = s.lease(&idle, 1, Duration::ZERO).await.unwrap();
     assert!(none.is_empty(), "not a straggler yet");
@@ -123,7 +108,7 @@ async fn when_the_original_answers_first_the_copy_is_fenced() {
     let (s, mut done) = warmed_scheduler().await;
     let (_, slow) = s.register().unwrap();
     let (_, idle) = s.register().unwrap();
-    s.enqueue(job(8));
+    s.enqueue(rollout_job(vec![8]));
     let (original, _) = s.lease(&slow, 1, Duration::ZERO).await.unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
     let (copy, _) = s.lease(&idle, 1, Duration::ZERO).await.unwrap();
@@ -153,14 +138,14 @@ async fn a_lost_copy_does_not_requeue_a_job_its_original_still_runs() {
     });
     let (_, w) = s.register().unwrap();
     for seed in 100..103 {
-        s.enqueue(job(seed));
+        s.enqueue(rollout_job(vec![seed]));
         let (leased, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
         s.submit(&w, leased[0].0, Ok(answer(seed))).unwrap();
         done.recv().await.unwrap();
     }
     let (_, slow) = s.register().unwrap();
     let (_, flaky) = s.register().unwrap();
-    s.enqueue(job(9));
+    s.enqueue(rollout_job(vec![9]));
     let (original, _) = s.lease(&slow, 1, Duration::ZERO).await.unwrap();
     tokio::time::sleep(Duration::from_millis(40)).await;
     let (copy, _) = s.lease(&flaky, 1, Duration::ZERO).await.unwrap();

@@ -1190,3 +1190,20 @@ pub fn assert_audit_ok(run_dir: &Path) {
         lines.join("\n")
     );
 }
+
+/// A minimal rollout job: one decode group with one candidate per seed (scheduler-level tests
+/// that need a payload rank 0 accepts answers for).
+pub fn rollout_job(seeds: Vec<u64>) -> stageb_coordinator::scheduler::JobPayload {
+    stageb_coordinator::scheduler::JobPayload::Rollout {
+        messages: vec![stageb_shared::domain::ChatMessage::user("x")],
+        decodes: vec![stageb_coordinator::scheduler::DecodeJob {
+            decode_index: 0,
+            temperature: 0.7,
+            top_p: 0.9,
+            repetition_penalty: 1.0,
+            max_new_tokens: 8,
+            seeds,
+        }],
+        constrained: true,
+    }
+}
