@@ -9,8 +9,9 @@ exactly what the single-process reference run (`stageb run --workers 1`) wrote. 
 are those of tests/resume.rs (`comparable`, `artifact_names`):
 
 - every file of the run directory takes part, except the job journal (jobs.jsonl: its rows
-  are in completion order, a runtime fact) and the lock file (.stageb.lock: it names the
-  process holding it);
+  are in completion order, a runtime fact), the lock file (.stageb.lock: it names the
+  process holding it) and report.html (a view of the other files that shows their times;
+  `stageb report` rebuilds it);
 - in every JSON object, at any depth, the keys `runtime` and `timing` (workers, leases,
   replay counts, durations), every `*_at` key (wall-clock timestamps) and the keys that name
   the run itself (`config`, `config_path`, `config_sha256`, `run_dir`) are dropped;
@@ -26,7 +27,7 @@ import json
 import os
 import sys
 
-SKIPPED_FILES = {"jobs.jsonl", ".stageb.lock"}
+SKIPPED_FILES = {"jobs.jsonl", ".stageb.lock", "report.html"}
 DROPPED_KEYS = {"runtime", "timing", "config", "config_path", "config_sha256", "run_dir"}
 
 

@@ -7,6 +7,8 @@ use serde_json::Value;
 use stageb_coordinator::journal::JOURNAL_FILE;
 use stageb_coordinator::start::LOCK_FILE;
 
+const REPORT_FILE: &str = "report.html";
+
 /// A file's rows (or its one object) without what legitimately differs between two runs of
 /// the same work: `runtime` and `timing` objects (workers, leases, replay counts, durations), wall-clock
 /// timestamps (`*_at`), and what names the run itself (its config path and text).
@@ -67,15 +69,19 @@ pub fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
     }
 }
 
-/// Every artifact except the journal (its rows are in completion order, a runtime fact) and the
-/// run directory's lock file (it names the process holding it).
+/// Every artifact except the journal (its rows are in completion order, a runtime fact), the
+/// run directory's lock file (it names the process holding it) and the HTML report (a view of
+/// the others that shows their times).
 pub fn artifact_names(run_dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(run_dir)
         .unwrap()
         .filter_map(|e| {
             let e = e.unwrap();
             let name = e.file_name().to_string_lossy().to_string();
-            (e.file_type().unwrap().is_file() && name != JOURNAL_FILE && name != LOCK_FILE)
+            (e.file_type().unwrap().is_file()
+                && name != JOURNAL_FILE
+                && name != LOCK_FILE
+                && name != REPORT_FILE)
                 .then_some(name)
         })
         .collect();
