@@ -13,6 +13,7 @@
 # usage: scripts/bench-cluster.sh [--quick] [--workers "1 10 100 1000"] [--latency-ms 200]
 #          [--jobs-per-worker 20] [--growth "1000 10000 100000"] [--growth-workers 100]
 #          [--reflection "off on"] [--out DIR]
+# STAGEB_BIN=PATH runs another coordinator build (e.g. an experiment) with the same harness.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +34,7 @@ while [[ $# -gt 0 ]]; do
         --growth-workers) GROWTH_WORKERS=$2; shift 2 ;;
         --reflection) REFLECTION=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -44,7 +45,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-STAGEB="$ROOT/target/release/stageb"
+STAGEB="${STAGEB_BIN:-$ROOT/target/release/stageb}"  # STAGEB_BIN: compare another build
 LOADGEN="$ROOT/target/release/examples/loadgen"
 RESULTS="$OUT/results.jsonl"
 
