@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Cluster benchmark: how far one rank 0 scales, measured through the real protocol.
+#
+# For each worker count N a real `stageb coordinator` serves a synthetic mission and the load
+# generator (examples/loadgen.rs) runs N simulated workers against it over loopback gRPC, with
+# a fixed simulated job latency. Per run: jobs/s through rank 0, client-side lease-wait and
+# submit latency p50/p99, rank 0's CPU seconds per 1,000 jobs and peak RSS (getrusage of the
+# coordinator process, scripts/lib/rusage.py), artifact bytes per ticket, and the scaling
+# efficiency against the ideal N x 1000/latency_ms jobs/s. Reflection on and off (off = the
+# cheapest setting, one call per epoch: stageb has no off switch). Then the growth in tickets
+# (1k/10k/100k at a fixed N, zero latency: rank 0 saturated). Results: docs/PERFORMANCE.md.
+#
+# usage: scripts/bench-cluster.sh [--quick] [--workers "1 10 100 1000"] [--latency-ms 200]
+#          [--jobs-per-worker 20] [--growth "1000 10000 100000"] [--growth-workers 100]
+#          [--reflection "off on"] [--out DIR]
+# STAGEB_BIN=PATH runs another coordinator build (e.g. an experiment) with the same harness.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORKERS="1 10 100 1000"
+LATENCY_MS=200
+JOBS_PER_WORKER=20
+GROWTH="1000 10000 100000"
+GROWTH_WORKERS=100
+REFLECTION="off on"
+OUT="$ROOT/.cache/bench-cluster"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) WORKERS="1 10 100"; JOBS_PER_WORKER=10; GROWTH="1000 5000"; GROWTH_WORKERS=50; shift ;;
+        --workers) WORKERS=$2; shift 2 ;;
+        --latency-ms) LATENCY_MS=$2; shift 2 ;;
+        --jobs-per-worker) JOBS_PER_WORKER=$2; shift 2 ;;
+        --growth) GROWTH=$2; shift 2 ;;
+        --growth-workers) GROWTH_WORKERS=$2; shift 2 ;;
+        --reflection) REFLECTION=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT INT TERM
+
+STAGEB="${STAGEB_BIN:-$ROOT/target/release/stageb}"  # STAGEB_BIN: compare another build
+LOADGEN="$ROOT/target/release/examples/loadgen"
+RESULTS="$OUT/results.jsonl"
+
+build() {
+    (cd "$ROOT" && cargo build --release --bin stageb --example loadgen)
+    mkdir -p "$OUT/missions" "$OUT/runs"
+    : > "$RESULTS"
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/token"
+}
+
+# The Stage-A file of a T-ticket synthetic mission (generated once, deterministic).
+mission() {
+    local t=$1 dir="$OUT/missions/$1"
+    if [[ ! -s "$dir/stage_a.jsonl" ]]; then
+        python3 "$ROOT/examples/demo/generate.py" --seed 20260101 --tickets "$t" --out "$dir" >&2
+    fi
+    echo "$dir/stage_a.jsonl"
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# run_one LABEL WORKERS TICKETS REFLECTION LATENCY_MS STEP_TICKETS: one coordinator + one
+# load generator; appends one JSON line to $RESULTS.
+run_one() {
+    local label=$1 n=$2 tickets=$3 refl=$4 lat=$5 step=$6
+    local dir="$OUT/runs/$label" port
+    rm -rf "$dir"; mkdir -p "$dir"
+    python3 "$ROOT/scripts/lib/cluster_config.py" "$dir/config.yaml" --stage-a "$(mission "$tickets")" \
+        --root "$dir/out" --run-name "$label" --step-tickets "$step" --reflection "$refl"
+    port=$(free_port)
+    python3 "$ROOT/scripts/lib/rusage.py" "$dir/rank0.json" -- "$STAGEB" coordinator \
+        --config "$dir/config.yaml" --listen "127.0.0.1:$port" --token-file "$OUT/token" \
+        --worker-grace-s 60 --max-connections 4000 >"$dir/rank0.log" 2>&1 &
+    local rank0=$!
+    PIDS+=("$rank0")
+    "$LOADGEN" --coordinator "127.0.0.1:$port" --token-file "$OUT/token" --workers "$n" \
+        --latency "fixed:$lat" --seed 7 --reconnect-s 20 >"$dir/loadgen.json" 2>"$dir/loadgen.log" || true
+    wait "$rank0" || echo "rank 0 of $label exited $? (see $dir/rank0.log)" >&2
+    python3 - "$dir" "$label" "$n" "$tickets" "$refl" "$lat" >>"$RESULTS" <<'EOF'
+import json, os, sys
+d, label, n, tickets, refl, lat = sys.argv[1:]
+lg = json.load(open(f"{d}/loadgen.json"))
+r0 = json.load(open(f"{d}/rank0.json"))
+size = sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(f"{d}/out") for f in fs)
+print(json.dumps({"label": label, "workers": int(n), "tickets": int(tickets), "reflection": refl,
+                  "latency_ms": float(lat), "loadgen": lg, "rank0": r0, "artifact_bytes": size}))
+EOF
+}
+
+# The tables, from $RESULTS.
+report() {
+    python3 - "$RESULTS" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def line(r, growth=False):
+    lg, r0 = r["loadgen"], r["rank0"]
+    jobs = max(lg["jobs_accepted"], 1)
+    ideal = r["workers"] * 1000 / r["latency_ms"] if r["latency_ms"] > 0 else None
+    eff = f'{lg["jobs_per_s"] / ideal:.3f}' if ideal else "—"
+    cells = [r["tickets"] if growth else r["workers"], r["reflection"], lg["jobs_accepted"],
+             f'{lg["jobs_per_s"]:.0f}', f'{lg["lease_wait_ms"]["p50"]:.2f}',
+             f'{lg["lease_wait_ms"]["p99"]:.2f}', f'{lg["submit_ms"]["p50"]:.2f}',
+             f'{lg["submit_ms"]["p99"]:.2f}', f'{r0["cpu_s"] * 1000 / jobs:.2f}',
+             f'{r0["max_rss_kib"] / 1024:.1f}', f'{r["artifact_bytes"] / r["tickets"]:.0f}', eff,
+             r0["rc"]]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+head = ("| {} | reflection | jobs | jobs/s | lease p50 ms | lease p99 ms | submit p50 ms | "
+        "submit p99 ms | rank 0 CPU s / 1k jobs | rank 0 peak RSS MiB | artifact B / ticket | "
+        "efficiency | rank 0 rc |")
+sep = "|" + "---|" * 13
+scale = [r for r in rows if r["label"].startswith("scale")]
+growth = [r for r in rows if r["label"].startswith("growth")]
+if scale:
+    print(f'\nScaling in workers (fixed {scale[0]["latency_ms"]:.0f} ms jobs):\n')
+    print(head.format("workers")); print(sep)
+    for r in scale: print(line(r))
+if growth:
+    print(f'\nGrowth in tickets ({growth[0]["workers"]} workers, 0 ms jobs: rank 0 saturated):\n')
+    print(head.format("tickets")); print(sep)
+    for r in growth: print(line(r, growth=True))
+EOF
+}
+
+main() {
+    build
+    local n refl t
+    for refl in $REFLECTION; do
+        for n in $WORKERS; do
+            run_one "scale-$n-$refl" "$n" $((n * JOBS_PER_WORKER)) "$refl" "$LATENCY_MS" $((n * 5 > 8 ? n * 5 : 8))
+        done
+    done
+    for t in $GROWTH; do
+        run_one "growth-$t" "$GROWTH_WORKERS" "$t" off 0 1000
+    done
+    echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+    report
+}
+
+main

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Kill-and-resume soak: a multi-epoch mission with reflection on, served by real coordinator
+# processes to load-generator workers (examples/loadgen.rs, real processes over loopback
+# gRPC), while the script injects faults: SIGKILLs of worker processes (restarted), SIGSTOP /
+# SIGCONT pauses longer than the lease TTL (late answers must be fenced), and SIGKILLs of rank 0
+# at random points, each followed by a restart with --resume. At the end `stageb audit` must
+# pass, the artifacts must equal an uninterrupted reference run's (runtime fields aside,
+# scripts/lib/compare_runs.py) and no selection row may be lost or duplicated.
+#
+# Seeded (--seed): the same seed injects the same faults in the same order at the same
+# offsets, so a failing soak can be replayed (process timing still varies).
+#
+# usage: scripts/soak.sh [--quick] [--seed S] [--tickets T] [--epochs E] [--procs P]
+#          [--workers-per-proc W] [--worker-kills K] [--pauses P] [--rank0-kills R] [--out DIR]
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SEED=1
+TICKETS=3000
+EPOCHS=3
+PROCS=4
+PER_PROC=5
+LATENCY="lognormal:150:0.8"
+WANT_WORKER_KILLS=100
+WANT_PAUSES=20
+WANT_RANK0_KILLS=50
+OUT="$ROOT/.cache/soak"
+TTL=2
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) TICKETS=400; EPOCHS=2; WANT_WORKER_KILLS=10; WANT_PAUSES=3; WANT_RANK0_KILLS=5; shift ;;
+        --seed) SEED=$2; shift 2 ;;
+        --tickets) TICKETS=$2; shift 2 ;;
+        --epochs) EPOCHS=$2; shift 2 ;;
+        --procs) PROCS=$2; shift 2 ;;
+        --workers-per-proc) PER_PROC=$2; shift 2 ;;
+        --worker-kills) WANT_WORKER_KILLS=$2; shift 2 ;;
+        --pauses) WANT_PAUSES=$2; shift 2 ;;
+        --rank0-kills) WANT_RANK0_KILLS=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+RANDOM=$SEED
+
+STAGEB="$ROOT/target/release/stageb"
+LOADGEN="$ROOT/target/release/examples/loadgen"
+RANK0=""
+WORKERS=()
+cleanup() {
+    local pid
+    for pid in "${WORKERS[@]}" $RANK0; do
+        kill -CONT "$pid" 2>/dev/null || true
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT INT TERM
+
+log() { echo "soak[$(date +%T)] $*" >&2; }
+
+setup() {
+    (cd "$ROOT" && cargo build --release --bin stageb --example loadgen)
+    rm -rf "$OUT"; mkdir -p "$OUT"
+    python3 "$ROOT/examples/demo/generate.py" --seed 20260101 --tickets "$TICKETS" --out "$OUT/mission" >&2
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/token"
+    local name
+    for name in reference soak; do
+        python3 "$ROOT/scripts/lib/cluster_config.py" "$OUT/$name.yaml" --stage-a "$OUT/mission/stage_a.jsonl" \
+            --root "$OUT/$name" --run-name soak --step-tickets 64 --epochs "$EPOCHS" --reflection on \
+            --ttl "$TTL" --heartbeat 1
+    done
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    METRICS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+}
+
+# The uninterrupted reference: one coordinator, one load generator, no faults.
+reference() {
+    log "reference run"
+    "$STAGEB" coordinator --config "$OUT/reference.yaml" --listen "127.0.0.1:$PORT" \
+        --token-file "$OUT/token" >"$OUT/reference-rank0.log" 2>&1 &
+    RANK0=$!
+    "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers $((PROCS * PER_PROC)) \
+        --latency "fixed:5" --seed "$SEED" >"$OUT/reference-loadgen.json" 2>>"$OUT/reference-loadgen.log"
+    wait "$RANK0"
+    RANK0=""
+}
+
+start_rank0() {
+    local resume=()
+    [[ -d "$OUT/soak" ]] && resume=(--resume)
+    "$STAGEB" coordinator --config "$OUT/soak.yaml" --listen "127.0.0.1:$PORT" --token-file "$OUT/token" \
+        --metrics-listen "127.0.0.1:$METRICS_PORT" --worker-grace-s 120 "${resume[@]}" \
+        >>"$OUT/soak-rank0.log" 2>&1 &
+    RANK0=$!
+    ATTEMPTS=$((ATTEMPTS + 1))
+}
+
+start_worker() {
+    local i=$1
+    "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers "$PER_PROC" \
+        --latency "$LATENCY" --seed $((SEED * 1000 + i)) --reconnect-s 60 --name "soak$i" \
+        >>"$OUT/soak-loadgen-$i.json" 2>>"$OUT/soak-loadgen.log" &
+    WORKERS[i]=$!
+}
+
+# The rank 0 counters of the current attempt (a killed attempt keeps its last scrape).
+scrape() {
+    local text
+    text=$(curl -sf --max-time 1 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null) || return 0
+    SCRAPED_EXPIRED=$(awk '/^stageb_leases_expired_total/ {s+=$2} END {print s+0}' <<<"$text")
+    SCRAPED_FENCED=$(awk '/^stageb_submits_fenced_total/ {s+=$2} END {print s+0}' <<<"$text")
+}
+
+bank_scrape() {
+    TOTAL_EXPIRED=$((TOTAL_EXPIRED + ${SCRAPED_EXPIRED%.*}))
+    TOTAL_FENCED=$((TOTAL_FENCED + ${SCRAPED_FENCED%.*}))
+    SCRAPED_EXPIRED=0; SCRAPED_FENCED=0
+}
+
+# Restart worker processes that exited while the run goes on.
+revive_workers() {
+    local i
+    for i in "${!WORKERS[@]}"; do
+        kill -0 "${WORKERS[i]}" 2>/dev/null || { wait "${WORKERS[i]}" 2>/dev/null || true; start_worker "$i"; }
+    done
+}
+
+fault_worker_kill() {
+    local i=$((RANDOM % PROCS))
+    kill -KILL "${WORKERS[i]}" 2>/dev/null || true
+    wait "${WORKERS[i]}" 2>/dev/null || true
+    start_worker "$i"
+    WORKER_KILLS=$((WORKER_KILLS + 1))
+}
+
+fault_pause() {
+    local i=$((RANDOM % PROCS)) ms=$((TTL * 1000 + 500 + RANDOM % 1500))
+    kill -STOP "${WORKERS[i]}" 2>/dev/null || return 0
+    sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
+    kill -CONT "${WORKERS[i]}" 2>/dev/null || true
+    PAUSES=$((PAUSES + 1))
+}
+
+fault_rank0_kill() {
+    kill -KILL "$RANK0" 2>/dev/null || true
+    wait "$RANK0" 2>/dev/null || true
+    bank_scrape
+    RANK0_KILLS=$((RANK0_KILLS + 1))
+    start_rank0
+}
+
+# One random fault among those still wanted, after a random delay (50..800 ms).
+inject_one() {
+    local wants=()
+    ((WORKER_KILLS < WANT_WORKER_KILLS)) && wants+=(fault_worker_kill)
+    ((PAUSES < WANT_PAUSES)) && wants+=(fault_pause)
+    ((RANK0_KILLS < WANT_RANK0_KILLS)) && wants+=(fault_rank0_kill)
+    local delay=$((50 + RANDOM % 750))
+    sleep "0.$(printf '%03d' "$delay")"
+    ((${#wants[@]} > 0)) || return 0
+    "${wants[RANDOM % ${#wants[@]}]}"
+}
+
+soak() {
+    log "soak run: $PROCS worker processes x $PER_PROC workers, seed $SEED"
+    ATTEMPTS=0; WORKER_KILLS=0; PAUSES=0; RANK0_KILLS=0
+    TOTAL_EXPIRED=0; TOTAL_FENCED=0; SCRAPED_EXPIRED=0; SCRAPED_FENCED=0
+    start_rank0
+    local i
+    for ((i = 0; i < PROCS; i++)); do start_worker "$i"; done
+    while true; do
+        scrape
+        if ! kill -0 "$RANK0" 2>/dev/null; then
+            wait "$RANK0" && RC=0 || RC=$?
+            # 0 done, 1 done with hard failures, 2 bad input: none is cured by a restart.
+            if ((RC <= 2)); then break; fi
+            log "rank 0 exited $RC without being killed: restarting with --resume"
+            bank_scrape
+            start_rank0
+        fi
+        revive_workers
+        inject_one
+    done
+    bank_scrape
+    RANK0=""
+    log "rank 0 exited $RC after $ATTEMPTS attempts"
+    # Workers told STOP have left; one revived just before the end would wait out its window.
+    for i in "${!WORKERS[@]}"; do kill -KILL "${WORKERS[i]}" 2>/dev/null || true; done
+    WORKERS=()
+    ((RC <= 1)) || { echo "rank 0 failed with exit $RC (see $OUT/soak-rank0.log)" >&2; exit 1; }
+}
+
+verdict() {
+    local dir ref ok=0
+    dir=$(dirname "$(find "$OUT/soak" -name summary.json | head -1)")
+    ref=$(dirname "$(find "$OUT/reference" -name summary.json | head -1)")
+    "$STAGEB" audit "$dir" >"$OUT/audit.log" 2>&1 && AUDIT=pass || { AUDIT=FAIL; ok=1; }
+    python3 "$ROOT/scripts/lib/compare_runs.py" "$ref" "$dir" >"$OUT/compare.json" || ok=1
+    python3 - "$dir/summary.json" "$OUT/compare.json" <<EOF
+import json, sys
+s = json.load(open(sys.argv[1]))["runtime"]["scheduler"]
+c = json.load(open(sys.argv[2]))
+rows = [("seed", $SEED), ("rank 0 attempts", $ATTEMPTS),
+        ("worker SIGKILLs (restarted)", $WORKER_KILLS), ("SIGSTOP/SIGCONT pauses > TTL ($TTL s)", $PAUSES),
+        ("rank 0 SIGKILLs (+ --resume)", $RANK0_KILLS),
+        ("leases expired (all attempts, scraped)", $TOTAL_EXPIRED),
+        ("submits fenced (all attempts, scraped)", $TOTAL_FENCED),
+        ("answers replayed (final attempt)", s.get("replayed")),
+        ("leases expired / submits fenced (final attempt)", f'{s.get("leases_expired")} / {s.get("submits_fenced")}'),
+        ("selection rows", c["selection_rows"]), ("rows lost", c["rows_lost"]),
+        ("rows duplicated", c["rows_duplicated"]), ("stageb audit", "$AUDIT"),
+        ("artifacts equal the reference (runtime aside)", "yes" if c["equal"] else f'NO: {c["differing"]}')]
+print("| what | count |\n|---|---:|")
+for k, v in rows: print(f"| {k} | {v} |")
+EOF
+    return $ok
+}
+
+setup
+reference
+soak
+verdict
