@@ -31,10 +31,6 @@ pub type LeaseId = u64;
 /// The `worker_id` in the provenance of an answer replayed from the journal.
 pub const REPLAY_WORKER: &str = "journal-replay";
 
-/// How often an idle `Lease` call looks for stragglers while leases are out and the queue is
-/// empty (stragglers appear with time, not with an enqueue).
-const STRAGGLER_POLL: Duration = Duration::from_millis(250);
-
 /// How one group of candidates is decoded, with one seed per sample.
 pub use stageb_shared::domain::DecodeGroup as DecodeJob;
 
@@ -491,7 +487,6 @@ impl Scheduler {
         wait: Duration,
     ) -> Result<(Vec<(LeaseId, JobPayload)>, ControlSignal), SubmitError> {
         let deadline = Instant::now() + wait;
-        let mut watch_stragglers;
         loop {
             // Register interest before checking, so an enqueue between the check and the
             // wait is not missed.
@@ -528,7 +523,6 @@ impl Scheduler {
                     );
                     out.push(leased);
                 }
-                watch_stragglers = self.config.speculation.enabled() && !g.leases.is_empty();
                 if !out.is_empty() {
                     metrics::counter!(observe::LEASES_ISSUED).increment(out.len() as u64);
                     metrics::histogram!(observe::LEASE_WAIT)
@@ -540,13 +534,7 @@ impl Scheduler {
             if remaining.is_zero() {
                 return Ok((Vec::new(), self.control()));
             }
-            // A lease may become a straggler without anything being queued: look again soon.
-            let nap = if watch_stragglers {
-                remaining.min(STRAGGLER_POLL)
-            } else {
-                remaining
-            };
-            let _ = tokio::time::timeout(nap, notified).await;
+            let _ = tokio::time::timeout(remaining, notified).await;
         }
     }
 
@@ -582,7 +570,7 @@ impl Scheduler {
     }
 
     /// The oldest straggling job `session` could take a second copy of: its only lease is held
-    /// by another session and is older than the threshold of its kind.
+    /// by another session and is older than the threshold of its kind (`session` empty: any).
     fn straggler(&self, g: &Inner, session: &str, now: Instant) -> Option<JobId> {
         let config = &self.config.speculation;
         if !config.enabled() {
@@ -815,6 +803,11 @@ impl Scheduler {
                 .filter(|s| now.saturating_duration_since(s.last_seen) < horizon)
                 .count();
             metrics::gauge!(observe::LIVE_WORKERS).set(live as f64);
+            // Stragglers appear with time, not with an enqueue: wake the idle `Lease` calls
+            // when one has (they would otherwise sleep through it until new work arrives).
+            if g.queue.is_empty() && self.straggler(&g, "", now).is_some() {
+                self.work_available.notify_waiters();
+            }
             expired.len()
         };
         self.after_expiry(failed, n > 0);

@@ -442,8 +442,9 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let limits = edge.limits.clone();
     let scheduler = service.scheduler.clone();
-    let reap_every =
-        (scheduler.config().lease_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    // Also where stragglers are noticed (`Scheduler::reap_expired`): at most 250 ms late.
+    let reap_every = (scheduler.config().lease_ttl / 4)
+        .clamp(Duration::from_millis(50), Duration::from_millis(250));
     let reaper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(reap_every);
         loop {

@@ -61,41 +61,54 @@ pub enum JobKind {
     Generate,
 }
 
+/// Recent accepted job times of one kind, with their median kept current.
+#[derive(Debug, Default)]
+struct Window {
+    times: VecDeque<Duration>,
+    /// Recomputed when a time is recorded (once per accepted job), not when asked: idle
+    /// `Lease` calls ask far more often than jobs complete.
+    median: Option<Duration>,
+}
+
+impl Window {
+    fn record(&mut self, took: Duration) {
+        if self.times.len() == WINDOW {
+            self.times.pop_front();
+        }
+        self.times.push_back(took);
+        self.median = (self.times.len() >= MIN_SAMPLES).then(|| {
+            let mut sorted: Vec<Duration> = self.times.iter().copied().collect();
+            sorted.sort_unstable();
+            sorted[sorted.len() / 2]
+        });
+    }
+}
+
 /// Recent accepted job times, per kind.
 #[derive(Debug, Default)]
 pub struct JobTimes {
-    rollout: VecDeque<Duration>,
-    generate: VecDeque<Duration>,
+    rollout: Window,
+    generate: Window,
 }
 
 impl JobTimes {
-    fn of(&mut self, kind: JobKind) -> &mut VecDeque<Duration> {
+    fn of(&self, kind: JobKind) -> &Window {
         match kind {
-            JobKind::Rollout => &mut self.rollout,
-            JobKind::Generate => &mut self.generate,
+            JobKind::Rollout => &self.rollout,
+            JobKind::Generate => &self.generate,
         }
     }
 
     pub fn record(&mut self, kind: JobKind, took: Duration) {
-        let times = self.of(kind);
-        if times.len() == WINDOW {
-            times.pop_front();
+        match kind {
+            JobKind::Rollout => self.rollout.record(took),
+            JobKind::Generate => self.generate.record(took),
         }
-        times.push_back(took);
     }
 
     /// The median of the kind's recent jobs, once there are enough of them.
     pub fn median(&self, kind: JobKind) -> Option<Duration> {
-        let times = match kind {
-            JobKind::Rollout => &self.rollout,
-            JobKind::Generate => &self.generate,
-        };
-        if times.len() < MIN_SAMPLES {
-            return None;
-        }
-        let mut sorted: Vec<Duration> = times.iter().copied().collect();
-        sorted.sort_unstable();
-        Some(sorted[sorted.len() / 2])
+        self.of(kind).median
     }
 
     /// How old a lease of `kind` must be to count as a straggler (`None`: not yet known).
