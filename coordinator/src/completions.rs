@@ -5,7 +5,7 @@
 //! wait lives here rather than in either of them (reflection must not depend on the run loop
 //! that drives it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -29,25 +29,23 @@ pub async fn await_completions(
     ids: &[JobId],
     grace: Duration,
 ) -> Result<HashMap<JobId, Completion>, WaitError> {
+    let mut pending: HashSet<JobId> = ids.iter().copied().collect();
     let mut out = HashMap::with_capacity(ids.len());
-    while out.len() < ids.len() {
-        let pending: Vec<JobId> = ids
-            .iter()
-            .filter(|j| !out.contains_key(*j))
-            .copied()
-            .collect();
+    while !pending.is_empty() {
         let next = await_any(scheduler, completions, &pending, grace).await?;
+        pending.remove(&next.job);
         out.insert(next.job, next);
     }
     Ok(out)
 }
 
-/// The next completion among `ids`. Completions of other jobs are unexpected here and dropped
-/// with a warning. Gives up when no worker has been alive for `grace`.
+/// The next completion among `ids` (a set: a large step asks once per completion). Completions
+/// of other jobs are unexpected here and dropped with a warning. Gives up when no worker has
+/// been alive for `grace`.
 pub(crate) async fn await_any(
     scheduler: &Scheduler,
     completions: &mut mpsc::UnboundedReceiver<Completion>,
-    ids: &[JobId],
+    ids: &HashSet<JobId>,
     grace: Duration,
 ) -> Result<Completion, WaitError> {
     let mut lonely_since: Option<Instant> = None;

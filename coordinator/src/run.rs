@@ -596,14 +596,10 @@ impl RunLoop {
     /// Progress counts tickets as their results arrive (a step can be long), not only when the
     /// step is decided.
     async fn await_jobs(&mut self, ids: &[JobId]) -> Result<HashMap<JobId, Completion>, RunError> {
-        let wanted: std::collections::HashSet<JobId> = ids.iter().copied().collect();
+        let mut pending: std::collections::HashSet<JobId> = ids.iter().copied().collect();
         let mut out = HashMap::with_capacity(ids.len());
-        while out.len() < wanted.len() {
-            let pending: Vec<JobId> = wanted
-                .iter()
-                .filter(|j| !out.contains_key(*j))
-                .copied()
-                .collect();
+        let mut live_checked: Option<Instant> = None;
+        while !pending.is_empty() {
             let next = await_any(
                 &self.scheduler,
                 &mut self.completions,
@@ -618,8 +614,13 @@ impl RunLoop {
             if let Ok(JobOutput::Rollout { candidates, .. }) = &next.result {
                 p.candidates += candidates.len() as u64;
             }
-            p.live_workers = self.scheduler.live_workers();
+            // A scan of every session: once a second is plenty for a progress line.
+            if live_checked.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                p.live_workers = self.scheduler.live_workers();
+                live_checked = Some(Instant::now());
+            }
             drop(p);
+            pending.remove(&next.job);
             out.insert(next.job, next);
         }
         Ok(out)
