@@ -14,6 +14,8 @@
 #          [--jobs-per-worker 20] [--growth "1000 10000 100000"] [--growth-workers 100]
 #          [--reflection "off on"] [--out DIR]
 # STAGEB_BIN=PATH runs another coordinator build (e.g. an experiment) with the same harness.
+# Rank 0 runs with --no-report: its numbers are the loop's own (the end-of-run report and its
+# audit read the artifacts back; `stageb report` measures that separately).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -80,7 +82,7 @@ run_one() {
     port=$(free_port)
     python3 "$ROOT/scripts/lib/rusage.py" "$dir/rank0.json" -- "$STAGEB" coordinator \
         --config "$dir/config.yaml" --listen "127.0.0.1:$port" --token-file "$OUT/token" \
-        --worker-grace-s 60 --max-connections 4000 >"$dir/rank0.log" 2>&1 &
+        --worker-grace-s 60 --max-connections 4000 --no-report >"$dir/rank0.log" 2>&1 &
     local rank0=$!
     PIDS+=("$rank0")
     "$LOADGEN" --coordinator "127.0.0.1:$port" --token-file "$OUT/token" --workers "$n" \

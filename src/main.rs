@@ -399,7 +399,7 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
         /// Run `stageb audit` for the verdict at the top: auto skips it when the artifacts
-        /// pass 1 GiB (the audit keeps every selection in memory).
+        /// pass 256 MiB (the audit keeps every selection in memory).
         #[arg(long, value_enum, default_value_t = AuditChoice::Auto)]
         audit: AuditChoice,
     },

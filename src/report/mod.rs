@@ -44,9 +44,9 @@ pub(crate) const ROW_CAP: usize = 200;
 
 /// In [`AuditMode::Auto`], runs whose JSONL artifacts are larger than this together are not
 /// audited: the audit streams its files but keeps the selections, about 1.4 times the rows'
-/// size in memory (210 MB of rows: 283 MB and 16 s), so 1 GiB of rows costs ~1.4 GiB and over
-/// a minute, a price the end of `stageb run` must not pay unasked on a shared machine.
-pub const AUTO_AUDIT_MAX_BYTES: u64 = 1 << 30;
+/// size in memory (210 MB of rows: 283 MB and 16 s). At the end of `stageb run` that memory
+/// is rank 0's peak, so the automatic audit stops at about 30k tickets' worth of rows.
+pub const AUTO_AUDIT_MAX_BYTES: u64 = 256 << 20;
 
 /// Whether the report runs [`crate::audit::audit`] for its verdict.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
