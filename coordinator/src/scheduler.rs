@@ -179,7 +179,10 @@ impl Default for SchedulerConfig {
 
 #[derive(Debug)]
 struct JobState {
-    payload: JobPayload,
+    /// What workers are sent; dropped once the job is done (a run keeps every job's state,
+    /// and the prompts were most of rank 0's memory per ticket).
+    payload: Option<JobPayload>,
+    kind: JobKind,
     /// [`payload_digest`] of the payload, when a journal is kept.
     digest: Option<String>,
     /// Leases issued (the `attempt` number recorded with a result).
@@ -197,10 +200,20 @@ struct JobState {
 
 impl JobState {
     fn kind(&self) -> JobKind {
-        match self.payload {
-            JobPayload::Rollout { .. } => JobKind::Rollout,
-            JobPayload::Generate { .. } => JobKind::Generate,
-        }
+        self.kind
+    }
+
+    /// The job has its answer (or failed for good): no lease will need its payload again.
+    fn finish(&mut self) {
+        self.done = true;
+        self.payload = None;
+    }
+}
+
+fn kind_of(payload: &JobPayload) -> JobKind {
+    match payload {
+        JobPayload::Rollout { .. } => JobKind::Rollout,
+        JobPayload::Generate { .. } => JobKind::Generate,
     }
 }
 
@@ -328,7 +341,9 @@ impl Scheduler {
             g.jobs.insert(
                 id,
                 JobState {
-                    payload,
+                    kind: kind_of(&payload),
+                    // A replayed job is done at once: nothing will be leased.
+                    payload: replayed.is_none().then_some(payload),
                     digest,
                     attempts: 0,
                     errors: 0,
@@ -549,10 +564,11 @@ impl Scheduler {
     ) -> Option<(LeaseId, JobPayload)> {
         let lease_id = g.next_lease;
         let job = g.jobs.get_mut(&job_id).filter(|j| !j.done)?;
+        let payload = job.payload.clone()?;
         job.attempts += 1;
         job.live.push(lease_id);
         job.speculated |= speculative;
-        let (payload, attempt) = (job.payload.clone(), job.attempts);
+        let attempt = job.attempts;
         g.next_lease += 1;
         g.leases.insert(
             lease_id,
@@ -685,13 +701,13 @@ impl Scheduler {
                 .jobs
                 .get(&job_id)
                 .expect("a live lease always has its job");
-            if let Ok(output) = &result {
-                validate_output(&job.payload, output, self.config.max_text_bytes)
+            if let (Ok(output), Some(payload)) = (&result, &job.payload) {
+                validate_output(payload, output, self.config.max_text_bytes)
                     .map_err(SubmitError::Mismatch)?;
             }
-            let kind = match &job.payload {
-                JobPayload::Rollout { .. } => "rollout",
-                JobPayload::Generate { .. } => "generate",
+            let kind = match job.kind() {
+                JobKind::Rollout => "rollout",
+                JobKind::Generate => "generate",
             };
             metrics::counter!(observe::JOBS_COMPLETED, "kind" => kind, "outcome" => if result.is_ok() { "ok" } else { "error" })
                 .increment(1);
@@ -714,7 +730,7 @@ impl Scheduler {
             match result {
                 Ok(output) => {
                     let job = g.jobs.get_mut(&job_id).expect("job exists");
-                    job.done = true;
+                    job.finish();
                     journal_digest = job.digest.clone();
                     g.stats.submits_accepted += 1;
                     g.stats.speculation_wins += u64::from(speculative);
@@ -741,7 +757,7 @@ impl Scheduler {
                         self.work_available.notify_waiters();
                         return Ok(SubmitOutcome::Accepted);
                     }
-                    job.done = true;
+                    job.finish();
                     Self::fence_other_copies(&mut g, job_id);
                     Completion {
                         job: job_id,
@@ -832,7 +848,7 @@ impl Scheduler {
         }
         job.expiries += 1;
         if job.expiries >= self.config.max_expiries {
-            job.done = true;
+            job.finish();
             failed.push(lease.job);
         } else {
             tracing::warn!(
