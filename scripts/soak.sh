@@ -12,6 +12,10 @@
 #
 # usage: scripts/soak.sh [--quick] [--seed S] [--tickets T] [--epochs E] [--procs P]
 #          [--workers-per-proc W] [--worker-kills K] [--pauses P] [--rank0-kills R] [--out DIR]
+#          [--profile release|dev]
+# --quick is the CI variant (about a minute) and uses the dev profile, which CI has built for
+# the tests already (a release build would add a quarter of an hour to CI); the full soak
+# uses release binaries.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,9 +30,11 @@ WANT_PAUSES=20
 WANT_RANK0_KILLS=50
 OUT="$ROOT/.cache/soak"
 TTL=2
+PROFILE=release
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --quick) TICKETS=400; EPOCHS=2; WANT_WORKER_KILLS=10; WANT_PAUSES=3; WANT_RANK0_KILLS=5; shift ;;
+        --quick) TICKETS=400; EPOCHS=2; WANT_WORKER_KILLS=10; WANT_PAUSES=3; WANT_RANK0_KILLS=5; PROFILE=dev; shift ;;
+        --profile) PROFILE=$2; shift 2 ;;
         --seed) SEED=$2; shift 2 ;;
         --tickets) TICKETS=$2; shift 2 ;;
         --epochs) EPOCHS=$2; shift 2 ;;
@@ -44,8 +50,13 @@ while [[ $# -gt 0 ]]; do
 done
 RANDOM=$SEED
 
-STAGEB="$ROOT/target/release/stageb"
-LOADGEN="$ROOT/target/release/examples/loadgen"
+case "$PROFILE" in
+    release) PROFILE_DIR=release; PROFILE_FLAG=(--release) ;;
+    dev) PROFILE_DIR=debug; PROFILE_FLAG=() ;;
+    *) echo "--profile must be release or dev, not $PROFILE" >&2; exit 2 ;;
+esac
+STAGEB="$ROOT/target/$PROFILE_DIR/stageb"
+LOADGEN="$ROOT/target/$PROFILE_DIR/examples/loadgen"
 RANK0=""
 WORKERS=()
 cleanup() {
@@ -60,7 +71,7 @@ trap cleanup EXIT INT TERM
 log() { echo "soak[$(date +%T)] $*" >&2; }
 
 setup() {
-    (cd "$ROOT" && cargo build --release --bin stageb --example loadgen)
+    (cd "$ROOT" && cargo build "${PROFILE_FLAG[@]}" --bin stageb --example loadgen)
     rm -rf "$OUT"; mkdir -p "$OUT"
     python3 "$ROOT/examples/demo/generate.py" --seed 20260101 --tickets "$TICKETS" --out "$OUT/mission" >&2
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/token"

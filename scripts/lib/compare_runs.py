@@ -4,7 +4,8 @@ ticket row get lost or duplicated?
 
 Owned by the soak (scripts/soak.sh): a run killed and resumed many times must write what an
 uninterrupted run wrote. The rules are tests/support/compare.rs's (ARCHITECTURE §10): every
-top-level file except jobs.jsonl (completion order) and .stageb.lock; in every JSON object
+top-level file except jobs.jsonl (completion order), .stageb.lock and report.html (a view
+of the others that shows their times); in every JSON object
 the keys `runtime`, `timing`, `*_at`, `config`, `config_path`, `config_sha256`, `run_dir` are
 dropped; the rest must be equal row by row. Rows lost / duplicated compare the (epoch,
 ticket key) pairs of selections.jsonl against the reference.
@@ -17,7 +18,7 @@ import json
 import os
 import sys
 
-SKIPPED = {"jobs.jsonl", ".stageb.lock"}
+SKIPPED = {"jobs.jsonl", ".stageb.lock", "report.html"}  # report.html: a view of the rest
 DROPPED = {"runtime", "timing", "config", "config_path", "config_sha256", "run_dir"}
 
 
