@@ -18,7 +18,8 @@ use stageb_shared::telemetry::{LogFormat, init_tracing};
 use stageb_shared::tls::{ClientTls, ServerTls};
 use stageb_worker::client::{WorkerOptions, run_worker};
 use stageb_worker::engine::{
-    CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, RolloutRequest,
+    CandleEngine, DecodeRequest, DeviceSpec, Engine, EngineOptions, KernelChoice, Numerics,
+    RolloutRequest,
 };
 
 /// `stageb --version`: the version and the compute backend this binary was built with, so a
@@ -53,6 +54,23 @@ struct ModelArgs {
     /// refuses a worker that holds less than the run plans with.
     #[arg(long, env = "STAGEB_MAX_MODEL_LEN")]
     max_model_len: Option<u32>,
+    /// Matmul arithmetic on the CPU: int8 (activations rounded to 8 bits per block of 32,
+    /// integer dot products; fast) or f32 (exact weights, f32 activations). Part of the model
+    /// fingerprint: every worker of a run must use the same.
+    #[arg(long, env = "STAGEB_NUMERICS", default_value = "int8", value_parser = parse_numerics)]
+    numerics: Numerics,
+    /// CPU kernels: auto (the best this CPU has) or at most avx512vnni, avx512bw, avx2 or
+    /// scalar. Every choice computes the same bits; for benchmarks and diagnosis.
+    #[arg(long, env = "STAGEB_KERNELS", default_value = "auto", value_parser = parse_kernels)]
+    kernels: KernelChoice,
+}
+
+fn parse_numerics(s: &str) -> Result<Numerics, String> {
+    s.parse()
+}
+
+fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
+    s.parse()
 }
 
 /// What to do when the run directory already holds a run.
@@ -407,10 +425,12 @@ enum Command {
 
 fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
     let device: DeviceSpec = args.device.parse().map_err(|e| anyhow!("{e}"))?;
+    stageb_worker::engine::int8::choose(args.kernels);
     Ok(EngineOptions {
         device,
         threads: args.threads,
         max_context: args.max_model_len.map(|n| n as usize),
+        numerics: args.numerics,
         ..EngineOptions::default()
     })
 }

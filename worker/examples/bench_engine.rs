@@ -13,13 +13,16 @@
 //! ```text
 //! cargo run --release -p stageb-worker --example bench_engine -- [--model M] [--threads 2]
 //!     [--runs 3] [--prompt-tokens 600] [--candidates 8] [--new-tokens 48] [--variant fixed|constrained|both]
+//!     [--numerics int8|f32] [--kernels auto|avx512vnni|avx512bw|avx2|scalar]
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use stageb_shared::domain::ChatMessage;
-use stageb_worker::engine::{CandleEngine, DecodeRequest, Engine, EngineOptions, RolloutRequest};
+use stageb_worker::engine::{
+    CandleEngine, DecodeRequest, Engine, EngineOptions, KernelChoice, Numerics, RolloutRequest,
+};
 
 struct Args {
     model: Option<PathBuf>,
@@ -29,6 +32,8 @@ struct Args {
     candidates: u64,
     new_tokens: u32,
     variant: String,
+    numerics: Numerics,
+    kernels: KernelChoice,
 }
 
 fn parse_args() -> Args {
@@ -40,6 +45,8 @@ fn parse_args() -> Args {
         candidates: 8,
         new_tokens: 48,
         variant: "both".into(),
+        numerics: Numerics::default(),
+        kernels: KernelChoice::Auto,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -53,6 +60,12 @@ fn parse_args() -> Args {
             "--candidates" => a.candidates = v.parse().expect("--candidates N"),
             "--new-tokens" => a.new_tokens = v.parse().expect("--new-tokens N"),
             "--variant" => a.variant = v,
+            "--numerics" => a.numerics = v.parse().expect("--numerics int8|f32"),
+            "--kernels" => {
+                a.kernels = v
+                    .parse()
+                    .expect("--kernels auto|avx512vnni|avx512bw|avx2|scalar")
+            }
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -99,21 +112,24 @@ fn main() {
         .clone()
         .or_else(|| stageb_worker::engine::candle_engine::default_model_path(&root))
         .expect("no model: pass --model or run scripts/fetch-model.sh");
+    stageb_worker::engine::int8::choose(args.kernels);
     let t = Instant::now();
     let mut engine = CandleEngine::load(
         &model,
         &EngineOptions {
             threads: Some(args.threads),
+            numerics: args.numerics,
             ..EngineOptions::default()
         },
     )
     .expect("load model");
     println!(
-        "model {} loaded in {:.2}s; fingerprint dtype {}; kernels {:?}; threads {}",
+        "model {} loaded in {:.2}s; fingerprint dtype {}; kernels f32 {:?}, int8 {}; threads {}",
         model.display(),
         t.elapsed().as_secs_f64(),
         engine.fingerprint().dtype,
         stageb_worker::engine::kernels::isa(),
+        stageb_worker::engine::int8::isa().name(),
         args.threads
     );
     let (messages, prompt_tokens) = build_messages(&engine, args.prompt_tokens);

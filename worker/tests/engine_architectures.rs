@@ -30,7 +30,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor, ggml_file};
 use candle_core::{Device, Tensor};
-use stageb_worker::engine::{CandleEngine, EngineOptions, WeightFormat};
+use stageb_worker::engine::{CandleEngine, EngineOptions, Numerics, WeightFormat};
 
 /// Blocks kept from SmolLM2: enough to exercise the residual stream across layers, small enough
 /// to keep the reference and the written files cheap.
@@ -551,8 +551,10 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 /// Asserts `got` reproduces the reference. `tol` per path: f32 paths differ from the f64
-/// reference only by rounding (observed ≤ 1e-6); candle's quantized matmul also rounds every
-/// activation to 8 bits (Q8_1) before the dot product, so it gets a looser bound (observed ≤ 7.4e-3). Either way a
+/// reference only by rounding (observed ≤ 1e-6); the int8 fast path and candle's quantized
+/// matmul also round every activation to 8 bits per block (Q8_1) before the dot product, so
+/// they get a looser bound (observed ≤ 7.4e-3 for candle; the int8 path's error is printed
+/// per architecture, ~5e-3). Either way a
 /// wrong tensor (a dropped bias, a norm in the wrong place, the wrong RoPE pairing) moves the
 /// logits by tens of percent, far outside both.
 fn check_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
@@ -604,22 +606,43 @@ fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
         let dir = tmp.path().join(format!("{}-hf", arch.name()));
         write_safetensors_dir(arch, &model, &tokenizer_json, &template, &dir);
 
-        let paths: [(&str, &Path, WeightFormat, f32); 4] = [
-            ("gguf cpu fast path", &gguf, WeightFormat::Auto, 1e-5),
-            ("gguf candle f32", &gguf, WeightFormat::Dequantized, 1e-5),
+        let paths: [(&str, &Path, WeightFormat, Numerics, f32); 5] = [
+            (
+                "gguf cpu fast path int8",
+                &gguf,
+                WeightFormat::Auto,
+                Numerics::Int8,
+                2e-2,
+            ),
+            (
+                "gguf cpu fast path f32",
+                &gguf,
+                WeightFormat::Auto,
+                Numerics::F32,
+                1e-5,
+            ),
+            (
+                "gguf candle f32",
+                &gguf,
+                WeightFormat::Dequantized,
+                Numerics::F32,
+                1e-5,
+            ),
             (
                 "gguf candle quantized",
                 &gguf,
                 WeightFormat::Quantized,
+                Numerics::F32,
                 2e-2,
             ),
-            ("safetensors", &dir, WeightFormat::Auto, 1e-5),
+            ("safetensors", &dir, WeightFormat::Auto, Numerics::F32, 1e-5),
         ];
-        for (label, p, format, tol) in paths {
+        for (label, p, format, numerics, tol) in paths {
             let what = format!("{} {label}", arch.name());
             let options = EngineOptions {
                 device: stageb_worker::engine::DeviceSpec::Cpu,
                 weight_format: format,
+                numerics,
                 ..EngineOptions::default()
             };
             let mut engine = CandleEngine::load(p, &options)

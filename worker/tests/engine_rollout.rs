@@ -163,3 +163,57 @@ fn bad_requests_are_rejected() {
     bad.decodes[0].top_p = 0.0;
     assert_eq!(engine.rollout(&bad).unwrap_err().code(), "INVALID_REQUEST");
 }
+
+/// Forced-token fast-forward (the constraint allows exactly one token: the contract's
+/// `Verdict: ` / `\nReason: ` scaffolding, JSON keys) feeds a forced run in one multi-token
+/// forward. It must be an optimization only: the same candidates, token for token, as sampling
+/// every forced token step by step.
+#[test]
+fn forced_runs_fed_at_once_give_the_same_outputs_as_step_by_step() {
+    let path = model_path();
+    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut contract = request(
+        "Ticket D: 挡风板缺失, 2 clips broken. Photo 1 shows a gap.",
+        40,
+    );
+    contract.constrained = true;
+    let json = GenerateRequest {
+        messages: ticket("Summarize as JSON: verdict and a short reason."),
+        json_schema: Some(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "verdict": {"type": "string", "enum": ["pass", "fail"]},
+                "reason": {"type": "string", "maxLength": 40}
+            },
+            "required": ["verdict", "reason"],
+            "additionalProperties": false
+        })),
+        seed: 7,
+        temperature: 0.7,
+        top_p: 0.9,
+        repetition_penalty: 1.05,
+        max_new_tokens: 48,
+    };
+    let fast = engine.rollout(&contract).unwrap();
+    let forced_contract = engine.forced_tokens_last_job();
+    let fast_json = engine.generate(&json).unwrap();
+    let forced_json = engine.forced_tokens_last_job();
+    engine.set_fast_forward(false);
+    let slow = engine.rollout(&contract).unwrap();
+    assert_eq!(engine.forced_tokens_last_job(), 0, "fast-forward off");
+    let slow_json = engine.generate(&json).unwrap();
+    for c in &fast.candidates {
+        eprintln!("{:?} {:?}", c.finish, c.text);
+    }
+    eprintln!("json: {:?}", fast_json.text);
+    eprintln!("forced tokens: contract {forced_contract}, json {forced_json}");
+    assert!(
+        forced_contract >= 4 * fast.candidates.len() as u64,
+        "the contract's scaffolding is forced in every row: {forced_contract}"
+    );
+    assert!(forced_json > 0, "JSON keys are forced");
+    assert_eq!(fast.candidates, slow.candidates, "contract rollout");
+    assert_eq!(fast_json.text, slow_json.text, "JSON generate");
+    assert_eq!(fast_json.completion_tokens, slow_json.completion_tokens);
+    assert_eq!(fast_json.finish, slow_json.finish);
+}

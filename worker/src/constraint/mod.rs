@@ -80,6 +80,22 @@ impl AllowedTokens {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The allowed id when exactly one is allowed (the grammar forces it).
+    pub fn only(&self) -> Option<u32> {
+        let mut found = None;
+        for (i, w) in self.words.iter().enumerate() {
+            if *w == 0 {
+                continue;
+            }
+            if found.is_some() || w.count_ones() != 1 {
+                return None;
+            }
+            let id = i * 32 + w.trailing_zeros() as usize;
+            found = (id < self.len).then_some(id as u32);
+        }
+        found
+    }
+
     pub fn from_words(words: Vec<u32>, len: usize) -> Self {
         AllowedTokens { words, len }
     }

@@ -5,11 +5,14 @@
 //! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0 (chunk
 //!    boundaries change CPU logits, so they are fixed, never derived from other work);
 //! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
-//!    decode them as one lockstep batch; a finished row keeps being fed a pad token and its
-//!    output is ignored, so the batch shape never changes mid-job;
-//! 4. per row and step: logits → constraint mask (if any) → [`sampler::sample`] with
-//!    `uniform_at(candidate seed, step)` → constraint `consume`; a row stops on a stop token,
-//!    when its constraint is finished, or at `max_new_tokens`.
+//!    decode them as one batch; a finished row leaves the batch (CPU path) or keeps being fed a
+//!    pad token whose output is ignored (candle's lockstep path);
+//! 4. per row and token: logits → constraint mask (if any) → [`sampler::sample`] with
+//!    `uniform_at(candidate seed, token index)` → constraint `consume`; a row stops on a stop
+//!    token, when its constraint is finished, or at `max_new_tokens`;
+//! 5. forced-token fast-forward (CPU path): while the constraint allows exactly one token, it
+//!    is taken without sampling (the sampler could return nothing else) and the run is fed in
+//!    one multi-token forward; each position's arithmetic is what it would be step by step.
 //!
 //! The text returned is the tokenizer's decoding of the generated tokens without special
 //! tokens, never normalized.
@@ -27,7 +30,7 @@ use stageb_shared::seed::uniform_at;
 use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
-use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
+use super::cpu_model::{CpuCache, CpuModel, Numerics, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
 use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
@@ -56,10 +59,6 @@ const FINISH_LOOKAHEAD: usize = 64;
 /// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
 /// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
 pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAINED_NEW_TOKENS;
-
-/// The fingerprint dtype of the CPU fast path (GGUF blocks dequantized exactly, f32
-/// arithmetic in the fixed order of `kernels`).
-pub const CPU_FAST_DTYPE: &str = "cpu-f32-fixed-order";
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,6 +102,8 @@ pub struct EngineOptions {
     pub max_context: Option<usize>,
     /// GGUF only: keep the file's quantization or dequantize at load.
     pub weight_format: WeightFormat,
+    /// The CPU fast path's matmul arithmetic (recorded in the fingerprint's dtype).
+    pub numerics: Numerics,
 }
 
 impl Default for EngineOptions {
@@ -112,6 +113,7 @@ impl Default for EngineOptions {
             threads: None,
             max_context: None,
             weight_format: WeightFormat::Auto,
+            numerics: Numerics::default(),
         }
     }
 }
@@ -180,6 +182,10 @@ pub struct CandleEngine {
     workspace: Workspace,
     /// Bench only: unconstrained rows run to `max_new_tokens` through stop tokens.
     ignore_eos: bool,
+    /// Forced-token fast-forward on the CPU path (on; off only to prove it changes nothing).
+    fast_forward: bool,
+    /// Tokens the last job took by fast-forward ([`CandleEngine::forced_tokens_last_job`]).
+    forced_tokens: u64,
     /// Prompt + generated tokens a job may use: the loaded context, or the run's when rank 0
     /// asked for less ([`Engine::limit_context`]).
     context_limit: usize,
@@ -256,6 +262,9 @@ struct Row {
     seen: Option<SeenTokens>,
     tokens: Vec<u32>,
     finish: Option<FinishReason>,
+    /// The constraint's allowed set for the next token, computed ahead by [`forced_run`]
+    /// (`CandleEngine::forced_run`) and used by the next sampling step.
+    next_allowed: Option<AllowedTokens>,
 }
 
 impl CandleEngine {
@@ -332,8 +341,10 @@ impl CandleEngine {
             Some(template.source()),
         );
         let (model, dtype) = if device.is_cpu() && options.weight_format == WeightFormat::Auto {
-            let m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
-            (Backend::Cpu(m), CPU_FAST_DTYPE.to_string())
+            let mut m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
+            m.set_numerics(options.numerics);
+            let dtype = options.numerics.fingerprint_dtype().to_string();
+            (Backend::Cpu(m), dtype)
         } else {
             let loaded = gguf::load(
                 path,
@@ -419,6 +430,8 @@ impl CandleEngine {
             scratch: Scratch::default(),
             workspace: Workspace::default(),
             ignore_eos: false,
+            fast_forward: true,
+            forced_tokens: 0,
         })
     }
 
@@ -445,6 +458,18 @@ impl CandleEngine {
     #[doc(hidden)]
     pub fn set_ignore_eos(&mut self, on: bool) {
         self.ignore_eos = on;
+    }
+
+    /// Test only: turns the forced-token fast-forward off (step-by-step sampling of forced
+    /// tokens), to show both give the same outputs.
+    #[doc(hidden)]
+    pub fn set_fast_forward(&mut self, on: bool) {
+        self.fast_forward = on;
+    }
+
+    /// Tokens the last job took by forced-token fast-forward (fed without sampling).
+    pub fn forced_tokens_last_job(&self) -> u64 {
+        self.forced_tokens
     }
 
     /// The prompt text for `messages` (chat template, generation prompt appended).
@@ -554,21 +579,30 @@ impl CandleEngine {
         Ok(())
     }
 
-    /// One decode step: `next[i]` is row `i`'s latest token, `None` for a finished row. Updates
-    /// `logits[i]` of every row that was fed.
+    /// One decode step: `feeds[i]` are row `i`'s next tokens (empty for a finished row; more
+    /// than one only on the CPU path, a forced run). Updates `logits[i]` of every row that was
+    /// fed, from its last token.
     fn decode_step(
         &mut self,
         cache: &mut DecodeCache,
-        next: &[Option<u32>],
+        feeds: &[Vec<u32>],
         logits: &mut [Vec<f32>],
     ) -> Result<(), EngineError> {
         let me = |e: candle_core::Error| EngineError::Model(e.to_string());
         match (&self.model, cache) {
             (Backend::Candle(model), DecodeCache::Candle(Some(cache))) => {
+                if feeds.iter().any(|f| f.len() > 1) {
+                    return Err(EngineError::Model(
+                        "multi-token decode on the lockstep path".into(),
+                    ));
+                }
                 // Lockstep: finished rows are fed a pad token and their logits ignored.
                 let pad = self.stop_ids[0];
-                let ids: Vec<u32> = next.iter().map(|t| t.unwrap_or(pad)).collect();
-                let input = Tensor::from_vec(ids, (next.len(), 1), model.device()).map_err(me)?;
+                let ids: Vec<u32> = feeds
+                    .iter()
+                    .map(|f| f.first().copied().unwrap_or(pad))
+                    .collect();
+                let input = Tensor::from_vec(ids, (feeds.len(), 1), model.device()).map_err(me)?;
                 let out = model.forward(&input, cache).map_err(me)?;
                 for (dst, row) in logits.iter_mut().zip(out.to_vec2::<f32>().map_err(me)?) {
                     *dst = row;
@@ -577,25 +611,27 @@ impl CandleEngine {
             }
             (Backend::Cpu(model), DecodeCache::Cpu(cache)) => {
                 // Only live rows are fed: every row's arithmetic is independent of the others.
-                let (mut toks, mut slots) = (Vec::new(), Vec::new());
-                for (i, t) in next.iter().enumerate() {
-                    if let Some(t) = t {
+                let (mut toks, mut slots, mut last) = (Vec::new(), Vec::new(), Vec::new());
+                for (i, feed) in feeds.iter().enumerate() {
+                    for t in feed {
                         toks.push(*t);
                         slots.push(Slot::Row(i));
+                    }
+                    if !feed.is_empty() {
+                        last.push((toks.len() - 1, i));
                     }
                 }
                 if toks.is_empty() {
                     return Ok(());
                 }
+                let at: Vec<usize> = last.iter().map(|(p, _)| *p).collect();
                 let out = model
-                    .forward(&toks, &slots, cache, 0, &mut self.workspace)
+                    .forward_at(&toks, &slots, cache, &at, &mut self.workspace)
                     .map_err(EngineError::Model)?;
-                let vocab = out.len() / toks.len();
-                for (s, row) in slots.iter().zip(out.chunks_exact(vocab)) {
-                    if let Slot::Row(i) = s {
-                        logits[*i].clear();
-                        logits[*i].extend_from_slice(row);
-                    }
+                let vocab = out.len() / at.len();
+                for ((_, i), row) in last.iter().zip(out.chunks_exact(vocab)) {
+                    logits[*i].clear();
+                    logits[*i].extend_from_slice(row);
                 }
                 Ok(())
             }
@@ -658,24 +694,32 @@ impl CandleEngine {
         self.add_rows(&mut cache, n, max_new, prompt.len())?;
         // The prompt's last logits are the same for every row; step 0 samples from them.
         let mut step_logits: Vec<Vec<f32>> = vec![first_logits; n];
-        for step in 0..max_new {
+        // Forced runs go through the model in one multi-token forward, which only the CPU
+        // path's per-row positions allow (candle's batch is lockstep).
+        let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
+        self.forced_tokens = 0;
+        loop {
             if self.cancel.is_cancelled() {
                 return Err(EngineError::Cancelled);
             }
-            let mut next = Vec::with_capacity(n);
+            let mut feeds: Vec<Vec<u32>> = vec![Vec::new(); n];
             for (i, row) in rows.iter_mut().enumerate() {
                 if row.finish.is_some() {
-                    next.push(None);
                     continue;
                 }
-                let tok = self.step_row(row, &step_logits[i], step as u64)?;
+                let tok = self.step_row(row, &step_logits[i])?;
                 // A row that just finished needs no more forward passes.
-                next.push(tok.filter(|_| row.finish.is_none()));
+                if let Some(tok) = tok.filter(|_| row.finish.is_none()) {
+                    feeds[i].push(tok);
+                    if fast_forward {
+                        self.forced_run(row, &mut feeds[i])?;
+                    }
+                }
             }
-            if rows.iter().all(|r| r.finish.is_some()) || step + 1 == max_new {
+            if feeds.iter().all(|f| f.is_empty()) {
                 break;
             }
-            self.decode_step(&mut cache, &next, &mut step_logits)?;
+            self.decode_step(&mut cache, &feeds, &mut step_logits)?;
         }
         for r in rows.iter_mut() {
             if r.finish.is_none() {
@@ -686,20 +730,20 @@ impl CandleEngine {
     }
 
     /// Samples one token for `row` and advances its state. `None` when the row ended without
-    /// producing a token.
-    fn step_row(
-        &mut self,
-        row: &mut Row,
-        logits: &[f32],
-        step: u64,
-    ) -> Result<Option<u32>, EngineError> {
+    /// producing a token. The draw is `uniform_at(seed, token index)`.
+    fn step_row(&mut self, row: &mut Row, logits: &[f32]) -> Result<Option<u32>, EngineError> {
+        let step = row.tokens.len() as u64;
+        let ahead = row.next_allowed.take();
         let allowed = match row.constraint.as_mut() {
             Some(c) => {
                 if c.is_finished() {
                     row.finish = Some(FinishReason::Stop);
                     return Ok(None);
                 }
-                let a = c.allowed()?;
+                let a = match ahead {
+                    Some(a) => a,
+                    None => c.allowed()?,
+                };
                 if a.is_empty() {
                     row.finish = Some(FinishReason::Stop);
                     return Ok(None);
@@ -728,6 +772,12 @@ impl CandleEngine {
                 "no token can be sampled at step {step} (all logits masked)"
             ))
         })?;
+        self.accept(row, tok)?;
+        Ok(Some(tok))
+    }
+
+    /// Advances `row` by `tok`: constraint, repetition memory, output, and whether it ends.
+    fn accept(&self, row: &mut Row, tok: u32) -> Result<(), EngineError> {
         if let Some(c) = row.constraint.as_mut() {
             c.consume(tok)?;
         }
@@ -741,7 +791,48 @@ impl CandleEngine {
         } else if row.tokens.len() >= row.max_new {
             row.finish = Some(FinishReason::Length);
         }
-        Ok(Some(tok))
+        Ok(())
+    }
+
+    /// Forced-token fast-forward: while the row's constraint allows exactly one token, accepts
+    /// it and appends it to `feed`, so the whole run goes through the model in one forward.
+    /// Identical to sampling each step: a one-token allowed set stays one token through
+    /// [`finishing_mask`](Self::finishing_mask), and the sampler returns it whatever the draw
+    /// (its logit is not consulted; a model whose logit there is not finite would have failed
+    /// the step instead). A token that ends the row is accepted but not fed. The first
+    /// non-forced allowed set is kept for the next sampling step.
+    fn forced_run(&mut self, row: &mut Row, feed: &mut Vec<u32>) -> Result<(), EngineError> {
+        let mut forced = 0;
+        let r = self.forced_run_inner(row, feed, &mut forced);
+        self.forced_tokens += forced;
+        r
+    }
+
+    fn forced_run_inner(
+        &self,
+        row: &mut Row,
+        feed: &mut Vec<u32>,
+        forced: &mut u64,
+    ) -> Result<(), EngineError> {
+        while row.finish.is_none() {
+            let Some(c) = row.constraint.as_mut() else {
+                return Ok(());
+            };
+            if c.is_finished() {
+                return Ok(());
+            }
+            let allowed = c.allowed()?;
+            let Some(tok) = allowed.only() else {
+                row.next_allowed = Some(allowed);
+                return Ok(());
+            };
+            self.accept(row, tok)?;
+            if row.finish.is_none() {
+                feed.push(tok);
+            }
+            *forced += 1;
+        }
+        Ok(())
     }
 
     /// The allowed set of a constrained row in its last [`FINISH_MARGIN`] tokens, narrowed so
@@ -936,6 +1027,7 @@ impl CandleEngine {
                     seen: None,
                     tokens: Vec::new(),
                     finish: None,
+                    next_allowed: None,
                 });
                 ids.push((d.decode_index, i as u32));
             }
@@ -986,6 +1078,7 @@ impl CandleEngine {
             seen: None,
             tokens: Vec::new(),
             finish: None,
+            next_allowed: None,
         }];
         self.run_rows(&prompt, &mut rows)?;
         let row = &rows[0];

@@ -16,8 +16,43 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
+use super::int8::{self, Int8Workspace};
 use super::kernels::{self, KvRun, PackedMatrix};
 use super::transformer::{RopeStyle, TransformerConfig};
+
+/// The arithmetic of the matmuls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Numerics {
+    /// Activations quantized to 8 bits per block, integer dot products with Q4_1/Q8_0 weights
+    /// ([`int8`]); f32 weights keep the f32 path.
+    #[default]
+    Int8,
+    /// Exact weights, f32 activations ([`kernels::matmul`]).
+    F32,
+}
+
+impl Numerics {
+    /// The fingerprint's dtype: the numerics change every logit, so workers that differ in
+    /// them must not serve one run.
+    pub fn fingerprint_dtype(self) -> &'static str {
+        match self {
+            Numerics::Int8 => "cpu-q8-fixed-order",
+            Numerics::F32 => "cpu-f32-fixed-order",
+        }
+    }
+}
+
+impl std::str::FromStr for Numerics {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "int8" => Ok(Numerics::Int8),
+            "f32" => Ok(Numerics::F32),
+            _ => Err(format!("unknown numerics `{s}` (int8, f32)")),
+        }
+    }
+}
 
 /// One transformer block.
 #[derive(Debug)]
@@ -48,6 +83,7 @@ pub struct CpuModel {
     cos: Vec<f32>,
     sin: Vec<f32>,
     max_context: usize,
+    numerics: Numerics,
 }
 
 /// A weight from GGUF: Q4_1 and Q8_0 stay in their blocks, anything else becomes f32 (exact).
@@ -136,7 +172,14 @@ pub struct Workspace {
     tmp: Vec<f32>,
     gu: Vec<f32>,
     act: Vec<f32>,
+    mm: MatmulBuffers,
+}
+
+/// Reusable buffers of the matmuls (both numerics).
+#[derive(Debug, Default)]
+struct MatmulBuffers {
     yt: Vec<f32>,
+    int8: Int8Workspace,
 }
 
 impl CpuModel {
@@ -191,11 +234,45 @@ impl CpuModel {
             cos,
             sin,
             max_context,
+            numerics: Numerics::default(),
         })
     }
 
     pub fn max_context(&self) -> usize {
         self.max_context
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    /// Chooses the matmul arithmetic; [`Numerics::Int8`] interleaves the Q4_1/Q8_0 matrices
+    /// (the embedding too when the head is tied to it: lookups read the same values).
+    pub fn set_numerics(&mut self, numerics: Numerics) {
+        self.numerics = numerics;
+        if numerics != Numerics::Int8 {
+            return;
+        }
+        let interleave = |w: &mut PackedMatrix| {
+            if let Some(i) = int8::Interleaved::from_packed(w) {
+                *w = PackedMatrix::Interleaved(Box::new(i));
+            }
+        };
+        for l in &mut self.layers {
+            for w in [&mut l.qkv, &mut l.wo, &mut l.gate_up, &mut l.down] {
+                interleave(w);
+            }
+        }
+        interleave(self.lm_head.as_mut().unwrap_or(&mut self.embedding));
+    }
+
+    /// `y = x · wᵀ` with this model's numerics.
+    fn matmul(&self, x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut MatmulBuffers) {
+        if self.numerics == Numerics::Int8 && int8::supports(w) {
+            int8::matmul(x, m, w, y, &mut ws.int8);
+        } else {
+            kernels::matmul(x, m, w, y, &mut ws.yt);
+        }
     }
 
     /// Weight bytes held in memory.
@@ -247,8 +324,7 @@ impl CpuModel {
 
     /// Runs `tokens` (one per slot) through the model, appends their keys/values to `cache`,
     /// and returns the logits of positions `logits_from..` (`(len - logits_from) × vocab`).
-    /// A forward call either extends the prompt (all [`Slot::Shared`], before any row exists)
-    /// or advances rows (each [`Slot::Row`] at most once).
+    /// See [`CpuModel::forward_at`].
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -257,10 +333,33 @@ impl CpuModel {
         logits_from: usize,
         ws: &mut Workspace,
     ) -> Result<Vec<f32>, String> {
+        let at: Vec<usize> = (logits_from..tokens.len()).collect();
+        self.forward_at(tokens, slots, cache, &at, ws)
+    }
+
+    /// Runs `tokens` (one per slot) through the model, appends their keys/values to `cache`,
+    /// and returns the logits of the positions listed in `logits_at` (ascending; `len × vocab`).
+    /// A forward call either extends the prompt (all [`Slot::Shared`], before any row exists)
+    /// or advances rows; a row may take several consecutive positions in one call (forced
+    /// tokens), its occurrences in order. Every position's arithmetic is the same as if it
+    /// were fed alone.
+    pub fn forward_at(
+        &self,
+        tokens: &[u32],
+        slots: &[Slot],
+        cache: &mut CpuCache,
+        logits_at: &[usize],
+        ws: &mut Workspace,
+    ) -> Result<Vec<f32>, String> {
         let cfg = &self.config;
         let m = tokens.len();
-        if m == 0 || slots.len() != m || logits_from >= m {
-            return Err("forward: empty input or bad slots".into());
+        if m == 0
+            || slots.len() != m
+            || logits_at.is_empty()
+            || logits_at.windows(2).any(|w| w[0] >= w[1])
+            || logits_at.last().is_some_and(|&p| p >= m)
+        {
+            return Err("forward: empty input, bad slots or bad logit positions".into());
         }
         let shared_new = slots.iter().filter(|s| **s == Slot::Shared).count();
         if shared_new > 0 && (shared_new != m || !cache.rows.is_empty()) {
@@ -269,17 +368,20 @@ impl CpuModel {
         if cache.shared_len + shared_new > cache.shared_cap {
             return Err("forward: prompt exceeds the cache".into());
         }
+        // Absolute positions, and for row slots the position within the row's own segment.
         let mut positions = Vec::with_capacity(m);
-        let mut seen = vec![false; cache.rows.len()];
+        let mut row_pos = vec![0usize; m];
+        let mut fed = vec![0usize; cache.rows.len()];
         for (i, s) in slots.iter().enumerate() {
             positions.push(match *s {
                 Slot::Shared => cache.shared_len + i,
                 Slot::Row(r) => {
-                    if r >= cache.rows.len() || seen[r] || cache.row_len[r] >= cache.row_cap {
+                    if r >= cache.rows.len() || cache.row_len[r] + fed[r] >= cache.row_cap {
                         return Err(format!("forward: row {r} out of range or full"));
                     }
-                    seen[r] = true;
-                    cache.shared_len + cache.row_len[r]
+                    row_pos[i] = cache.row_len[r] + fed[r];
+                    fed[r] += 1;
+                    cache.shared_len + row_pos[i]
                 }
             });
         }
@@ -299,7 +401,7 @@ impl CpuModel {
             tmp,
             gu,
             act,
-            yt,
+            mm,
         } = ws;
         x.resize(m * hid, 0.0);
         h.resize(m * hid, 0.0);
@@ -320,7 +422,7 @@ impl CpuModel {
         let shared_after = cache.shared_len + shared_new;
         for (li, layer) in self.layers.iter().enumerate() {
             kernels::rms_norm(x, &layer.attn_norm, eps, h);
-            kernels::matmul(h, m, &layer.qkv, qkv, yt);
+            self.matmul(h, m, &layer.qkv, qkv, mm);
             for (i, row) in qkv.chunks_exact_mut(qkv_n).enumerate() {
                 if let Some(b) = &layer.qkv_bias {
                     for (a, b) in row.iter_mut().zip(b) {
@@ -346,7 +448,7 @@ impl CpuModel {
                         cache.shared_cap,
                         cache.shared_len + i,
                     ),
-                    Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, cache.row_len[r]),
+                    Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, row_pos[i]),
                 };
                 for g in 0..nkv {
                     for dd in 0..d {
@@ -360,6 +462,7 @@ impl CpuModel {
             let cache_ref = &*cache;
             let qkv_ref = &*qkv;
             let positions_ref = &positions;
+            let row_pos = &row_pos;
             att.par_chunks_mut(nh * d)
                 .enumerate()
                 .for_each_init(Vec::new, |s, (i, out)| {
@@ -368,8 +471,8 @@ impl CpuModel {
                     let (limit, row_seg) = match slots[i] {
                         Slot::Shared => (positions_ref[i] + 1, None),
                         Slot::Row(r) => (
-                            shared_after + cache_ref.row_len[r] + 1,
-                            Some((&cache_ref.rows[r][li], cache_ref.row_len[r] + 1)),
+                            shared_after + row_pos[i] + 1,
+                            Some((&cache_ref.rows[r][li], row_pos[i] + 1)),
                         ),
                     };
                     for g in 0..nkv {
@@ -418,7 +521,7 @@ impl CpuModel {
                         }
                     }
                 });
-            kernels::matmul(att, m, &layer.wo, tmp, yt);
+            self.matmul(att, m, &layer.wo, tmp, mm);
             for (a, b) in x.iter_mut().zip(tmp.iter()) {
                 *a += *b;
             }
@@ -426,25 +529,27 @@ impl CpuModel {
             let ffn = layer.gate_up.rows() / 2;
             gu.resize(m * 2 * ffn, 0.0);
             act.resize(m * ffn, 0.0);
-            kernels::matmul(h, m, &layer.gate_up, gu, yt);
+            self.matmul(h, m, &layer.gate_up, gu, mm);
             kernels::silu_mul(gu, ffn, act);
-            kernels::matmul(act, m, &layer.down, tmp, yt);
+            self.matmul(act, m, &layer.down, tmp, mm);
             for (a, b) in x.iter_mut().zip(tmp.iter()) {
                 *a += *b;
             }
         }
         cache.shared_len = shared_after;
-        for s in slots {
-            if let Slot::Row(r) = *s {
-                cache.row_len[r] += 1;
-            }
+        for (len, n) in cache.row_len.iter_mut().zip(fed) {
+            *len += n;
         }
-        let nl = m - logits_from;
+        let nl = logits_at.len();
+        let mut picked = Vec::with_capacity(nl * hid);
+        for &p in logits_at {
+            picked.extend_from_slice(&x[p * hid..(p + 1) * hid]);
+        }
         let mut last = vec![0f32; nl * hid];
-        kernels::rms_norm(&x[logits_from * hid..], &self.final_norm, eps, &mut last);
+        kernels::rms_norm(&picked, &self.final_norm, eps, &mut last);
         let head = self.lm_head.as_ref().unwrap_or(&self.embedding);
         let mut logits = vec![0f32; nl * head.rows()];
-        kernels::matmul(&last, nl, head, &mut logits, yt);
+        self.matmul(&last, nl, head, &mut logits, mm);
         Ok(logits)
     }
 }

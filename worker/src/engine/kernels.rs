@@ -1,5 +1,7 @@
-//! CPU kernels of the engine's fast path ([`super::cpu_model`]): matmul over block-quantized
-//! weights, attention over a transposed KV cache, RMS norm, SiLU and a polynomial `exp`.
+//! CPU kernels of the engine's fast path ([`super::cpu_model`]): f32 matmul over
+//! block-quantized weights (`--numerics f32`; the default integer matmuls are
+//! [`super::int8`]'s), attention over a transposed KV cache, RMS norm, SiLU and a polynomial
+//! `exp`.
 //!
 //! # Numerics: every output element has one fixed recipe
 //!
@@ -53,7 +55,8 @@ pub enum Isa {
 }
 
 fn detect() -> Isa {
-    if std::env::var("STAGEB_KERNELS").is_ok_and(|v| v == "scalar") {
+    use super::int8::{self, KernelChoice};
+    if int8::choice() == KernelChoice::AtMost(int8::Isa::Scalar) {
         return Isa::Scalar;
     }
     #[cfg(target_arch = "x86_64")]
@@ -65,7 +68,8 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
-/// The instruction set chosen for this process (`STAGEB_KERNELS=scalar` forces the fallback).
+/// The instruction set chosen for this process (`--kernels scalar` or `STAGEB_KERNELS=scalar`
+/// forces the fallback).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(detect)
@@ -137,6 +141,9 @@ pub enum PackedMatrix {
         cols: usize,
         w: Vec<f32>,
     },
+    /// Q4_1 / Q8_0 rows interleaved 16 at a time for the integer kernels
+    /// ([`super::int8::Interleaved`]; same values).
+    Interleaved(Box<super::int8::Interleaved>),
 }
 
 fn f16_to_f32(bits: u16) -> f32 {
@@ -206,6 +213,7 @@ impl PackedMatrix {
             PackedMatrix::Q4_1 { rows, .. }
             | PackedMatrix::Q8_0 { rows, .. }
             | PackedMatrix::F32 { rows, .. } => *rows,
+            PackedMatrix::Interleaved(m) => m.rows(),
         }
     }
 
@@ -214,6 +222,7 @@ impl PackedMatrix {
             PackedMatrix::Q4_1 { cols, .. }
             | PackedMatrix::Q8_0 { cols, .. }
             | PackedMatrix::F32 { cols, .. } => *cols,
+            PackedMatrix::Interleaved(m) => m.cols(),
         }
     }
 
@@ -223,6 +232,7 @@ impl PackedMatrix {
             PackedMatrix::Q4_1 { dm, .. } => dm.len() * 24,
             PackedMatrix::Q8_0 { d, .. } => d.len() * 36,
             PackedMatrix::F32 { w, .. } => w.len() * 4,
+            PackedMatrix::Interleaved(m) => m.bytes(),
         }
     }
 
@@ -313,6 +323,7 @@ fn dequant_rows_impl(m: &PackedMatrix, r0: usize, n: usize, out: &mut [f32]) {
         PackedMatrix::F32 { cols, w, .. } => {
             out[..n * cols].copy_from_slice(&w[r0 * cols..(r0 + n) * cols]);
         }
+        PackedMatrix::Interleaved(m) => m.dequant_rows(r0, n, out),
     }
 }
 
@@ -423,6 +434,34 @@ fn matmul_block(x: &[f32], m: usize, k: usize, w: &[f32], nc: usize, out: &mut [
     matmul_block_impl(x, m, k, w, nc, out)
 }
 
+/// Output rows (of `n`) per parallel matmul task for `m` input rows: about 8 tasks per thread
+/// in decode steps (load balance without per-task overhead dominating small steps), whole
+/// multiples of [`TASK_OUTPUTS`]; [`TASK_OUTPUTS`] in prefill. The split never changes a result.
+pub fn outputs_per_task(n: usize, m: usize) -> usize {
+    if m > FUSED_MAX_ROWS {
+        return TASK_OUTPUTS;
+    }
+    (n / (8 * rayon::current_num_threads().max(1)))
+        .div_ceil(TASK_OUTPUTS)
+        .max(1)
+        * TASK_OUTPUTS
+}
+
+/// `y[r·n + c] = yt[c·m + r]`: the tasks' column-major results back to row-major, 16 rows per
+/// task (each line of `yt` read once, 16 sequential writers).
+pub fn transpose_into(yt: &[f32], m: usize, n: usize, y: &mut [f32]) {
+    y.par_chunks_mut(16 * n).enumerate().for_each(|(bi, out)| {
+        let r0 = bi * 16;
+        let rows = out.len() / n;
+        for c in 0..n {
+            let col = &yt[c * m + r0..c * m + r0 + rows];
+            for (i, v) in col.iter().enumerate() {
+                out[i * n + c] = *v;
+            }
+        }
+    });
+}
+
 /// `y = x · wᵀ`: `x` is `m × k` (row-major), `w` is `n × k`, `y` is `m × n`. Parallel over
 /// output rows of `w` on the current rayon pool; `yt` is a reusable `n × m` buffer.
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], yt: &mut Vec<f32>) {
@@ -430,17 +469,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], yt: &mut Vec
     assert_eq!(x.len(), m * k, "matmul input shape");
     assert_eq!(y.len(), m * n, "matmul output shape");
     yt.resize(n * m, 0.0);
-    // About 8 tasks per thread (load balance without per-task overhead dominating small steps),
-    // whole multiples of TASK_OUTPUTS; the split never changes a result.
-    let per_task = (n / (8 * rayon::current_num_threads().max(1)))
-        .div_ceil(TASK_OUTPUTS)
-        .max(1)
-        * TASK_OUTPUTS;
-    let per_task = if m <= FUSED_MAX_ROWS {
-        per_task
-    } else {
-        TASK_OUTPUTS
-    };
+    let per_task = outputs_per_task(n, m);
     yt.par_chunks_mut(per_task * m).enumerate().for_each_init(
         Vec::new,
         |buf: &mut Vec<f32>, (ci, out)| {
@@ -465,18 +494,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], yt: &mut Vec
             matmul_block(x, m, k, rows, nc, out);
         },
     );
-    // Back to row-major, 16 rows per task: each line of `yt` read once, 16 sequential writers.
-    let yt: &[f32] = yt;
-    y.par_chunks_mut(16 * n).enumerate().for_each(|(bi, out)| {
-        let r0 = bi * 16;
-        let rows = out.len() / n;
-        for c in 0..n {
-            let col = &yt[c * m + r0..c * m + r0 + rows];
-            for (i, v) in col.iter().enumerate() {
-                out[i * n + c] = *v;
-            }
-        }
-    });
+    transpose_into(yt, m, n, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -829,7 +847,7 @@ pub mod avx2 {
         match w {
             super::PackedMatrix::Q4_1 { dm, qs, .. } => rows!(q4_1_row, dm, qs),
             super::PackedMatrix::Q8_0 { d, qs, .. } => rows!(q8_0_row, d, qs),
-            super::PackedMatrix::F32 { .. } => false,
+            super::PackedMatrix::F32 { .. } | super::PackedMatrix::Interleaved(_) => false,
         }
     }
 

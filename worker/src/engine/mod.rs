@@ -14,6 +14,7 @@ pub mod candle_engine;
 pub mod chat_template;
 pub mod cpu_model;
 pub mod gguf;
+pub mod int8;
 pub mod kernels;
 pub mod safetensors;
 pub mod sampler;
@@ -21,7 +22,9 @@ pub mod tokenizer;
 pub mod transformer;
 
 pub use candle_engine::{CandleEngine, DeviceSpec, EngineOptions, declared_context};
+pub use cpu_model::Numerics;
 pub use gguf::WeightFormat;
+pub use int8::KernelChoice;
 
 /// How one group of candidates is decoded (one `sampler.grid` entry with its seeds).
 pub use stageb_shared::domain::DecodeGroup as DecodeRequest;

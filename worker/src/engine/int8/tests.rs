@@ -1,0 +1,209 @@
+//! Specs of the integer path: the quantization recipe, every instruction set equal to the
+//! scalar recipe bit for bit, batch invariance, and the size of the rounding.
+
+use super::*;
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
+            ((h % 20_001) as f32 - 10_000.0) / 5_000.0
+        })
+        .collect()
+}
+
+/// Q4_1 weights with scales of both signs and every nibble value.
+fn q4_1(n: usize, k: usize) -> PackedMatrix {
+    let mut bytes = Vec::new();
+    for b in 0..n * k / 32 {
+        let sign = if b % 3 == 0 { 0x80 } else { 0 };
+        bytes.extend_from_slice(&[0x66, 0x2e, (b % 7) as u8, 0xa4 ^ sign]);
+        bytes.extend((0..16).map(|j| ((b * 31 + j * 7) % 256) as u8));
+    }
+    PackedMatrix::from_q4_1(&bytes, n, k).unwrap()
+}
+
+/// Q8_0 weights including −128 (which `|w|` must carry as 128).
+fn q8_0(n: usize, k: usize) -> PackedMatrix {
+    let mut bytes = Vec::new();
+    for b in 0..n * k / 32 {
+        bytes.extend_from_slice(&[0x66, if b % 2 == 0 { 0x2e } else { 0xae }]);
+        bytes.extend((0..32).map(|j| {
+            if j == 5 {
+                0x80
+            } else {
+                ((b * 13 + j * 5) % 256) as u8
+            }
+        }));
+    }
+    PackedMatrix::from_q8_0(&bytes, n, k).unwrap()
+}
+
+/// Activations with an all-zero block, a block of one huge value and ties at ±0.5 steps.
+fn activations(m: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut x = rnd(m * k, seed);
+    x[..32.min(k)].fill(0.0);
+    if m > 1 && k >= 64 {
+        x[k + 32..k + 64].fill(1e-3);
+        x[k + 40] = 3e4;
+    }
+    if m > 2 {
+        // 127·(j/254) hits exact ties of the rounding (x/d = j/2).
+        for j in 0..32 {
+            x[2 * k + j] = if j == 31 { 127.0 } else { j as f32 / 2.0 };
+        }
+    }
+    x
+}
+
+fn isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Bw, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|i| *i <= detected())
+        .collect()
+}
+
+fn interleave(w: &PackedMatrix) -> PackedMatrix {
+    PackedMatrix::Interleaved(Box::new(Interleaved::from_packed(w).unwrap()))
+}
+
+#[test]
+fn quantization_rounds_to_even() {
+    let mut x = vec![0f32; 2 * 96];
+    for j in 0..32 {
+        x[j] = if j == 31 { 127.0 } else { j as f32 / 2.0 };
+    }
+    x[96 + 40] = -2.0;
+    let mut a = QuantizedRows::default();
+    a.quantize(&x, 2, 96);
+    assert_eq!((a.rows, a.k, a.nb), (2, 96, 3));
+    // d = 1: ties go to the even neighbour (0.5 → 0, 1.5 → 2, 2.5 → 2).
+    assert_eq!(&a.q[..6], &[0, 0, 1, 2, 2, 2]);
+    assert_eq!(a.q[31], 127);
+    assert_eq!(a.qu[31], 255);
+    assert_eq!(a.qu[0], 128);
+    assert_eq!(a.d[0], 1.0);
+    assert_eq!(a.s[0], a.q[..32].iter().map(|&v| v as f32).sum::<f32>());
+    // A block of zeros has scale 0; −2 alone is −127 at scale 2/127.
+    assert_eq!(a.d[3], 0.0);
+    assert_eq!(a.q[96 + 40], -127);
+    assert_eq!(a.d[4], 2.0 / 127.0);
+}
+
+#[test]
+fn interleaving_keeps_every_weight_and_pads_the_last_group() {
+    for (n, k) in [(11, 96), (40, 64)] {
+        for w in [q4_1(n, k), q8_0(n, k)] {
+            let iw = Interleaved::from_packed(&w).unwrap();
+            assert_eq!((iw.rows(), iw.cols(), iw.groups), (n, k, n.div_ceil(GROUP)));
+            let mut got = vec![0f32; n * k];
+            iw.dequant_rows(0, n, &mut got);
+            assert_eq!(got, w.to_f32(), "same values, same bits");
+            assert_eq!(interleave(&w).to_f32(), w.to_f32(), "through PackedMatrix");
+            let pad = iw.groups * GROUP - n;
+            if pad > 0 {
+                assert!(iw.quants(iw.groups * GROUP - 1, 0).iter().all(|&q| q == 0));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_instruction_set_equals_the_scalar_recipe_bit_for_bit() {
+    // Blocks per row: 1, 3, 18 and 48 (SmolLM2's 576 and 1536), 29; 11 rows pad a group, 40
+    // span three.
+    for nb in [1, 3, 18, 29, 48] {
+        let k = nb * 32;
+        for n in [11, 40] {
+            for (wname, w) in [("q4_1", q4_1(n, k)), ("q8_0", q8_0(n, k))] {
+                let iw = Interleaved::from_packed(&w).unwrap();
+                let ng = iw.groups;
+                for m in [1, 3, 4, 8, 9, 13, 17] {
+                    let mut a = QuantizedRows::default();
+                    a.quantize(&activations(m, k, nb as u64), m, k);
+                    let mut want = vec![0f32; ng * m * GROUP];
+                    dots(Isa::Scalar, &a, &iw, 0, ng, &mut want);
+                    for isa in isas() {
+                        let mut got = vec![0f32; ng * m * GROUP];
+                        dots(isa, &a, &iw, 0, ng, &mut got);
+                        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                e.to_bits(),
+                                "{} {wname} nb={nb} n={n} m={m} out {i}: {g} vs {e}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
+    let (n, k) = (40, 576);
+    let w = interleave(&q4_1(n, k));
+    let PackedMatrix::Interleaved(iw) = &w else {
+        unreachable!()
+    };
+    let x = rnd(19 * k, 4);
+    let mut ws = Int8Workspace::default();
+    let mut all = vec![0f32; 19 * n];
+    matmul(&x, 19, &w, &mut all, &mut ws);
+    for r in 0..19 {
+        let mut one = vec![0f32; n];
+        matmul(&x[r * k..(r + 1) * k], 1, &w, &mut one, &mut ws);
+        let mut a = QuantizedRows::default();
+        a.quantize(&x[r * k..(r + 1) * k], 1, k);
+        for c in 0..n {
+            let want = dot_scalar(&a, 0, iw, c);
+            assert_eq!(one[c].to_bits(), want.to_bits(), "b=1 r{r} c{c}");
+            assert_eq!(all[r * n + c].to_bits(), want.to_bits(), "b=19 r{r} c{c}");
+        }
+    }
+}
+
+#[test]
+fn rounding_error_stays_within_a_fraction_of_the_exact_dot_product() {
+    // Relative to Σ|x·w| (the scale a dot product's rounding is measured against): 8-bit
+    // activations give errors of order 1/254 per element, averaging out over k.
+    let (n, k) = (16, 1536);
+    for w in [q4_1(n, k), q8_0(n, k)] {
+        let wf = w.to_f32();
+        let x = rnd(3 * k, 7);
+        let mut y = vec![0f32; 3 * n];
+        matmul(
+            &x,
+            3,
+            &interleave(&w),
+            &mut y,
+            &mut Int8Workspace::default(),
+        );
+        for r in 0..3 {
+            for c in 0..n {
+                let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[c * k..(c + 1) * k]);
+                let exact: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let scale: f64 = xr
+                    .iter()
+                    .zip(wr)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let err = (y[r * n + c] as f64 - exact).abs() / scale;
+                assert!(err < 2e-3, "r{r} c{c}: relative error {err:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn kernel_choice_parses_and_caps_at_what_the_cpu_has() {
+    assert_eq!("auto".parse::<KernelChoice>(), Ok(KernelChoice::Auto));
+    assert_eq!(
+        "avx2".parse::<KernelChoice>(),
+        Ok(KernelChoice::AtMost(Isa::Avx2))
+    );
+    assert!("sse9".parse::<KernelChoice>().is_err());
+    assert!(isa() <= detected());
+}

@@ -1,0 +1,248 @@
+//! The x86-64 copies of the integer recipe ([`super::dot_scalar`]) over [`Interleaved`]
+//! weights: a register holds 16 (AVX-512) or 8 (AVX2) weight rows' next 4 bytes, the input
+//! row's 4 bytes are broadcast, and one integer multiply-add advances every lane's exact block
+//! sum. The block's float steps then run once per register, in the recipe's order.
+//!
+//! Products per instruction set (lane `l` sums `w·x` over 4 bytes, exact in 32 bits):
+//! - AVX-512 VNNI: `vpdpbusd`; Q4_1 nibbles are unsigned already; for signed Q8_0 weights the
+//!   input goes in as `x + 128` (unsigned) and the accumulator starts at `−128·Σw`;
+//! - AVX-512BW and AVX2: `vpmaddubsw` + `vpmaddwd`; Q8_0 as `|w|` times `x` with `w`'s sign,
+//!   which never saturates 16 bits (`2·128·127 < 2¹⁵`).
+
+use std::arch::x86_64::*;
+
+use super::{BlockKind, GROUP, Interleaved, Isa, QuantizedRows};
+
+/// See [`super::dots`].
+///
+/// # Safety
+/// The CPU supports `isa` (at least AVX2+FMA); `out.len() >= ng·a.rows·16`,
+/// `g0 + ng <= w.groups`, `w.cols == a.k`.
+pub unsafe fn dots(
+    isa: Isa,
+    a: &QuantizedRows,
+    w: &Interleaved,
+    g0: usize,
+    ng: usize,
+    out: &mut [f32],
+) {
+    let m = a.rows;
+    for g in g0..g0 + ng {
+        let mut r = 0;
+        while r < m {
+            let at = ((g - g0) * m + r) * GROUP;
+            let o = &mut out[at..];
+            // SAFETY: the caller's contract; each call handles rows r..r+R < m and writes
+            // R·16 floats at `o` (in bounds: rows < m).
+            r += unsafe {
+                match (isa, m - r) {
+                    (Isa::Avx512Vnni, 8..) => vnni::<8>(a, r, w, g, o),
+                    (Isa::Avx512Vnni, 4..) => vnni::<4>(a, r, w, g, o),
+                    (Isa::Avx512Vnni, _) => vnni::<1>(a, r, w, g, o),
+                    (Isa::Avx512Bw, 8..) => bw::<8>(a, r, w, g, o),
+                    (Isa::Avx512Bw, 4..) => bw::<4>(a, r, w, g, o),
+                    (Isa::Avx512Bw, _) => bw::<1>(a, r, w, g, o),
+                    (_, 4..) => avx2::<4>(a, r, w, g, o),
+                    _ => avx2::<1>(a, r, w, g, o),
+                }
+            };
+        }
+    }
+}
+
+/// Defines `$name::<R>`: `R` input rows from `r` against weight group `g`, 16 lanes per
+/// register, the integer products by `$q4` (Q4_1: unsigned nibbles `w`, signed input `x`) and
+/// `$q8` (Q8_0). Returns `R`.
+macro_rules! kernel_512 {
+    ($name:ident, $features:literal, q4: |$acc4:ident, $w4:ident, $x4:ident| $q4:expr,
+     q8: |$acc8:ident, $w8:ident, $xs8:ident, $xu8:ident| $q8:expr, q8_init: |$bias:ident| $init:expr) => {
+        /// See [`kernel_512!`].
+        ///
+        /// # Safety
+        /// The CPU has the enabled features; rows `r..r+R` exist in `a`; group `g` exists in
+        /// `w`; `out` holds `R·16` floats.
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(
+            a: &QuantizedRows,
+            r: usize,
+            w: &Interleaved,
+            g: usize,
+            out: &mut [f32],
+        ) -> usize {
+            let nb = w.nb;
+            let low = _mm512_set1_epi8(0x0f);
+            let mut facc = [_mm512_setzero_ps(); R];
+            // SAFETY (all pointer reads below): block `gb` of group `g` holds 4 (Q4_1) or 8
+            // (Q8_0) vectors of 64 bytes and 16 scales/mins/biases; row `r + i` of `a` holds
+            // `k = 32·nb` bytes and `nb` scales, so block `b`'s 4-byte words are in bounds.
+            for b in 0..nb {
+                let gb = g * nb + b;
+                let xq: [*const i32; R] = core::array::from_fn(|i| {
+                    unsafe { a.q.as_ptr().add((r + i) * a.k + b * 32) }.cast()
+                });
+                let mut iacc = [_mm512_setzero_si512(); R];
+                match w.kind {
+                    BlockKind::Q4_1 => {
+                        let base = unsafe { w.qs.as_ptr().add(gb * 4 * 64) };
+                        for t in 0..4 {
+                            let v = unsafe { _mm512_loadu_si512(base.add(t * 64).cast()) };
+                            let lo = _mm512_and_si512(v, low);
+                            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                            for i in 0..R {
+                                let (xl, xh) = unsafe {
+                                    (
+                                        xq[i].add(t).read_unaligned(),
+                                        xq[i].add(t + 4).read_unaligned(),
+                                    )
+                                };
+                                let ($acc4, $w4, $x4) = (iacc[i], lo, _mm512_set1_epi32(xl));
+                                iacc[i] = $q4;
+                                let ($acc4, $w4, $x4) = (iacc[i], hi, _mm512_set1_epi32(xh));
+                                iacc[i] = $q4;
+                            }
+                        }
+                    }
+                    BlockKind::Q8_0 => {
+                        let $bias =
+                            unsafe { _mm512_loadu_si512(w.bias.as_ptr().add(gb * GROUP).cast()) };
+                        for i in 0..R {
+                            iacc[i] = $init;
+                        }
+                        let xu: [*const i32; R] = core::array::from_fn(|i| {
+                            unsafe { a.qu.as_ptr().add((r + i) * a.k + b * 32) }.cast()
+                        });
+                        let base = unsafe { w.qs.as_ptr().add(gb * 8 * 64) };
+                        for t in 0..8 {
+                            let $w8 = unsafe { _mm512_loadu_si512(base.add(t * 64).cast()) };
+                            for i in 0..R {
+                                let (xs, xu) = unsafe {
+                                    (xq[i].add(t).read_unaligned(), xu[i].add(t).read_unaligned())
+                                };
+                                let ($acc8, $xs8, $xu8) =
+                                    (iacc[i], _mm512_set1_epi32(xs), _mm512_set1_epi32(xu));
+                                iacc[i] = $q8;
+                            }
+                        }
+                    }
+                }
+                let dw = unsafe { _mm512_loadu_ps(w.d.as_ptr().add(gb * GROUP)) };
+                for i in 0..R {
+                    let dx = _mm512_set1_ps(a.d[(r + i) * nb + b]);
+                    let sumi = _mm512_cvtepi32_ps(iacc[i]);
+                    facc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), sumi, facc[i]);
+                }
+                if w.kind == BlockKind::Q4_1 {
+                    let mw = unsafe { _mm512_loadu_ps(w.m.as_ptr().add(gb * GROUP)) };
+                    for i in 0..R {
+                        let s = _mm512_set1_ps(a.s[(r + i) * nb + b]);
+                        facc[i] = _mm512_fmadd_ps(mw, s, facc[i]);
+                    }
+                }
+            }
+            for i in 0..R {
+                // SAFETY: `out` holds R·16 floats.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i * GROUP), facc[i]) };
+            }
+            R
+        }
+    };
+}
+
+kernel_512!(vnni, "avx2,fma,avx512f,avx512bw,avx512vnni",
+    q4: |acc, w, x| _mm512_dpbusd_epi32(acc, w, x),
+    q8: |acc, w, _xs, xu| _mm512_dpbusd_epi32(acc, xu, w),
+    q8_init: |bias| bias);
+kernel_512!(bw, "avx2,fma,avx512f,avx512bw",
+    q4: |acc, w, x| _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1))),
+    q8: |acc, w, xs, _xu| {
+        let neg = _mm512_movepi8_mask(w);
+        let signed = _mm512_mask_sub_epi8(xs, neg, _mm512_setzero_si512(), xs);
+        let p = _mm512_maddubs_epi16(_mm512_abs_epi8(w), signed);
+        _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))
+    },
+    q8_init: |_bias| _mm512_setzero_si512());
+
+/// The AVX2 copy: each group as two halves of 8 lanes (weight rows `16g..16g+8`, then
+/// `16g+8..16g+16`), `R` input rows from `r`. Returns `R`.
+///
+/// # Safety
+/// AVX2+FMA available; otherwise as the AVX-512 kernels.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2<const R: usize>(
+    a: &QuantizedRows,
+    r: usize,
+    w: &Interleaved,
+    g: usize,
+    out: &mut [f32],
+) -> usize {
+    let nb = w.nb;
+    let low = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut facc = [_mm256_setzero_ps(); R];
+        // SAFETY (pointer reads): as in the AVX-512 kernels; half `h` is bytes 32h..32h+32 of
+        // each 64-byte vector and lanes 8h..8h+8 of the scales.
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let xq: [*const i32; R] = core::array::from_fn(|i| {
+                unsafe { a.q.as_ptr().add((r + i) * a.k + b * 32) }.cast()
+            });
+            let mut iacc = [_mm256_setzero_si256(); R];
+            match w.kind {
+                BlockKind::Q4_1 => {
+                    let base = unsafe { w.qs.as_ptr().add(gb * 4 * 64 + h * 32) };
+                    for t in 0..4 {
+                        let v = unsafe { _mm256_loadu_si256(base.add(t * 64).cast()) };
+                        let lo = _mm256_and_si256(v, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                        for i in 0..R {
+                            let (xl, xh) = unsafe {
+                                (
+                                    xq[i].add(t).read_unaligned(),
+                                    xq[i].add(t + 4).read_unaligned(),
+                                )
+                            };
+                            let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl));
+                            let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh));
+                            let p = _mm256_add_epi32(
+                                _mm256_madd_epi16(pl, ones),
+                                _mm256_madd_epi16(ph, ones),
+                            );
+                            iacc[i] = _mm256_add_epi32(iacc[i], p);
+                        }
+                    }
+                }
+                BlockKind::Q8_0 => {
+                    let base = unsafe { w.qs.as_ptr().add(gb * 8 * 64 + h * 32) };
+                    for t in 0..8 {
+                        let v = unsafe { _mm256_loadu_si256(base.add(t * 64).cast()) };
+                        let av = _mm256_abs_epi8(v);
+                        for i in 0..R {
+                            let x = _mm256_set1_epi32(unsafe { xq[i].add(t).read_unaligned() });
+                            let p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v));
+                            iacc[i] = _mm256_add_epi32(iacc[i], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            }
+            let dw = unsafe { _mm256_loadu_ps(w.d.as_ptr().add(gb * GROUP + h * 8)) };
+            for i in 0..R {
+                let dx = _mm256_set1_ps(a.d[(r + i) * nb + b]);
+                let sumi = _mm256_cvtepi32_ps(iacc[i]);
+                facc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), sumi, facc[i]);
+            }
+            if w.kind == BlockKind::Q4_1 {
+                let mw = unsafe { _mm256_loadu_ps(w.m.as_ptr().add(gb * GROUP + h * 8)) };
+                for i in 0..R {
+                    let s = _mm256_set1_ps(a.s[(r + i) * nb + b]);
+                    facc[i] = _mm256_fmadd_ps(mw, s, facc[i]);
+                }
+            }
+        }
+        for i in 0..R {
+            // SAFETY: `out` holds R·16 floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(i * GROUP + h * 8), facc[i]) };
+        }
+    }
+    R
+}
