@@ -217,3 +217,48 @@ fn forced_runs_fed_at_once_give_the_same_outputs_as_step_by_step() {
     assert_eq!(fast_json.completion_tokens, slow_json.completion_tokens);
     assert_eq!(fast_json.finish, slow_json.finish);
 }
+
+/// On the CPU path a position's logits depend only on the tokens up to it: not on where a
+/// forward call starts (prefill chunks, a cached prefix) nor on which positions share a block
+/// of prefill attention. The prefix cache and the blocked attention rely on it.
+#[test]
+fn a_position_gives_the_same_logits_however_the_prompt_is_split() {
+    use stageb_worker::engine::candle_engine::Backend;
+    use stageb_worker::engine::cpu_model::{Slot, Workspace};
+    let path = model_path();
+    let engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let Backend::Cpu(model) = engine.backend() else {
+        panic!("GGUF on CPU loads the fast path");
+    };
+    let tokens = engine
+        .encode("Ticket E: 挡风板已安装, 4 clips engaged, no gap; photo 3 shows the label.")
+        .unwrap();
+    let n = tokens.len();
+    assert!(n > 20, "{n} tokens");
+    let mut ws = Workspace::default();
+    let logits_after = |splits: &[usize], ws: &mut Workspace| {
+        let mut cache = model.new_cache(n);
+        let mut start = 0;
+        let mut last = Vec::new();
+        for &end in splits.iter().chain(std::iter::once(&n)) {
+            let chunk = &tokens[start..end];
+            let slots = vec![Slot::Shared; chunk.len()];
+            last = model
+                .forward(chunk, &slots, &mut cache, chunk.len() - 1, ws)
+                .unwrap();
+            start = end;
+        }
+        last
+    };
+    let whole = logits_after(&[], &mut ws);
+    for splits in [vec![n - 1], vec![5], vec![3, 7, 18], vec![n - 2]] {
+        let split = logits_after(&splits, &mut ws);
+        assert!(
+            whole
+                .iter()
+                .zip(&split)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "splits {splits:?} changed the last position's logits"
+        );
+    }
+}

@@ -20,6 +20,10 @@ use super::int8::{self, Int8Workspace};
 use super::kernels::{self, KvRun, PackedMatrix};
 use super::transformer::{RopeStyle, TransformerConfig};
 
+/// Prompt positions whose attention shares each tile of keys and values (prefill): with 3
+/// query heads per KV head, 48 queries per pass over a KV head's cache.
+const PREFILL_ATTENTION_BLOCK: usize = 16;
+
 /// The arithmetic of the matmuls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Numerics {
@@ -322,6 +326,103 @@ impl CpuModel {
         }
     }
 
+    /// Attention of layer `li` for every position of a forward call, into `att` (`m × n_head·d`).
+    /// Parallel over blocks of positions: in prefill [`PREFILL_ATTENTION_BLOCK`] positions
+    /// share each tile of keys and values (read once per block, not once per position and
+    /// head); a decode step's
+    /// positions go one by one. Either way each query's scores, softmax and weighted sum are
+    /// the same operations in the same order (see `kernels::attend`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        li: usize,
+        cache: &CpuCache,
+        qkv: &[f32],
+        slots: &[Slot],
+        positions: &[usize],
+        row_pos: &[usize],
+        shared_after: usize,
+        att: &mut [f32],
+    ) {
+        let cfg = &self.config;
+        let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let n_rep = nh / nkv;
+        let qkv_n = (nh + 2 * nkv) * d;
+        let scale = 1.0 / (d as f32).sqrt();
+        let prefill = slots.iter().all(|s| *s == Slot::Shared);
+        let block = if prefill { PREFILL_ATTENTION_BLOCK } else { 1 };
+        let shared = &cache.shared[li];
+        let sc = cache.shared_cap;
+        att.par_chunks_mut(block * nh * d)
+            .enumerate()
+            .for_each_init(
+                || (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
+                |(s, qbuf, obuf, limits), (bi, out)| {
+                    let i0 = bi * block;
+                    let nb = out.len() / (nh * d);
+                    // Positions of a block are all prompt positions, or one row position.
+                    let (row_seg, limit_of) = match slots[i0] {
+                        Slot::Shared => (None, positions[i0 + nb - 1] + 1),
+                        Slot::Row(r) => (
+                            Some((&cache.rows[r][li], row_pos[i0] + 1)),
+                            shared_after + row_pos[i0] + 1,
+                        ),
+                    };
+                    for g in 0..nkv {
+                        let mut runs = [
+                            KvRun {
+                                kt: &shared.kt[g * d * sc..(g + 1) * d * sc],
+                                v: &shared.v[g * sc * d..(g + 1) * sc * d],
+                                cap: sc,
+                                len: shared_after.min(limit_of),
+                            },
+                            KvRun {
+                                kt: &[],
+                                v: &[],
+                                cap: 0,
+                                len: 0,
+                            },
+                        ];
+                        let nruns = match row_seg {
+                            Some((seg, len)) => {
+                                let rc = cache.row_cap;
+                                runs[1] = KvRun {
+                                    kt: &seg.kt[g * d * rc..(g + 1) * d * rc],
+                                    v: &seg.v[g * rc * d..(g + 1) * rc * d],
+                                    cap: rc,
+                                    len,
+                                };
+                                2
+                            }
+                            None => 1,
+                        };
+                        // The group's query heads of every position in the block.
+                        qbuf.clear();
+                        limits.clear();
+                        for pi in 0..nb {
+                            let i = i0 + pi;
+                            let q =
+                                &qkv[i * qkv_n + g * n_rep * d..i * qkv_n + (g + 1) * n_rep * d];
+                            qbuf.extend_from_slice(q);
+                            let limit = match slots[i] {
+                                Slot::Shared => positions[i] + 1,
+                                Slot::Row(_) => limit_of,
+                            };
+                            limits.extend(std::iter::repeat_n(limit, n_rep));
+                        }
+                        let nq = nb * n_rep;
+                        obuf.resize(nq * d, 0.0);
+                        kernels::attend(qbuf, nq, limits, &runs[..nruns], d, scale, s, obuf);
+                        for pi in 0..nb {
+                            let dst = &mut out
+                                [pi * nh * d + g * n_rep * d..pi * nh * d + (g + 1) * n_rep * d];
+                            dst.copy_from_slice(&obuf[pi * n_rep * d..(pi + 1) * n_rep * d]);
+                        }
+                    }
+                },
+            );
+    }
+
     /// Runs `tokens` (one per slot) through the model, appends their keys/values to `cache`,
     /// and returns the logits of positions `logits_from..` (`(len - logits_from) × vocab`).
     /// See [`CpuModel::forward_at`].
@@ -389,10 +490,8 @@ impl CpuModel {
             return Err("forward: position beyond the context".into());
         }
         let (hid, d, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
-        let n_rep = nh / nkv;
         let qkv_n = (nh + 2 * nkv) * d;
         let eps = cfg.rms_eps as f32;
-        let scale = 1.0 / (d as f32).sqrt();
         let Workspace {
             x,
             h,
@@ -458,69 +557,16 @@ impl CpuModel {
                         .copy_from_slice(&v[g * d..(g + 1) * d]);
                 }
             }
-            // Attention, parallel over positions.
-            let cache_ref = &*cache;
-            let qkv_ref = &*qkv;
-            let positions_ref = &positions;
-            let row_pos = &row_pos;
-            att.par_chunks_mut(nh * d)
-                .enumerate()
-                .for_each_init(Vec::new, |s, (i, out)| {
-                    let q_all = &qkv_ref[i * qkv_n..i * qkv_n + nh * d];
-                    let shared = &cache_ref.shared[li];
-                    let (limit, row_seg) = match slots[i] {
-                        Slot::Shared => (positions_ref[i] + 1, None),
-                        Slot::Row(r) => (
-                            shared_after + row_pos[i] + 1,
-                            Some((&cache_ref.rows[r][li], row_pos[i] + 1)),
-                        ),
-                    };
-                    for g in 0..nkv {
-                        let sc = cache_ref.shared_cap;
-                        let mut runs = [
-                            KvRun {
-                                kt: &shared.kt[g * d * sc..(g + 1) * d * sc],
-                                v: &shared.v[g * sc * d..(g + 1) * sc * d],
-                                cap: sc,
-                                len: shared_after.min(limit),
-                            },
-                            KvRun {
-                                kt: &[],
-                                v: &[],
-                                cap: 0,
-                                len: 0,
-                            },
-                        ];
-                        let nruns = if let Some((seg, len)) = row_seg {
-                            let rc = cache_ref.row_cap;
-                            runs[1] = KvRun {
-                                kt: &seg.kt[g * d * rc..(g + 1) * d * rc],
-                                v: &seg.v[g * rc * d..(g + 1) * rc * d],
-                                cap: rc,
-                                len,
-                            };
-                            2
-                        } else {
-                            1
-                        };
-                        let mut hq = g * n_rep;
-                        while hq < (g + 1) * n_rep {
-                            let nq = ((g + 1) * n_rep - hq).min(4);
-                            let limits = [limit; 4];
-                            kernels::attend(
-                                &q_all[hq * d..(hq + nq) * d],
-                                nq,
-                                &limits[..nq],
-                                &runs[..nruns],
-                                d,
-                                scale,
-                                s,
-                                &mut out[hq * d..(hq + nq) * d],
-                            );
-                            hq += nq;
-                        }
-                    }
-                });
+            self.attention(
+                li,
+                cache,
+                qkv,
+                slots,
+                &positions,
+                &row_pos,
+                shared_after,
+                att,
+            );
             self.matmul(att, m, &layer.wo, tmp, mm);
             for (a, b) in x.iter_mut().zip(tmp.iter()) {
                 *a += *b;

@@ -39,6 +39,10 @@ use rayon::prelude::*;
 /// Lanes of the dot-product accumulators (one AVX2 register of f32).
 pub const LANES: usize = 8;
 
+/// Keys per tile of attention's weighted sum: 32 values of d = 64 are 8 KiB, in L1 while every
+/// query of a block uses them.
+const VALUE_TILE: usize = 32;
+
 /// Output rows (weights) handled by one parallel matmul task: dequantized once into a
 /// task-local buffer, then used for every input row.
 const TASK_OUTPUTS: usize = 12;
@@ -882,35 +886,61 @@ pub mod avx2 {
         acc
     }
 
-    /// `Σ_j e_j·v_j` over the first `lim` keys of `runs` into `o` (`D8·8 = d` floats).
+    /// For each query `i < nq`: `Σ_j e_ij·v_j` over its first `limits[i]` keys of `runs` into
+    /// `out[i·d..]` (`D8·8 = d` floats), `e_ij = s[i·total + j]`. Keys go in tiles of
+    /// [`VALUE_TILE`] whose values every query meets while they are in L1 (a prefill block reads
+    /// the values once, not once per query); a query's sums pass through `out` between tiles,
+    /// so each still adds its keys one by one in order.
     ///
     /// # Safety
-    /// `e` holds `lim` weights; each run holds `cap × d` values with `len <= cap`.
+    /// `out` holds `nq·d`, `s` holds `nq·total`; each run holds `cap × d` values, `len <= cap`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn weighted_sum<const D8: usize>(e: &[f32], lim: usize, runs: &[KvRun], o: &mut [f32]) {
+    unsafe fn weighted_sums<const D8: usize>(
+        s: &[f32],
+        total: usize,
+        limits: &[usize],
+        nq: usize,
+        runs: &[KvRun],
+        out: &mut [f32],
+    ) {
         let d = D8 * LANES;
-        let mut acc = [_mm256_setzero_ps(); D8];
-        let mut j = 0;
+        out[..nq * d].fill(0.0);
+        let mut base = 0;
         for run in runs {
-            let n = run.len.min(lim.saturating_sub(j));
             let v = run.v.as_ptr();
-            for t in 0..n {
-                let ev = _mm256_set1_ps(e[j + t]);
-                for (u, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: t < len <= cap, u·8 + 8 <= d: in bounds of `v` (cap × d).
-                    let vv = unsafe { _mm256_loadu_ps(v.add(t * d + u * LANES)) };
-                    *a = _mm256_fmadd_ps(ev, vv, *a);
+            let mut t0 = 0;
+            while t0 < run.len {
+                let t1 = (t0 + super::VALUE_TILE).min(run.len);
+                for i in 0..nq {
+                    let lim = limits[i].min(total);
+                    if base + t0 >= lim {
+                        continue;
+                    }
+                    let end = t1.min(lim - base);
+                    let e = &s[i * total + base..i * total + base + end];
+                    let o = &mut out[i * d..(i + 1) * d];
+                    let mut acc = [_mm256_setzero_ps(); D8];
+                    for (u, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: u·8 + 8 <= d = o.len().
+                        *a = unsafe { _mm256_loadu_ps(o.as_ptr().add(u * LANES)) };
+                    }
+                    for t in t0..end {
+                        let ev = _mm256_set1_ps(e[t]);
+                        for (u, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: t < len <= cap, u·8 + 8 <= d: in bounds of `v` (cap × d).
+                            let vv = unsafe { _mm256_loadu_ps(v.add(t * d + u * LANES)) };
+                            *a = _mm256_fmadd_ps(ev, vv, *a);
+                        }
+                    }
+                    for (u, a) in acc.iter().enumerate() {
+                        // SAFETY: u·8 + 8 <= d = o.len().
+                        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(u * LANES), *a) };
+                    }
                 }
+                t0 = t1;
             }
-            j += run.len;
-            if j >= lim {
-                break;
-            }
-        }
-        for (u, a) in acc.iter().enumerate() {
-            // SAFETY: u·8 + 8 <= d <= o.len().
-            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(u * LANES), *a) };
+            base += run.len;
         }
     }
 
@@ -936,14 +966,15 @@ pub mod avx2 {
         let mut base = 0;
         for run in runs {
             let mut j = 0;
+            // Scores of the queries qg.. (a group of up to 4) for keys j..j+8·$v.
             macro_rules! put {
-                ($acc:expr, $v:expr) => {
+                ($qg:expr, $acc:expr, $v:expr) => {
                     for (i, row) in $acc.iter().enumerate() {
                         for t in 0..$v {
-                            // SAFETY: i < nq, base + j + 8t + 8 <= total: in bounds of `s`.
+                            // SAFETY: qg + i < nq, base + j + 8t + 8 <= total: in bounds of `s`.
                             unsafe {
                                 _mm256_storeu_ps(
-                                    s.as_mut_ptr().add(i * total + base + j + t * LANES),
+                                    s.as_mut_ptr().add(($qg + i) * total + base + j + t * LANES),
                                     row[t],
                                 )
                             };
@@ -951,76 +982,46 @@ pub mod avx2 {
                     }
                 };
             }
+            // Every group of queries meets a tile of keys while it is in L1: with a block of
+            // query positions (prefill), keys are read from memory once per block.
+            macro_rules! tile {
+                ($v:expr) => {
+                    let mut qg = 0;
+                    while qg < nq {
+                        // SAFETY: keys j..j+8·$v <= len <= cap; q holds nq·d (contract), so
+                        // queries qg..qg+4 (or fewer) are in bounds.
+                        let qp = unsafe { q.as_ptr().add(qg * d) };
+                        match nq - qg {
+                            4.. => {
+                                let a = unsafe { scores::<4, $v>(qp, run, j, d) };
+                                put!(qg, a, $v);
+                                qg += 4;
+                            }
+                            3 => {
+                                let a = unsafe { scores::<3, $v>(qp, run, j, d) };
+                                put!(qg, a, $v);
+                                qg += 3;
+                            }
+                            2 => {
+                                let a = unsafe { scores::<2, $v>(qp, run, j, d) };
+                                put!(qg, a, $v);
+                                qg += 2;
+                            }
+                            _ => {
+                                let a = unsafe { scores::<1, $v>(qp, run, j, d) };
+                                put!(qg, a, $v);
+                                qg += 1;
+                            }
+                        }
+                    }
+                };
+            }
             while j + 2 * LANES <= run.len {
-                match nq {
-                    4 => {
-                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
-
-                        let a = unsafe { scores::<4, 2>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 2)
-                    }
-
-                    3 => {
-                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
-
-                        let a = unsafe { scores::<3, 2>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 2)
-                    }
-
-                    2 => {
-                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
-
-                        let a = unsafe { scores::<2, 2>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 2)
-                    }
-
-                    _ => {
-                        // SAFETY: keys j..j+16 <= len <= cap; q holds nq·d (contract).
-
-                        let a = unsafe { scores::<1, 2>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 2)
-                    }
-                }
+                tile!(2);
                 j += 2 * LANES;
             }
             while j + LANES <= run.len {
-                match nq {
-                    4 => {
-                        // SAFETY: as above, keys j..j+8.
-
-                        let a = unsafe { scores::<4, 1>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 1)
-                    }
-
-                    3 => {
-                        // SAFETY: as above, keys j..j+8.
-
-                        let a = unsafe { scores::<3, 1>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 1)
-                    }
-
-                    2 => {
-                        // SAFETY: as above, keys j..j+8.
-
-                        let a = unsafe { scores::<2, 1>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 1)
-                    }
-
-                    _ => {
-                        // SAFETY: as above, keys j..j+8.
-
-                        let a = unsafe { scores::<1, 1>(q.as_ptr(), run, j, d) };
-
-                        put!(a, 1)
-                    }
-                }
+                tile!(1);
                 j += LANES;
             }
             for jj in j..run.len {
@@ -1030,6 +1031,7 @@ pub mod avx2 {
             }
             base += run.len;
         }
+        let mut zs = Vec::with_capacity(nq);
         for i in 0..nq {
             let lim = limits[i].min(total);
             let si = &mut s[i * total..i * total + lim];
@@ -1038,18 +1040,19 @@ pub mod avx2 {
                 *v *= scale;
                 max = max.max(*v);
             }
-            let z = super::exp_sub_impl(si, max);
-            let o = &mut out[i * d..(i + 1) * d];
-            // SAFETY: d is 64 or 128 and `o` holds d; runs as in the contract.
-            unsafe {
-                if d == 64 {
-                    weighted_sum::<8>(si, lim, runs, o);
-                } else {
-                    weighted_sum::<16>(si, lim, runs, o);
-                }
+            zs.push(super::exp_sub_impl(si, max));
+        }
+        // SAFETY: d is 64 or 128, `out` holds nq·d, `s` nq·total; runs as in the contract.
+        unsafe {
+            if d == 64 {
+                weighted_sums::<8>(s, total, limits, nq, runs, out);
+            } else {
+                weighted_sums::<16>(s, total, limits, nq, runs, out);
             }
-            for v in o.iter_mut() {
-                *v /= z;
+        }
+        for (i, z) in zs.iter().enumerate() {
+            for v in out[i * d..(i + 1) * d].iter_mut() {
+                *v /= *z;
             }
         }
     }
@@ -1099,7 +1102,7 @@ fn score_one(q: &[f32], run: &KvRun, j: usize, d: usize) -> f32 {
     s
 }
 
-/// Attention of `nq ≤ 4` queries (`q`, each `d`) of one head over the concatenation of `runs`,
+/// Attention of `nq` queries (`q`, each `d`) sharing one KV head over the concatenation of `runs`,
 /// query `i` seeing the first `limits[i]` keys. Writes `nq × d` into `out`; `s` is scratch.
 #[inline(always)]
 fn attend_impl(
@@ -1183,7 +1186,8 @@ fn attend_impl(
     }
 }
 
-/// Causal attention of up to 4 query vectors of one head (see [`KvRun`]).
+/// Causal attention of `nq` query vectors sharing one KV head (the heads of a GQA group; in
+/// prefill those of a block of positions, each with its own limit; see [`KvRun`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f32],
@@ -1196,7 +1200,7 @@ pub fn attend(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 && (d == 64 || d == 128) && nq <= 4 {
+    if isa() == Isa::Avx2 && (d == 64 || d == 128) {
         assert!(q.len() >= nq * d && out.len() >= nq * d && limits.len() >= nq);
         for r in runs {
             assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
@@ -1371,6 +1375,51 @@ mod tests {
                 &mut one,
             );
             assert_eq!(one, out[i * d..(i + 1) * d]);
+        }
+        // A prefill block: 12 queries (4 positions × 3 heads) with their own limits give the
+        // bits each query gives alone, in both copies.
+        let q12 = rnd(12 * d, 8);
+        let limits12: Vec<usize> = (0..12).map(|i| 30 + i / 3).collect();
+        let mut out12 = vec![0f32; 12 * d];
+        attend(
+            &q12,
+            12,
+            &limits12,
+            &runs[..1],
+            d,
+            0.125,
+            &mut s,
+            &mut out12,
+        );
+        let mut ref12 = vec![0f32; 12 * d];
+        attend_impl(
+            &q12,
+            12,
+            &limits12,
+            &runs[..1],
+            d,
+            0.125,
+            &mut s,
+            &mut ref12,
+        );
+        assert_eq!(out12, ref12, "block: SIMD and scalar copies agree");
+        for i in 0..12 {
+            let mut one = vec![0f32; d];
+            let alone = [KvRun {
+                len: limits12[i],
+                ..runs[0]
+            }];
+            attend(
+                &q12[i * d..(i + 1) * d],
+                1,
+                &limits12[i..i + 1],
+                &alone,
+                d,
+                0.125,
+                &mut s,
+                &mut one,
+            );
+            assert_eq!(one, out12[i * d..(i + 1) * d], "query {i} alone");
         }
         // Against f64 softmax attention.
         for i in 0..3 {
