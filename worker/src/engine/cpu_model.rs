@@ -16,8 +16,9 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
+use super::attention::{self, KvRun};
 use super::int8::{self, Int8Workspace};
-use super::kernels::{self, KvRun, PackedMatrix};
+use super::kernels::{self, PackedMatrix};
 use super::transformer::{RopeStyle, TransformerConfig};
 
 /// Prompt positions whose attention shares each tile of keys and values (prefill): with 3
@@ -327,11 +328,11 @@ impl CpuModel {
     }
 
     /// Attention of layer `li` for every position of a forward call, into `att` (`m × n_head·d`).
-    /// Parallel over blocks of positions: in prefill [`PREFILL_ATTENTION_BLOCK`] positions
-    /// share each tile of keys and values (read once per block, not once per position and
-    /// head); a decode step's
-    /// positions go one by one. Either way each query's scores, softmax and weighted sum are
-    /// the same operations in the same order (see `kernels::attend`).
+    /// Parallel over blocks of positions; one [`attention::attend`] call per block and KV head
+    /// takes every query of the block, so the cache is read once per block: in prefill
+    /// [`PREFILL_ATTENTION_BLOCK`] positions (their common run is the prompt so far), in a
+    /// decode step the rows of a thread's share (common: the whole prompt; own: each row's
+    /// suffix). Each query's arithmetic is the same whatever its block.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -349,74 +350,64 @@ impl CpuModel {
         let n_rep = nh / nkv;
         let qkv_n = (nh + 2 * nkv) * d;
         let scale = 1.0 / (d as f32).sqrt();
+        let m = slots.len();
         let prefill = slots.iter().all(|s| *s == Slot::Shared);
-        let block = if prefill { PREFILL_ATTENTION_BLOCK } else { 1 };
-        let shared = &cache.shared[li];
-        let sc = cache.shared_cap;
+        let block = if prefill {
+            PREFILL_ATTENTION_BLOCK
+        } else {
+            m.div_ceil(rayon::current_num_threads().max(1))
+        };
+        let (shared, sc, rc) = (&cache.shared[li], cache.shared_cap, cache.row_cap);
         att.par_chunks_mut(block * nh * d)
             .enumerate()
             .for_each_init(
-                || (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
-                |(s, qbuf, obuf, limits), (bi, out)| {
+                || (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()),
+                |(s, qbuf, obuf, limits, own), (bi, out)| {
                     let i0 = bi * block;
                     let nb = out.len() / (nh * d);
-                    // Positions of a block are all prompt positions, or one row position.
-                    let (row_seg, limit_of) = match slots[i0] {
-                        Slot::Shared => (None, positions[i0 + nb - 1] + 1),
-                        Slot::Row(r) => (
-                            Some((&cache.rows[r][li], row_pos[i0] + 1)),
-                            shared_after + row_pos[i0] + 1,
-                        ),
+                    // Prefill: keys up to the block's last position; decode: the whole prompt.
+                    let common_len = if prefill {
+                        positions[i0 + nb - 1] + 1
+                    } else {
+                        shared_after
                     };
                     for g in 0..nkv {
-                        let mut runs = [
-                            KvRun {
-                                kt: &shared.kt[g * d * sc..(g + 1) * d * sc],
-                                v: &shared.v[g * sc * d..(g + 1) * sc * d],
-                                cap: sc,
-                                len: shared_after.min(limit_of),
-                            },
-                            KvRun {
-                                kt: &[],
-                                v: &[],
-                                cap: 0,
-                                len: 0,
-                            },
-                        ];
-                        let nruns = match row_seg {
-                            Some((seg, len)) => {
-                                let rc = cache.row_cap;
-                                runs[1] = KvRun {
-                                    kt: &seg.kt[g * d * rc..(g + 1) * d * rc],
-                                    v: &seg.v[g * rc * d..(g + 1) * rc * d],
-                                    cap: rc,
-                                    len,
-                                };
-                                2
-                            }
-                            None => 1,
-                        };
-                        // The group's query heads of every position in the block.
+                        let common = [KvRun {
+                            kt: &shared.kt[g * d * sc..(g + 1) * d * sc],
+                            v: &shared.v[g * sc * d..(g + 1) * sc * d],
+                            cap: sc,
+                            len: common_len.min(shared_after),
+                        }];
                         qbuf.clear();
                         limits.clear();
-                        for pi in 0..nb {
-                            let i = i0 + pi;
-                            let q =
-                                &qkv[i * qkv_n + g * n_rep * d..i * qkv_n + (g + 1) * n_rep * d];
-                            qbuf.extend_from_slice(q);
+                        own.clear();
+                        for i in i0..i0 + nb {
+                            qbuf.extend_from_slice(
+                                &qkv[i * qkv_n + g * n_rep * d..i * qkv_n + (g + 1) * n_rep * d],
+                            );
                             let limit = match slots[i] {
                                 Slot::Shared => positions[i] + 1,
-                                Slot::Row(_) => limit_of,
+                                Slot::Row(r) => {
+                                    let seg = &cache.rows[r][li];
+                                    let run = KvRun {
+                                        kt: &seg.kt[g * d * rc..(g + 1) * d * rc],
+                                        v: &seg.v[g * rc * d..(g + 1) * rc * d],
+                                        cap: rc,
+                                        len: row_pos[i] + 1,
+                                    };
+                                    own.extend(std::iter::repeat_n(run, n_rep));
+                                    shared_after + row_pos[i] + 1
+                                }
                             };
                             limits.extend(std::iter::repeat_n(limit, n_rep));
                         }
                         let nq = nb * n_rep;
                         obuf.resize(nq * d, 0.0);
-                        kernels::attend(qbuf, nq, limits, &runs[..nruns], d, scale, s, obuf);
+                        attention::attend(qbuf, nq, limits, &common, own, d, scale, s, obuf);
                         for pi in 0..nb {
-                            let dst = &mut out
-                                [pi * nh * d + g * n_rep * d..pi * nh * d + (g + 1) * n_rep * d];
-                            dst.copy_from_slice(&obuf[pi * n_rep * d..(pi + 1) * n_rep * d]);
+                            let at = pi * nh * d + g * n_rep * d;
+                            out[at..at + n_rep * d]
+                                .copy_from_slice(&obuf[pi * n_rep * d..(pi + 1) * n_rep * d]);
                         }
                     }
                 },

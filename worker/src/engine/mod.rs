@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use stageb_shared::domain::ChatMessage;
 
+pub mod attention;
 pub mod candle_engine;
 pub mod chat_template;
 pub mod cpu_model;

@@ -328,19 +328,29 @@ impl QuantizedRows {
 /// IEEE additions (so every compiled copy rounds alike, vectorized or not).
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
-#[inline(always)]
+/// The scalar recipe of a row's quantization (and the fallback): per block, `amax` by
+/// `|x| > m` comparisons (a NaN never wins), `d = amax/127`, `q = round_even(x·(1/d))` clamped to
+/// ±127 in float (NaN → 0), `s = d·Σq`. [`x86::quantize_row`] computes the same bits.
 fn quantize_row_impl(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
     for (b, xb) in x.chunks_exact(32).enumerate() {
         let mut amax = 0f32;
         for v in xb {
-            amax = amax.max(v.abs());
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+            }
         }
         let db = amax / 127.0;
         let id = if db == 0.0 { 0.0 } else { 1.0 / db };
         let mut sum = 0i32;
         for (j, v) in xb.iter().enumerate() {
             let r = ((v * id) + ROUND_MAGIC) - ROUND_MAGIC;
-            let qi = (r as i32).clamp(-127, 127);
+            let r = if r.is_nan() {
+                0.0
+            } else {
+                r.clamp(-127.0, 127.0)
+            };
+            let qi = r as i32;
             q[b * 32 + j] = qi as i8;
             qu[b * 32 + j] = (qi + 128) as u8;
             sum += qi;
@@ -353,16 +363,10 @@ fn quantize_row_impl(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &
 /// One row's blocks quantized (see [`QuantizedRows`]).
 fn quantize_row(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
-            quantize_row_impl(x, q, qu, d, s)
-        }
-        if isa() >= Isa::Avx2 {
-            // SAFETY: `isa()` is at least Avx2 only after `is_x86_feature_detected!` confirmed
-            // avx2 and fma, the features this copy is compiled with.
-            return unsafe { avx2(x, q, qu, d, s) };
-        }
+    if isa() >= Isa::Avx2 {
+        // SAFETY: `isa()` is at least Avx2 only after `is_x86_feature_detected!` confirmed
+        // avx2 and fma; the slices are one row (k values, k bytes twice, k/32 blocks).
+        return unsafe { x86::quantize_row(x, q, qu, d, s) };
     }
     quantize_row_impl(x, q, qu, d, s)
 }

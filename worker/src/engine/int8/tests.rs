@@ -91,6 +91,38 @@ fn quantization_rounds_to_even() {
 }
 
 #[test]
+fn every_copy_quantizes_alike_including_ties_zeros_and_non_finite_values() {
+    let k = 8 * 32;
+    let mut x = activations(3, k, 5);
+    x[40] = f32::NAN;
+    x[70] = f32::INFINITY;
+    x[100] = -1e-40; // a block whose scale underflows
+    x[101..128].fill(0.0);
+    x[96..100].fill(0.0);
+    x[130] = 1e38;
+    x[131] = -1e38;
+    for m in [1, 3] {
+        let n = m * k;
+        let (mut q, mut qu) = (vec![0i8; n], vec![0u8; n]);
+        let (mut d, mut s) = (vec![0f32; n / 32], vec![0f32; n / 32]);
+        let (mut q2, mut qu2) = (q.clone(), qu.clone());
+        let (mut d2, mut s2) = (d.clone(), s.clone());
+        quantize_row_impl(&x[..n], &mut q, &mut qu, &mut d, &mut s);
+        quantize_row(&x[..n], &mut q2, &mut qu2, &mut d2, &mut s2);
+        assert_eq!(q, q2);
+        assert_eq!(qu, qu2);
+        assert_eq!(
+            d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            d2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            s2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
 fn interleaving_keeps_every_weight_and_pads_the_last_group() {
     for (n, k) in [(11, 96), (40, 64)] {
         for w in [q4_1(n, k), q8_0(n, k)] {

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BlockKind, GROUP, Interleaved, Isa, QuantizedRows};
+use super::{BlockKind, GROUP, Interleaved, Isa, QuantizedRows, ROUND_MAGIC};
 
 /// See [`super::dots`].
 ///
@@ -245,4 +245,63 @@ unsafe fn avx2<const R: usize>(
         }
     }
     R
+}
+
+/// [`super::quantize_row_impl`] with AVX2: the same operations on 8 lanes; the block's `amax` is
+/// a maximum (exact in any order), its sum of integers exact.
+///
+/// # Safety
+/// AVX2+FMA available; `x.len() == q.len() == qu.len() == 32·d.len() == 32·s.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_row(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let magic = _mm256_set1_ps(ROUND_MAGIC);
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let flip = _mm256_set1_epi8(-128);
+    for b in 0..d.len() {
+        // SAFETY: block b's 32 floats are in bounds of `x` (the contract).
+        let v: [__m256; 4] =
+            core::array::from_fn(|t| unsafe { _mm256_loadu_ps(x.as_ptr().add(b * 32 + t * 8)) });
+        // max(a, m) is `a > m ? a : m`: a NaN never wins, as in the scalar recipe.
+        let mut m = _mm256_setzero_ps();
+        for t in 0..4 {
+            m = _mm256_max_ps(_mm256_and_ps(v[t], abs_mask), m);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+        let db = amax / 127.0;
+        let id = _mm256_set1_ps(if db == 0.0 { 0.0 } else { 1.0 / db });
+        let ints: [__m256i; 4] = core::array::from_fn(|t| {
+            let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[t], id), magic), magic);
+            let r = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(r, r), r);
+            _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+        });
+        let sum = _mm256_add_epi32(
+            _mm256_add_epi32(ints[0], ints[1]),
+            _mm256_add_epi32(ints[2], ints[3]),
+        );
+        let s4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256::<1>(sum),
+        );
+        let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
+        let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2));
+        // Packing works within 128-bit halves: dwords come out as i0[0..4], i1[0..4], i2[0..4],
+        // i3[0..4], i0[4..8], …; `order` puts them back in element order.
+        let p16a = _mm256_packs_epi32(ints[0], ints[1]);
+        let p16b = _mm256_packs_epi32(ints[2], ints[3]);
+        let p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+        // SAFETY: block b's 32 bytes are in bounds of `q` and `qu` (the contract).
+        unsafe {
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * 32).cast(), p8);
+            _mm256_storeu_si256(
+                qu.as_mut_ptr().add(b * 32).cast(),
+                _mm256_xor_si256(p8, flip),
+            );
+        }
+        d[b] = db;
+        s[b] = db * _mm_cvtsi128_si32(s1) as f32;
+    }
 }

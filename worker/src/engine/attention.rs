@@ -1,0 +1,373 @@
+//! Attention of the CPU fast path ([`super::cpu_model`]) over the transposed KV cache: many
+//! queries of one KV head per call, each with its own visible keys.
+//!
+//! # Numerics: one recipe per query
+//! A query sees the `common` runs of keys (the shared prompt), then its `own` run (its candidate
+//! row's suffix), up to its limit. Its scores are `Σ_d q[d]·k[d]` by sequential fused
+//! multiply-add over `d`, times `scale`; then `e_j = exp(s_j − max)` ([`kernels::exp`]) and
+//! `z = Σ e_j` ([`kernels::exp_sub`]: 8 lanes, a fixed tree); the output is `Σ_j e_j·v_j` by
+//! fused multiply-add in key order, divided by `z`. Which queries share a call, how keys are tiled, and whether the AVX2 or the
+//! scalar copy runs never changes a bit (tests).
+//!
+//! # Why many queries at once
+//! Attention reads every visible key and value; per query, that is a stream from L2/L3 (1 MiB
+//! of keys per KV head at 4k tokens). A call takes every query that shares the `common` runs:
+//! the heads of a GQA group of a block of prompt positions (prefill), or of every candidate row
+//! (decode: all rows attend to the same prompt). Keys go in tiles of 16 that every group of 4
+//! queries meets while they are in L1, values in tiles of [`VALUE_TILE`] likewise, so the cache
+//! is read once per call rather than once per query.
+
+// Kernels index lanes and rows explicitly: the order of operations is the contract.
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
+use super::kernels::{self, Isa, LANES, isa};
+
+/// Keys per tile of the weighted sum: 32 values of d = 64 are 8 KiB, in L1 while every query of
+/// the call uses them.
+const VALUE_TILE: usize = 32;
+
+/// One run of cached positions of one KV head: `kt` is `d × cap` (keys transposed, so 8 keys
+/// load as one vector), `v` is `cap × d`; positions `0..len` are valid.
+#[derive(Clone, Copy)]
+pub struct KvRun<'a> {
+    pub kt: &'a [f32],
+    pub v: &'a [f32],
+    pub cap: usize,
+    pub len: usize,
+}
+
+impl KvRun<'_> {
+    pub const EMPTY: KvRun<'static> = KvRun {
+        kt: &[],
+        v: &[],
+        cap: 0,
+        len: 0,
+    };
+}
+
+#[inline(always)]
+fn score_one(q: &[f32], run: &KvRun, j: usize, d: usize) -> f32 {
+    let mut s = 0f32;
+    for dd in 0..d {
+        s = q[dd].mul_add(run.kt[dd * run.cap + j], s);
+    }
+    s
+}
+
+/// The recipe, one query at a time: the scalar fallback and the reference of the tests.
+fn attend_impl(
+    q: &[f32],
+    nq: usize,
+    limits: &[usize],
+    common: &[KvRun],
+    own: &[KvRun],
+    d: usize,
+    scale: f32,
+    s: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    for i in 0..nq {
+        let qi = &q[i * d..(i + 1) * d];
+        let runs: Vec<&KvRun> = common.iter().chain(own.get(i)).collect();
+        let total: usize = runs.iter().map(|r| r.len).sum();
+        let lim = limits[i].min(total);
+        s.clear();
+        for run in &runs {
+            for t in 0..run.len {
+                if s.len() == lim {
+                    break;
+                }
+                s.push(score_one(qi, run, t, d));
+            }
+        }
+        let max = kernels::scale_max(s, scale);
+        let z = kernels::exp_sub(s, max);
+        let o = &mut out[i * d..(i + 1) * d];
+        o.fill(0.0);
+        let mut j = 0;
+        for run in &runs {
+            let n = run.len.min(lim - j);
+            for t in 0..n {
+                let e = s[j + t];
+                for dd in 0..d {
+                    o[dd] = e.mul_add(run.v[t * d + dd], o[dd]);
+                }
+            }
+            j += n;
+        }
+        for v in o.iter_mut() {
+            *v /= z;
+        }
+    }
+}
+
+/// Attention of `nq` queries (`q`, each `d`) sharing one KV head. Query `i` sees the `common`
+/// runs, then `own[i]` (`own` is empty or holds one run per query), up to its first
+/// `limits[i]` keys. Writes `nq × d` into `out`; `s` is scratch.
+pub fn attend(
+    q: &[f32],
+    nq: usize,
+    limits: &[usize],
+    common: &[KvRun],
+    own: &[KvRun],
+    d: usize,
+    scale: f32,
+    s: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    assert!(q.len() >= nq * d && out.len() >= nq * d && limits.len() >= nq);
+    assert!(
+        own.is_empty() || own.len() == nq,
+        "one own run per query, or none"
+    );
+    for r in common.iter().chain(own) {
+        assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 && (d == 64 || d == 128) {
+        // SAFETY: AVX2 and FMA were detected at run time (`isa`); every run holds `d × cap`
+        // keys and `cap × d` values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` is
+        // empty or one run per query (asserted above): the bounds the kernel relies on.
+        unsafe { avx2::attend(q, nq, limits, common, own, d, scale, s, out) };
+        return;
+    }
+    attend_impl(q, nq, limits, common, own, d, scale, s, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The AVX2/FMA copy of [`super::attend_impl`]: the same operations in the same order per
+    //! query, many queries per pass over the keys and values.
+
+    use std::arch::x86_64::*;
+
+    use super::{KvRun, LANES, VALUE_TILE};
+
+    /// Scores of `Q` queries (rows of `q`, each `d`) against 8·`V` keys from `j` of `run`.
+    ///
+    /// # Safety
+    /// `q` holds `Q·d`; keys `j..j+8V` are below `run.cap`; `run.kt` holds `d × cap`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scores<const Q: usize, const V: usize>(
+        q: *const f32,
+        run: &KvRun,
+        j: usize,
+        d: usize,
+    ) -> [[__m256; V]; Q] {
+        let mut acc = [[_mm256_setzero_ps(); V]; Q];
+        let kt = run.kt.as_ptr();
+        for dd in 0..d {
+            let mut kv = [_mm256_setzero_ps(); V];
+            for (t, k) in kv.iter_mut().enumerate() {
+                // SAFETY: dd < d and j + 8t + 8 <= cap: in bounds of `kt` (d × cap).
+                *k = unsafe { _mm256_loadu_ps(kt.add(dd * run.cap + j + t * LANES)) };
+            }
+            for i in 0..Q {
+                // SAFETY: i < Q, dd < d: in bounds of `q`.
+                let qv = _mm256_set1_ps(unsafe { *q.add(i * d + dd) });
+                for t in 0..V {
+                    acc[i][t] = _mm256_fmadd_ps(qv, kv[t], acc[i][t]);
+                }
+            }
+        }
+        acc
+    }
+
+    /// Scores of queries `q0..q0+nq` for every key of `run`, into `s[i·stride + at + j]`: keys
+    /// in tiles of 16 (then 8, then one by one), each tile met by every group of up to 4
+    /// queries while it is in L1.
+    ///
+    /// # Safety
+    /// `q` holds the queries (`d` each); `s` holds `(q0+nq)·stride` with `at + run.len <=
+    /// stride`; the run is valid (`len <= cap`, `kt` holds `d × cap`).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn score_run(
+        q: &[f32],
+        q0: usize,
+        nq: usize,
+        run: &KvRun,
+        d: usize,
+        s: &mut [f32],
+        stride: usize,
+        at: usize,
+    ) {
+        let mut j = 0;
+        macro_rules! tile {
+            ($v:expr) => {
+                let mut qg = 0;
+                while qg < nq {
+                    // SAFETY: queries q0+qg.. hold d floats each (the contract).
+                    let qp = unsafe { q.as_ptr().add((q0 + qg) * d) };
+                    macro_rules! put {
+                        ($g:expr) => {{
+                            // SAFETY: keys j..j+8·$v <= len <= cap; queries in bounds.
+                            let a = unsafe { scores::<$g, $v>(qp, run, j, d) };
+                            for (i, row) in a.iter().enumerate() {
+                                for t in 0..$v {
+                                    let o = (q0 + qg + i) * stride + at + j + t * LANES;
+                                    // SAFETY: o + 8 <= (q0+nq)·stride (the contract).
+                                    unsafe { _mm256_storeu_ps(s.as_mut_ptr().add(o), row[t]) };
+                                }
+                            }
+                            qg += $g;
+                        }};
+                    }
+                    match nq - qg {
+                        4.. => put!(4),
+                        3 => put!(3),
+                        2 => put!(2),
+                        _ => put!(1),
+                    }
+                }
+            };
+        }
+        while j + 2 * LANES <= run.len {
+            tile!(2);
+            j += 2 * LANES;
+        }
+        while j + LANES <= run.len {
+            tile!(1);
+            j += LANES;
+        }
+        for jj in j..run.len {
+            for i in q0..q0 + nq {
+                s[i * stride + at + jj] = super::score_one(&q[i * d..(i + 1) * d], run, jj, d);
+            }
+        }
+    }
+
+    /// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D8·8 = d` floats).
+    ///
+    /// # Safety
+    /// `t1 <= run.len`, `e` holds `t1` weights, `o` holds `d`; the run holds `cap × d` values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate<const D8: usize>(
+        e: &[f32],
+        run: &KvRun,
+        t0: usize,
+        t1: usize,
+        o: &mut [f32],
+    ) {
+        let d = D8 * LANES;
+        let v = run.v.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); D8];
+        for (u, a) in acc.iter_mut().enumerate() {
+            // SAFETY: u·8 + 8 <= d = o.len().
+            *a = unsafe { _mm256_loadu_ps(o.as_ptr().add(u * LANES)) };
+        }
+        for t in t0..t1 {
+            let ev = _mm256_set1_ps(e[t]);
+            for (u, a) in acc.iter_mut().enumerate() {
+                // SAFETY: t < len <= cap, u·8 + 8 <= d: in bounds of `v` (cap × d).
+                let vv = unsafe { _mm256_loadu_ps(v.add(t * d + u * LANES)) };
+                *a = _mm256_fmadd_ps(ev, vv, *a);
+            }
+        }
+        for (u, a) in acc.iter().enumerate() {
+            // SAFETY: u·8 + 8 <= d = o.len().
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(u * LANES), *a) };
+        }
+    }
+
+    /// The weighted sums of every query into `out` (zeroed first): the common runs in tiles of
+    /// [`VALUE_TILE`] values met by every query, then each query's own run.
+    ///
+    /// # Safety
+    /// As [`attend`]; `lims[i] <= common_len + own[i].len`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn weighted_sums<const D8: usize>(
+        s: &[f32],
+        stride: usize,
+        lims: &[usize],
+        common: &[KvRun],
+        own: &[KvRun],
+        out: &mut [f32],
+    ) {
+        let d = D8 * LANES;
+        let nq = lims.len();
+        out[..nq * d].fill(0.0);
+        let mut base = 0;
+        for run in common {
+            let mut t0 = 0;
+            while t0 < run.len {
+                let t1 = (t0 + VALUE_TILE).min(run.len);
+                for i in 0..nq {
+                    if base + t0 >= lims[i] {
+                        continue;
+                    }
+                    let end = t1.min(lims[i] - base);
+                    let e = &s[i * stride + base..];
+                    // SAFETY: end <= run.len, `e` holds them; out row i holds d.
+                    unsafe { accumulate::<D8>(e, run, t0, end, &mut out[i * d..(i + 1) * d]) };
+                }
+                t0 = t1;
+            }
+            base += run.len;
+        }
+        for (i, run) in own.iter().enumerate() {
+            let end = run.len.min(lims[i].saturating_sub(base));
+            let e = &s[i * stride + base..];
+            // SAFETY: as above.
+            unsafe { accumulate::<D8>(e, run, 0, end, &mut out[i * d..(i + 1) * d]) };
+        }
+    }
+
+    /// See [`super::attend`].
+    ///
+    /// # Safety
+    /// AVX2+FMA available; `d` is 64 or 128; the bounds [`super::attend`] asserts.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn attend(
+        q: &[f32],
+        nq: usize,
+        limits: &[usize],
+        common: &[KvRun],
+        own: &[KvRun],
+        d: usize,
+        scale: f32,
+        s: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let common_len: usize = common.iter().map(|r| r.len).sum();
+        let stride = common_len + own.iter().map(|r| r.len).max().unwrap_or(0);
+        s.resize(nq * stride, 0.0);
+        let mut base = 0;
+        for run in common {
+            // SAFETY: `s` holds nq·stride, base + len <= common_len <= stride.
+            unsafe { score_run(q, 0, nq, run, d, s, stride, base) };
+            base += run.len;
+        }
+        for (i, run) in own.iter().enumerate() {
+            // SAFETY: as above for query i alone; common_len + len <= stride.
+            unsafe { score_run(q, i, 1, run, d, s, stride, common_len) };
+        }
+        let mut lims = Vec::with_capacity(nq);
+        let mut zs = Vec::with_capacity(nq);
+        for i in 0..nq {
+            let total = common_len + own.get(i).map_or(0, |r| r.len);
+            let lim = limits[i].min(total);
+            let si = &mut s[i * stride..i * stride + lim];
+            let max = crate::engine::kernels::scale_max(si, scale);
+            zs.push(crate::engine::kernels::exp_sub(si, max));
+            lims.push(lim);
+        }
+        // SAFETY: d is 64 or 128; the bounds of the contract.
+        unsafe {
+            if d == 64 {
+                weighted_sums::<8>(s, stride, &lims, common, own, out);
+            } else {
+                weighted_sums::<16>(s, stride, &lims, common, own, out);
+            }
+        }
+        for (i, z) in zs.iter().enumerate() {
+            for v in out[i * d..(i + 1) * d].iter_mut() {
+                *v /= *z;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

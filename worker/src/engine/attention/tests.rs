@@ -1,0 +1,177 @@
+//! Specs of attention: the AVX2 copy equals the recipe bit for bit however queries are grouped,
+//! each query gives the same bits alone, and the result is softmax attention (f64 reference).
+
+use super::*;
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
+            ((h % 20_001) as f32 - 10_000.0) / 5_000.0
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Softmax attention in f64 over `runs` (keys `0..lim` of their concatenation).
+fn reference(q: &[f32], runs: &[KvRun], lim: usize, d: usize, scale: f64) -> Vec<f64> {
+    let keys: Vec<(Vec<f64>, Vec<f64>)> = runs
+        .iter()
+        .flat_map(|run| {
+            (0..run.len).map(move |t| {
+                (
+                    (0..d).map(|dd| run.kt[dd * run.cap + t] as f64).collect(),
+                    (0..d).map(|dd| run.v[t * d + dd] as f64).collect(),
+                )
+            })
+        })
+        .take(lim)
+        .collect();
+    let sc: Vec<f64> = keys
+        .iter()
+        .map(|(k, _)| (0..d).map(|dd| q[dd] as f64 * k[dd]).sum::<f64>() * scale)
+        .collect();
+    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    (0..d)
+        .map(|dd| {
+            keys.iter()
+                .zip(&e)
+                .map(|((_, v), e)| e * v[dd])
+                .sum::<f64>()
+                / z
+        })
+        .collect()
+}
+
+#[test]
+fn grouped_queries_with_their_own_runs_match_the_recipe_and_softmax() {
+    for d in [64, 128] {
+        let cap = 70;
+        let (kt, v) = (rnd(d * cap, 2), rnd(cap * d, 3));
+        let common = [KvRun {
+            kt: &kt,
+            v: &v,
+            cap,
+            len: 61,
+        }];
+        // Own runs of different lengths (decode rows at different steps), 12 queries.
+        let owns: Vec<(Vec<f32>, Vec<f32>)> = (0..4)
+            .map(|r| (rnd(d * 20, 10 + r), rnd(20 * d, 20 + r)))
+            .collect();
+        let nq = 12;
+        let own: Vec<KvRun> = (0..nq)
+            .map(|i| {
+                let (kt, v) = &owns[i / 3];
+                KvRun {
+                    kt,
+                    v,
+                    cap: 20,
+                    len: 1 + (i * 7) % 20,
+                }
+            })
+            .collect();
+        let q = rnd(nq * d, 6);
+        // Limits: everything visible, or cut inside the common run (a prefill position).
+        let limits: Vec<usize> = (0..nq)
+            .map(|i| if i % 4 == 3 { 17 + i } else { 61 + own[i].len })
+            .collect();
+        let mut s = Vec::new();
+        let mut out = vec![0f32; nq * d];
+        attend(&q, nq, &limits, &common, &own, d, 0.125, &mut s, &mut out);
+        let mut want = vec![0f32; nq * d];
+        attend_impl(&q, nq, &limits, &common, &own, d, 0.125, &mut s, &mut want);
+        assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
+        for i in 0..nq {
+            let qi = &q[i * d..(i + 1) * d];
+            let mut one = vec![0f32; d];
+            let own_i = [own[i]];
+            attend(
+                qi,
+                1,
+                &limits[i..i + 1],
+                &common,
+                &own_i,
+                d,
+                0.125,
+                &mut s,
+                &mut one,
+            );
+            assert_eq!(
+                bits(&one),
+                bits(&out[i * d..(i + 1) * d]),
+                "d={d} query {i} alone"
+            );
+            // The same keys as one common list: the split into runs changes nothing.
+            let both = [common[0], own[i]];
+            attend(
+                qi,
+                1,
+                &limits[i..i + 1],
+                &both,
+                &[],
+                d,
+                0.125,
+                &mut s,
+                &mut one,
+            );
+            assert_eq!(
+                bits(&one),
+                bits(&out[i * d..(i + 1) * d]),
+                "d={d} query {i} runs"
+            );
+            let exact = reference(qi, &both, limits[i], d, 0.125);
+            for dd in 0..d {
+                let err = (out[i * d + dd] as f64 - exact[dd]).abs();
+                assert!(err < 1e-4, "d={d} q{i} d{dd}: {err:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prefill_block_gives_each_position_its_own_causal_result() {
+    let d = 64;
+    let cap = 48;
+    let (kt, v) = (rnd(d * cap, 4), rnd(cap * d, 5));
+    // 16 positions × 3 heads; position p sees keys 0..=p+20.
+    let nq = 48;
+    let limits: Vec<usize> = (0..nq).map(|i| 21 + i / 3).collect();
+    let common = [KvRun {
+        kt: &kt,
+        v: &v,
+        cap,
+        len: 36,
+    }];
+    let q = rnd(nq * d, 8);
+    let mut s = Vec::new();
+    let mut out = vec![0f32; nq * d];
+    attend(&q, nq, &limits, &common, &[], d, 0.125, &mut s, &mut out);
+    for i in 0..nq {
+        let mut one = vec![0f32; d];
+        let alone = [KvRun {
+            len: limits[i],
+            ..common[0]
+        }];
+        attend(
+            &q[i * d..(i + 1) * d],
+            1,
+            &limits[i..i + 1],
+            &alone,
+            &[],
+            d,
+            0.125,
+            &mut s,
+            &mut one,
+        );
+        assert_eq!(
+            bits(&one),
+            bits(&out[i * d..(i + 1) * d]),
+            "position query {i}"
+        );
+    }
+}
