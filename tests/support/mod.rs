@@ -401,6 +401,7 @@ impl Engine for ScriptedEngine {
         Ok(RolloutOutput {
             candidates,
             prompt_tokens: user.chars().count() as u32,
+            prefix_tokens: 0,
             prefill_us: 0,
             decode_us: 0,
         })

@@ -29,6 +29,7 @@ use tokenizers::Tokenizer;
 use super::chat_template::ChatTemplate;
 use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
+use super::prefix_cache::{self, PrefixStore};
 use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
@@ -103,7 +104,13 @@ pub struct EngineOptions {
     pub max_context: Option<usize>,
     /// GGUF only: keep the file's quantization or dequantize at load.
     pub weight_format: WeightFormat,
+    /// Bytes of recent rollout prompts' KV kept for prefix reuse (CPU fast path only; 0 = off).
+    pub prefix_cache_bytes: usize,
 }
+
+/// Default [`EngineOptions::prefix_cache_bytes`]: 256 MiB, about nine 600-token prompts of
+/// SmolLM2-135M (46 KiB of keys and values per position).
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 256 << 20;
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -112,6 +119,7 @@ impl Default for EngineOptions {
             threads: None,
             max_context: None,
             weight_format: WeightFormat::Auto,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
         }
     }
 }
@@ -187,6 +195,8 @@ pub struct CandleEngine {
     cancel: CancelFlag,
     /// KV-cache bytes the last job held at its peak ([`Engine::last_kv_cache_bytes`]).
     last_kv_bytes: u64,
+    /// Recent rollout prompts' KV (CPU fast path; empty budget elsewhere).
+    prefix: PrefixStore<CpuCache>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -289,6 +299,7 @@ impl CandleEngine {
             None => load()?,
         };
         engine.pool = pool;
+        engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
     }
 
@@ -419,7 +430,17 @@ impl CandleEngine {
             scratch: Scratch::default(),
             workspace: Workspace::default(),
             ignore_eos: false,
+            prefix: PrefixStore::new(0),
         })
+    }
+
+    /// Replaces the prompt-prefix store with an empty one of `bytes` (0 = off). Only the CPU
+    /// fast path reuses prefixes: on the candle backend chunk boundaries change logits, and
+    /// reusing only at [`PREFILL_CHUNK`] multiples would rarely hit prompts of a few hundred
+    /// tokens, so it keeps none.
+    pub fn set_prefix_cache_bytes(&mut self, bytes: usize) {
+        let on = matches!(self.model, Backend::Cpu(_));
+        self.prefix = PrefixStore::new(if on { bytes } else { 0 });
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -482,12 +503,33 @@ impl CandleEngine {
     /// compare the loaders and both compute paths against an independent reference forward.
     #[doc(hidden)]
     pub fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.run_pooled(|eng| eng.prefill(prompt).map(|(logits, _)| logits))
+        self.run_pooled(|eng| eng.prefill(prompt, false).map(|(logits, ..)| logits))
+    }
+
+    /// The same logits through the prefix store, as a rollout's prefill: the store's longest
+    /// match is reused and the prompt kept afterwards. Also returns the positions reused.
+    #[doc(hidden)]
+    pub fn prompt_logits_reusing(
+        &mut self,
+        prompt: &[u32],
+    ) -> Result<(Vec<f32>, usize), EngineError> {
+        self.run_pooled(|eng| {
+            let (logits, cache, reused) = eng.prefill(prompt, true)?;
+            if let DecodeCache::Cpu(c) = cache {
+                prefix_cache::keep(&mut eng.prefix, prompt, c);
+            }
+            Ok((logits, reused))
+        })
     }
 
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
-    /// [`PREFILL_CHUNK`] from position 0), and the prompt's cache.
-    fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, DecodeCache), EngineError> {
+    /// [`PREFILL_CHUNK`] from position 0), the prompt's cache, and the leading positions
+    /// copied from the prefix store (`reuse`: rollouts on the CPU fast path).
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        reuse: bool,
+    ) -> Result<(Vec<f32>, DecodeCache, usize), EngineError> {
         let me = |e: candle_core::Error| EngineError::Model(e.to_string());
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("empty prompt".into()));
@@ -507,24 +549,14 @@ impl CandleEngine {
                     .squeeze(0)
                     .and_then(|t| t.to_vec1::<f32>())
                     .map_err(me)?;
-                Ok((v, DecodeCache::Candle(Some(cache))))
+                Ok((v, DecodeCache::Candle(Some(cache)), 0))
             }
             Backend::Cpu(model) => {
-                let mut cache = model.new_cache(prompt.len());
-                let mut logits = Vec::new();
-                for chunk in prompt.chunks(PREFILL_CHUNK) {
-                    let slots = vec![Slot::Shared; chunk.len()];
-                    logits = model
-                        .forward(
-                            chunk,
-                            &slots,
-                            &mut cache,
-                            chunk.len() - 1,
-                            &mut self.workspace,
-                        )
+                let store = (reuse && self.prefix.enabled()).then_some(&mut self.prefix);
+                let (logits, cache, reused) =
+                    prefix_cache::cpu_prefill(model, prompt, store, &mut self.workspace)
                         .map_err(EngineError::Model)?;
-                }
-                Ok((logits, DecodeCache::Cpu(cache)))
+                Ok((logits, DecodeCache::Cpu(cache), reused))
             }
         }
     }
@@ -614,8 +646,15 @@ impl CandleEngine {
         }
     }
 
-    /// Prefills `prompt` once and decodes every row in one lockstep batch.
-    fn run_rows(&mut self, prompt: &[u32], rows: &mut [Row]) -> Result<(u64, u64), EngineError> {
+    /// Prefills `prompt` once and decodes every row in one lockstep batch. Returns the prefill
+    /// and decode times (µs) and the prompt positions reused from the prefix store (`reuse`:
+    /// look the prompt up there, and keep it there afterwards).
+    fn run_rows(
+        &mut self,
+        prompt: &[u32],
+        rows: &mut [Row],
+        reuse: bool,
+    ) -> Result<(u64, u64, usize), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         // The prompt's positions once, then each row's own (f32 keys and values per layer).
         let c = self.model.config();
@@ -635,10 +674,10 @@ impl CandleEngine {
             });
         }
         let t0 = Instant::now();
-        let (first_logits, mut cache) = self.prefill(prompt)?;
+        let (first_logits, mut cache, reused) = self.prefill(prompt, reuse)?;
         let prefill_us = t0.elapsed().as_micros() as u64;
         if rows.is_empty() || max_new == 0 {
-            return Ok((prefill_us, 0));
+            return Ok((prefill_us, 0, reused));
         }
         let t1 = Instant::now();
         let vocab = self.model.config().vocab_size;
@@ -682,7 +721,10 @@ impl CandleEngine {
                 r.finish = Some(FinishReason::Length);
             }
         }
-        Ok((prefill_us, t1.elapsed().as_micros() as u64))
+        if let (true, DecodeCache::Cpu(c)) = (reuse, cache) {
+            prefix_cache::keep(&mut self.prefix, prompt, c);
+        }
+        Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }
 
     /// Samples one token for `row` and advances its state. `None` when the row ended without
@@ -897,6 +939,10 @@ impl Engine for CandleEngine {
     fn last_kv_cache_bytes(&self) -> u64 {
         self.last_kv_bytes
     }
+
+    fn prefix_cache_bytes(&self) -> Option<u64> {
+        self.prefix.enabled().then_some(self.prefix.bytes() as u64)
+    }
 }
 
 impl CandleEngine {
@@ -940,7 +986,8 @@ impl CandleEngine {
                 ids.push((d.decode_index, i as u32));
             }
         }
-        let (prefill_us, decode_us) = self.run_rows(&prompt, &mut rows)?;
+        // Rollouts of a step share their head (system prompt, mission, guidance): reuse it.
+        let (prefill_us, decode_us, reused) = self.run_rows(&prompt, &mut rows, true)?;
         let mut candidates = Vec::with_capacity(rows.len());
         for (row, (decode_index, sample_index)) in rows.iter().zip(ids) {
             candidates.push(CandidateOutput {
@@ -955,6 +1002,7 @@ impl CandleEngine {
         Ok(RolloutOutput {
             candidates,
             prompt_tokens: prompt.len() as u32,
+            prefix_tokens: reused as u32,
             prefill_us,
             decode_us,
         })
@@ -987,7 +1035,9 @@ impl CandleEngine {
             tokens: Vec::new(),
             finish: None,
         }];
-        self.run_rows(&prompt, &mut rows)?;
+        // Reflection prompts are long and rare: kept out of the store, they would evict the
+        // rollouts' shared heads.
+        self.run_rows(&prompt, &mut rows, false)?;
         let row = &rows[0];
         Ok(GenerateOutput {
             text: self.row_text(row)?,
