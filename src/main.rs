@@ -53,6 +53,11 @@ struct ModelArgs {
     /// refuses a worker that holds less than the run plans with.
     #[arg(long, env = "STAGEB_MAX_MODEL_LEN")]
     max_model_len: Option<u32>,
+    /// MiB of recent rollout prompts' KV a worker keeps, so the next ticket's prefill starts
+    /// after the system prompt and guidance they share (CPU fast path; 0 = off). Results are
+    /// the same bits either way.
+    #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]
+    prefix_cache_mib: usize,
 }
 
 /// What to do when the run directory already holds a run.
@@ -411,6 +416,7 @@ fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
         device,
         threads: args.threads,
         max_context: args.max_model_len.map(|n| n as usize),
+        prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
         ..EngineOptions::default()
     })
 }
