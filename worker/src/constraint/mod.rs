@@ -80,6 +80,11 @@ impl AllowedTokens {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The bitset: token `i` is bit `i % 32` of word `i / 32` (the sampler skips empty words).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
     pub fn from_words(words: Vec<u32>, len: usize) -> Self {
         AllowedTokens { words, len }
     }

@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod prefix_cache;
 pub mod safetensors;
 pub mod sampler;
+pub mod sampler_prefilter;
 pub mod tokenizer;
 pub mod transformer;
 
