@@ -47,8 +47,13 @@ const WINDOW: f64 = 16.0;
 /// undecided too often at temperature 1).
 const PER_UNIT: f64 = 64.0;
 
-/// Tail buckets (distances up to 64); the last also holds everything farther.
-const BUCKETS: usize = 64 * PER_UNIT as usize;
+/// Distance from which tail tokens are only counted together: each weighs at most `e^{−40}`,
+/// 49,152 of them less than `10^{-12}` of the maximum's weight. (A single counter also keeps
+/// the bulk of the vocabulary off the bucket array's store-to-load chain.)
+const FAR: f64 = 40.0;
+
+/// Tail buckets, for distances below [`FAR`].
+const BUCKETS: usize = FAR as usize * PER_UNIT as usize;
 
 /// Slack on every distance: far above the f64 rounding of the estimate (~1e-9 at
 /// [`MAX_MAGNITUDE`]) and of `exp` (a few ulps).
@@ -70,8 +75,7 @@ fn bucket_bounds() -> &'static [(f64, f64)] {
             .map(|b| {
                 let near = b as f64 / PER_UNIT - SLACK;
                 let far = (b + 1) as f64 / PER_UNIT + SLACK;
-                let lower = if b + 1 == BUCKETS { 0.0 } else { (-far).exp() };
-                (lower, (-near).exp())
+                ((-far).exp(), (-near).exp())
             })
             .collect()
     })
@@ -80,26 +84,33 @@ fn bucket_bounds() -> &'static [(f64, f64)] {
 /// Bounds on the mass of the tokens left out of the candidates.
 struct Tail {
     counts: [u32; BUCKETS],
+    /// Tokens at least [`FAR`] below the maximum.
+    far: u32,
 }
 
 impl Tail {
     fn new() -> Self {
         Tail {
             counts: [0; BUCKETS],
+            far: 0,
         }
     }
 
-    /// A token estimated `d ≥ 0` below the maximum.
+    /// A token estimated `d` below the maximum, `WINDOW ≤ d < FAR`.
     #[inline(always)]
     fn add(&mut self, d: f64) {
-        // `as` saturates: a distance beyond the last bucket lands in it.
-        let b = ((d * PER_UNIT) as usize).min(BUCKETS - 1);
-        self.counts[b] += 1;
+        self.counts[((d * PER_UNIT) as usize).min(BUCKETS - 1)] += 1;
     }
 
     /// `(lower mass, upper mass, largest weight)` of the tail.
     fn bounds(&self) -> (f64, f64, f64) {
-        let (mut lo, mut hi, mut top) = (0.0, 0.0, 0.0);
+        let (mut lo, mut top) = (0.0, 0.0);
+        let mut hi = if self.far > 0 {
+            top = (-(FAR - SLACK)).exp();
+            self.far as f64 * top
+        } else {
+            0.0
+        };
         for (&c, &(l, h)) in self.counts.iter().zip(bucket_bounds()).rev() {
             if c > 0 {
                 lo += c as f64 * l;
@@ -206,18 +217,21 @@ fn collect(
         if !within_magnitude(max) {
             return None;
         }
-        let (inv_t, mut n) = (1.0 / temp, 0);
+        let (inv_t, mut n, mut far) = (1.0 / temp, 0, 0);
         for (id, &l) in logits.iter().enumerate() {
             if l.is_finite() {
                 n += 1;
                 let d = max - l as f64 * inv_t;
-                if d < WINDOW {
-                    cand.push((l as f64 / temp, id as u32));
-                } else {
+                if d >= FAR {
+                    far += 1;
+                } else if d >= WINDOW {
                     tail.add(d);
+                } else {
+                    cand.push((l as f64 / temp, id as u32));
                 }
             }
         }
+        tail.far = far;
         return Some((max, n));
     }
     let penalized = |id: u32| seen.is_some_and(|s| s.contains(id));
@@ -240,16 +254,19 @@ fn collect(
     if n == 0 || !within_magnitude(max) {
         return None;
     }
-    let inv_t = 1.0 / temp;
+    let (inv_t, mut far) = (1.0 / temp, 0);
     for_each_considered(logits, allowed, |id, l| {
         let s = penalized(id).then(|| scaled(l));
         let d = max - s.unwrap_or(l as f64 * inv_t);
-        if d < WINDOW {
-            cand.push((s.unwrap_or(l as f64 / temp), id));
-        } else {
+        if d >= FAR {
+            far += 1;
+        } else if d >= WINDOW {
             tail.add(d);
+        } else {
+            cand.push((s.unwrap_or(l as f64 / temp), id));
         }
     });
+    tail.far = far;
     Some((max, n))
 }
 
@@ -356,12 +373,12 @@ mod tests {
                     [f32::NEG_INFINITY, f32::NAN, f32::INFINITY][k % 3];
             }
             let mut seen = SeenTokens::new(vocab);
-            for id in (0..vocab as u64).filter(|i| splitmix64(seed ^ i) % seen_every == 0) {
+            for id in (0..vocab as u64).filter(|i| splitmix64(seed ^ i).is_multiple_of(seen_every)) {
                 seen.insert(id as u32);
             }
             let allowed = (mask_every > 0).then(|| {
                 let mut a = AllowedTokens::none(vocab);
-                for id in (0..vocab as u64).filter(|i| splitmix64(i ^ !seed) % mask_every == 0) {
+                for id in (0..vocab as u64).filter(|i| splitmix64(i ^ !seed).is_multiple_of(mask_every)) {
                     a.allow(id as u32);
                 }
                 a
