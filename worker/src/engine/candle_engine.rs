@@ -29,6 +29,8 @@ use tokenizers::Tokenizer;
 use super::chat_template::ChatTemplate;
 use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
+use super::options::select_device;
+pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
 use super::prefix_cache::{self, PrefixStore};
 use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
@@ -61,88 +63,6 @@ pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAIN
 /// The fingerprint dtype of the CPU fast path (GGUF blocks dequantized exactly, f32
 /// arithmetic in the fixed order of `kernels`).
 pub const CPU_FAST_DTYPE: &str = "cpu-f32-fixed-order";
-
-/// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceSpec {
-    /// CPU, or `cuda:$LOCAL_RANK` when built with the `cuda` feature and a GPU exists.
-    #[default]
-    Auto,
-    Cpu,
-    Cuda(usize),
-}
-
-impl std::str::FromStr for DeviceSpec {
-    type Err = EngineError;
-
-    /// `auto`, `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
-    fn from_str(s: &str) -> Result<Self, EngineError> {
-        match s {
-            "auto" => Ok(DeviceSpec::Auto),
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" => Ok(DeviceSpec::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceSpec::Cuda)
-                .ok_or_else(|| {
-                    EngineError::InvalidRequest(format!("unknown device `{s}` (auto, cpu, cuda:N)"))
-                }),
-        }
-    }
-}
-
-/// How to load and run a model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineOptions {
-    pub device: DeviceSpec,
-    /// Compute threads; `None` = candle's default (RAYON_NUM_THREADS or the physical cores).
-    pub threads: Option<usize>,
-    /// Cap on prompt + generated tokens; `None`: the model's own context (its GGUF
-    /// `*.context_length` or `config.json` `max_position_embeddings`). More than the model
-    /// declares is refused.
-    pub max_context: Option<usize>,
-    /// GGUF only: keep the file's quantization or dequantize at load.
-    pub weight_format: WeightFormat,
-    /// Bytes of recent rollout prompts' KV kept for prefix reuse (CPU fast path only; 0 = off).
-    pub prefix_cache_bytes: usize,
-}
-
-/// Default [`EngineOptions::prefix_cache_bytes`]: 256 MiB, about nine 600-token prompts of
-/// SmolLM2-135M (46 KiB of keys and values per position).
-pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 256 << 20;
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            device: DeviceSpec::Auto,
-            threads: None,
-            max_context: None,
-            weight_format: WeightFormat::Auto,
-            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
-        }
-    }
-}
-
-fn select_device(spec: DeviceSpec) -> Result<Device, EngineError> {
-    let cuda =
-        |i: usize| Device::new_cuda(i).map_err(|e| EngineError::Model(format!("cuda:{i}: {e}")));
-    match spec {
-        DeviceSpec::Cpu => Ok(Device::Cpu),
-        DeviceSpec::Cuda(i) => cuda(i),
-        DeviceSpec::Auto => {
-            if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() {
-                let rank = std::env::var("LOCAL_RANK")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                cuda(rank)
-            } else {
-                Ok(Device::Cpu)
-            }
-        }
-    }
-}
 
 /// The model behind an engine.
 pub enum Backend {

@@ -15,6 +15,7 @@ pub mod chat_template;
 pub mod cpu_model;
 pub mod gguf;
 pub mod kernels;
+pub mod options;
 pub mod prefix_cache;
 pub mod safetensors;
 pub mod sampler;
