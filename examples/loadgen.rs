@@ -168,6 +168,7 @@ fn rollout_answer(job: &pb::RolloutJob) -> pb::submit_request::Result {
         prompt_tokens: prompt as u32,
         prefill_us: 0,
         decode_us: 0,
+        ..Default::default()
     })
 }
 

@@ -63,6 +63,11 @@ struct ModelArgs {
     /// scalar. Every choice computes the same bits; for benchmarks and diagnosis.
     #[arg(long, env = "STAGEB_KERNELS", default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
+    /// MiB of recent rollout prompts' KV a worker keeps, so the next ticket's prefill starts
+    /// after the system prompt and guidance they share (CPU fast path; 0 = off). Results are
+    /// the same bits either way.
+    #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]
+    prefix_cache_mib: usize,
 }
 
 fn parse_numerics(s: &str) -> Result<Numerics, String> {
@@ -431,6 +436,7 @@ fn engine_options(args: &ModelArgs) -> Result<EngineOptions> {
         threads: args.threads,
         max_context: args.max_model_len.map(|n| n as usize),
         numerics: args.numerics,
+        prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
         ..EngineOptions::default()
     })
 }

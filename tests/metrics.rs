@@ -83,6 +83,26 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
     );
     assert!(sample(&body, "stageb_leases_issued_total") >= decided);
     assert!(sample(&body, "stageb_worker_prefill_tokens_total") > 0.0);
+    // Prefix reuse (issue 13 item 2): the scripted engine reports each rollout's common
+    // prefix with the one before, as the real engine's prefix cache does.
+    let lookups = sample(&body, "stageb_worker_prefix_cache_lookups_total");
+    let hits = sample(&body, "stageb_worker_prefix_cache_hits_total");
+    assert!(
+        lookups >= decided && hits > 0.0 && hits <= lookups,
+        "{hits} of {lookups}"
+    );
+    assert!(sample(&body, "stageb_worker_prefill_tokens_saved_total") > 0.0);
+    assert!(sample(&body, "stageb_worker_prefix_cache_bytes") > 0.0);
+    let reuse = &summary.runtime["prefix_cache"];
+    assert_eq!(reuse["rollouts"].as_f64(), Some(decided), "{reuse}");
+    let with_hit = reuse["rollouts_with_hit"].as_f64().unwrap();
+    assert!(with_hit > 0.0 && with_hit <= decided, "{reuse}");
+    assert_eq!(reuse["hit_rate"].as_f64(), Some(with_hit / decided));
+    let saved = reuse["prefill_tokens_saved"].as_u64().unwrap();
+    assert!(
+        saved > 0 && saved < reuse["prompt_tokens"].as_u64().unwrap(),
+        "{reuse}"
+    );
     assert!(body.contains("stageb_lease_wait_seconds_bucket{le=\"0.05\"}"));
     assert!(body.contains("stageb_reflection_calls_total{pass=\"decision\",outcome=\"parsed\"}"));
 

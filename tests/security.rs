@@ -198,6 +198,7 @@ async fn a_submit_for_a_lease_the_worker_does_not_hold_is_refused_and_not_writte
             finish_reason: "stop".into(),
         }],
         prompt_tokens: 3,
+        prefix_tokens: 0,
         prefill_us: 1,
         decode_us: 1,
     };

@@ -32,6 +32,7 @@ fn answer(seed: u64) -> JobOutput {
             finish_reason: "stop".into(),
         }],
         prompt_tokens: 3,
+        prefix_tokens: 0,
         prefill_us: 1,
         decode_us: 1,
     }

@@ -171,6 +171,16 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_journaled_before_prefix_tokens_existed_reads_as_no_reuse() {
+        let old = serde_json::json!({"kind": "rollout", "candidates": [], "prompt_tokens": 9,
+                                     "prefill_us": 1, "decode_us": 2});
+        match serde_json::from_value::<JobOutput>(old).unwrap() {
+            JobOutput::Rollout { prefix_tokens, .. } => assert_eq!(prefix_tokens, 0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn answers_round_trip_and_torn_rows_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(JOURNAL_FILE);
@@ -184,6 +194,7 @@ mod tests {
                 finish_reason: "stop".into(),
             }],
             prompt_tokens: 600,
+            prefix_tokens: 580,
             prefill_us: 1,
             decode_us: 2,
         };

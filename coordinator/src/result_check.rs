@@ -107,10 +107,17 @@ fn check_counters(output: &JobOutput) -> Result<(), String> {
         JobOutput::Rollout {
             candidates,
             prompt_tokens,
+            prefix_tokens,
             prefill_us,
             decode_us,
         } => {
             tokens("prompt_tokens", *prompt_tokens)?;
+            // A reused prefix always leaves the last prompt token to prefill.
+            if *prefix_tokens > 0 && *prefix_tokens >= *prompt_tokens {
+                return Err(format!(
+                    "prefix_tokens {prefix_tokens} is not below prompt_tokens {prompt_tokens}"
+                ));
+            }
             micros("prefill_us", *prefill_us)?;
             micros("decode_us", *decode_us)?;
             for c in candidates {

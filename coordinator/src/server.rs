@@ -161,6 +161,7 @@ fn decode_result(
                 })
                 .collect(),
             prompt_tokens: r.prompt_tokens,
+            prefix_tokens: r.prefix_tokens,
             prefill_us: r.prefill_us,
             decode_us: r.decode_us,
         })),

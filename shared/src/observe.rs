@@ -38,6 +38,10 @@ pub const WORKER_DECODE_RATE: &str = "stageb_worker_decode_tokens_per_second";
 pub const WORKER_PREFILL_RATE: &str = "stageb_worker_prefill_tokens_per_second";
 pub const WORKER_KV_CACHE: &str = "stageb_worker_kv_cache_bytes";
 pub const WORKER_JOB_DURATION: &str = "stageb_worker_job_duration_seconds";
+pub const WORKER_PREFIX_LOOKUPS: &str = "stageb_worker_prefix_cache_lookups_total";
+pub const WORKER_PREFIX_HITS: &str = "stageb_worker_prefix_cache_hits_total";
+pub const WORKER_PREFILL_SAVED: &str = "stageb_worker_prefill_tokens_saved_total";
+pub const WORKER_PREFIX_CACHE: &str = "stageb_worker_prefix_cache_bytes";
 
 /// Bucket bounds (seconds) for the latency histograms: a lease wait is milliseconds when work
 /// is queued, a real job seconds to minutes.
@@ -101,7 +105,10 @@ pub fn describe_all() {
         WORKER_JOBS,
         "Jobs a worker ran, by kind and outcome (ok, error, cancelled)."
     );
-    describe_counter!(WORKER_PREFILL_TOKENS, "Prompt tokens prefilled.");
+    describe_counter!(
+        WORKER_PREFILL_TOKENS,
+        "Prompt tokens prefilled (those reused from the prefix cache not counted)."
+    );
     describe_counter!(WORKER_DECODE_TOKENS, "Tokens generated.");
     describe_gauge!(
         WORKER_DECODE_RATE,
@@ -115,6 +122,23 @@ pub fn describe_all() {
         WORKER_KV_CACHE,
         Unit::Bytes,
         "Bytes of the KV cache the last job held at its peak."
+    );
+    describe_counter!(
+        WORKER_PREFIX_LOOKUPS,
+        "Rollouts that looked their prompt up in the worker's prefix cache."
+    );
+    describe_counter!(
+        WORKER_PREFIX_HITS,
+        "Rollouts whose prefill started from a reused prompt prefix."
+    );
+    describe_counter!(
+        WORKER_PREFILL_SAVED,
+        "Prompt tokens whose KV was reused from the prefix cache instead of prefilled."
+    );
+    describe_gauge!(
+        WORKER_PREFIX_CACHE,
+        Unit::Bytes,
+        "Bytes of prompt KV the worker's prefix cache holds."
     );
     describe_histogram!(
         WORKER_JOB_DURATION,

@@ -301,6 +301,9 @@ impl Script {
 pub struct ScriptedEngine {
     script: Arc<Script>,
     fingerprint: ModelFingerprint,
+    /// The previous rollout's user prompt: its common prefix with the next one is reported as
+    /// reused, the way the real engine's prefix cache reports (a runtime field only).
+    last_prompt: String,
 }
 
 impl ScriptedEngine {
@@ -314,6 +317,7 @@ impl ScriptedEngine {
                 device: "cpu".into(),
                 architecture: "scripted".into(),
             },
+            last_prompt: String::new(),
         }
     }
 }
@@ -362,6 +366,10 @@ impl Engine for ScriptedEngine {
         &self.fingerprint
     }
 
+    fn prefix_cache_bytes(&self) -> Option<u64> {
+        Some(self.last_prompt.len() as u64)
+    }
+
     fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
         let user = message(&request.messages, "user");
         let (rules, summaries) = parse_rollout_prompt(user);
@@ -398,9 +406,17 @@ impl Engine for ScriptedEngine {
                 });
             }
         }
+        let prompt_tokens = user.chars().count();
+        let shared = user
+            .chars()
+            .zip(self.last_prompt.chars())
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.last_prompt = user.to_string();
         Ok(RolloutOutput {
             candidates,
-            prompt_tokens: user.chars().count() as u32,
+            prompt_tokens: prompt_tokens as u32,
+            prefix_tokens: shared.min(prompt_tokens.saturating_sub(1)) as u32,
             prefill_us: 0,
             decode_us: 0,
         })

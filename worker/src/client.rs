@@ -260,6 +260,7 @@ async fn run_job<E: Engine + 'static>(
                             })
                             .collect(),
                         prompt_tokens: out.prompt_tokens,
+                        prefix_tokens: out.prefix_tokens,
                         prefill_us: out.prefill_us,
                         decode_us: out.decode_us,
                     }),
@@ -546,11 +547,11 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
             cancel.reset();
             let started = Instant::now();
             let result = run_job(engine, kind).await;
-            let kv_bytes = engine
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .last_kv_cache_bytes();
-            record_job_metrics(&result, started.elapsed(), kv_bytes);
+            let (kv_bytes, prefix_bytes) = {
+                let e = engine.lock().unwrap_or_else(|e| e.into_inner());
+                (e.last_kv_cache_bytes(), e.prefix_cache_bytes())
+            };
+            record_job_metrics(&result, started.elapsed(), kv_bytes, prefix_bytes);
             let cancelled =
                 matches!(&result, pb::submit_request::Result::Error(e) if e.code == "CANCELLED");
             if cancelled {
@@ -570,7 +571,13 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
 }
 
 /// The worker's Prometheus metrics for one job (see [`stageb_shared::observe`]).
-fn record_job_metrics(result: &pb::submit_request::Result, took: Duration, kv_bytes: u64) {
+/// `prefix_bytes`: what the engine's prefix store holds, `None` when it has none.
+fn record_job_metrics(
+    result: &pb::submit_request::Result,
+    took: Duration,
+    kv_bytes: u64,
+    prefix_bytes: Option<u64>,
+) {
     use pb::submit_request::Result as R;
     let (kind, outcome) = match result {
         R::Rollout(_) => ("rollout", "ok"),
@@ -588,9 +595,19 @@ fn record_job_metrics(result: &pb::submit_request::Result, took: Duration, kv_by
                 .iter()
                 .map(|c| c.completion_tokens as u64)
                 .sum();
-            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(r.prompt_tokens as u64);
+            // Reused prefix tokens were not prefilled: neither counted nor in the rate.
+            let prefilled = u64::from(r.prompt_tokens.saturating_sub(r.prefix_tokens));
+            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(prefilled);
             metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(decoded);
-            if let Some(v) = rate(r.prompt_tokens as u64, r.prefill_us) {
+            if prefix_bytes.is_some() {
+                metrics::counter!(observe::WORKER_PREFIX_LOOKUPS).increment(1);
+                if r.prefix_tokens > 0 {
+                    metrics::counter!(observe::WORKER_PREFIX_HITS).increment(1);
+                }
+                metrics::counter!(observe::WORKER_PREFILL_SAVED)
+                    .increment(u64::from(r.prefix_tokens));
+            }
+            if let Some(v) = rate(prefilled, r.prefill_us) {
                 metrics::gauge!(observe::WORKER_PREFILL_RATE).set(v);
             }
             if let Some(v) = rate(decoded, r.decode_us) {
@@ -605,6 +622,9 @@ fn record_job_metrics(result: &pb::submit_request::Result, took: Duration, kv_by
     }
     if kv_bytes > 0 {
         metrics::gauge!(observe::WORKER_KV_CACHE).set(kv_bytes as f64);
+    }
+    if let Some(b) = prefix_bytes {
+        metrics::gauge!(observe::WORKER_PREFIX_CACHE).set(b as f64);
     }
 }
 

@@ -262,3 +262,76 @@ fn a_position_gives_the_same_logits_however_the_prompt_is_split() {
         );
     }
 }
+
+/// Issue 13 item 4: the sampling prefilter draws the exhaustive sampler's token on the model's
+/// own logits (after a rollout prompt and after partial answers), for the grid's settings and
+/// others, with the repetition penalty over the prompt and with a constraint-like mask.
+#[test]
+fn the_sampling_prefilter_draws_what_the_exhaustive_sampler_draws_on_real_logits() {
+    use stageb_shared::seed::uniform_at;
+    use stageb_worker::constraint::AllowedTokens;
+    use stageb_worker::engine::sampler::{self, SamplingParams, Scratch, SeenTokens};
+
+    let mut engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    let prompt = engine
+        .render_prompt(&ticket("挡风板: 已安装, 螺丝齐全."))
+        .unwrap();
+    let mut rows = Vec::new();
+    for answer in [
+        "",
+        "Verdict:",
+        "Verdict: 通过\nReason:",
+        "Verdict: 不通过\nReason: 挡风板",
+    ] {
+        let ids = engine.encode(&format!("{prompt}{answer}")).unwrap();
+        rows.push(engine.prompt_logits(&ids).unwrap());
+    }
+    let vocab = rows[0].len();
+    let mut seen = SeenTokens::new(vocab);
+    for t in engine.encode(&prompt).unwrap() {
+        seen.insert(t);
+    }
+    // A reason-like mask: most tokens, not all.
+    let mut mask = AllowedTokens::none(vocab);
+    for id in (0..vocab as u32).filter(|i| i % 7 != 3) {
+        mask.allow(id);
+    }
+    let mut s = Scratch::default();
+    let (mut draws, mut distinct) = (0, std::collections::BTreeSet::new());
+    for (t, p, rp) in [
+        (0.3, 0.9, 1.05),
+        (0.7, 0.9, 1.05),
+        (0.7, 1.0, 1.0),
+        (1.2, 0.95, 1.3),
+    ] {
+        let params = SamplingParams {
+            temperature: t,
+            top_p: p,
+            repetition_penalty: rp,
+        };
+        for logits in &rows {
+            for allowed in [None, Some(&mask)] {
+                for k in 0..60 {
+                    let u = uniform_at(k, 9);
+                    let want = sampler::sample_exhaustive(
+                        logits,
+                        &params,
+                        Some(&seen),
+                        allowed,
+                        u,
+                        &mut s,
+                    );
+                    let got = sampler::sample(logits, &params, Some(&seen), allowed, u, &mut s);
+                    assert_eq!(got, want, "T={t} top_p={p} rep={rp} u={u}");
+                    draws += 1;
+                    distinct.insert(want);
+                }
+            }
+        }
+    }
+    assert!(
+        distinct.len() > 20,
+        "{draws} draws, {} tokens",
+        distinct.len()
+    );
+}

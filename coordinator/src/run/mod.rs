@@ -43,6 +43,9 @@ use crate::scheduler::{
 use crate::selection::{self, Selection, VoteCandidate};
 use crate::signals;
 
+mod prefix_reuse;
+use prefix_reuse::PrefixReuse;
+
 /// Ranks of the reference deployment (one 8-GPU node). A step is
 /// `per_rank_rollout_batch_size × REFERENCE_RANKS` tickets whatever the actual number of
 /// workers, so a run's decisions never depend on how many workers served it.
@@ -251,6 +254,8 @@ pub struct RunLoop {
     candidates_seen: u64,
     malformed: u64,
     hard_failures: u64,
+    /// Prompt prefill the workers' prefix caches saved (`runtime.prefix_cache`).
+    prefix_reuse: PrefixReuse,
     /// The token limits the run plans with, once its context is known.
     limits: Option<EffectiveLimits>,
 }
@@ -333,6 +338,7 @@ impl RunLoop {
             candidates_seen: 0,
             malformed: 0,
             hard_failures: 0,
+            prefix_reuse: PrefixReuse::default(),
             limits: None,
             inputs,
         })
@@ -431,6 +437,7 @@ impl RunLoop {
                 "finished_at": finished_at,
                 "elapsed_seconds": started.elapsed().as_secs_f64(),
                 "scheduler": self.scheduler.stats(),
+                "prefix_cache": self.prefix_reuse,
             }),
         };
         let path = self.dir.join(files::SUMMARY);
@@ -637,6 +644,17 @@ impl RunLoop {
     ) -> Result<TicketOutcome, RunError> {
         let ticket = at.ticket;
         let provenance = completion.provenance.clone();
+        if let (
+            Some(_),
+            Ok(JobOutput::Rollout {
+                prompt_tokens,
+                prefix_tokens,
+                ..
+            }),
+        ) = (&provenance, &completion.result)
+        {
+            self.prefix_reuse.add(*prompt_tokens, *prefix_tokens);
+        }
         let answer = RolloutAnswer::from_result(completion.result);
         let judged = self.judge_candidates(at, answer.texts)?;
 
@@ -860,10 +878,12 @@ impl RolloutAnswer {
             Ok(JobOutput::Rollout {
                 candidates,
                 prompt_tokens,
+                prefix_tokens,
                 prefill_us,
                 decode_us,
             }) => {
-                answer.timing = json!({"prompt_tokens": prompt_tokens, "prefill_us": prefill_us, "decode_us": decode_us});
+                answer.timing = json!({"prompt_tokens": prompt_tokens, "prefix_tokens": prefix_tokens,
+                                       "prefill_us": prefill_us, "decode_us": decode_us});
                 for c in candidates {
                     answer.texts.insert(
                         (c.decode_index, c.sample_index),

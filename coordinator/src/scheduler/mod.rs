@@ -70,6 +70,10 @@ pub enum JobOutput {
     Rollout {
         candidates: Vec<CandidateText>,
         prompt_tokens: u32,
+        /// Prompt tokens the worker reused from its prefix cache (journals written before
+        /// the field existed read as 0).
+        #[serde(default)]
+        prefix_tokens: u32,
         prefill_us: u64,
         decode_us: u64,
     },

@@ -32,6 +32,7 @@ fn output_for(seeds: &[u64]) -> JobOutput {
             })
             .collect(),
         prompt_tokens: 10,
+        prefix_tokens: 0,
         prefill_us: 1,
         decode_us: 1,
     }
@@ -267,6 +268,14 @@ async fn counters_past_their_bounds_are_refused_regression_u32_max_prompt_tokens
     }
     assert!(matches!(
         s.submit(&w, leases[0].0, Ok(huge)),
+        Err(SubmitError::Mismatch(_))
+    ));
+    let mut whole_prompt_reused = output_for(&[1]);
+    if let JobOutput::Rollout { prefix_tokens, .. } = &mut whole_prompt_reused {
+        *prefix_tokens = 10; // = prompt_tokens: no token was left to prefill
+    }
+    assert!(matches!(
+        s.submit(&w, leases[0].0, Ok(whole_prompt_reused)),
         Err(SubmitError::Mismatch(_))
     ));
     let mut odd = output_for(&[1]);

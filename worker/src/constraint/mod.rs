@@ -96,6 +96,11 @@ impl AllowedTokens {
         found
     }
 
+    /// The bitset: token `i` is bit `i % 32` of word `i / 32` (the sampler skips empty words).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
     pub fn from_words(words: Vec<u32>, len: usize) -> Self {
         AllowedTokens { words, len }
     }

@@ -2,8 +2,10 @@
 //!
 //! A job runs in a fixed schedule so its output depends only on the request:
 //! 1. render the messages with the model's chat template and tokenize (no extra specials);
-//! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0 (chunk
-//!    boundaries change CPU logits, so they are fixed, never derived from other work);
+//! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0 (on the
+//!    candle backend chunk boundaries change logits, so they are fixed, never derived from other
+//!    work; on the CPU fast path a position's logits depend only on the tokens up to it, so a
+//!    rollout may start after a prefix kept from an earlier prompt, [`super::prefix_cache`]);
 //! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
 //!    decode them as one batch; a finished row leaves the batch (CPU path) or keeps being fed a
 //!    pad token whose output is ignored (candle's lockstep path);
@@ -30,8 +32,11 @@ use stageb_shared::seed::uniform_at;
 use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
-use super::cpu_model::{CpuCache, CpuModel, Numerics, Slot, Workspace};
+use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
+use super::options::select_device;
+pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
+use super::prefix_cache::{self, PrefixStore};
 use super::sampler::{self, SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
@@ -59,84 +64,6 @@ const FINISH_LOOKAHEAD: usize = 64;
 /// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
 /// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
 pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAINED_NEW_TOKENS;
-
-/// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceSpec {
-    /// CPU, or `cuda:$LOCAL_RANK` when built with the `cuda` feature and a GPU exists.
-    #[default]
-    Auto,
-    Cpu,
-    Cuda(usize),
-}
-
-impl std::str::FromStr for DeviceSpec {
-    type Err = EngineError;
-
-    /// `auto`, `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
-    fn from_str(s: &str) -> Result<Self, EngineError> {
-        match s {
-            "auto" => Ok(DeviceSpec::Auto),
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" => Ok(DeviceSpec::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceSpec::Cuda)
-                .ok_or_else(|| {
-                    EngineError::InvalidRequest(format!("unknown device `{s}` (auto, cpu, cuda:N)"))
-                }),
-        }
-    }
-}
-
-/// How to load and run a model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineOptions {
-    pub device: DeviceSpec,
-    /// Compute threads; `None` = candle's default (RAYON_NUM_THREADS or the physical cores).
-    pub threads: Option<usize>,
-    /// Cap on prompt + generated tokens; `None`: the model's own context (its GGUF
-    /// `*.context_length` or `config.json` `max_position_embeddings`). More than the model
-    /// declares is refused.
-    pub max_context: Option<usize>,
-    /// GGUF only: keep the file's quantization or dequantize at load.
-    pub weight_format: WeightFormat,
-    /// The CPU fast path's matmul arithmetic (recorded in the fingerprint's dtype).
-    pub numerics: Numerics,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            device: DeviceSpec::Auto,
-            threads: None,
-            max_context: None,
-            weight_format: WeightFormat::Auto,
-            numerics: Numerics::default(),
-        }
-    }
-}
-
-fn select_device(spec: DeviceSpec) -> Result<Device, EngineError> {
-    let cuda =
-        |i: usize| Device::new_cuda(i).map_err(|e| EngineError::Model(format!("cuda:{i}: {e}")));
-    match spec {
-        DeviceSpec::Cpu => Ok(Device::Cpu),
-        DeviceSpec::Cuda(i) => cuda(i),
-        DeviceSpec::Auto => {
-            if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() {
-                let rank = std::env::var("LOCAL_RANK")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                cuda(rank)
-            } else {
-                Ok(Device::Cpu)
-            }
-        }
-    }
-}
 
 /// The model behind an engine.
 pub enum Backend {
@@ -193,6 +120,8 @@ pub struct CandleEngine {
     cancel: CancelFlag,
     /// KV-cache bytes the last job held at its peak ([`Engine::last_kv_cache_bytes`]).
     last_kv_bytes: u64,
+    /// Recent rollout prompts' KV (CPU fast path; empty budget elsewhere).
+    prefix: PrefixStore<CpuCache>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -298,6 +227,7 @@ impl CandleEngine {
             None => load()?,
         };
         engine.pool = pool;
+        engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
     }
 
@@ -432,7 +362,17 @@ impl CandleEngine {
             ignore_eos: false,
             fast_forward: true,
             forced_tokens: 0,
+            prefix: PrefixStore::new(0),
         })
+    }
+
+    /// Replaces the prompt-prefix store with an empty one of `bytes` (0 = off). Only the CPU
+    /// fast path reuses prefixes: on the candle backend chunk boundaries change logits, and
+    /// reusing only at [`PREFILL_CHUNK`] multiples would rarely hit prompts of a few hundred
+    /// tokens, so it keeps none.
+    pub fn set_prefix_cache_bytes(&mut self, bytes: usize) {
+        let on = matches!(self.model, Backend::Cpu(_));
+        self.prefix = PrefixStore::new(if on { bytes } else { 0 });
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -507,12 +447,33 @@ impl CandleEngine {
     /// compare the loaders and both compute paths against an independent reference forward.
     #[doc(hidden)]
     pub fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.run_pooled(|eng| eng.prefill(prompt).map(|(logits, _)| logits))
+        self.run_pooled(|eng| eng.prefill(prompt, false).map(|(logits, ..)| logits))
+    }
+
+    /// The same logits through the prefix store, as a rollout's prefill: the store's longest
+    /// match is reused and the prompt kept afterwards. Also returns the positions reused.
+    #[doc(hidden)]
+    pub fn prompt_logits_reusing(
+        &mut self,
+        prompt: &[u32],
+    ) -> Result<(Vec<f32>, usize), EngineError> {
+        self.run_pooled(|eng| {
+            let (logits, cache, reused) = eng.prefill(prompt, true)?;
+            if let DecodeCache::Cpu(c) = cache {
+                prefix_cache::keep(&mut eng.prefix, prompt, c);
+            }
+            Ok((logits, reused))
+        })
     }
 
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
-    /// [`PREFILL_CHUNK`] from position 0), and the prompt's cache.
-    fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, DecodeCache), EngineError> {
+    /// [`PREFILL_CHUNK`] from position 0), the prompt's cache, and the leading positions
+    /// copied from the prefix store (`reuse`: rollouts on the CPU fast path).
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        reuse: bool,
+    ) -> Result<(Vec<f32>, DecodeCache, usize), EngineError> {
         let me = |e: candle_core::Error| EngineError::Model(e.to_string());
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("empty prompt".into()));
@@ -532,24 +493,14 @@ impl CandleEngine {
                     .squeeze(0)
                     .and_then(|t| t.to_vec1::<f32>())
                     .map_err(me)?;
-                Ok((v, DecodeCache::Candle(Some(cache))))
+                Ok((v, DecodeCache::Candle(Some(cache)), 0))
             }
             Backend::Cpu(model) => {
-                let mut cache = model.new_cache(prompt.len());
-                let mut logits = Vec::new();
-                for chunk in prompt.chunks(PREFILL_CHUNK) {
-                    let slots = vec![Slot::Shared; chunk.len()];
-                    logits = model
-                        .forward(
-                            chunk,
-                            &slots,
-                            &mut cache,
-                            chunk.len() - 1,
-                            &mut self.workspace,
-                        )
+                let store = (reuse && self.prefix.enabled()).then_some(&mut self.prefix);
+                let (logits, cache, reused) =
+                    prefix_cache::cpu_prefill(model, prompt, store, &mut self.workspace)
                         .map_err(EngineError::Model)?;
-                }
-                Ok((logits, DecodeCache::Cpu(cache)))
+                Ok((logits, DecodeCache::Cpu(cache), reused))
             }
         }
     }
@@ -650,8 +601,15 @@ impl CandleEngine {
         }
     }
 
-    /// Prefills `prompt` once and decodes every row in one lockstep batch.
-    fn run_rows(&mut self, prompt: &[u32], rows: &mut [Row]) -> Result<(u64, u64), EngineError> {
+    /// Prefills `prompt` once and decodes every row in one lockstep batch. Returns the prefill
+    /// and decode times (µs) and the prompt positions reused from the prefix store (`reuse`:
+    /// look the prompt up there, and keep it there afterwards).
+    fn run_rows(
+        &mut self,
+        prompt: &[u32],
+        rows: &mut [Row],
+        reuse: bool,
+    ) -> Result<(u64, u64, usize), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         // The prompt's positions once, then each row's own (f32 keys and values per layer).
         let c = self.model.config();
@@ -671,10 +629,10 @@ impl CandleEngine {
             });
         }
         let t0 = Instant::now();
-        let (first_logits, mut cache) = self.prefill(prompt)?;
+        let (first_logits, mut cache, reused) = self.prefill(prompt, reuse)?;
         let prefill_us = t0.elapsed().as_micros() as u64;
         if rows.is_empty() || max_new == 0 {
-            return Ok((prefill_us, 0));
+            return Ok((prefill_us, 0, reused));
         }
         let t1 = Instant::now();
         let vocab = self.model.config().vocab_size;
@@ -726,7 +684,10 @@ impl CandleEngine {
                 r.finish = Some(FinishReason::Length);
             }
         }
-        Ok((prefill_us, t1.elapsed().as_micros() as u64))
+        if let (true, DecodeCache::Cpu(c)) = (reuse, cache) {
+            prefix_cache::keep(&mut self.prefix, prompt, c);
+        }
+        Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }
 
     /// Samples one token for `row` and advances its state. `None` when the row ended without
@@ -988,6 +949,10 @@ impl Engine for CandleEngine {
     fn last_kv_cache_bytes(&self) -> u64 {
         self.last_kv_bytes
     }
+
+    fn prefix_cache_bytes(&self) -> Option<u64> {
+        self.prefix.enabled().then_some(self.prefix.bytes() as u64)
+    }
 }
 
 impl CandleEngine {
@@ -1032,7 +997,8 @@ impl CandleEngine {
                 ids.push((d.decode_index, i as u32));
             }
         }
-        let (prefill_us, decode_us) = self.run_rows(&prompt, &mut rows)?;
+        // Rollouts of a step share their head (system prompt, mission, guidance): reuse it.
+        let (prefill_us, decode_us, reused) = self.run_rows(&prompt, &mut rows, true)?;
         let mut candidates = Vec::with_capacity(rows.len());
         for (row, (decode_index, sample_index)) in rows.iter().zip(ids) {
             candidates.push(CandidateOutput {
@@ -1047,6 +1013,7 @@ impl CandleEngine {
         Ok(RolloutOutput {
             candidates,
             prompt_tokens: prompt.len() as u32,
+            prefix_tokens: reused as u32,
             prefill_us,
             decode_us,
         })
@@ -1080,7 +1047,9 @@ impl CandleEngine {
             finish: None,
             next_allowed: None,
         }];
-        self.run_rows(&prompt, &mut rows)?;
+        // Reflection prompts are long and rare: kept out of the store, they would evict the
+        // rollouts' shared heads.
+        self.run_rows(&prompt, &mut rows, false)?;
         let row = &rows[0];
         Ok(GenerateOutput {
             text: self.row_text(row)?,

@@ -996,7 +996,10 @@ mod tests {
         b[17] = f32::NAN;
         let (ma, mb) = (scale_max(&mut a, 0.125), scale_max_impl(&mut b, 0.125));
         assert_eq!(ma.to_bits(), mb.to_bits());
-        assert_eq!(ma, xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max) * 0.125);
+        assert_eq!(
+            ma,
+            xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max) * 0.125
+        );
         assert_eq!(a[..17], b[..17]);
         let z = exp_sub(&mut v, 0.0);
         let zr = exp_sub_impl(&mut r, 0.0);

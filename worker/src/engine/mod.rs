@@ -17,12 +17,17 @@ pub mod cpu_model;
 pub mod gguf;
 pub mod int8;
 pub mod kernels;
+pub mod options;
+pub mod prefix_cache;
 pub mod safetensors;
 pub mod sampler;
+pub mod sampler_prefilter;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use candle_engine::{CandleEngine, DeviceSpec, EngineOptions, declared_context};
+pub use candle_engine::{
+    CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
+};
 pub use cpu_model::Numerics;
 pub use gguf::WeightFormat;
 pub use int8::KernelChoice;
@@ -74,6 +79,8 @@ pub struct RolloutOutput {
     /// In request order: decode by decode, sample by sample.
     pub candidates: Vec<CandidateOutput>,
     pub prompt_tokens: u32,
+    /// Leading prompt tokens whose KV came from the prefix store instead of a prefill.
+    pub prefix_tokens: u32,
     pub prefill_us: u64,
     pub decode_us: u64,
 }
@@ -211,5 +218,10 @@ pub trait Engine: Send {
     /// Bytes of KV cache the last job reserved (a metric; 0 where unknown).
     fn last_kv_cache_bytes(&self) -> u64 {
         0
+    }
+    /// Bytes the prompt-prefix store holds, `None` when the engine has none (off, or a
+    /// backend without prefix reuse): a metric.
+    fn prefix_cache_bytes(&self) -> Option<u64> {
+        None
     }
 }

@@ -55,22 +55,40 @@ impl SeenTokens {
 /// Reusable buffers (one per engine), so a step allocates nothing.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    cand: Vec<(f64, u32)>,
-    cum: Vec<f64>,
+    pub(super) cand: Vec<(f64, u32)>,
+    pub(super) cum: Vec<f64>,
 }
 
 /// First size of the partially sorted prefix; doubled until the top-p cut (or the draw) lies in it.
-const FIRST_PREFIX: usize = 64;
+pub(super) const FIRST_PREFIX: usize = 64;
 
 /// Desc by weight, then asc by id: a total order, so selection and sorting are deterministic.
-fn by_weight_then_id(a: &(f64, u32), b: &(f64, u32)) -> Ordering {
+pub(super) fn by_weight_then_id(a: &(f64, u32), b: &(f64, u32)) -> Ordering {
     b.0.partial_cmp(&a.0)
         .unwrap_or(Ordering::Equal)
         .then(a.1.cmp(&b.1))
 }
 
 /// Picks the next token, or `None` when the mask leaves no token with a finite logit.
+///
+/// The same token as [`sample_exhaustive`] always (see [`super::sampler_prefilter`]): the
+/// prefilter answers when it can prove the exhaustive answer from the tokens near the maximum,
+/// and the exhaustive path answers otherwise.
 pub fn sample(
+    logits: &[f32],
+    params: &SamplingParams,
+    seen: Option<&SeenTokens>,
+    allowed: Option<&AllowedTokens>,
+    u: f64,
+    scratch: &mut Scratch,
+) -> Option<u32> {
+    super::sampler_prefilter::sample(logits, params, seen, allowed, u, scratch)
+        .or_else(|| sample_exhaustive(logits, params, seen, allowed, u, scratch))
+}
+
+/// The sampler of record: every allowed token's weight, summed over the whole vocabulary.
+/// [`sample`] gives the same tokens faster.
+pub fn sample_exhaustive(
     logits: &[f32],
     params: &SamplingParams,
     seen: Option<&SeenTokens>,

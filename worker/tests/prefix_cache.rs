@@ -1,0 +1,133 @@
+//! Prompt-prefix KV reuse on the real demo model (SmolLM2-135M-Instruct Q4_1, CPU fast path):
+//! a prefill that starts from a stored prefix gives the same bits as one from position 0.
+//!
+//! Three tickets share a long system prompt (longer than one prefill chunk, so the reused
+//! prefix ends past a chunk boundary) and differ in their user message: a short one (fewer
+//! than 16 tokens left to prefill, the matmul's small-batch path), and a long one (more than
+//! 512 tokens left, crossing the next chunk boundary). One engine serves every case, with the
+//! store off for the references and on for the rest.
+
+mod common;
+use common::model_path;
+
+use stageb_shared::domain::ChatMessage;
+use stageb_worker::engine::{
+    CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DecodeRequest, Engine, EngineOptions, RolloutRequest,
+};
+
+/// A system prompt of ~540 tokens: mission, rules and format, as rank 0 sends them.
+fn system() -> String {
+    let mut s = String::from("你是通信机房质检助手。根据图片摘要判断这一组是否通过质检任务。\n");
+    for i in 0..15 {
+        s.push_str(&format!(
+            "[G{i}]. Rule {i}: the windshield panel must be installed, clips 4/4, gap under {i} mm.\n"
+        ));
+    }
+    s.push_str("输出两行：Verdict: 通过 或 Verdict: 不通过；Reason: 一句话。");
+    s
+}
+
+fn messages(user: &str) -> Vec<ChatMessage> {
+    vec![ChatMessage::system(system()), ChatMessage::user(user)]
+}
+
+fn long_user() -> String {
+    (1..=16)
+        .map(|i| format!("{i}. 挡风板/显示完整, clips {i}/4 present, gap {i}mm.\n"))
+        .collect()
+}
+
+fn rollout(user: &str) -> RolloutRequest {
+    RolloutRequest {
+        messages: messages(user),
+        decodes: vec![
+            DecodeRequest {
+                decode_index: 0,
+                temperature: 0.7,
+                top_p: 0.9,
+                repetition_penalty: 1.05,
+                max_new_tokens: 12,
+                seeds: vec![5, 6],
+            },
+            DecodeRequest {
+                decode_index: 1,
+                temperature: 0.0,
+                top_p: 1.0,
+                repetition_penalty: 1.0,
+                max_new_tokens: 12,
+                seeds: vec![7],
+            },
+        ],
+        constrained: false,
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn a_prefix_from_the_store_changes_no_bit_of_logits_or_candidates() {
+    let mut engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    let users = [
+        "1. 挡风板已安装, 4个卡扣到位.\n请给出结论。".to_string(),
+        "无".to_string(),
+        long_user(),
+    ];
+    let prompts: Vec<Vec<u32>> = users
+        .iter()
+        .map(|u| {
+            let text = engine.render_prompt(&messages(u)).unwrap();
+            engine.encode(&text).unwrap()
+        })
+        .collect();
+
+    engine.set_prefix_cache_bytes(0);
+    assert_eq!(engine.prefix_cache_bytes(), None, "off");
+    let reference_logits: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| bits(&engine.prompt_logits(p).unwrap()))
+        .collect();
+    // Rollouts of the short and the long tail (the first prompt only fills the store).
+    let reference_rollouts: Vec<_> = users[1..]
+        .iter()
+        .map(|u| engine.rollout(&rollout(u)).unwrap())
+        .collect();
+    assert!(reference_rollouts.iter().all(|r| r.prefix_tokens == 0));
+
+    // Logits: the first prompt fills the store, the others start from its prefix.
+    engine.set_prefix_cache_bytes(DEFAULT_PREFIX_CACHE_BYTES);
+    let mut reused = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let (logits, n) = engine.prompt_logits_reusing(p).unwrap();
+        assert_eq!(bits(&logits), reference_logits[i], "prompt {i} logits");
+        reused.push(n);
+    }
+    let (short_tail, long_tail) = (prompts[1].len() - reused[1], prompts[2].len() - reused[2]);
+    assert_eq!(reused[0], 0, "an empty store");
+    assert!(reused[1] > 512, "the prefix ends past a chunk: {reused:?}");
+    assert!(short_tail < 16, "small-batch tail: {short_tail}");
+    assert!(long_tail > 512, "a tail over a chunk: {long_tail}");
+    // The same prompt again: everything but its last token comes from the store.
+    let (logits, n) = engine.prompt_logits_reusing(&prompts[2]).unwrap();
+    assert_eq!(
+        (n, bits(&logits)),
+        (prompts[2].len() - 1, reference_logits[2].clone())
+    );
+
+    // Rollouts through the warm store: the same candidates, bit for bit in their tokens.
+    for (i, u) in users[1..].iter().enumerate() {
+        let out = engine.rollout(&rollout(u)).unwrap();
+        assert!(out.prefix_tokens > 512, "rollout {i} reused its head");
+        assert_eq!(
+            out.candidates, reference_rollouts[i].candidates,
+            "rollout {i}"
+        );
+        assert_eq!(out.prompt_tokens, reference_rollouts[i].prompt_tokens);
+    }
+    let held = engine.prefix_cache_bytes().unwrap();
+    assert!(
+        held > 0 && held <= DEFAULT_PREFIX_CACHE_BYTES as u64,
+        "{held}"
+    );
+}
