@@ -340,6 +340,8 @@ fn spawn_worker(port: u16, log: &Path) -> Proc {
             .arg(model_path())
             .env_remove("STAGEB_TOKEN")
             .env_remove("STAGEB_TOKEN_FILE")
+            // `job leased` is a debug line: the fault test strikes on it.
+            .env("RUST_LOG", "info,stageb_worker=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -382,34 +384,31 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
             .spawn()
             .unwrap(),
     );
-    // Forward the coordinator's log to a file and watch it for the moment to strike.
+    // Forward the coordinator's log to a file.
     let stderr = coordinator.0.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
     let log_path = coordinator_log.clone();
     std::thread::spawn(move || {
         let mut file = std::fs::File::create(log_path).unwrap();
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             use std::io::Write;
             let _ = writeln!(file, "{line}");
-            let _ = tx.send(line);
         }
     });
-    let mut victim = spawn_worker(port, &tmp.path().join("victim.log"));
+    let victim_log = tmp.path().join("victim.log");
+    let mut victim = spawn_worker(port, &victim_log);
     let survivor = spawn_worker(port, &tmp.path().join("survivor.log"));
 
-    // Strike once both workers registered and had time to take leases (each ticket takes
-    // seconds on this model, so both are mid-ticket).
+    // Strike while the victim holds a lease: right after it logs `job leased` (a ticket takes
+    // far longer than the 20 ms poll; a fixed sleep raced the int8 engine, which finished the
+    // whole mission first).
     let deadline = Instant::now() + Duration::from_secs(300);
-    let mut registered = 0;
-    while registered < 2 {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("workers never registered");
-        if line.contains("worker registered") {
-            registered += 1;
-        }
+    while !std::fs::read_to_string(&victim_log)
+        .unwrap_or_default()
+        .contains("job leased")
+    {
+        assert!(Instant::now() < deadline, "the victim never took a lease");
+        std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_secs(4));
     victim.0.kill().unwrap(); // SIGKILL
     let _ = victim.0.wait();
     // The rest of the run: at most a lease TTL plus the remaining tickets on one worker.

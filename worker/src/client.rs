@@ -545,6 +545,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
             let Some(kind) = job.kind else { continue };
             shared.held().insert(job.lease_id);
             cancel.reset();
+            tracing::debug!(lease = job.lease_id, "job leased");
             let started = Instant::now();
             let result = run_job(engine, kind).await;
             let (kv_bytes, prefix_bytes) = {
