@@ -8,7 +8,7 @@
 # (one epoch, reflection off, 0 ms jobs: rank 0 as fast as it goes).
 #
 # usage: scripts/bench-resume.sh [--tickets 100000] [--kill-at 0.9] [--workers 100]
-#          [--step-tickets 1000] [--out DIR]
+#          [--step-tickets 1000] [--out DIR] [--profile release|dev]
 # STAGEB_BEFORE=PATH also measures another coordinator build (e.g. one without journal
 # compaction) with the same harness, as the "before" row.
 set -euo pipefail
@@ -19,6 +19,7 @@ KILL_AT=0.9
 WORKERS=100
 STEP=1000
 OUT="$ROOT/.cache/bench-resume"
+PROFILE=release
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tickets) TICKETS=$2; shift 2 ;;
@@ -26,6 +27,7 @@ while [[ $# -gt 0 ]]; do
         --workers) WORKERS=$2; shift 2 ;;
         --step-tickets) STEP=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
+        --profile) PROFILE=$2; shift 2 ;;
         -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -37,9 +39,14 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-LOADGEN="$ROOT/target/release/examples/loadgen"
+case "$PROFILE" in
+    release) PROFILE_DIR=release; PROFILE_FLAG=(--release) ;;
+    dev) PROFILE_DIR=debug; PROFILE_FLAG=() ;;
+    *) echo "--profile must be release or dev, not $PROFILE" >&2; exit 2 ;;
+esac
+LOADGEN="$ROOT/target/$PROFILE_DIR/examples/loadgen"
 RESULTS="$OUT/results.jsonl"
-(cd "$ROOT" && cargo build --release --bin stageb --example loadgen)
+(cd "$ROOT" && cargo build "${PROFILE_FLAG[@]}" --bin stageb --example loadgen)
 mkdir -p "$OUT"
 : >"$RESULTS"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$OUT/token"
@@ -53,7 +60,7 @@ free_port() {
 }
 
 # The run directory under $1 (output root/run name/mission).
-run_dir_of() { find "$1" -name manifest.json -printf '%h\n' 2>/dev/null | head -n1; }
+run_dir_of() { find "$1" -name manifest.json -printf '%h\n' 2>/dev/null | head -n1 || true; }
 
 rows() { [[ -f "$1" ]] && wc -l <"$1" || echo 0; }
 
@@ -111,7 +118,7 @@ EOF
 }
 
 [[ -n "${STAGEB_BEFORE:-}" ]] && measure before "$STAGEB_BEFORE"
-measure after "$ROOT/target/release/stageb"
+measure after "$ROOT/target/$PROFILE_DIR/stageb"
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$RESULTS" "$TICKETS" <<'EOF'
 import json, sys
