@@ -561,6 +561,9 @@ fn report(opts: &Opts, ends: &[End], mut stats: Stats, wall: Duration) -> Value 
         "jobs_fenced": stats.fenced,
         "jobs_abandoned": stats.abandoned,
         "busy_s": stats.busy_s(),
+        // From this process's start to the first job leased (scripts/bench-resume.sh starts
+        // the load generator with rank 0: this is rank 0's time to its first lease).
+        "first_job_s": stats.first_job_us.map(|us| us as f64 / 1e6),
         "jobs_per_s": stats.accepted as f64 / stats.busy_s().max(1e-9),
         "lease_wait_ms": {"p50": percentile_ms(&stats.lease_wait_us, 50.0),
                           "p99": percentile_ms(&stats.lease_wait_us, 99.0),

@@ -7,12 +7,19 @@
 # pass, the artifacts must equal an uninterrupted reference run's (runtime fields aside,
 # scripts/lib/compare_runs.py) and no selection row may be lost or duplicated.
 #
+# --real-model: the same soak with real `stageb worker` processes running the real model
+# (SmolLM2-135M, one thread each) instead of load generators: a small mission (24 tickets, 2
+# epochs, 2 workers), a few faults spaced seconds apart (3 worker SIGKILLs, 1 pause past the
+# lease TTL, 2 rank 0 SIGKILLs + --resume), compared with an uninterrupted real-model run.
+# A few minutes on 2 cores; not in CI. Dev profile: the engine and its dependencies are built
+# at opt-level 3 in it anyway (Cargo.toml), and CI has it built already.
+#
 # Seeded (--seed): the same seed injects the same faults in the same order at the same
 # offsets, so a failing soak can be replayed (process timing still varies).
 #
 # usage: scripts/soak.sh [--quick] [--seed S] [--tickets T] [--epochs E] [--procs P]
 #          [--workers-per-proc W] [--worker-kills K] [--pauses P] [--rank0-kills R] [--out DIR]
-#          [--profile release|dev]
+#          [--profile release|dev] [--real-model [--model GGUF]]
 # --quick is the CI variant (about a minute) and uses the dev profile, which CI has built for
 # the tests already (a release build would add a quarter of an hour to CI); the full soak
 # uses release binaries.
@@ -31,6 +38,14 @@ WANT_RANK0_KILLS=50
 OUT="$ROOT/.cache/soak"
 TTL=2
 PROFILE=release
+STEP=64
+# Faults come every FAULT_MIN_MS + [0, FAULT_SPAN_MS) ms.
+FAULT_MIN_MS=50
+FAULT_SPAN_MS=750
+REAL=0
+FAULT_EVERY_ROWS=0
+LAST_FAULT_ROWS=0
+MODEL="${STAGEB_MODEL:-$ROOT/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --quick) TICKETS=400; EPOCHS=2; WANT_WORKER_KILLS=10; WANT_PAUSES=3; WANT_RANK0_KILLS=5; PROFILE=dev; shift ;;
@@ -44,7 +59,11 @@ while [[ $# -gt 0 ]]; do
         --pauses) WANT_PAUSES=$2; shift 2 ;;
         --rank0-kills) WANT_RANK0_KILLS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        --real-model) REAL=1; TICKETS=24; EPOCHS=2; PROCS=2; PER_PROC=1; WANT_WORKER_KILLS=3
+            WANT_PAUSES=1; WANT_RANK0_KILLS=2; TTL=4; STEP=8; FAULT_MIN_MS=0; FAULT_SPAN_MS=3000; FAULT_EVERY_ROWS=6
+            PROFILE=dev; OUT="$ROOT/.cache/soak-real"; shift ;;
+        --model) MODEL=$2; shift 2 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -66,20 +85,27 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null || true
     done
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# Exit after cleaning up: a trap that returns would let the soak loop restart what it killed.
+trap 'cleanup; exit 130' INT TERM
 
 log() { echo "soak[$(date +%T)] $*" >&2; }
 
 setup() {
     (cd "$ROOT" && cargo build "${PROFILE_FLAG[@]}" --bin stageb --example loadgen)
     rm -rf "$OUT"; mkdir -p "$OUT"
+    local real=()
+    if ((REAL)); then
+        [[ -f "$MODEL" ]] || { echo "model $MODEL not found: run scripts/fetch-model.sh" >&2; exit 2; }
+        real=(--real-model "$MODEL")
+    fi
     python3 "$ROOT/examples/demo/generate.py" --seed 20260101 --tickets "$TICKETS" --out "$OUT/mission" >&2
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/token"
     local name
     for name in reference soak; do
         python3 "$ROOT/scripts/lib/cluster_config.py" "$OUT/$name.yaml" --stage-a "$OUT/mission/stage_a.jsonl" \
-            --root "$OUT/$name" --run-name soak --step-tickets 64 --epochs "$EPOCHS" --reflection on \
-            --ttl "$TTL" --heartbeat 1
+            --root "$OUT/$name" --run-name soak --step-tickets "$STEP" --epochs "$EPOCHS" --reflection on \
+            --ttl "$TTL" --heartbeat 1 "${real[@]}"
     done
     PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     METRICS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -91,10 +117,28 @@ reference() {
     "$STAGEB" coordinator --config "$OUT/reference.yaml" --listen "127.0.0.1:$PORT" \
         --token-file "$OUT/token" >"$OUT/reference-rank0.log" 2>&1 &
     RANK0=$!
-    "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers $((PROCS * PER_PROC)) \
-        --latency "fixed:5" --seed "$SEED" >"$OUT/reference-loadgen.json" 2>>"$OUT/reference-loadgen.log"
-    wait "$RANK0"
+    if ((REAL)); then
+        local i
+        for ((i = 0; i < PROCS; i++)); do
+            real_worker >>"$OUT/reference-workers.log" 2>&1 &
+            WORKERS[i]=$!
+        done
+        wait "$RANK0"
+        for i in "${!WORKERS[@]}"; do wait "${WORKERS[i]}" 2>/dev/null || true; done
+        WORKERS=()
+    else
+        "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers $((PROCS * PER_PROC)) \
+            --latency "fixed:5" --seed "$SEED" >"$OUT/reference-loadgen.json" 2>>"$OUT/reference-loadgen.log"
+        wait "$RANK0"
+    fi
     RANK0=""
+}
+
+# One real worker (--real-model): the real model on one compute thread. `exec`: started in the
+# background, the function's subshell *becomes* the worker, so its PID is the one SIGKILLed.
+real_worker() {
+    exec "$STAGEB" worker --coordinator "127.0.0.1:$PORT" --model "$MODEL" \
+        --token-file "$OUT/token" --threads 1 --reconnect-timeout-s 60
 }
 
 start_rank0() {
@@ -109,6 +153,11 @@ start_rank0() {
 
 start_worker() {
     local i=$1
+    if ((REAL)); then
+        real_worker >>"$OUT/soak-worker-$i.log" 2>&1 &
+        WORKERS[i]=$!
+        return
+    fi
     "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers "$PER_PROC" \
         --latency "$LATENCY" --seed $((SEED * 1000 + i)) --reconnect-s 60 --name "soak$i" \
         >>"$OUT/soak-loadgen-$i.json" 2>>"$OUT/soak-loadgen.log" &
@@ -161,14 +210,33 @@ fault_rank0_kill() {
     start_rank0
 }
 
-# One random fault among those still wanted, after a random delay (50..800 ms).
+# Selection rows the soak run has written so far.
+decided() {
+    local f
+    f=$(find "$OUT/soak" -name selections.jsonl 2>/dev/null | head -n1)
+    [[ -n "$f" ]] && wc -l <"$f" || echo 0
+}
+
+# --real-model: a real run is slow, so faults are spread over its progress rather than its
+# first seconds: each waits for FAULT_EVERY_ROWS more decided tickets (or rank 0's end).
+await_progress() {
+    ((REAL)) || return 0
+    while (($(decided) < LAST_FAULT_ROWS + FAULT_EVERY_ROWS)) && kill -0 "$RANK0" 2>/dev/null; do
+        revive_workers
+        sleep 1
+    done
+    LAST_FAULT_ROWS=$(decided)
+}
+
+# One random fault among those still wanted, after a random delay (FAULT_MIN_MS ms and up).
 inject_one() {
     local wants=()
     ((WORKER_KILLS < WANT_WORKER_KILLS)) && wants+=(fault_worker_kill)
     ((PAUSES < WANT_PAUSES)) && wants+=(fault_pause)
     ((RANK0_KILLS < WANT_RANK0_KILLS)) && wants+=(fault_rank0_kill)
-    local delay=$((50 + RANDOM % 750))
-    sleep "0.$(printf '%03d' "$delay")"
+    ((${#wants[@]} > 0)) && await_progress
+    local delay=$((FAULT_MIN_MS + RANDOM % FAULT_SPAN_MS))
+    sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
     ((${#wants[@]} > 0)) || return 0
     "${wants[RANDOM % ${#wants[@]}]}"
 }

@@ -18,6 +18,8 @@ pub struct JsonlWriter {
     path: PathBuf,
     file: File,
     rows: u64,
+    /// Bytes in the file (what a step checkpoint weighs the journal by).
+    bytes: u64,
 }
 
 impl JsonlWriter {
@@ -32,6 +34,7 @@ impl JsonlWriter {
             path: path.to_path_buf(),
             file,
             rows: 0,
+            bytes: 0,
         })
     }
 
@@ -40,6 +43,7 @@ impl JsonlWriter {
     /// rows the file holds.
     pub fn open_resume(path: &Path) -> io::Result<Self> {
         let mut rows = 0u64;
+        let mut kept = 0u64;
         if path.exists() {
             let bytes = fs::read(path)?;
             let keep = match bytes.iter().rposition(|b| *b == b'\n') {
@@ -53,12 +57,14 @@ impl JsonlWriter {
                 f.sync_all()?;
             }
             rows = bytes[..keep].iter().filter(|b| **b == b'\n').count() as u64;
+            kept = keep as u64;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(JsonlWriter {
             path: path.to_path_buf(),
             file,
             rows,
+            bytes: kept,
         })
     }
 
@@ -67,6 +73,7 @@ impl JsonlWriter {
         line.push(b'\n');
         self.file.write_all(&line)?;
         self.rows += 1;
+        self.bytes += line.len() as u64;
         Ok(())
     }
 
@@ -77,6 +84,10 @@ impl JsonlWriter {
 
     pub fn rows(&self) -> u64 {
         self.rows
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     pub fn path(&self) -> &Path {

@@ -11,10 +11,11 @@
 //! nothing.
 
 use crate::guidance::RuleKey;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One rule as feedback refers to it: its key and the key's generation at that time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RuleRef {
     pub key: RuleKey,
     pub generation: u64,
@@ -22,15 +23,15 @@ pub struct RuleRef {
 
 /// Hit/miss feedback a gradient ticket owes the rules that were active when it was decided;
 /// committed only if the ticket ends up a contributor.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingFeedback {
     pub rules: Vec<RuleRef>,
     pub label_match: bool,
 }
 
 /// Generations of keys, the rules of the last applied reflection, and the immediate feedback
-/// of stable tickets waiting for the step's end.
-#[derive(Debug, Clone, Default)]
+/// of stable tickets waiting for the step's end. Serialized in the step checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct FeedbackLedger {
     generations: BTreeMap<RuleKey, u64>,
     last_applied: Vec<RuleRef>,

@@ -2,13 +2,18 @@
 //! job that produced it. It is what makes `--resume` exact.
 //!
 //! A run is a deterministic function of its inputs and of the model's answers: the epoch order,
-//! the prompts, the seeds, every selection and every guidance edit follow from them. So rank 0
-//! never saves its in-memory state (reflection buffers, budgets, windows). A resumed run starts
-//! over from epoch 1 with the same inputs. The scheduler answers each job whose payload digest
-//! is in the journal at once (a *replay*) and leases the rest to workers. The replayed prefix
+//! the prompts, the seeds, every selection and every guidance edit follow from them. A resumed
+//! run starts from the last step checkpoint ([`crate::checkpoint`]), or from epoch 1 when
+//! there is none, with the same inputs. The scheduler answers each job whose payload digest
+//! is in the journal at once (a *replay*) and leases the rest to workers. The replayed part
 //! rewrites the same artifacts the crashed run wrote, and the run carries on where it stopped.
 //! The result equals an uninterrupted run, whatever the crash point: mid-step, mid-reflection,
 //! or between two writes.
+//!
+//! The journal is bounded: once a checkpoint covers a step boundary, no later job can ask for
+//! an answer given before it, so the journal is emptied ([`Journal::restart`]). Its size and
+//! the time a resume spends replaying it follow the work since the last checkpoint, not all
+//! the work of the run.
 //!
 //! The journal is only a cache of answers. A row is written when the scheduler accepts a result,
 //! with one `write_all` (a crash leaves at most a torn last line, which loading skips). A lost
@@ -136,6 +141,21 @@ impl Journal {
     pub fn sync(&self) -> io::Result<()> {
         self.writer().sync()
     }
+
+    /// Bytes of the journal on disk (written since it was created or last restarted).
+    pub fn bytes(&self) -> u64 {
+        self.writer().bytes()
+    }
+
+    /// Empties the journal, durably. Only once a step checkpoint covering every row is on disk
+    /// ([`crate::checkpoint`]): a crash in here leaves the old rows or none, and the
+    /// checkpoint needs neither.
+    pub fn restart(&self) -> io::Result<()> {
+        let mut w = self.writer();
+        let fresh = JsonlWriter::create(w.path())?;
+        *w = fresh;
+        w.sync()
+    }
 }
 
 #[cfg(test)]
@@ -223,5 +243,13 @@ mod tests {
         let j = Journal::append_to(&path).unwrap();
         j.record("sha256:c", &generated);
         assert_eq!(ReplayCache::load(&path).unwrap().len(), 3);
+        assert_eq!(j.bytes(), std::fs::metadata(&path).unwrap().len());
+
+        // A restart (after a checkpoint) leaves an empty journal that is appended to as before.
+        j.restart().unwrap();
+        assert_eq!((j.bytes(), std::fs::metadata(&path).unwrap().len()), (0, 0));
+        j.record("sha256:d", &generated);
+        let cache = ReplayCache::load(&path).unwrap();
+        assert_eq!((cache.len(), cache.get("sha256:d")), (1, Some(&generated)));
     }
 }

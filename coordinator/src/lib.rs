@@ -25,6 +25,7 @@
 //! - [`start`]: fresh start, `--overwrite` or `--resume` of a run directory.
 
 pub mod artifacts;
+pub mod checkpoint;
 pub mod completions;
 pub mod edge;
 pub mod eligibility;

@@ -223,7 +223,7 @@ pub fn epoch_rows(
 /// The runtime's incremental view of [`epoch_rows`]: push outcomes in epoch order, take a
 /// window row when one is due, mark need-review routing at epoch end, then the partial and
 /// epoch rows. The rows equal the pure functions' (plus timing).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Accumulator {
     epoch: u32,
     logging_steps: usize,

@@ -5,6 +5,12 @@ has (the load generator's scripted fingerprint pins the run), and the knobs thos
 
 usage: cluster_config.py OUT.yaml --stage-a F --root DIR --run-name NAME [--step-tickets N]
        [--epochs E] [--reflection on|off] [--ttl S] [--heartbeat S] [--speculation M]
+       [--real-model GGUF]
+
+--real-model: real `stageb worker`s serve the run (the real-model soak), so the model's work
+is kept small: 2 candidates of 24 tokens per ticket, reflection answers of at most 96 tokens
+and at most 2 reflection calls per epoch (a CPU worker with one thread spends seconds per
+call).
 
 Reflection has no off switch in stageb: `off` here is the cheapest setting, one reflection
 call per epoch (`max_calls_per_epoch: 1`, no retries); `on` is the demo's (batch 4, 40 calls
@@ -30,6 +36,7 @@ def main() -> None:
     ap.add_argument("--ttl", type=int, default=60)
     ap.add_argument("--heartbeat", type=int, default=5)
     ap.add_argument("--speculation", type=int, default=3)
+    ap.add_argument("--real-model", type=Path)
     a = ap.parse_args()
     on = a.reflection == "on"
     config = {
@@ -55,6 +62,14 @@ def main() -> None:
                        "max_calls_per_epoch": 40 if on else 1},
         "selection": {"policy": "top_label", "tie_break": "temperature"},
     }
+    if a.real_model:
+        config["model"]["model_name_or_path"] = str(a.real_model.resolve())
+        config["sampler"] = {"samples_per_decode": 1, "grid": [
+            {"temperature": 0.3, "top_p": 0.9, "max_new_tokens": 24, "repetition_penalty": 1.05},
+            {"temperature": 0.9, "top_p": 0.9, "max_new_tokens": 24, "repetition_penalty": 1.05},
+        ]}
+        config["reflection"].update({"batch_size": 2, "max_operations": 2, "max_new_tokens": 96,
+                                     "max_calls_per_epoch": 2 if on else 1})
     a.out.write_text(json.dumps(config, ensure_ascii=False, indent=1))
 
 

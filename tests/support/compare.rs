@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use serde_json::Value;
+use stageb_coordinator::checkpoint::CHECKPOINT_FILE;
 use stageb_coordinator::journal::JOURNAL_FILE;
 use stageb_coordinator::start::LOCK_FILE;
 
@@ -69,8 +70,9 @@ pub fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
     }
 }
 
-/// Every artifact except the journal (its rows are in completion order, a runtime fact), the
-/// run directory's lock file (it names the process holding it) and the HTML report (a view of
+/// Every artifact except the journal (its rows are in completion order, a runtime fact) and
+/// the step checkpoint (it holds the journal's place: artifact byte lengths, which count
+/// `runtime` objects, and the guidance file's timestamps), the run directory's lock file (it names the process holding it) and the HTML report (a view of
 /// the others that shows their times).
 pub fn artifact_names(run_dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(run_dir)
@@ -80,6 +82,7 @@ pub fn artifact_names(run_dir: &Path) -> Vec<String> {
             let name = e.file_name().to_string_lossy().to_string();
             (e.file_type().unwrap().is_file()
                 && name != JOURNAL_FILE
+                && name != CHECKPOINT_FILE
                 && name != LOCK_FILE
                 && name != REPORT_FILE)
                 .then_some(name)

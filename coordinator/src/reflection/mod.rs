@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
@@ -47,8 +47,10 @@ use crate::scheduler::{Completion, JobOutput, JobPayload, Scheduler};
 use crate::selection::{Selection, VoteCandidate};
 
 mod prompt;
+mod state;
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM, REJECTED_OP_CHARS, case_text, header_text};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
+pub use state::ReflectorState;
 
 /// Extra attempts (new seed each) for a reflection call whose output is not valid JSON.
 pub const JSON_RETRIES: u32 = 2;
@@ -93,7 +95,7 @@ pub struct TicketOutcome {
 }
 
 /// One candidate as a reflection case shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CaseCandidate {
     pub candidate_index: u32,
     pub verdict: Option<Verdict>,
@@ -103,7 +105,7 @@ pub struct CaseCandidate {
 pub use crate::feedback::PendingFeedback;
 
 /// A ticket with learnable signal, waiting for reflection.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GradientRecord {
     pub ticket_key: TicketKey,
     pub group_id: String,
@@ -226,7 +228,18 @@ pub struct Reflector {
 }
 
 impl Reflector {
+    /// A fresh reflector; its logs start empty.
     pub fn create(dir: &Path, run: &RunConfig, mission: &str) -> Result<Self, ReflectionError> {
+        Reflector::build(dir, run, mission, JsonlWriter::create)
+    }
+
+    /// A reflector at the start of a run, its logs opened with `open` (fresh or appended to).
+    fn build(
+        dir: &Path,
+        run: &RunConfig,
+        mission: &str,
+        open: fn(&Path) -> std::io::Result<JsonlWriter>,
+    ) -> Result<Self, ReflectionError> {
         let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
             match p {
                 Some(path) => {
@@ -246,7 +259,7 @@ impl Reflector {
         };
         let open = |name: &str| {
             let p = dir.join(name);
-            JsonlWriter::create(&p).map_err(|source| ReflectionError::Io { path: p, source })
+            open(&p).map_err(|source| ReflectionError::Io { path: p, source })
         };
         Ok(Reflector {
             dir: dir.to_path_buf(),

@@ -31,6 +31,7 @@ use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
 use crate::artifacts::{JsonlWriter, write_json_atomic};
+use crate::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 use crate::completions::{WaitError, await_any};
 use crate::eligibility;
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
@@ -181,10 +182,12 @@ struct Writers {
 }
 
 impl Writers {
-    fn create(dir: &Path) -> Result<Self, RunError> {
+    /// Opens the four files with `open`: fresh ([`JsonlWriter::create`]) or appended to after
+    /// a checkpoint ([`JsonlWriter::open_resume`]).
+    fn open(dir: &Path, open: fn(&Path) -> io::Result<JsonlWriter>) -> Result<Self, RunError> {
         let open = |name: &str| {
             let p = dir.join(name);
-            JsonlWriter::create(&p).map_err(|source| RunError::Io { path: p, source })
+            open(&p).map_err(|source| RunError::Io { path: p, source })
         };
         Ok(Writers {
             trajectories: open(files::TRAJECTORIES)?,
@@ -258,14 +261,20 @@ pub struct RunLoop {
     prefix_reuse: PrefixReuse,
     /// The token limits the run plans with, once its context is known.
     limits: Option<EffectiveLimits>,
+    /// Epoch rows of the finished epochs (the summary's `epoch_accuracy`).
+    epoch_rows: Vec<serde_json::Value>,
+    /// Where a resumed run continues, taken by [`RunLoop::run`].
+    resume_from: Option<Checkpoint>,
+    checkpoints: CheckpointPolicy,
 }
 
 impl RunLoop {
     /// Prepare the run directory (fresh per-run artifacts; guidance reused only when
     /// `guidance.reset_on_rerun` is false and a previous run left one) and the writers.
     /// `resuming`: an earlier attempt at this very run is being continued
-    /// ([`crate::start`]); everything is rewritten from the start, with the guidance seeded
-    /// exactly as that attempt seeded it.
+    /// ([`crate::start`]): from its last step checkpoint when it left a usable one
+    /// ([`crate::checkpoint`]), else everything is rewritten from the start, with the guidance
+    /// seeded exactly as that attempt seeded it.
     pub fn prepare(
         inputs: RunInputs,
         resuming: bool,
@@ -290,28 +299,20 @@ impl RunLoop {
             retention: inputs.config.guidance.retention.max(1) as usize,
             ..RepoOptions::default()
         };
-        let mission = inputs.ingested.mission.clone();
-        let reuse = !resuming
-            && !inputs.config.guidance.reset_on_rerun
-            && dir.join(crate::guidance::GUIDANCE_FILE).exists();
-        if !reuse {
-            // A reseeded run starts a new chain: the previous run's snapshots would otherwise
-            // share names with this run's and be pruned in their place.
-            let snapshots = dir.join(crate::guidance::SNAPSHOTS_DIR);
-            if snapshots.exists() {
-                std::fs::remove_dir_all(&snapshots).map_err(io_err(&snapshots))?;
-            }
-        }
-        let guidance = if reuse {
-            tracing::info!(
-                "reusing the guidance left by the previous run (guidance.reset_on_rerun is false)"
-            );
-            GuidanceRepo::open(&dir, &mission, options)?
-        } else {
-            GuidanceRepo::create(&inputs.config.guidance.path, &mission, &dir, options)?
+        let resume_from = resuming
+            .then(|| Checkpoint::load(&dir, &run_identity(&inputs)))
+            .flatten();
+        let opened = match &resume_from {
+            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options)?,
+            None => open_fresh(&dir, &inputs, resuming, options)?,
         };
-        let writers = Writers::create(&dir)?;
-        let mut reflector = Reflector::create(&dir, &inputs.config, &mission)?;
+        let Opened {
+            guidance,
+            writers,
+            mut reflector,
+            reuse,
+            initial_guidance_hash,
+        } = opened;
         reflector.set_run_groups(
             inputs
                 .ingested
@@ -320,7 +321,6 @@ impl RunLoop {
                 .map(|t| t.group_id.clone())
                 .collect(),
         );
-        let initial_guidance_hash = guidance.head_hash().to_string();
         Ok(RunLoop {
             dir,
             scheduler,
@@ -340,6 +340,9 @@ impl RunLoop {
             hard_failures: 0,
             prefix_reuse: PrefixReuse::default(),
             limits: None,
+            epoch_rows: Vec::new(),
+            resume_from,
+            checkpoints: CheckpointPolicy::default(),
             inputs,
         })
         .map(|mut r| {
@@ -409,10 +412,26 @@ impl RunLoop {
             p.total = total;
             p.epochs = cfg.runner.epochs;
         }
-        let mut epoch_rows = Vec::new();
-        for epoch in 1..=cfg.runner.epochs {
-            let row = self.run_epoch(epoch, &tickets, &cfg).await?;
-            epoch_rows.push(row);
+        let mut at = EpochStart::default();
+        if let Some(checkpoint) = self.resume_from.take() {
+            self.restore_counters(&checkpoint.counters);
+            at = EpochStart {
+                epoch: checkpoint.position.epoch,
+                steps_done: checkpoint.position.steps_done,
+                epoch_step: checkpoint.position.epoch_step,
+                window: checkpoint.window,
+            };
+        }
+        for epoch in at.epoch..=cfg.runner.epochs {
+            let start = std::mem::take(&mut at);
+            let row = self.run_epoch(epoch, &tickets, &cfg, start).await?;
+            self.epoch_rows.push(row);
+            let next = Position {
+                epoch: epoch + 1,
+                steps_done: 0,
+                epoch_step: 0,
+            };
+            self.checkpoint_at(next, None)?;
         }
         self.reflector.finish_run()?;
         let finished_at = now_iso();
@@ -426,7 +445,7 @@ impl RunLoop {
             candidates: self.candidates_seen,
             malformed_candidates: self.malformed,
             hard_failures: self.hard_failures,
-            epoch_accuracy: epoch_rows,
+            epoch_accuracy: self.epoch_rows.clone(),
             guidance_step: self.guidance.step(),
             guidance_hash: self.guidance.head_hash().to_string(),
             need_review: self.reflector.need_review_count(),
@@ -481,24 +500,34 @@ impl RunLoop {
         Ok(limits)
     }
 
+    /// One epoch, from its start or from the step a checkpoint left it at (`start`).
     async fn run_epoch(
         &mut self,
         epoch: u32,
         tickets: &[Ticket],
         cfg: &RunConfig,
+        start: EpochStart,
     ) -> Result<serde_json::Value, RunError> {
         let order = shuffled_indices(
             tickets.len(),
             derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]),
         );
         let epoch_start = Instant::now();
-        let mut window = metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64)
-            .with_epoch_size(tickets.len());
-        self.reflector.start_epoch(epoch);
+        let mut window = match start.window {
+            Some(window) => window,
+            None => {
+                // The reflector's epoch state comes with a mid-epoch checkpoint's window.
+                self.reflector.start_epoch(epoch);
+                metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64)
+                    .with_epoch_size(tickets.len())
+            }
+        };
         ::metrics::gauge!(observe::EPOCH).set(epoch);
         ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
-        let mut epoch_step = 0u64;
-        for step in order.chunks(step_size(cfg)) {
+        let mut epoch_step = start.epoch_step;
+        let skip = usize::try_from(start.steps_done).unwrap_or(usize::MAX);
+        let steps = order.chunks(step_size(cfg)).skip(skip);
+        for (steps_done, step) in (start.steps_done + 1..).zip(steps) {
             self.schedule_step += 1;
             self.progress
                 .lock()
@@ -568,6 +597,12 @@ impl RunLoop {
                 )
                 .await?;
             ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
+            let here = Position {
+                epoch,
+                steps_done,
+                epoch_step,
+            };
+            self.checkpoint_at(here, Some(&window))?;
         }
         // Epoch end: drain reflection (including retries), then close the epoch's metrics.
         self.reflector
@@ -965,6 +1000,9 @@ pub fn rollout_payload(
         constrained: cfg.sampler.constrained,
     }
 }
+
+mod resume;
+use resume::{EpochStart, Opened, open_at_checkpoint, open_fresh, run_identity};
 
 #[cfg(test)]
 mod tests;

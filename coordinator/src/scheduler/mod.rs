@@ -324,6 +324,20 @@ impl Scheduler {
         }
     }
 
+    /// The journal's size on disk (0 without one).
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal.as_ref().map_or(0, Journal::bytes)
+    }
+
+    /// Empties the journal once a checkpoint covers every answer in it (see
+    /// [`crate::checkpoint`]; a no-op without one).
+    pub fn restart_journal(&self) -> std::io::Result<()> {
+        match &self.journal {
+            Some(j) => j.restart(),
+            None => Ok(()),
+        }
+    }
+
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }

@@ -1,0 +1,109 @@
+//! What reflection carries from one step to the next, as the step checkpoint stores it
+//! ([`crate::checkpoint`]). Everything here is decided by the run's inputs and the model's
+//! answers; what the config or the run's context sets (prompts, limits, run groups) is not
+//! stored but set again when a resumed run is prepared, exactly as the first attempt set it.
+//!
+//! The need-review rows are not stored either: they are the rows of `need_review_queue.jsonl`,
+//! which a resume has just cut back to the checkpoint's length, so they are read back from
+//! there. They grow with the whole run (most of it, when the budget routes every candidate),
+//! and a checkpoint holding them would grow with all work done instead of the epoch's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use stageb_shared::config::RunConfig;
+use stageb_shared::domain::TicketKey;
+
+use super::{GradientRecord, ReflectionError, Reflector, io_err};
+use crate::artifacts::{JsonlWriter, files, read_jsonl};
+use crate::feedback::FeedbackLedger;
+use crate::need_review::NeedReviewRow;
+
+/// The reflector's state at a step boundary.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReflectorState {
+    epoch: u32,
+    pending: Vec<GradientRecord>,
+    retry: BTreeMap<u32, Vec<GradientRecord>>,
+    retry_counts: HashMap<TicketKey, u32>,
+    calls_epoch: u32,
+    applied_epoch: u32,
+    cycles: u64,
+    arrivals: u64,
+    last_applied: Option<String>,
+    feedback: FeedbackLedger,
+    decisions_epoch: (u32, u32),
+    run_warnings: Vec<String>,
+}
+
+impl Reflector {
+    /// The state a resumed run needs to continue after the current step boundary.
+    pub fn state(&self) -> ReflectorState {
+        ReflectorState {
+            epoch: self.epoch,
+            pending: self.pending.clone(),
+            retry: self.retry.clone(),
+            retry_counts: self.retry_counts.clone(),
+            calls_epoch: self.calls_epoch,
+            applied_epoch: self.applied_epoch,
+            cycles: self.cycles,
+            arrivals: self.arrivals,
+            last_applied: self.last_applied.clone(),
+            feedback: self.feedback.clone(),
+            decisions_epoch: self.decisions_epoch,
+            run_warnings: self.run_warnings.clone(),
+        }
+    }
+
+    /// A reflector continuing from `state`: its logs are appended to (the caller has already
+    /// cut them back to the checkpoint's lengths), nothing is truncated, and the need-review
+    /// rows are read back from the queue.
+    pub fn resume(
+        dir: &Path,
+        run: &RunConfig,
+        mission: &str,
+        state: ReflectorState,
+    ) -> Result<Self, ReflectionError> {
+        let mut r = Reflector::build(dir, run, mission, JsonlWriter::open_resume)?;
+        r.need_review_rows = read_queue(dir)?;
+        for row in &r.need_review_rows {
+            r.routed
+                .entry(row.epoch)
+                .or_default()
+                .insert(row.ticket_key.clone());
+        }
+        r.epoch = state.epoch;
+        r.pending = state.pending;
+        r.retry = state.retry;
+        r.retry_counts = state.retry_counts;
+        r.calls_epoch = state.calls_epoch;
+        r.applied_epoch = state.applied_epoch;
+        r.cycles = state.cycles;
+        r.arrivals = state.arrivals;
+        r.last_applied = state.last_applied;
+        r.feedback = state.feedback;
+        r.decisions_epoch = state.decisions_epoch;
+        r.run_warnings = state.run_warnings;
+        Ok(r)
+    }
+
+    /// Makes both logs durable (before a checkpoint names their lengths).
+    pub fn sync_logs(&mut self) -> std::io::Result<()> {
+        self.queue_log.sync()?;
+        self.reflection_log.sync()
+    }
+}
+
+/// The rows of `need_review_queue.jsonl`, as [`Reflector::route`] wrote them.
+fn read_queue(dir: &Path) -> Result<Vec<NeedReviewRow>, ReflectionError> {
+    let path = dir.join(files::NEED_REVIEW_QUEUE);
+    let bad = |e: serde_json::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    read_jsonl(&path)
+        .and_then(|rows| {
+            rows.into_iter()
+                .map(|v| serde_json::from_value(v).map_err(bad))
+                .collect()
+        })
+        .map_err(io_err(&path))
+}
