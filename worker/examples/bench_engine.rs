@@ -14,6 +14,7 @@
 //! cargo run --release -p stageb-worker --example bench_engine -- [--model M] [--threads 2]
 //!     [--runs 3] [--prompt-tokens 600] [--candidates 8] [--new-tokens 48] [--variant fixed|constrained|both]
 //!     [--numerics int8|f32] [--kernels auto|avx512vnni|avx512bw|avx2|scalar]
+//!     [--prefix-cache-mib 0]   (off by default: the ticket's prefill is part of the workload)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ struct Args {
     variant: String,
     numerics: Numerics,
     kernels: KernelChoice,
+    prefix_cache_mib: usize,
 }
 
 fn parse_args() -> Args {
@@ -47,6 +49,7 @@ fn parse_args() -> Args {
         variant: "both".into(),
         numerics: Numerics::default(),
         kernels: KernelChoice::Auto,
+        prefix_cache_mib: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -60,6 +63,7 @@ fn parse_args() -> Args {
             "--candidates" => a.candidates = v.parse().expect("--candidates N"),
             "--new-tokens" => a.new_tokens = v.parse().expect("--new-tokens N"),
             "--variant" => a.variant = v,
+            "--prefix-cache-mib" => a.prefix_cache_mib = v.parse().expect("--prefix-cache-mib N"),
             "--numerics" => a.numerics = v.parse().expect("--numerics int8|f32"),
             "--kernels" => {
                 a.kernels = v
@@ -119,6 +123,9 @@ fn main() {
         &EngineOptions {
             threads: Some(args.threads),
             numerics: args.numerics,
+            // Off by default: every run of the ticket would otherwise find its own prompt in
+            // the store and skip the prefill llama-batched-bench pays for.
+            prefix_cache_bytes: args.prefix_cache_mib << 20,
             ..EngineOptions::default()
         },
     )
