@@ -1097,9 +1097,18 @@ fn validate(config: &Path) -> Result<u8> {
     // What a start would do with the run directory (a plain start there would be refused).
     let dir = stageb_coordinator::run::run_dir(cfg, &inputs.ingested.mission)?;
     if dir.join(stageb_coordinator::run::files::MANIFEST).exists() {
+        // The journal only holds what was answered since the last step checkpoint.
+        let since = if dir
+            .join(stageb_coordinator::checkpoint::CHECKPOINT_FILE)
+            .exists()
+        {
+            " since its last step checkpoint"
+        } else {
+            ""
+        };
         match stageb_coordinator::start::plan(&inputs, StartMode::Resume) {
             Ok(plan) => println!(
-                "note: {} holds a run; start with --resume to continue it ({} answers journaled) or --overwrite to replace it",
+                "note: {} holds a run; start with --resume to continue it ({} answers journaled{since}) or --overwrite to replace it",
                 dir.display(),
                 plan.replay.len()
             ),
