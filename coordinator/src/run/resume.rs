@@ -142,6 +142,13 @@ impl RunLoop {
         self.malformed = c.malformed;
         self.hard_failures = c.hard_failures;
         self.epoch_rows = c.epoch_rows.clone();
+        // The epochs finished before the checkpoint publish their accuracy gauges again, as
+        // an uninterrupted run's rank 0 would show them.
+        for row in &c.epoch_rows {
+            if let Ok(row) = serde_json::from_value::<crate::metrics::MetricsRow>(row.clone()) {
+                super::record_epoch_accuracy(row.epoch, &row);
+            }
+        }
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         p.done = c.global_step;
         p.candidates = c.candidates_seen;
