@@ -18,7 +18,7 @@
 //! need-review is non-sticky: routing is recorded per epoch and every epoch decides afresh.
 //! Stop-gradient tickets never reach the ops pass, evidence, or hit/miss feedback.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -39,7 +39,6 @@ use crate::artifacts::files;
 use crate::artifacts::{JsonlWriter, write_json_atomic};
 use crate::completions::{WaitError, await_completions};
 use crate::eligibility::Eligibility;
-use crate::feedback::FeedbackLedger;
 use crate::guidance::{GuidanceError, GuidanceRepo, OpEffect, RuleKey};
 use crate::need_review::{self, NeedReviewReason, NeedReviewRow};
 use crate::ops::{self, OpsContext, OpsValidation, RejectedOp};
@@ -205,26 +204,14 @@ pub struct Reflector {
     reflection_log: JsonlWriter,
     need_review_rows: Vec<NeedReviewRow>,
     routed: BTreeMap<u32, BTreeSet<TicketKey>>,
-    epoch: u32,
-    pending: Vec<GradientRecord>,
-    retry: BTreeMap<u32, Vec<GradientRecord>>,
-    retry_counts: HashMap<TicketKey, u32>,
-    calls_epoch: u32,
-    applied_epoch: u32,
-    cycles: u64,
-    arrivals: u64,
-    last_applied: Option<String>,
-    feedback: FeedbackLedger,
+    /// Everything a checkpoint must carry (buffers, budgets, feedback, counters).
+    state: ReflectorState,
     guidance_reused: bool,
     worker_grace: Duration,
     /// Group ids of every ticket of the run: no rule text may name one.
     run_groups: BTreeSet<String>,
     /// `runner.epochs`: the epoch whose routing `need_review.json` shows as the final view.
     final_epoch: u32,
-    /// Decision passes of this epoch that ran (at least one call) and that parsed.
-    decisions_epoch: (u32, u32),
-    /// Warnings for `summary.json`.
-    run_warnings: Vec<String>,
 }
 
 impl Reflector {
@@ -273,22 +260,11 @@ impl Reflector {
             reflection_log: open(files::REFLECTION)?,
             need_review_rows: Vec::new(),
             routed: BTreeMap::new(),
-            epoch: 0,
-            pending: Vec::new(),
-            retry: BTreeMap::new(),
-            retry_counts: HashMap::new(),
-            calls_epoch: 0,
-            applied_epoch: 0,
-            cycles: 0,
-            arrivals: 0,
-            last_applied: None,
-            feedback: FeedbackLedger::default(),
+            state: ReflectorState::default(),
             guidance_reused: false,
             worker_grace: Duration::from_secs(600),
             run_groups: BTreeSet::new(),
             final_epoch: run.runner.epochs,
-            decisions_epoch: (0, 0),
-            run_warnings: Vec::new(),
         })
     }
 
@@ -320,12 +296,12 @@ impl Reflector {
 
     /// Reflection cycles run so far (every processed batch counts, applied or not).
     pub fn cycles(&self) -> u64 {
-        self.cycles
+        self.state.cycles
     }
 
     /// The id of the last reflection that changed guidance.
     pub fn last_applied_reflection(&self) -> Option<String> {
-        self.last_applied.clone()
+        self.state.last_applied.clone()
     }
 
     pub fn need_review_count(&self) -> usize {
@@ -339,48 +315,48 @@ impl Reflector {
 
     /// Reset the per-epoch state: need-review is decided afresh every epoch.
     pub fn start_epoch(&mut self, epoch: u32) {
-        self.epoch = epoch;
-        self.pending.clear();
-        self.retry.clear();
-        self.retry_counts.clear();
-        self.calls_epoch = 0;
-        self.applied_epoch = 0;
-        self.decisions_epoch = (0, 0);
-        self.arrivals = 0;
+        self.state.epoch = epoch;
+        self.state.pending.clear();
+        self.state.retry.clear();
+        self.state.retry_counts.clear();
+        self.state.calls_epoch = 0;
+        self.state.applied_epoch = 0;
+        self.state.decisions_epoch = (0, 0);
+        self.state.arrivals = 0;
     }
 
     /// Record a decided ticket that is *not* a gradient candidate: its feedback on the rules
     /// of the last applied reflection is immediate (it agreed with its label).
     pub fn add_stable(&mut self, label_match: bool) {
-        self.feedback.credit_stable(label_match);
+        self.state.feedback.credit_stable(label_match);
     }
 
     /// Queue a gradient candidate; its feedback is buffered until reflection decides.
     pub fn add_candidate(&mut self, mut record: GradientRecord) {
-        record.order = self.arrivals;
-        self.arrivals += 1;
-        record.feedback.rules = self.feedback.owed_now();
-        self.pending.push(record);
+        record.order = self.state.arrivals;
+        self.state.arrivals += 1;
+        record.feedback.rules = self.state.feedback.owed_now();
+        self.state.pending.push(record);
     }
 
     /// The next batch to reflect on, if one is due. Mid-epoch only full batches are taken;
     /// at epoch end (`drain`) everything is, including retries created while draining.
     fn next_batch(&mut self, drain: bool) -> Option<(u32, Vec<GradientRecord>)> {
         let size = self.config.batch_size.max(1) as usize;
-        if self.pending.len() >= size || (drain && !self.pending.is_empty()) {
-            let n = size.min(self.pending.len());
-            return Some((0, self.pending.drain(..n).collect()));
+        if self.state.pending.len() >= size || (drain && !self.state.pending.is_empty()) {
+            let n = size.min(self.state.pending.len());
+            return Some((0, self.state.pending.drain(..n).collect()));
         }
-        let attempts: Vec<u32> = self.retry.keys().copied().collect();
+        let attempts: Vec<u32> = self.state.retry.keys().copied().collect();
         for attempt in attempts {
-            let bucket = self.retry.get_mut(&attempt).expect("listed above");
+            let bucket = self.state.retry.get_mut(&attempt).expect("listed above");
             bucket.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
             let want = retry_batch_size(self.config.batch_size, attempt);
             if bucket.len() >= want || (drain && !bucket.is_empty()) {
                 let n = want.min(bucket.len());
                 let batch: Vec<_> = bucket.drain(..n).collect();
                 if bucket.is_empty() {
-                    self.retry.remove(&attempt);
+                    self.state.retry.remove(&attempt);
                 }
                 return Some((attempt, batch));
             }
@@ -419,7 +395,7 @@ impl Reflector {
         &mut self,
         guidance: &mut GuidanceRepo,
     ) -> Result<(), ReflectionError> {
-        let (hits, misses) = self.feedback.take_immediate();
+        let (hits, misses) = self.state.feedback.take_immediate();
         if hits.is_empty() && misses.is_empty() {
             return Ok(());
         }
@@ -437,8 +413,8 @@ impl Reflector {
         note: Option<String>,
     ) -> Result<(), ReflectionError> {
         let at = need_review::RoutingPoint {
-            epoch: self.epoch,
-            reflection_cycle: self.cycles,
+            epoch: self.state.epoch,
+            reflection_cycle: self.state.cycles,
             reflection_id: reflection_id.map(str::to_string),
         };
         let row =
@@ -446,7 +422,7 @@ impl Reflector {
         let path = self.dir.join(files::NEED_REVIEW_QUEUE);
         self.queue_log.append(&row).map_err(io_err(&path))?;
         self.routed
-            .entry(self.epoch)
+            .entry(self.state.epoch)
             .or_default()
             .insert(record.ticket_key.clone());
         self.need_review_rows.push(row);
@@ -478,11 +454,15 @@ impl Reflector {
         let mut records = records;
         records.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
         for r in records {
-            let count = self.retry_counts.entry(r.ticket_key.clone()).or_insert(0);
+            let count = self
+                .state
+                .retry_counts
+                .entry(r.ticket_key.clone())
+                .or_insert(0);
             *count += 1;
             let count = *count;
             if count <= self.config.retry_budget_per_group_per_epoch {
-                self.retry.entry(count).or_default().push(r);
+                self.state.retry.entry(count).or_default().push(r);
             } else {
                 routed.push(r.ticket_key.clone());
                 self.route(&r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
@@ -498,10 +478,10 @@ impl Reflector {
             return;
         }
         if attempt == 0 {
-            self.pending.extend(records);
-            self.pending.sort_by_key(|r| r.order);
+            self.state.pending.extend(records);
+            self.state.pending.sort_by_key(|r| r.order);
         } else {
-            self.retry.entry(attempt).or_default().extend(records);
+            self.state.retry.entry(attempt).or_default().extend(records);
         }
     }
 
@@ -509,13 +489,13 @@ impl Reflector {
     fn change_cap_reached(&self) -> bool {
         self.config
             .change_cap_per_epoch
-            .is_some_and(|cap| self.applied_epoch >= cap)
+            .is_some_and(|cap| self.state.applied_epoch >= cap)
     }
 
     fn calls_left(&self) -> bool {
         self.config
             .max_calls_per_epoch
-            .is_none_or(|cap| self.calls_epoch < cap)
+            .is_none_or(|cap| self.state.calls_epoch < cap)
     }
 
     /// One reflection cycle on `batch`.
@@ -530,7 +510,7 @@ impl Reflector {
         scheduler: &Scheduler,
         completions: &mut mpsc::UnboundedReceiver<Completion>,
     ) -> Result<(), ReflectionError> {
-        let cycle = self.cycles;
+        let cycle = self.state.cycles;
         let batch_keys: Vec<TicketKey> = batch.iter().map(|r| r.ticket_key.clone()).collect();
         let reflection_id = format!(
             "r{}",
@@ -634,9 +614,9 @@ impl Reflector {
                 reflection_schema::parse_decision,
             )
             .await?;
-        self.decisions_epoch.0 += 1;
+        self.state.decisions_epoch.0 += 1;
         if decision.is_some() {
-            self.decisions_epoch.1 += 1;
+            self.state.decisions_epoch.1 += 1;
         }
         let Some(decision) = decision else {
             warnings.push("decision_error".into());
@@ -831,9 +811,9 @@ impl Reflector {
                 match guidance.apply(&validation.ops(), &reflection_id) {
                     Ok(outcome) => {
                         applied = true;
-                        self.applied_epoch += 1;
+                        self.state.applied_epoch += 1;
                         covered = ops::evidence_covered(&outcome.applied);
-                        self.last_applied = Some(reflection_id.clone());
+                        self.state.last_applied = Some(reflection_id.clone());
                         let removed: Vec<RuleKey> = outcome
                             .applied
                             .iter()
@@ -842,7 +822,9 @@ impl Reflector {
                                 deleted.into_iter().chain(a.merged_away.iter().copied())
                             })
                             .collect();
-                        self.feedback.on_applied(&outcome.touched_keys, &removed);
+                        self.state
+                            .feedback
+                            .on_applied(&outcome.touched_keys, &removed);
                         ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "applied")
                             .increment(outcome.applied.len() as u64);
                         row["applied_ops"] = json!(outcome.applied);
@@ -867,7 +849,7 @@ impl Reflector {
         let mut uncovered = Vec::new();
         for r in learnable_records {
             if covered.contains(&r.ticket_key) {
-                let keys = self.feedback.resolve(&r.feedback.rules);
+                let keys = self.state.feedback.resolve(&r.feedback.rules);
                 if r.feedback.label_match {
                     hits.extend(keys);
                 } else {
@@ -926,7 +908,7 @@ impl Reflector {
         self.reflection_log.append(&row).map_err(io_err(&path))?;
         self.reflection_log.sync().map_err(io_err(&path))?;
         self.queue_log.sync().map_err(io_err(&path))?;
-        self.cycles += 1;
+        self.state.cycles += 1;
         Ok(())
     }
 
@@ -949,7 +931,7 @@ impl Reflector {
             if !self.calls_left() {
                 return Ok(None);
             }
-            self.calls_epoch += 1;
+            self.state.calls_epoch += 1;
             let seed = derived_seed(
                 self.run_seed,
                 "reflection-call",
@@ -1141,7 +1123,7 @@ impl Reflector {
         epoch: u32,
         guidance: &mut GuidanceRepo,
     ) -> Result<(), ReflectionError> {
-        let (ran, parsed) = self.decisions_epoch;
+        let (ran, parsed) = self.state.decisions_epoch;
         if ran > 0 && parsed == 0 {
             // No configuration may make every reflection call fail silently.
             let warning = format!(
@@ -1150,7 +1132,7 @@ impl Reflector {
                  means reflection.token_budget/max_new_tokens exceed the model's context)"
             );
             tracing::error!("{warning}");
-            self.run_warnings.push(warning);
+            self.state.run_warnings.push(warning);
         }
         self.flush_immediate_feedback(guidance)?;
         if let Some(lc) = &self.lifecycle
@@ -1164,7 +1146,7 @@ impl Reflector {
                 .map_err(ReflectionError::from)?;
             if !removed.is_empty() {
                 tracing::info!(?removed, "lifecycle cleanup removed low-confidence rules");
-                self.feedback.on_removed(&removed);
+                self.state.feedback.on_removed(&removed);
             }
         }
         Ok(())
@@ -1172,7 +1154,7 @@ impl Reflector {
 
     /// Warnings for `summary.json`, in the order they arose.
     pub fn run_warnings(&self) -> &[String] {
-        &self.run_warnings
+        &self.state.run_warnings
     }
 
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).

@@ -20,40 +20,30 @@ use crate::artifacts::{JsonlWriter, files, read_jsonl};
 use crate::feedback::FeedbackLedger;
 use crate::need_review::NeedReviewRow;
 
-/// The reflector's state at a step boundary.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The reflector's state at a step boundary: the part of [`Reflector`] a checkpoint carries. The
+/// reflector holds it as one field, so a new piece of state cannot be left out of checkpoints.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ReflectorState {
-    epoch: u32,
-    pending: Vec<GradientRecord>,
-    retry: BTreeMap<u32, Vec<GradientRecord>>,
-    retry_counts: HashMap<TicketKey, u32>,
-    calls_epoch: u32,
-    applied_epoch: u32,
-    cycles: u64,
-    arrivals: u64,
-    last_applied: Option<String>,
-    feedback: FeedbackLedger,
-    decisions_epoch: (u32, u32),
-    run_warnings: Vec<String>,
+    pub(super) epoch: u32,
+    pub(super) pending: Vec<GradientRecord>,
+    pub(super) retry: BTreeMap<u32, Vec<GradientRecord>>,
+    pub(super) retry_counts: HashMap<TicketKey, u32>,
+    pub(super) calls_epoch: u32,
+    pub(super) applied_epoch: u32,
+    pub(super) cycles: u64,
+    pub(super) arrivals: u64,
+    pub(super) last_applied: Option<String>,
+    pub(super) feedback: FeedbackLedger,
+    /// Decision passes of this epoch that ran (at least one call) and that parsed.
+    pub(super) decisions_epoch: (u32, u32),
+    /// Warnings for `summary.json`.
+    pub(super) run_warnings: Vec<String>,
 }
 
 impl Reflector {
     /// The state a resumed run needs to continue after the current step boundary.
     pub fn state(&self) -> ReflectorState {
-        ReflectorState {
-            epoch: self.epoch,
-            pending: self.pending.clone(),
-            retry: self.retry.clone(),
-            retry_counts: self.retry_counts.clone(),
-            calls_epoch: self.calls_epoch,
-            applied_epoch: self.applied_epoch,
-            cycles: self.cycles,
-            arrivals: self.arrivals,
-            last_applied: self.last_applied.clone(),
-            feedback: self.feedback.clone(),
-            decisions_epoch: self.decisions_epoch,
-            run_warnings: self.run_warnings.clone(),
-        }
+        self.state.clone()
     }
 
     /// A reflector continuing from `state`: its logs are appended to (the caller has already
@@ -73,18 +63,7 @@ impl Reflector {
                 .or_default()
                 .insert(row.ticket_key.clone());
         }
-        r.epoch = state.epoch;
-        r.pending = state.pending;
-        r.retry = state.retry;
-        r.retry_counts = state.retry_counts;
-        r.calls_epoch = state.calls_epoch;
-        r.applied_epoch = state.applied_epoch;
-        r.cycles = state.cycles;
-        r.arrivals = state.arrivals;
-        r.last_applied = state.last_applied;
-        r.feedback = state.feedback;
-        r.decisions_epoch = state.decisions_epoch;
-        r.run_warnings = state.run_warnings;
+        r.state = state;
         Ok(r)
     }
 
