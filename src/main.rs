@@ -57,25 +57,17 @@ struct ModelArgs {
     /// Matmul arithmetic on the CPU: int8 (activations rounded to 8 bits per block of 32,
     /// integer dot products; fast) or f32 (exact weights, f32 activations). Part of the model
     /// fingerprint: every worker of a run must use the same.
-    #[arg(long, env = "STAGEB_NUMERICS", default_value = "int8", value_parser = parse_numerics)]
+    #[arg(long, env = "STAGEB_NUMERICS", default_value = "int8")]
     numerics: Numerics,
     /// CPU kernels: auto (the best this CPU has) or at most avx512vnni, avx512bw, avx2 or
     /// scalar. Every choice computes the same bits; for benchmarks and diagnosis.
-    #[arg(long, env = "STAGEB_KERNELS", default_value = "auto", value_parser = parse_kernels)]
+    #[arg(long, env = "STAGEB_KERNELS", default_value = "auto")]
     kernels: KernelChoice,
     /// MiB of recent rollout prompts' KV a worker keeps, so the next ticket's prefill starts
     /// after the system prompt and guidance they share (CPU fast path; 0 = off). Results are
     /// the same bits either way.
     #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]
     prefix_cache_mib: usize,
-}
-
-fn parse_numerics(s: &str) -> Result<Numerics, String> {
-    s.parse()
-}
-
-fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
-    s.parse()
 }
 
 /// What to do when the run directory already holds a run.
