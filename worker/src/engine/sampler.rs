@@ -69,6 +69,21 @@ pub(super) fn by_weight_then_id(a: &(f64, u32), b: &(f64, u32)) -> Ordering {
         .then(a.1.cmp(&b.1))
 }
 
+/// Puts the `k` heaviest candidates first, in [`by_weight_then_id`] order, and their running
+/// sums of weight into `cum` (the top-p cut is searched there).
+pub(super) fn sorted_prefix(cand: &mut [(f64, u32)], k: usize, cum: &mut Vec<f64>) {
+    if k < cand.len() {
+        cand.select_nth_unstable_by(k - 1, by_weight_then_id);
+    }
+    cand[..k].sort_unstable_by(by_weight_then_id);
+    cum.clear();
+    let mut acc = 0.0;
+    for c in &cand[..k] {
+        acc += c.0;
+        cum.push(acc);
+    }
+}
+
 /// Picks the next token, or `None` when the mask leaves no token with a finite logit.
 ///
 /// The same token as [`sample_exhaustive`] always (see [`super::sampler_prefilter`]): the
@@ -148,17 +163,8 @@ pub fn sample_exhaustive(
     let cut_all = top_p >= 1.0;
     let mut k = FIRST_PREFIX.min(n);
     loop {
-        if k < n {
-            cand.select_nth_unstable_by(k - 1, by_weight_then_id);
-        }
-        cand[..k].sort_unstable_by(by_weight_then_id);
-        let cum = &mut scratch.cum;
-        cum.clear();
-        let mut acc = 0.0;
-        for c in &cand[..k] {
-            acc += c.0;
-            cum.push(acc);
-        }
+        sorted_prefix(cand, k, &mut scratch.cum);
+        let cum = &scratch.cum;
         let pick = |kept: usize, mass: f64, cum: &[f64]| -> u32 {
             let r = u * mass;
             let i = cum[..kept].iter().position(|&c| c > r).unwrap_or(kept - 1);

@@ -32,7 +32,7 @@
 
 use std::sync::OnceLock;
 
-use super::sampler::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, by_weight_then_id};
+use super::sampler::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, sorted_prefix};
 use crate::constraint::AllowedTokens;
 
 #[cfg(doc)]
@@ -160,17 +160,8 @@ pub fn sample(
     let m = cand.len();
     let mut k = FIRST_PREFIX.min(m);
     while k > 0 {
-        if k < m {
-            cand.select_nth_unstable_by(k - 1, by_weight_then_id);
-        }
-        cand[..k].sort_unstable_by(by_weight_then_id);
-        let cum = &mut scratch.cum;
-        cum.clear();
-        let mut acc = 0.0;
-        for c in &cand[..k] {
-            acc += c.0;
-            cum.push(acc);
-        }
+        sorted_prefix(cand, k, &mut scratch.cum);
+        let cum = &scratch.cum;
         if let Some(c) = cum.iter().position(|&x| reaches(x, hi)) {
             let first_lo = cum.iter().position(|&x| reaches(x, lo));
             // Undecided between two positions, or a tail token could sort before `c`.
