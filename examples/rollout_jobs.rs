@@ -13,9 +13,9 @@
 use std::path::PathBuf;
 
 use serde_json::json;
+use stageb_coordinator::cluster::scheduler::JobPayload;
 use stageb_coordinator::guidance::load_mission_section;
 use stageb_coordinator::run::rollout_payload;
-use stageb_coordinator::scheduler::JobPayload;
 use stageb_shared::config::load_config;
 use stageb_shared::ingest::load_tickets;
 

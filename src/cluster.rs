@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stageb_coordinator::edge::EdgeLimits;
+use stageb_coordinator::cluster::edge::EdgeLimits;
+use stageb_coordinator::cluster::scheduler::{
+    ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig,
+};
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::run::start;
+pub use stageb_coordinator::run::start::StartMode;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
-use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig};
-use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
-use stageb_coordinator::start;
-pub use stageb_coordinator::start::StartMode;
 use stageb_shared::auth::AuthToken;
 use stageb_shared::config::{self, load_config};
 use stageb_shared::error::{ErrorCode, InputError};
@@ -91,7 +93,7 @@ pub struct CoordinatorSettings {
     pub show_progress: bool,
     /// Where the run publishes its progress (a test may watch it); `None`: a handle of its own.
     pub progress: Option<ProgressHandle>,
-    /// A fresh start, `--overwrite` or `--resume` (see `stageb_coordinator::start`).
+    /// A fresh start, `--overwrite` or `--resume` (see `stageb_coordinator::run::start`).
     pub start: StartMode,
     /// On SIGTERM/SIGINT: how long to wait for the jobs in flight before exiting (below
     /// Slurm's `--signal=TERM@120` and Kubernetes' grace period).
@@ -176,7 +178,7 @@ pub fn declared_context(path: &Path) -> Result<Option<u32>, String> {
 /// After an input error found once the run directory exists: remove the journal this start
 /// created if nothing was written to it, and the directory if that leaves it empty.
 fn discard_empty_start(dir: &Path) {
-    let journal = dir.join(stageb_coordinator::journal::JOURNAL_FILE);
+    let journal = dir.join(stageb_coordinator::cluster::scheduler::journal::JOURNAL_FILE);
     if std::fs::metadata(&journal).is_ok_and(|m| m.len() == 0) {
         let _ = std::fs::remove_file(&journal);
         let _ = std::fs::remove_file(dir.join(start::LOCK_FILE));

@@ -6,20 +6,16 @@
 //!   `launch` (role from torchrun / Slurm / Kubernetes environment variables).
 //! - [`progress`]: rank 0's progress display (a bar on a terminal, periodic log lines
 //!   otherwise).
-//! - [`audit`]: re-derives decisions from a run directory and checks every invariant.
 //! - [`certs`]: per-job CA and certificate for mutual TLS (`stageb tls-init`).
 //! - [`metrics_endpoint`]: the Prometheus `/metrics` endpoint (`--metrics-listen`).
-//! - [`report`]: a run directory as one self-contained HTML page (`stageb report`).
 //!
 //! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to
 //! documented exit codes.
 
-pub mod audit;
 pub mod certs;
 pub mod cluster;
 pub mod metrics_endpoint;
 pub mod progress;
-pub mod report;
 
 /// Exit codes (documented in the README).
 pub mod exit {

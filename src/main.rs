@@ -145,8 +145,8 @@ struct EdgeArgs {
 }
 
 impl EdgeArgs {
-    fn limits(self) -> stageb_coordinator::edge::EdgeLimits {
-        let mut limits = stageb_coordinator::edge::EdgeLimits::default();
+    fn limits(self) -> stageb_coordinator::cluster::edge::EdgeLimits {
+        let mut limits = stageb_coordinator::cluster::edge::EdgeLimits::default();
         if let Some(n) = self.max_connections {
             limits.max_connections = n.max(1);
         }
@@ -464,7 +464,7 @@ fn classify(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<ClusterError>() {
         Some(ClusterError::Interrupted { .. }) => exit::INTERRUPTED,
         Some(ClusterError::Input(_)) | Some(ClusterError::Launch(_)) => exit::INPUT_ERROR,
-        Some(ClusterError::Bind(stageb_coordinator::server::BindError::Policy(_))) => {
+        Some(ClusterError::Bind(stageb_coordinator::cluster::server::BindError::Policy(_))) => {
             exit::INPUT_ERROR
         }
         Some(ClusterError::Run(stageb_coordinator::run::RunError::Guidance(
@@ -482,8 +482,8 @@ fn classify(e: &anyhow::Error) -> u8 {
         }
         _ if e.downcast_ref::<stageb_shared::auth::AuthError>().is_some() => exit::INPUT_ERROR,
         _ if matches!(
-            e.downcast_ref::<stageb::report::ReportError>(),
-            Some(stageb::report::ReportError::RunDir(_))
+            e.downcast_ref::<stageb_inspect::report::ReportError>(),
+            Some(stageb_inspect::report::ReportError::RunDir(_))
         ) =>
         {
             exit::INPUT_ERROR
@@ -527,7 +527,7 @@ fn main() -> ExitCode {
         std::sync::atomic::Ordering::Relaxed,
     );
     // Connections, artifacts and the model all need descriptors: use what the system allows.
-    stageb_coordinator::edge::raise_fd_limit();
+    stageb_coordinator::cluster::edge::raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -550,8 +550,10 @@ fn main() -> ExitCode {
 async fn finish_run(summary: &stageb_coordinator::run::RunSummary, report: ReportArgs) -> u8 {
     if !report.no_report {
         let run_dir = summary.run_dir.clone();
-        let options = stageb::report::Options::default();
-        match tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, &options)).await {
+        let options = stageb_inspect::report::Options::default();
+        match tokio::task::spawn_blocking(move || stageb_inspect::report::write(&run_dir, &options))
+            .await
+        {
             Ok(Ok(path)) => tracing::info!(report = %path.display(), "report written"),
             Ok(Err(e)) => tracing::warn!("no report: {e}"),
             Err(e) => tracing::warn!("no report: {e}"),
@@ -670,7 +672,8 @@ async fn dispatch(command: Command) -> Result<u8> {
             let options = engine_options(&model)?;
             let first = load_model(&model_path, &options)?;
             if start.mode() == StartMode::Resume
-                && let Some(recorded) = stageb_coordinator::start::recorded_fingerprint(&inputs)
+                && let Some(recorded) =
+                    stageb_coordinator::run::start::recorded_fingerprint(&inputs)
                 && recorded != first.fingerprint().id()
             {
                 return Err(ClusterError::Input(stageb_shared::error::InputError::new(
@@ -946,7 +949,7 @@ async fn dispatch(command: Command) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::Audit { run_dir, json } => {
-            let report = stageb::audit::audit(&run_dir);
+            let report = stageb_inspect::audit::audit(&run_dir);
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -979,17 +982,18 @@ async fn dispatch(command: Command) -> Result<u8> {
             out,
             audit,
         } => {
-            let options = stageb::report::Options {
+            let options = stageb_inspect::report::Options {
                 out,
                 audit: match audit {
-                    AuditChoice::Auto => stageb::report::AuditMode::Auto,
-                    AuditChoice::Always => stageb::report::AuditMode::Always,
-                    AuditChoice::Never => stageb::report::AuditMode::Never,
+                    AuditChoice::Auto => stageb_inspect::report::AuditMode::Auto,
+                    AuditChoice::Always => stageb_inspect::report::AuditMode::Always,
+                    AuditChoice::Never => stageb_inspect::report::AuditMode::Never,
                 },
             };
-            let path =
-                tokio::task::spawn_blocking(move || stageb::report::write(&run_dir, &options))
-                    .await??;
+            let path = tokio::task::spawn_blocking(move || {
+                stageb_inspect::report::write(&run_dir, &options)
+            })
+            .await??;
             println!("{}", path.display());
             Ok(exit::OK)
         }
@@ -1088,17 +1092,20 @@ fn validate(config: &Path) -> Result<u8> {
     print_effective_limits(&inputs, context);
     // What a start would do with the run directory (a plain start there would be refused).
     let dir = stageb_coordinator::run::run_dir(cfg, &inputs.ingested.mission)?;
-    if dir.join(stageb_coordinator::run::files::MANIFEST).exists() {
+    if dir
+        .join(stageb_coordinator::artifacts::files::MANIFEST)
+        .exists()
+    {
         // The journal only holds what was answered since the last step checkpoint.
         let since = if dir
-            .join(stageb_coordinator::checkpoint::CHECKPOINT_FILE)
+            .join(stageb_coordinator::run::checkpoint::CHECKPOINT_FILE)
             .exists()
         {
             " since its last step checkpoint"
         } else {
             ""
         };
-        match stageb_coordinator::start::plan(&inputs, StartMode::Resume) {
+        match stageb_coordinator::run::start::plan(&inputs, StartMode::Resume) {
             Ok(plan) => println!(
                 "note: {} holds a run; start with --resume to continue it ({} answers journaled{since}) or --overwrite to replace it",
                 dir.display(),

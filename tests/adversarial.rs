@@ -23,8 +23,8 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use stageb_coordinator::rule_text;
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
+use stageb_coordinator::learn::rule_text;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,

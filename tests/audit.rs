@@ -7,7 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
 use support::{Behaviour, Script, ScriptedEngine, run_mission, write_toy_mission};
 
 /// A small clean run (toy mission, 2 epochs, reflection on), copied once per tamper test.
@@ -17,7 +17,7 @@ fn clean_run(dir: &Path) -> PathBuf {
     let (_, run_dir) = run_mission(dir, json!({"runner": {"epochs": 2}}), 1, move |_| {
         ScriptedEngine::new(script.clone())
     });
-    let report = stageb::audit::audit(&run_dir);
+    let report = stageb_inspect::audit::audit(&run_dir);
     assert!(
         report.ok(),
         "the untouched run must audit clean: {:?}",
@@ -27,7 +27,7 @@ fn clean_run(dir: &Path) -> PathBuf {
 }
 
 fn checks(run_dir: &Path) -> Vec<&'static str> {
-    stageb::audit::audit(run_dir)
+    stageb_inspect::audit::audit(run_dir)
         .violations
         .into_iter()
         .map(|v| v.check)
@@ -206,7 +206,7 @@ fn broken_lines_are_reported_where_they_are() {
     text.push_str("not json\n");
     text.push_str(&first);
     std::fs::write(&path, text).unwrap();
-    let report = stageb::audit::audit(&run);
+    let report = stageb_inspect::audit::audit(&run);
     let found: Vec<(&str, Option<usize>)> = report
         .violations
         .iter()

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use stageb::cluster::{ClusterError, StartMode};
-use stageb_coordinator::edge::EdgeLimits;
-use stageb_coordinator::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
-use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::edge::EdgeLimits;
+use stageb_coordinator::cluster::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_worker::client::{WorkerEnd, WorkerOptions, run_worker};
 use stageb_worker::engine::{
     CancelFlag, Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint,

@@ -160,7 +160,7 @@ fn rows_without_runtime(path: &Path) -> Vec<Value> {
 }
 
 fn assert_audit_ok(run_dir: &Path) {
-    let report = stageb::audit::audit(run_dir);
+    let report = stageb_inspect::audit::audit(run_dir);
     assert!(
         report.ok(),
         "audit of {} failed:\n{}",

@@ -92,7 +92,7 @@ fn rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    stageb_coordinator::edge::raise_fd_limit();
+    stageb_coordinator::cluster::edge::raise_fd_limit();
     let tmp = tempfile::tempdir().unwrap();
     let config = toy_config(tmp.path());
     let (mut coordinator, addr, log) = start_coordinator(&config, 1024);

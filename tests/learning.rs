@@ -15,7 +15,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
 use support::{
     Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, read_jsonl, run_mission,
     str_set,

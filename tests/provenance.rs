@@ -6,7 +6,7 @@
 mod support;
 
 use serde_json::json;
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,

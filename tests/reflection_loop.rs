@@ -15,8 +15,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use stageb_coordinator::reflection::retry_batch_size;
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
+use stageb_coordinator::learn::reflection::retry_batch_size;
 use support::{
     Behaviour, Pass, Script, ScriptedEngine, TOY_DEFECTS, assert_audit_ok, read_jsonl, run_mission,
     str_set, toy_fail_key, write_toy_mission,

@@ -15,8 +15,8 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{Value, json};
-use stageb::report::{self, REPORT_FILE, ReportError};
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
+use stageb_inspect::report::{self, REPORT_FILE, ReportError};
 use stageb_worker::engine::{
     CancelFlag, Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint,
     RolloutOutput, RolloutRequest,

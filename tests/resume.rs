@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use stageb::cluster::{ClusterError, StartMode};
-use stageb_coordinator::run::files;
+use stageb_coordinator::artifacts::files;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
@@ -254,7 +254,7 @@ fn starting_over_an_earlier_run_is_refused_unless_asked_for() {
 // ---------------------------------------------------------------------------------------------
 // Journal compaction (issue 11, item 5): a resume starts from the last step checkpoint, and
 // the journal holds only the answers since. Every crash window of a checkpoint is simulated
-// on the directory a stopped attempt left (see `stageb_coordinator::checkpoint`).
+// on the directory a stopped attempt left (see `stageb_coordinator::run::checkpoint`).
 
 /// A stopped attempt of the two-epoch run, in `dir/runs/{run_name}`.
 fn stopped_attempt(dir: &Path, run_name: &str, script: &Arc<Script>, at: StopAfter) -> PathBuf {
@@ -306,7 +306,7 @@ fn journal_rows(run_dir: &Path) -> usize {
     std::fs::read_to_string(run_dir.join("jobs.jsonl")).map_or(0, |t| t.lines().count())
 }
 
-const CHECKPOINT: &str = stageb_coordinator::checkpoint::CHECKPOINT_FILE;
+const CHECKPOINT: &str = stageb_coordinator::run::checkpoint::CHECKPOINT_FILE;
 
 #[test]
 fn the_journal_holds_only_the_answers_since_the_last_step_checkpoint() {

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use stageb_coordinator::guidance::{GuidanceRepo, RepoOptions};
-use stageb_coordinator::reflection::{tailor_decision_schema, tailor_ops_schema};
+use stageb_coordinator::learn::reflection::{tailor_decision_schema, tailor_ops_schema};
 use stageb_shared::domain::TicketKey;
 use stageb_worker::constraint::ConstraintSpec;
 use stageb_worker::engine::{CandleEngine, EngineOptions};

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stageb_coordinator::scheduler::{DecodeJob, JobPayload, Scheduler, SchedulerConfig};
-use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::scheduler::{DecodeJob, JobPayload, Scheduler, SchedulerConfig};
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
@@ -18,7 +18,8 @@ use tonic::metadata::MetadataValue;
 struct Served {
     addr: String,
     scheduler: Arc<Scheduler>,
-    completions: tokio::sync::mpsc::UnboundedReceiver<stageb_coordinator::scheduler::Completion>,
+    completions:
+        tokio::sync::mpsc::UnboundedReceiver<stageb_coordinator::cluster::scheduler::Completion>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -307,10 +308,10 @@ fn listening_off_loopback_without_a_token_is_refused() {
 /// A coordinator with custom edge limits and no token; returns its address, the live
 /// connection count, the stop switch and the serving task.
 async fn serve_edge(
-    limits: stageb_coordinator::edge::EdgeLimits,
+    limits: stageb_coordinator::cluster::edge::EdgeLimits,
 ) -> (
     std::net::SocketAddr,
-    stageb_coordinator::edge::ConnectionCount,
+    stageb_coordinator::cluster::edge::ConnectionCount,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 ) {
@@ -383,7 +384,7 @@ fn health_check_request(addr: std::net::SocketAddr) -> http::Request<()> {
 
 #[tokio::test]
 async fn idle_connections_do_not_keep_rank_0_from_exiting() {
-    let limits = stageb_coordinator::edge::EdgeLimits {
+    let limits = stageb_coordinator::cluster::edge::EdgeLimits {
         shutdown_grace: Duration::from_millis(300),
         ..Default::default()
     };
@@ -419,7 +420,7 @@ async fn idle_connections_do_not_keep_rank_0_from_exiting() {
 #[tokio::test]
 async fn a_socket_that_never_speaks_is_closed_at_the_preface_deadline() {
     use tokio::io::AsyncReadExt;
-    let limits = stageb_coordinator::edge::EdgeLimits {
+    let limits = stageb_coordinator::cluster::edge::EdgeLimits {
         preface_timeout: Duration::from_millis(300),
         ..Default::default()
     };
@@ -446,7 +447,7 @@ async fn a_socket_that_never_speaks_is_closed_at_the_preface_deadline() {
 
 #[tokio::test]
 async fn the_connection_cap_closes_new_connections_until_some_end() {
-    let limits = stageb_coordinator::edge::EdgeLimits {
+    let limits = stageb_coordinator::cluster::edge::EdgeLimits {
         max_connections: 3,
         ..Default::default()
     };

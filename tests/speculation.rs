@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stageb::cluster::StartMode;
-use stageb_coordinator::scheduler::{
+use stageb_coordinator::cluster::scheduler::{
     CandidateText, JobOutput, Scheduler, SchedulerConfig, SpeculationConfig, SubmitOutcome,
 };
 use stageb_worker::engine::{
@@ -41,7 +41,7 @@ fn answer(seed: u64) -> JobOutput {
 /// A scheduler that speculates past 50 ms, with three instant jobs done so the median is known.
 async fn warmed_scheduler() -> (
     Scheduler,
-    tokio::sync::mpsc::UnboundedReceiver<stageb_coordinator::scheduler::Completion>,
+    tokio::sync::mpsc::UnboundedReceiver<stageb_coordinator::cluster::scheduler::Completion>,
 ) {
     let (s, mut done) = Scheduler::new(SchedulerConfig {
         speculation: SpeculationConfig {

@@ -10,8 +10,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-use stageb_coordinator::scheduler::{Scheduler, SchedulerConfig};
-use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::scheduler::{Scheduler, SchedulerConfig};
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_shared::pb;
 use stageb_shared::tls::{ClientTls, ServerTls};
 use tokio::net::TcpListener;

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stageb_coordinator::edge::EdgeLimits;
-use stageb_coordinator::scheduler::{Scheduler, SchedulerConfig};
-use stageb_coordinator::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::edge::EdgeLimits;
+use stageb_coordinator::cluster::scheduler::{Scheduler, SchedulerConfig};
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_worker::client::{WorkerError, WorkerOptions, run_worker};
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use stageb_coordinator::guidance::{MissionGuidance, RuleKey, apply_ops, loose_form};
-use stageb_coordinator::ops::{OpsContext, ProposedOp, evidence_covered, validate_ops};
-use stageb_coordinator::rule_text;
+use stageb_coordinator::learn::op_check::{OpsContext, ProposedOp, evidence_covered, validate_ops};
+use stageb_coordinator::learn::rule_text;
 use stageb_shared::domain::TicketKey;
 
 const GROUPS: [&str; 3] = ["QC-PROP-0001", "QC-PROP-0002", "QC-PROP-0003"];

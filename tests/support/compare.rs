@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use serde_json::Value;
-use stageb_coordinator::checkpoint::CHECKPOINT_FILE;
-use stageb_coordinator::journal::JOURNAL_FILE;
-use stageb_coordinator::start::LOCK_FILE;
+use stageb_coordinator::cluster::scheduler::journal::JOURNAL_FILE;
+use stageb_coordinator::run::checkpoint::CHECKPOINT_FILE;
+use stageb_coordinator::run::start::LOCK_FILE;
 
 const REPORT_FILE: &str = "report.html";
 

@@ -1196,7 +1196,7 @@ pub fn str_set(v: &Value) -> BTreeSet<String> {
 
 /// `stageb audit` finds nothing wrong with the run directory.
 pub fn assert_audit_ok(run_dir: &Path) {
-    let report = stageb::audit::audit(run_dir);
+    let report = stageb_inspect::audit::audit(run_dir);
     let lines: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
     assert!(
         report.ok(),
@@ -1209,10 +1209,10 @@ pub fn assert_audit_ok(run_dir: &Path) {
 
 /// A minimal rollout job: one decode group with one candidate per seed (scheduler-level tests
 /// that need a payload rank 0 accepts answers for).
-pub fn rollout_job(seeds: Vec<u64>) -> stageb_coordinator::scheduler::JobPayload {
-    stageb_coordinator::scheduler::JobPayload::Rollout {
+pub fn rollout_job(seeds: Vec<u64>) -> stageb_coordinator::cluster::scheduler::JobPayload {
+    stageb_coordinator::cluster::scheduler::JobPayload::Rollout {
         messages: vec![stageb_shared::domain::ChatMessage::user("x")],
-        decodes: vec![stageb_coordinator::scheduler::DecodeJob {
+        decodes: vec![stageb_coordinator::cluster::scheduler::DecodeJob {
             decode_index: 0,
             temperature: 0.7,
             top_p: 0.9,

@@ -5,9 +5,9 @@
 //! every recorded version. Keeping them pure and in one place is what makes the replay
 //! trustworthy: the chain is verified with exactly the code that produced it.
 
+use super::edits::{AppliedOp, GuidanceOp, OpEffect, SkipReason, SkippedOp};
 use super::error::GuidanceError;
 use super::model::{MissionGuidance, RuleKey, RuleMetadata, confidence, dedupe_form, loose_form};
-use super::ops::{AppliedOp, GuidanceOp, OpEffect, SkipReason, SkippedOp};
 use stageb_shared::domain::TicketKey;
 use stageb_shared::text;
 
@@ -445,7 +445,7 @@ mod tests {
         );
         assert_eq!(out.skipped[0].reason, SkipReason::Unchanged);
         assert_eq!(
-            crate::ops::evidence_covered(&out.applied),
+            crate::learn::op_check::evidence_covered(&out.applied),
             [TicketKey("QC-1::fail".into())].into_iter().collect()
         );
         let (step, versions) = (r.step(), r.versions().len());

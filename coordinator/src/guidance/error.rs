@@ -4,7 +4,7 @@
 //! invariant broken) and by [`super::GuidanceRepo`] (I/O, snapshot, options), so it sits below
 //! both rather than in either.
 
-use super::ops::SkippedOp;
+use super::edits::SkippedOp;
 use stageb_shared::error::InputError;
 use std::io;
 use std::path::{Path, PathBuf};

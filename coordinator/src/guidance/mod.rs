@@ -39,7 +39,7 @@
 //! `error`, `apply`, `parse` and `version` build on it in that order; `repo` and `chain` sit on
 //! top (`chain` does not use `repo`: it reads the run file and replays the same transitions):
 //! - `model`: rule keys, metadata, [`MissionGuidance`], the text normal forms.
-//! - `ops`: the op vocabulary ([`GuidanceOp`]) and per-op outcomes.
+//! - `edits`: the op vocabulary ([`GuidanceOp`]) and per-op outcomes.
 //! - `error`: [`GuidanceError`], shared by op application and the repository.
 //! - `apply`: the pure transitions ([`apply_ops`], cleanup's key removal).
 //! - `parse`: reading and validating a mission section ([`load_mission_section`]).
@@ -52,10 +52,10 @@
 
 mod apply;
 mod chain;
+mod edits;
 mod error;
 mod fs;
 mod model;
-mod ops;
 mod parse;
 mod repo;
 mod snapshot;
@@ -66,12 +66,12 @@ mod version;
 
 pub use apply::{OpsApplication, apply_ops};
 pub use chain::{ChainError, ChainReport, verify_chain};
+pub use edits::{AppliedOp, GuidanceOp, OpEffect, SkipReason, SkippedOp};
 pub use error::GuidanceError;
 pub use model::{
     BadRuleKey, CONFIDENCE_EPSILON, HashedContent, HashedMetadata, MissionGuidance, RuleKey,
     RuleMetadata, confidence, dedupe_form, loose_form,
 };
-pub use ops::{AppliedOp, GuidanceOp, OpEffect, SkipReason, SkippedOp};
 pub use parse::{G0_PLACEHOLDER, load_mission_section};
 pub use repo::{ApplyOutcome, Clock, FeedbackOutcome, GuidanceRepo, RepoOptions};
 pub use snapshot::{SNAPSHOTS_DIR, snapshot_name, snapshots_dir};

@@ -7,10 +7,10 @@
 //! memory.
 
 use super::apply::{apply_ops, check_invariants, remove_keys};
+use super::edits::{AppliedOp, GuidanceOp, OpEffect, SkippedOp};
 use super::error::{GuidanceError, io_err};
 use super::fs::atomic_write;
 use super::model::{MissionGuidance, RuleKey, confidence};
-use super::ops::{AppliedOp, GuidanceOp, OpEffect, SkippedOp};
 use super::parse::{invalid, load_mission_section};
 use super::snapshot::{prune_snapshots, snapshot_name, snapshots_dir};
 use super::time::utc_now_iso;

@@ -6,8 +6,8 @@
 //! disagree after a crash. Both the repository (resume) and chain verification read the run
 //! file through [`read_run_file`].
 
+use super::edits::{AppliedOp, GuidanceOp, SkippedOp};
 use super::model::{HashedContent, MissionGuidance, RuleKey, RuleMetadata};
-use super::ops::{AppliedOp, GuidanceOp, SkippedOp};
 use super::parse::{invalid, mission_section, parse_section, read_json};
 use serde::{Deserialize, Serialize};
 use stageb_shared::digest::digest_of;

@@ -31,20 +31,22 @@ use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
 use crate::artifacts::{JsonlWriter, write_json_atomic};
-use crate::checkpoint::{Checkpoint, CheckpointPolicy, Position};
-use crate::completions::{WaitError, await_any};
-use crate::eligibility;
-use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
-use crate::metrics;
-use crate::prompts;
-use crate::reflection::{GradientRecord, ReflectionError, Reflector, TicketOutcome};
-use crate::scheduler::{
+use crate::cluster::completions::{WaitError, await_any};
+use crate::cluster::scheduler::{
     Completion, DecodeJob, JobFailure, JobId, JobOutput, JobPayload, Provenance, Scheduler,
 };
-use crate::selection::{self, Selection, VoteCandidate};
-use crate::signals;
+use crate::decide::accuracy;
+use crate::decide::eligibility;
+use crate::decide::selection::{self, Selection, VoteCandidate};
+use crate::decide::signals;
+use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
+use crate::learn::reflection::{GradientRecord, ReflectionError, Reflector, TicketOutcome};
+use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
+pub mod checkpoint;
 mod prefix_reuse;
+pub mod rollout_prompt;
+pub mod start;
 use prefix_reuse::PrefixReuse;
 
 /// Ranks of the reference deployment (one 8-GPU node). A step is
@@ -221,7 +223,7 @@ fn runtime_json(p: Option<&Provenance>, extra: serde_json::Value) -> serde_json:
 
 /// The Prometheus gauges of a finished epoch's accuracy (need-review counted wrong, and left
 /// out), labelled by epoch: a run has few epochs, so the label set stays small.
-fn record_epoch_accuracy(epoch: u32, row: &metrics::MetricsRow) {
+fn record_epoch_accuracy(epoch: u32, row: &accuracy::MetricsRow) {
     for (review, counts) in [
         ("included", &row.include_manual_review),
         ("excluded", &row.exclude_manual_review),
@@ -241,7 +243,7 @@ pub struct RunLoop {
     dir: PathBuf,
     scheduler: Arc<Scheduler>,
     completions: mpsc::UnboundedReceiver<Completion>,
-    model: crate::server::ModelPinHandle,
+    model: crate::cluster::server::ModelPinHandle,
     progress: ProgressHandle,
     guidance: GuidanceRepo,
     reflector: Reflector,
@@ -272,15 +274,15 @@ impl RunLoop {
     /// Prepare the run directory (fresh per-run artifacts; guidance reused only when
     /// `guidance.reset_on_rerun` is false and a previous run left one) and the writers.
     /// `resuming`: an earlier attempt at this very run is being continued
-    /// ([`crate::start`]): from its last step checkpoint when it left a usable one
-    /// ([`crate::checkpoint`]), else everything is rewritten from the start, with the guidance
+    /// ([`crate::run::start`]): from its last step checkpoint when it left a usable one
+    /// ([`crate::run::checkpoint`]), else everything is rewritten from the start, with the guidance
     /// seeded exactly as that attempt seeded it.
     pub fn prepare(
         inputs: RunInputs,
         resuming: bool,
         scheduler: Arc<Scheduler>,
         completions: mpsc::UnboundedReceiver<Completion>,
-        model: crate::server::ModelPinHandle,
+        model: crate::cluster::server::ModelPinHandle,
         progress: ProgressHandle,
     ) -> Result<Self, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
@@ -518,7 +520,7 @@ impl RunLoop {
             None => {
                 // The reflector's epoch state comes with a mid-epoch checkpoint's window.
                 self.reflector.start_epoch(epoch);
-                metrics::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64)
+                accuracy::Accumulator::new(epoch, cfg.runner.logging_steps.max(1) as u64)
                     .with_epoch_size(tickets.len())
             }
         };
@@ -563,7 +565,7 @@ impl RunLoop {
                 let outcome = self.decide_ticket(&at, &g0, ti, completion)?;
                 ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
                 let t = &tickets[ti];
-                window.push(metrics::Outcome {
+                window.push(accuracy::Outcome {
                     ticket_key: t.key(),
                     gt: t.label,
                     verdict: outcome.selection.verdict,
@@ -995,7 +997,7 @@ pub fn rollout_payload(
         })
         .collect();
     JobPayload::Rollout {
-        messages: prompts::rollout_messages(&ticket.mission, guidance, &ticket.per_image),
+        messages: rollout_prompt::rollout_messages(&ticket.mission, guidance, &ticket.per_image),
         decodes,
         constrained: cfg.sampler.constrained,
     }

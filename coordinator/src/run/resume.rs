@@ -1,6 +1,6 @@
 //! How the run loop opens its directory (from the start, or where a step checkpoint left it)
 //! and what it saves at a step boundary. The checkpoint format, when one is written and why
-//! every crash point is safe: [`crate::checkpoint`].
+//! every crash point is safe: [`crate::run::checkpoint`].
 
 use std::path::Path;
 
@@ -8,10 +8,10 @@ use stageb_shared::digest;
 
 use super::{RunError, RunInputs, RunLoop, Writers, io_err};
 use crate::artifacts::JsonlWriter;
-use crate::checkpoint::{self, Checkpoint, LoopCounters, Position, RunIdentity};
+use crate::decide::accuracy::Accumulator;
 use crate::guidance::{GuidanceRepo, RepoOptions};
-use crate::metrics::Accumulator;
-use crate::reflection::Reflector;
+use crate::learn::reflection::Reflector;
+use crate::run::checkpoint::{self, Checkpoint, LoopCounters, Position, RunIdentity};
 
 /// What a run writes to, opened fresh or from a checkpoint.
 pub(super) struct Opened {
@@ -145,7 +145,9 @@ impl RunLoop {
         // The epochs finished before the checkpoint publish their accuracy gauges again, as
         // an uninterrupted run's rank 0 would show them.
         for row in &c.epoch_rows {
-            if let Ok(row) = serde_json::from_value::<crate::metrics::MetricsRow>(row.clone()) {
+            if let Ok(row) =
+                serde_json::from_value::<crate::decide::accuracy::MetricsRow>(row.clone())
+            {
                 super::record_epoch_accuracy(row.epoch, &row);
             }
         }
@@ -156,7 +158,7 @@ impl RunLoop {
 
     /// At a step boundary (every job and reflection call answered and written): a checkpoint
     /// when one is due, or always at an epoch's end (`window` is `None` there), then the
-    /// journal starts over. Ordering and crash windows: [`crate::checkpoint`].
+    /// journal starts over. Ordering and crash windows: [`crate::run::checkpoint`].
     pub(super) fn checkpoint_at(
         &mut self,
         position: Position,

@@ -1,0 +1,396 @@
+//! Rank 0's network edge: which TCP connections get to speak gRPC, for how long, and with
+//! what limits. Everything here holds before a peer has authenticated, so it is written for
+//! the hostile case: a socket that never speaks, a flood of connections, a client that keeps
+//! a connection open after the run is written.
+//!
+//! - **Connection cap.** At most [`EdgeLimits::max_connections`] connections are held (derived
+//!   from the process's file-descriptor limit); beyond it a new connection is closed at once
+//!   and a warning says so (at most once every few seconds).
+//! - **Preface deadline.** A connection must start speaking (the HTTP/2 preface, or a TLS
+//!   ClientHello) within [`EdgeLimits::preface_timeout`]; one that does not is closed before
+//!   it reaches the HTTP/2 server, so silent sockets cannot pile up.
+//! - **Forced close.** Shutdown is graceful for [`EdgeLimits::shutdown_grace`]; then every
+//!   connection still open is aborted, so no client can keep rank 0 from exiting.
+//! - **Accept errors** (`EMFILE` and friends) back off instead of spinning.
+//!
+//! The HTTP/2 and gRPC limits (streams per connection, keepalive, request timeout, header and
+//! message sizes) are applied by [`crate::cluster::server::serve`] from the same [`EdgeLimits`].
+
+use std::future::Future as _;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// First byte of a TLS handshake record (a ClientHello).
+const TLS_HANDSHAKE: u8 = 0x16;
+/// File descriptors kept back from the connection cap for artifacts, logs and the model.
+const FD_RESERVE: usize = 128;
+/// Least time between two "connection cap reached" warnings.
+const CAP_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// Largest gRPC message either side may send (prompts, reflection outputs).
+pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Every limit of the edge, with its default (docs/ARCHITECTURE.md §11.2 lists them).
+#[derive(Debug, Clone)]
+pub struct EdgeLimits {
+    /// Connections held at once (default: 4096, or the fd limit less 128 if lower).
+    pub max_connections: usize,
+    /// Time a new connection has to send its first bytes (10 s).
+    pub preface_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection (64).
+    pub max_concurrent_streams: u32,
+    /// Longest a single request may take, body included (45 s; `Lease` long-polls ≤ 30 s).
+    pub request_timeout: Duration,
+    /// HTTP/2 keepalive ping interval and ack timeout (20 s each).
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// Largest request header block (16 KiB).
+    pub max_header_list_bytes: u32,
+    /// HTTP/2 flow-control windows: per stream (256 KiB) and per connection (1 MiB).
+    pub stream_window_bytes: u32,
+    pub connection_window_bytes: u32,
+    /// Largest `grpc.health.v1` request (1 KiB): health is unauthenticated.
+    pub health_message_bytes: usize,
+    /// Largest coordinator request (8 MiB: a `Submit` of reflection output); other RPCs are
+    /// checked against far smaller caps after decoding.
+    pub coordinator_message_bytes: usize,
+    /// How long shutdown waits for open connections before aborting them (5 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        EdgeLimits {
+            max_connections: connection_cap(4096, fd_limit()),
+            preface_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 64,
+            request_timeout: Duration::from_secs(45),
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(20),
+            max_header_list_bytes: 16 * 1024,
+            stream_window_bytes: 256 * 1024,
+            connection_window_bytes: 1024 * 1024,
+            health_message_bytes: 1024,
+            coordinator_message_bytes: MAX_MESSAGE_BYTES,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `wanted`, lowered to fit the process's descriptor limit with [`FD_RESERVE`] to spare.
+pub fn connection_cap(wanted: usize, fd_limit: Option<u64>) -> usize {
+    match fd_limit {
+        Some(limit) => wanted.min((limit as usize).saturating_sub(FD_RESERVE).max(16)),
+        None => wanted,
+    }
+}
+
+/// The soft limit on open file descriptors, if the platform has one.
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every unix
+pub fn fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we own and reads nothing else.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+            return Some(limit.rlim_cur as u64);
+        }
+        None
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Raise the soft descriptor limit to the hard one (as Go and nginx do at start), so the
+/// connection cap is not needlessly low. Returns the new soft limit.
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every unix
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: both calls only read or write the struct we own.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return None;
+            }
+            if limit.rlim_cur < limit.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: limit.rlim_max,
+                    rlim_max: limit.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    return Some(raised.rlim_cur as u64);
+                }
+            }
+        }
+        Some(limit.rlim_cur as u64)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Counts one held connection; the count drops when the connection does.
+struct ConnectionPermit(Arc<AtomicUsize>);
+
+impl Drop for ConnectionPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An accepted connection that passed the gate: counted against the cap, and aborted when
+/// `force_close` fires.
+pub struct GatedConnection {
+    stream: TcpStream,
+    _permit: ConnectionPermit,
+    force_close: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl GatedConnection {
+    fn aborted(&mut self, cx: &mut Context<'_>) -> bool {
+        self.force_close.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn aborted_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "rank 0 closed the connection at shutdown",
+    )
+}
+
+impl AsyncRead for GatedConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.aborted(cx) {
+            return Poll::Ready(Err(aborted_error()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GatedConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.aborted(cx) {
+            return Poll::Ready(Err(aborted_error()));
+        }
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for GatedConnection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The signals that end serving: `stop_accepting` closes the listener (graceful shutdown
+/// begins), `force_close` aborts every connection still open.
+#[derive(Clone, Default)]
+pub struct EdgeShutdown {
+    pub stop_accepting: CancellationToken,
+    pub force_close: CancellationToken,
+}
+
+/// Live connection count, shared with whoever wants to report it.
+#[derive(Clone, Default)]
+pub struct ConnectionCount(Arc<AtomicUsize>);
+
+impl ConnectionCount {
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Accept connections on `listener` through the gate. `tls` says which first bytes to
+/// expect. The stream ends when `shutdown.stop_accepting` fires (the listener is dropped
+/// then, so the port stops accepting at once).
+pub fn gated_incoming(
+    listener: TcpListener,
+    limits: &EdgeLimits,
+    tls: bool,
+    shutdown: EdgeShutdown,
+    count: ConnectionCount,
+) -> ReceiverStream<io::Result<GatedConnection>> {
+    let (tx, rx) = mpsc::channel(64);
+    let max = limits.max_connections.max(1);
+    let preface_timeout = limits.preface_timeout;
+    tokio::spawn(async move {
+        let mut refused = 0u64;
+        let mut last_warning: Option<Instant> = None;
+        let mut accept_backoff = Duration::from_millis(5);
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.stop_accepting.cancelled() => break,
+                r = listener.accept() => r,
+            };
+            let (stream, peer) = match accepted {
+                Ok(ok) => {
+                    accept_backoff = Duration::from_millis(5);
+                    ok
+                }
+                Err(e) => {
+                    // EMFILE/ENFILE/ENOBUFS: wait for descriptors to come back instead of
+                    // spinning on a listener that stays readable.
+                    tracing::warn!("accepting a connection failed: {e}; backing off");
+                    tokio::time::sleep(accept_backoff).await;
+                    accept_backoff = (accept_backoff * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            if count.0.load(Ordering::Acquire) >= max {
+                refused += 1;
+                drop(stream);
+                if last_warning.is_none_or(|t| t.elapsed() >= CAP_WARNING_EVERY) {
+                    tracing::warn!(
+                        max_connections = max,
+                        refused,
+                        %peer,
+                        "connection cap reached: closing new connections until some end"
+                    );
+                    last_warning = Some(Instant::now());
+                }
+                continue;
+            }
+            // Small gRPC messages both ways: without TCP_NODELAY, Nagle holding the answer for
+            // the peer's delayed ACK added ~40 ms to every Lease (tonic sets it on connections
+            // it accepts itself; this listener accepts them here).
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(%peer, "TCP_NODELAY not set: {e}");
+            }
+            count.0.fetch_add(1, Ordering::AcqRel);
+            let permit = ConnectionPermit(count.0.clone());
+            let tx = tx.clone();
+            let force_close = shutdown.force_close.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(preface_timeout, speaks_first(&stream, tls)).await {
+                    Ok(Ok(true)) => {
+                        let conn = GatedConnection {
+                            stream,
+                            _permit: permit,
+                            force_close: Box::pin(force_close.cancelled_owned()),
+                        };
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                    Ok(Ok(false)) => {
+                        tracing::debug!(%peer, "closing a connection that does not speak gRPC")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "connection failed before its preface: {e}")
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "closing a connection silent for {preface_timeout:?}")
+                    }
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Wait for the connection's first bytes: the full HTTP/2 preface in plaintext, the TLS
+/// handshake record type under TLS. `false` for anything else or for an early close.
+async fn speaks_first(stream: &TcpStream, tls: bool) -> io::Result<bool> {
+    let want = if tls { 1 } else { H2_PREFACE.len() };
+    let mut buf = [0u8; 24];
+    loop {
+        let n = stream.peek(&mut buf[..want]).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if tls {
+            return Ok(buf[0] == TLS_HANDSHAKE);
+        }
+        if buf[..n] != H2_PREFACE[..n] {
+            return Ok(false);
+        }
+        if n == want {
+            return Ok(true);
+        }
+        // A partial preface: peek returns at once while bytes are buffered, so wait a little
+        // for the rest rather than spin.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: connections accepted here kept Nagle on, and every Lease answer waited
+    /// for the worker's delayed ACK (~40 ms: a one-worker run at 200 ms jobs ran at 0.82 of
+    /// its ideal rate).
+    #[tokio::test]
+    async fn accepted_connections_send_small_messages_at_once() {
+        use tokio::io::AsyncWriteExt;
+        use tokio_stream::StreamExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = EdgeShutdown {
+            stop_accepting: CancellationToken::new(),
+            force_close: CancellationToken::new(),
+        };
+        let mut incoming = gated_incoming(
+            listener,
+            &EdgeLimits::default(),
+            false,
+            shutdown,
+            ConnectionCount::default(),
+        );
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        let conn = incoming.next().await.unwrap().unwrap();
+        assert!(conn.stream.nodelay().unwrap());
+    }
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_the_run() {
+        assert_eq!(connection_cap(4096, Some(1024)), 1024 - FD_RESERVE);
+        assert_eq!(connection_cap(4096, Some(1_048_576)), 4096);
+        assert_eq!(connection_cap(4096, None), 4096);
+        assert_eq!(connection_cap(4096, Some(10)), 16);
+    }
+}

@@ -1,0 +1,255 @@
+//! The job journal (`jobs.jsonl`): every model result rank 0 accepted, keyed by a digest of the
+//! job that produced it. It is what makes `--resume` exact.
+//!
+//! A run is a deterministic function of its inputs and of the model's answers: the epoch order,
+//! the prompts, the seeds, every selection and every guidance edit follow from them. A resumed
+//! run starts from the last step checkpoint ([`crate::run::checkpoint`]), or from epoch 1 when
+//! there is none, with the same inputs. The scheduler answers each job whose payload digest
+//! is in the journal at once (a *replay*) and leases the rest to workers. The replayed part
+//! rewrites the same artifacts the crashed run wrote, and the run carries on where it stopped.
+//! The result equals an uninterrupted run, whatever the crash point: mid-step, mid-reflection,
+//! or between two writes.
+//!
+//! The journal is bounded: once a checkpoint covers a step boundary, no later job can ask for
+//! an answer given before it, so the journal is emptied ([`Journal::restart`]). Its size and
+//! the time a resume spends replaying it follow the work since the last checkpoint, not all
+//! the work of the run.
+//!
+//! The journal is only a cache of answers. A row is written when the scheduler accepts a result,
+//! with one `write_all` (a crash leaves at most a torn last line, which loading skips). A lost
+//! row costs a recomputation, never a wrong answer: the digest covers the whole payload
+//! (messages with the guidance in force, seeds, sampling parameters, schema), so a replayed
+//! answer is always the answer to the same question. The manifest pins the model: a resumed run
+//! refuses workers with another model fingerprint. Failures are never journaled, so they are
+//! retried.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead};
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use stageb_shared::digest;
+
+use super::job::{JobOutput, JobPayload};
+use crate::artifacts::JsonlWriter;
+
+/// File name of the journal inside the run directory.
+pub const JOURNAL_FILE: &str = "jobs.jsonl";
+
+/// Version of the row format (and of the payload digest): rows of another version are ignored.
+const JOURNAL_VERSION: u64 = 1;
+
+/// `sha256:` of the canonical JSON of everything that determines a job's answer: the whole
+/// payload (messages, decode groups with their seeds, schema, sampling parameters).
+pub fn payload_digest(payload: &JobPayload) -> String {
+    digest::digest_of(payload)
+}
+
+/// Answers of an earlier attempt at this run, by payload digest.
+#[derive(Debug, Default, Clone)]
+pub struct ReplayCache {
+    answers: HashMap<String, JobOutput>,
+}
+
+impl ReplayCache {
+    /// Reads `path`; a missing file is an empty cache. Rows that do not parse (a torn last
+    /// line, another journal version) are skipped: the job is recomputed instead.
+    pub fn load(path: &Path) -> io::Result<ReplayCache> {
+        let mut answers = HashMap::new();
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReplayCache::default()),
+            Err(e) => return Err(e),
+        };
+        let mut skipped = 0usize;
+        for line in io::BufReader::new(file).lines() {
+            let line = line?;
+            let parsed = serde_json::from_str::<Value>(&line).ok().and_then(|row| {
+                if row.get("journal_version")?.as_u64()? != JOURNAL_VERSION {
+                    return None;
+                }
+                let digest = row.get("digest")?.as_str()?.to_string();
+                let output = serde_json::from_value(row.get("output")?.clone()).ok()?;
+                Some((digest, output))
+            });
+            match parsed {
+                Some((digest, output)) => {
+                    answers.insert(digest, output);
+                }
+                None => skipped += 1,
+            }
+        }
+        if skipped > 0 {
+            tracing::warn!(path = %path.display(), skipped, "journal rows skipped (their jobs will be recomputed)");
+        }
+        Ok(ReplayCache { answers })
+    }
+
+    pub fn get(&self, digest: &str) -> Option<&JobOutput> {
+        self.answers.get(digest)
+    }
+
+    pub fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+    }
+}
+
+/// The append side of the journal, shared by the scheduler's submit path.
+pub struct Journal {
+    writer: Mutex<JsonlWriter>,
+}
+
+impl Journal {
+    /// A fresh journal (truncates `path`).
+    pub fn create(path: &Path) -> io::Result<Journal> {
+        Ok(Journal {
+            writer: Mutex::new(JsonlWriter::create(path)?),
+        })
+    }
+
+    /// Continues `path` after a crash (a torn last line is cut off, nothing else rewritten).
+    pub fn append_to(path: &Path) -> io::Result<Journal> {
+        Ok(Journal {
+            writer: Mutex::new(JsonlWriter::open_resume(path)?),
+        })
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, JsonlWriter> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records an accepted answer. A failed write only costs a recomputation on resume, so it
+    /// is logged, not fatal.
+    pub fn record(&self, digest: &str, output: &JobOutput) {
+        let row = json!({
+            "journal_version": JOURNAL_VERSION,
+            "digest": digest,
+            "output": output,
+        });
+        let mut w = self.writer();
+        if let Err(e) = w.append(&row) {
+            tracing::warn!(path = %w.path().display(), "cannot append to the job journal: {e}");
+        }
+    }
+
+    /// Makes every row written so far durable (called at step boundaries).
+    pub fn sync(&self) -> io::Result<()> {
+        self.writer().sync()
+    }
+
+    /// Bytes of the journal on disk (written since it was created or last restarted).
+    pub fn bytes(&self) -> u64 {
+        self.writer().bytes()
+    }
+
+    /// Empties the journal, durably. Only once a step checkpoint covering every row is on disk
+    /// ([`crate::run::checkpoint`]): a crash in here leaves the old rows or none, and the
+    /// checkpoint needs neither.
+    pub fn restart(&self) -> io::Result<()> {
+        let mut w = self.writer();
+        let fresh = JsonlWriter::create(w.path())?;
+        *w = fresh;
+        w.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::scheduler::job::{CandidateText, DecodeJob};
+    use stageb_shared::domain::ChatMessage;
+
+    fn rollout(seed: u64) -> JobPayload {
+        JobPayload::Rollout {
+            messages: vec![ChatMessage::user("票据 ticket")],
+            decodes: vec![DecodeJob {
+                decode_index: 0,
+                temperature: 0.7,
+                top_p: 0.9,
+                repetition_penalty: 1.05,
+                max_new_tokens: 48,
+                seeds: vec![seed, seed + 1],
+            }],
+            constrained: true,
+        }
+    }
+
+    #[test]
+    fn the_digest_covers_every_field_that_changes_the_answer() {
+        assert_eq!(payload_digest(&rollout(1)), payload_digest(&rollout(1)));
+        assert_ne!(payload_digest(&rollout(1)), payload_digest(&rollout(2)));
+        let mut other_prompt = rollout(1);
+        if let JobPayload::Rollout { messages, .. } = &mut other_prompt {
+            messages[0].content.push('!');
+        }
+        assert_ne!(payload_digest(&rollout(1)), payload_digest(&other_prompt));
+    }
+
+    #[test]
+    fn an_answer_journaled_before_prefix_tokens_existed_reads_as_no_reuse() {
+        let old = serde_json::json!({"kind": "rollout", "candidates": [], "prompt_tokens": 9,
+                                     "prefill_us": 1, "decode_us": 2});
+        match serde_json::from_value::<JobOutput>(old).unwrap() {
+            JobOutput::Rollout { prefix_tokens, .. } => assert_eq!(prefix_tokens, 0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn answers_round_trip_and_torn_rows_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let answer = JobOutput::Rollout {
+            candidates: vec![CandidateText {
+                decode_index: 0,
+                sample_index: 1,
+                seed: u64::MAX,
+                text: "Verdict: 通过\nReason: 无异常".into(),
+                completion_tokens: 9,
+                finish_reason: "stop".into(),
+            }],
+            prompt_tokens: 600,
+            prefix_tokens: 580,
+            prefill_us: 1,
+            decode_us: 2,
+        };
+        let generated = JobOutput::Generate {
+            text: "{}".into(),
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            finish_reason: "stop".into(),
+            latency_us: 4,
+        };
+        {
+            let j = Journal::create(&path).unwrap();
+            j.record("sha256:a", &answer);
+            j.record("sha256:b", &generated);
+            j.sync().unwrap();
+        }
+        // A crash in the middle of a third row.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(br#"{"journal_version":1,"digest":"sha256:c","out"#);
+        std::fs::write(&path, &bytes).unwrap();
+        let cache = ReplayCache::load(&path).unwrap();
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.get("sha256:a"), Some(&answer));
+        assert_eq!(cache.get("sha256:b"), Some(&generated));
+        // Appending after the crash cuts the torn row off first.
+        let j = Journal::append_to(&path).unwrap();
+        j.record("sha256:c", &generated);
+        assert_eq!(ReplayCache::load(&path).unwrap().len(), 3);
+        assert_eq!(j.bytes(), std::fs::metadata(&path).unwrap().len());
+
+        // A restart (after a checkpoint) leaves an empty journal that is appended to as before.
+        j.restart().unwrap();
+        assert_eq!((j.bytes(), std::fs::metadata(&path).unwrap().len()), (0, 0));
+        j.record("sha256:d", &generated);
+        let cache = ReplayCache::load(&path).unwrap();
+        assert_eq!((cache.len(), cache.get("sha256:d")), (1, Some(&generated)));
+    }
+}

@@ -1,0 +1,801 @@
+//! The lease table: which job is queued, which worker session holds which lease, and when a
+//! lease stops being valid.
+//!
+//! Rank 0 is the single arbiter of results (the Spark OutputCommitCoordinator idea): a job is
+//! completed by the first valid submission for a lease that is still live and held by the
+//! submitting session. Everything else is refused without side effects: a repeat of an
+//! accepted lease is `Duplicate`; an expired, foreign or unknown lease is `Fenced`. Expired
+//! leases put their job back at the front of the queue. Lease ids are never reused, so a
+//! late result can never be mistaken for the current attempt's.
+//!
+//! The scheduler knows nothing about tickets: callers attach a [`JobId`] and receive
+//! [`Completion`]s on a channel, in whatever order workers finish. The run loop restores a
+//! deterministic order itself.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use stageb_shared::observe;
+use tokio::sync::{Notify, mpsc};
+
+pub mod job;
+pub mod journal;
+pub mod result_check;
+pub mod speculation;
+
+pub use job::{
+    CandidateText, Completion, ControlSignal, DecodeJob, JobFailure, JobId, JobOutput, JobPayload,
+    LeaseId, Provenance, REPLAY_WORKER, SubmitError, SubmitOutcome,
+};
+use journal::{Journal, ReplayCache, payload_digest};
+use result_check::validate_output;
+
+pub use speculation::SpeculationConfig;
+use speculation::{JobKind, JobTimes};
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub lease_ttl: Duration,
+    /// Attempts a job gets when workers report errors for it (deterministic errors such as
+    /// PROMPT_TOO_LONG fail at once).
+    pub max_attempts: u32,
+    /// Expiries a job may cause before it is failed: a job that kills every worker it lands
+    /// on must not loop forever.
+    pub max_expiries: u32,
+    /// Largest accepted candidate text, in bytes.
+    pub max_text_bytes: usize,
+    /// A session not heard from for this long, and holding no lease, is forgotten (its worker
+    /// registers again if it comes back).
+    pub session_idle_ttl: Duration,
+    /// Most sessions held at once; `Register` beyond it is refused until idle ones expire.
+    pub max_sessions: usize,
+    /// Straggler speculation (see [`crate::cluster::scheduler::speculation`]).
+    pub speculation: SpeculationConfig,
+}
+
+impl SchedulerConfig {
+    /// The defaults with `lease_ttl`, and a session idle TTL to match (three lease TTLs, at
+    /// least a minute: long enough for a worker between two long jobs).
+    pub fn with_lease_ttl(lease_ttl: Duration) -> Self {
+        SchedulerConfig {
+            lease_ttl,
+            session_idle_ttl: (lease_ttl * 3).max(Duration::from_secs(60)),
+            ..SchedulerConfig::default()
+        }
+    }
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            lease_ttl: Duration::from_secs(60),
+            max_attempts: 3,
+            max_expiries: 6,
+            max_text_bytes: 64 * 1024,
+            session_idle_ttl: Duration::from_secs(180),
+            max_sessions: 16_384,
+            speculation: SpeculationConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct JobState {
+    /// What workers are sent; dropped once the job is done (a run keeps every job's state,
+    /// and the prompts were most of rank 0's memory per ticket).
+    payload: Option<JobPayload>,
+    kind: JobKind,
+    /// [`payload_digest`] of the payload, when a journal is kept.
+    digest: Option<String>,
+    /// Leases issued (the `attempt` number recorded with a result).
+    attempts: u32,
+    /// Errors reported by workers; only these count against `max_attempts`.
+    errors: u32,
+    /// Leases that expired; they count against `max_expiries` instead.
+    expiries: u32,
+    done: bool,
+    /// Live leases of the job: one, or two while a straggler is speculated on.
+    live: Vec<LeaseId>,
+    /// A speculative copy was leased (at most one per job).
+    speculated: bool,
+}
+
+impl JobState {
+    fn kind(&self) -> JobKind {
+        self.kind
+    }
+
+    /// The job has its answer (or failed for good): no lease will need its payload again.
+    fn finish(&mut self) {
+        self.done = true;
+        self.payload = None;
+    }
+}
+
+fn kind_of(payload: &JobPayload) -> JobKind {
+    match payload {
+        JobPayload::Rollout { .. } => JobKind::Rollout,
+        JobPayload::Generate { .. } => JobKind::Generate,
+    }
+}
+
+#[derive(Debug)]
+struct LeaseState {
+    job: JobId,
+    session: String,
+    deadline: Instant,
+    attempt: u32,
+    /// When the lease was issued (job latency, straggler detection).
+    issued: Instant,
+    /// A second copy of a straggling job.
+    speculative: bool,
+}
+
+#[derive(Debug)]
+struct SessionState {
+    worker_id: String,
+    last_seen: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_job: JobId,
+    next_lease: LeaseId,
+    next_worker: u64,
+    queue: VecDeque<JobId>,
+    jobs: HashMap<JobId, JobState>,
+    leases: HashMap<LeaseId, LeaseState>,
+    accepted: HashMap<LeaseId, String>,
+    sessions: HashMap<String, SessionState>,
+    control: Option<ControlSignal>,
+    stats: SchedulerStats,
+    /// Recent accepted job times, for straggler detection.
+    times: JobTimes,
+}
+
+/// Counters for progress reporting and the run summary.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SchedulerStats {
+    pub leases_issued: u64,
+    pub leases_expired: u64,
+    pub submits_accepted: u64,
+    pub submits_duplicate: u64,
+    pub submits_fenced: u64,
+    pub job_errors: u64,
+    /// Jobs answered from the journal of an earlier attempt (`--resume`), never leased.
+    pub replayed: u64,
+    /// Sessions forgotten after `session_idle_ttl` without a call.
+    pub sessions_expired: u64,
+    /// Leases fenced because their worker registered again (a subset of `leases_expired`).
+    pub leases_fenced_on_register: u64,
+    /// Second copies leased for straggling jobs.
+    pub speculative_leases: u64,
+    /// Jobs whose speculative copy answered first.
+    pub speculation_wins: u64,
+    /// Leases fenced because the other copy of their job answered first.
+    pub leases_fenced_by_speculation: u64,
+}
+
+/// The lease table. Cheap to share (`Arc`), all methods take `&self`.
+pub struct Scheduler {
+    config: SchedulerConfig,
+    inner: Mutex<Inner>,
+    work_available: Notify,
+    completions: mpsc::UnboundedSender<Completion>,
+    /// Where accepted answers are recorded (see [`crate::cluster::scheduler::journal`]).
+    journal: Option<Journal>,
+    /// Answers of an earlier attempt at this run, served instead of leasing.
+    replay: ReplayCache,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> (Self, mpsc::UnboundedReceiver<Completion>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let s = Scheduler {
+            config,
+            inner: Mutex::new(Inner {
+                next_job: 1,
+                next_lease: 1,
+                next_worker: 1,
+                ..Default::default()
+            }),
+            work_available: Notify::new(),
+            completions: tx,
+            journal: None,
+            replay: ReplayCache::default(),
+        };
+        (s, rx)
+    }
+
+    /// Record accepted answers in `journal`, and answer jobs found in `replay` at once.
+    pub fn with_journal(mut self, journal: Journal, replay: ReplayCache) -> Self {
+        self.journal = Some(journal);
+        self.replay = replay;
+        self
+    }
+
+    /// Makes the journal durable up to now (a no-op without one).
+    pub fn sync_journal(&self) -> std::io::Result<()> {
+        match &self.journal {
+            Some(j) => j.sync(),
+            None => Ok(()),
+        }
+    }
+
+    /// The journal's size on disk (0 without one).
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal.as_ref().map_or(0, Journal::bytes)
+    }
+
+    /// Empties the journal once a checkpoint covers every answer in it (see
+    /// [`crate::run::checkpoint`]; a no-op without one).
+    pub fn restart_journal(&self) -> std::io::Result<()> {
+        match &self.journal {
+            Some(j) => j.restart(),
+            None => Ok(()),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A poisoned lock means a panic inside a critical section; the table is still
+        // consistent (every section is short and infallible), so keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queue a job; returns its id.
+    pub fn enqueue(&self, payload: JobPayload) -> JobId {
+        let digest = self.journal.as_ref().map(|_| payload_digest(&payload));
+        let replayed = digest.as_deref().and_then(|d| self.replay.get(d)).cloned();
+        let id = {
+            let mut g = self.lock();
+            let id = g.next_job;
+            g.next_job += 1;
+            g.jobs.insert(
+                id,
+                JobState {
+                    kind: kind_of(&payload),
+                    // A replayed job is done at once: nothing will be leased.
+                    payload: replayed.is_none().then_some(payload),
+                    digest,
+                    attempts: 0,
+                    errors: 0,
+                    expiries: 0,
+                    done: replayed.is_some(),
+                    live: Vec::new(),
+                    speculated: false,
+                },
+            );
+            if replayed.is_some() {
+                g.stats.replayed += 1;
+            } else {
+                g.queue.push_back(id);
+            }
+            id
+        };
+        match replayed {
+            Some(output) => {
+                let _ = self.completions.send(Completion {
+                    job: id,
+                    result: Ok(output),
+                    provenance: Some(Provenance {
+                        worker_id: REPLAY_WORKER.to_string(),
+                        lease_id: 0,
+                        attempt: 0,
+                    }),
+                });
+            }
+            None => self.work_available.notify_waiters(),
+        }
+        id
+    }
+
+    /// A new session for a worker. Returns (worker id, session secret), or `Exhausted` when
+    /// `max_sessions` sessions are live.
+    pub fn register(&self) -> Result<(String, String), SubmitError> {
+        self.register_replacing("")
+            .map(|(worker, session, _)| (worker, session))
+    }
+
+    /// [`Scheduler::register`] for a worker that held `previous` (its old session secret,
+    /// which only that worker knows): the old session is retired first and its leases are
+    /// fenced at once, their jobs back at the front of the queue, instead of waiting out their
+    /// TTL. Whatever the worker was running under the old session it has dropped, or it would
+    /// not register again. Returns the ids of the fenced leases as the third element.
+    pub fn register_replacing(
+        &self,
+        previous: &str,
+    ) -> Result<(String, String, Vec<LeaseId>), SubmitError> {
+        let mut failed = Vec::new();
+        let mut g = self.lock();
+        let mut fenced: Vec<LeaseId> = Vec::new();
+        if !previous.is_empty() && g.sessions.remove(previous).is_some() {
+            fenced = g
+                .leases
+                .iter()
+                .filter(|(_, l)| l.session == previous)
+                .map(|(id, _)| *id)
+                .collect();
+            // Highest id first, each pushed to the front: the oldest lease's job leads.
+            fenced.sort_unstable_by(|a, b| b.cmp(a));
+            for id in &fenced {
+                self.expire_lease(&mut g, *id, &mut failed);
+            }
+            g.stats.leases_fenced_on_register += fenced.len() as u64;
+        }
+        let registered = self.register_locked(&mut g);
+        drop(g);
+        self.after_expiry(failed, !fenced.is_empty());
+        registered.map(|(worker, session)| (worker, session, fenced))
+    }
+
+    fn register_locked(&self, g: &mut Inner) -> Result<(String, String), SubmitError> {
+        if g.sessions.len() >= self.config.max_sessions {
+            self.forget_idle_sessions(g, Instant::now());
+            if g.sessions.len() >= self.config.max_sessions {
+                return Err(SubmitError::Exhausted(format!(
+                    "too many worker sessions ({}); retry later",
+                    g.sessions.len()
+                )));
+            }
+        }
+        let worker_id = format!("w{}", g.next_worker);
+        g.next_worker += 1;
+        let session = uuid::Uuid::new_v4().simple().to_string();
+        g.sessions.insert(
+            session.clone(),
+            SessionState {
+                worker_id: worker_id.clone(),
+                last_seen: Instant::now(),
+            },
+        );
+        Ok((worker_id, session))
+    }
+
+    /// Number of sessions held (live or idle but not yet forgotten).
+    pub fn sessions(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Forget sessions idle past `session_idle_ttl` that hold no lease.
+    fn forget_idle_sessions(&self, g: &mut Inner, now: Instant) {
+        let ttl = self.config.session_idle_ttl;
+        let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
+        let idle: Vec<String> = g
+            .sessions
+            .iter()
+            .filter(|(id, s)| {
+                now.saturating_duration_since(s.last_seen) >= ttl && !holding.contains(id.as_str())
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            g.sessions.remove(&id);
+            g.stats.sessions_expired += 1;
+        }
+    }
+
+    pub fn has_session(&self, session: &str) -> bool {
+        self.lock().sessions.contains_key(session)
+    }
+
+    /// Number of sessions seen within two lease TTLs.
+    pub fn live_workers(&self) -> usize {
+        let g = self.lock();
+        let horizon = self.config.lease_ttl * 2;
+        g.sessions
+            .values()
+            .filter(|s| s.last_seen.elapsed() < horizon)
+            .count()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.lock().stats.clone()
+    }
+
+    pub fn set_control(&self, control: ControlSignal) {
+        self.lock().control = Some(control);
+        self.work_available.notify_waiters();
+    }
+
+    pub fn control(&self) -> ControlSignal {
+        self.lock().control.unwrap_or(ControlSignal::Continue)
+    }
+
+    /// Leases issued and not yet answered, expired or fenced: the jobs workers are running.
+    pub fn in_flight(&self) -> usize {
+        self.lock().leases.len()
+    }
+
+    /// Take up to `max_jobs` queued jobs for `session`, waiting up to `wait` for one to appear.
+    pub async fn lease(
+        &self,
+        session: &str,
+        max_jobs: usize,
+        wait: Duration,
+    ) -> Result<(Vec<(LeaseId, JobPayload)>, ControlSignal), SubmitError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            // Register interest before checking, so an enqueue between the check and the
+            // wait is not missed.
+            let notified = self.work_available.notified();
+            {
+                let mut g = self.lock();
+                let now = Instant::now();
+                match g.sessions.get_mut(session) {
+                    Some(s) => s.last_seen = now,
+                    None => return Err(SubmitError::UnknownSession),
+                }
+                let control = g.control.unwrap_or(ControlSignal::Continue);
+                if control != ControlSignal::Continue {
+                    return Ok((Vec::new(), control));
+                }
+                let mut out = Vec::new();
+                while out.len() < max_jobs.max(1) {
+                    let Some(job_id) = g.queue.pop_front() else {
+                        break;
+                    };
+                    if let Some(leased) = self.issue_lease(&mut g, job_id, session, now, false) {
+                        out.push(leased);
+                    }
+                }
+                if out.is_empty()
+                    && let Some(job_id) = self.straggler(&g, session, now)
+                    && let Some(leased) = self.issue_lease(&mut g, job_id, session, now, true)
+                {
+                    g.stats.speculative_leases += 1;
+                    tracing::info!(
+                        job = job_id,
+                        lease = leased.0,
+                        "straggler: leasing a second copy"
+                    );
+                    out.push(leased);
+                }
+                if !out.is_empty() {
+                    metrics::counter!(observe::LEASES_ISSUED).increment(out.len() as u64);
+                    metrics::histogram!(observe::LEASE_WAIT)
+                        .record((wait - deadline.saturating_duration_since(now)).as_secs_f64());
+                    return Ok((out, ControlSignal::Continue));
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Ok((Vec::new(), self.control()));
+            }
+            let _ = tokio::time::timeout(remaining, notified).await;
+        }
+    }
+
+    /// Lease `job_id` to `session` (`None` when the job is already done).
+    fn issue_lease(
+        &self,
+        g: &mut Inner,
+        job_id: JobId,
+        session: &str,
+        now: Instant,
+        speculative: bool,
+    ) -> Option<(LeaseId, JobPayload)> {
+        let lease_id = g.next_lease;
+        let job = g.jobs.get_mut(&job_id).filter(|j| !j.done)?;
+        let payload = job.payload.clone()?;
+        job.attempts += 1;
+        job.live.push(lease_id);
+        job.speculated |= speculative;
+        let attempt = job.attempts;
+        g.next_lease += 1;
+        g.leases.insert(
+            lease_id,
+            LeaseState {
+                job: job_id,
+                session: session.to_string(),
+                deadline: now + self.config.lease_ttl,
+                attempt,
+                issued: now,
+                speculative,
+            },
+        );
+        g.stats.leases_issued += 1;
+        Some((lease_id, payload))
+    }
+
+    /// The oldest straggling job `session` could take a second copy of: its only lease is held
+    /// by another session and is older than the threshold of its kind (`session` empty: any).
+    fn straggler(&self, g: &Inner, session: &str, now: Instant) -> Option<JobId> {
+        let config = &self.config.speculation;
+        if !config.enabled() {
+            return None;
+        }
+        g.leases
+            .values()
+            .filter(|l| l.session != session)
+            .filter_map(|l| {
+                let job = g.jobs.get(&l.job)?;
+                let age = now.saturating_duration_since(l.issued);
+                let threshold = g.times.threshold(job.kind(), config)?;
+                (!job.done && !job.speculated && job.live.len() == 1 && age >= threshold)
+                    .then_some((age, l.job))
+            })
+            .max()
+            .map(|(_, job)| job)
+    }
+
+    /// Extend the session's live leases; returns the ids among `lease_ids` that are no longer
+    /// valid (the worker should drop that work).
+    pub fn heartbeat(
+        &self,
+        session: &str,
+        lease_ids: &[LeaseId],
+    ) -> Result<(Vec<LeaseId>, ControlSignal), SubmitError> {
+        let mut g = self.lock();
+        let now = Instant::now();
+        match g.sessions.get_mut(session) {
+            Some(s) => s.last_seen = now,
+            None => return Err(SubmitError::UnknownSession),
+        }
+        let ttl = self.config.lease_ttl;
+        let mut invalid = Vec::new();
+        let mut failed = Vec::new();
+        for id in lease_ids {
+            match g.leases.get_mut(id) {
+                // A heartbeat never revives a lease past its deadline: that job may already
+                // be promised to the next worker.
+                Some(l) if l.session == session && l.deadline > now => l.deadline = now + ttl,
+                Some(l) if l.session == session => {
+                    self.expire_lease(&mut g, *id, &mut failed);
+                    invalid.push(*id);
+                }
+                _ => invalid.push(*id),
+            }
+        }
+        let control = g.control.unwrap_or(ControlSignal::Continue);
+        drop(g);
+        self.after_expiry(failed, !invalid.is_empty());
+        Ok((invalid, control))
+    }
+
+    /// Accept, or refuse, the result of a lease.
+    pub fn submit(
+        &self,
+        session: &str,
+        lease_id: LeaseId,
+        result: Result<JobOutput, JobFailure>,
+    ) -> Result<SubmitOutcome, SubmitError> {
+        let outcome = self.submit_checked(session, lease_id, result);
+        if let Ok(SubmitOutcome::Fenced) = outcome {
+            metrics::counter!(observe::SUBMITS_FENCED).increment(1);
+        }
+        outcome
+    }
+
+    fn submit_checked(
+        &self,
+        session: &str,
+        lease_id: LeaseId,
+        result: Result<JobOutput, JobFailure>,
+    ) -> Result<SubmitOutcome, SubmitError> {
+        let mut journal_digest = None;
+        let completion = {
+            let mut g = self.lock();
+            let worker_id = match g.sessions.get_mut(session) {
+                Some(s) => {
+                    s.last_seen = Instant::now();
+                    s.worker_id.clone()
+                }
+                None => return Err(SubmitError::UnknownSession),
+            };
+            if let Some(owner) = g.accepted.get(&lease_id) {
+                if owner == session {
+                    g.stats.submits_duplicate += 1;
+                    return Ok(SubmitOutcome::Duplicate);
+                }
+                g.stats.submits_fenced += 1;
+                return Ok(SubmitOutcome::Fenced);
+            }
+            let Some(lease) = g.leases.get(&lease_id) else {
+                g.stats.submits_fenced += 1;
+                return Ok(SubmitOutcome::Fenced);
+            };
+            if lease.session != session {
+                g.stats.submits_fenced += 1;
+                return Ok(SubmitOutcome::Fenced);
+            }
+            if lease.deadline <= Instant::now() {
+                // Expired but not yet reaped: the deadline is the contract, not the reaper.
+                let mut failed = Vec::new();
+                self.expire_lease(&mut g, lease_id, &mut failed);
+                g.stats.submits_fenced += 1;
+                drop(g);
+                self.after_expiry(failed, true);
+                return Ok(SubmitOutcome::Fenced);
+            }
+            let job_id = lease.job;
+            let attempt = lease.attempt;
+            let job = g
+                .jobs
+                .get(&job_id)
+                .expect("a live lease always has its job");
+            if let (Ok(output), Some(payload)) = (&result, &job.payload) {
+                validate_output(payload, output, self.config.max_text_bytes)
+                    .map_err(SubmitError::Mismatch)?;
+            }
+            let kind = match job.kind() {
+                JobKind::Rollout => "rollout",
+                JobKind::Generate => "generate",
+            };
+            metrics::counter!(observe::JOBS_COMPLETED, "kind" => kind, "outcome" => if result.is_ok() { "ok" } else { "error" })
+                .increment(1);
+            let took = lease.issued.elapsed();
+            let speculative = lease.speculative;
+            metrics::histogram!(observe::JOB_LATENCY, "kind" => kind).record(took.as_secs_f64());
+            g.leases.remove(&lease_id);
+            g.accepted.insert(lease_id, session.to_string());
+            let job = g.jobs.get_mut(&job_id).expect("job exists");
+            job.live.retain(|id| *id != lease_id);
+            let job_kind = job.kind();
+            if result.is_ok() {
+                g.times.record(job_kind, took);
+            }
+            let provenance = Some(Provenance {
+                worker_id,
+                lease_id,
+                attempt,
+            });
+            match result {
+                Ok(output) => {
+                    let job = g.jobs.get_mut(&job_id).expect("job exists");
+                    job.finish();
+                    journal_digest = job.digest.clone();
+                    g.stats.submits_accepted += 1;
+                    g.stats.speculation_wins += u64::from(speculative);
+                    Self::fence_other_copies(&mut g, job_id);
+                    Completion {
+                        job: job_id,
+                        result: Ok(output),
+                        provenance,
+                    }
+                }
+                Err(failure) => {
+                    g.stats.job_errors += 1;
+                    let deterministic =
+                        failure.code == "PROMPT_TOO_LONG" || failure.code == "INVALID_REQUEST";
+                    let job = g.jobs.get_mut(&job_id).expect("job exists");
+                    job.errors += 1;
+                    if !deterministic && job.errors < self.config.max_attempts {
+                        // The other copy of a speculated job may still answer: no re-queue.
+                        if job.live.is_empty() {
+                            tracing::warn!(job = job_id, code = %failure.code, "worker reported an error; re-queueing");
+                            g.queue.push_front(job_id);
+                        }
+                        drop(g);
+                        self.work_available.notify_waiters();
+                        return Ok(SubmitOutcome::Accepted);
+                    }
+                    job.finish();
+                    Self::fence_other_copies(&mut g, job_id);
+                    Completion {
+                        job: job_id,
+                        result: Err(failure),
+                        provenance,
+                    }
+                }
+            }
+        };
+        // Journaled (outside the table's lock) before the run loop can act on the answer.
+        if let (Some(journal), Some(digest), Ok(output)) =
+            (&self.journal, &journal_digest, &completion.result)
+        {
+            journal.record(digest, output);
+        }
+        let _ = self.completions.send(completion);
+        Ok(SubmitOutcome::Accepted)
+    }
+
+    /// The job is answered: the other copy of a speculated job loses its lease, so its worker
+    /// hears it is fenced (at the next heartbeat) and its late result is refused.
+    fn fence_other_copies(g: &mut Inner, job_id: JobId) {
+        let others = match g.jobs.get_mut(&job_id) {
+            Some(job) => std::mem::take(&mut job.live),
+            None => return,
+        };
+        for id in others {
+            g.leases.remove(&id);
+            g.stats.leases_fenced_by_speculation += 1;
+        }
+    }
+
+    /// Expire leases past their deadline: fence their ids and re-queue their jobs at the front.
+    /// Also forgets idle sessions. Returns how many leases expired. Called periodically by the
+    /// server; `submit` and `heartbeat` check deadlines themselves.
+    pub fn reap_expired(&self) -> usize {
+        let mut failed = Vec::new();
+        let n = {
+            let mut g = self.lock();
+            let now = Instant::now();
+            let mut expired: Vec<LeaseId> = g
+                .leases
+                .iter()
+                .filter(|(_, l)| l.deadline <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            // Highest id first, each pushed to the front: the oldest lease's job leads.
+            expired.sort_unstable_by(|a, b| b.cmp(a));
+            for id in &expired {
+                self.expire_lease(&mut g, *id, &mut failed);
+            }
+            self.forget_idle_sessions(&mut g, now);
+            metrics::gauge!(observe::QUEUE_DEPTH).set(g.queue.len() as f64);
+            metrics::gauge!(observe::JOBS_IN_FLIGHT).set(g.leases.len() as f64);
+            let horizon = self.config.lease_ttl * 2;
+            let live = g
+                .sessions
+                .values()
+                .filter(|s| now.saturating_duration_since(s.last_seen) < horizon)
+                .count();
+            metrics::gauge!(observe::LIVE_WORKERS).set(live as f64);
+            // Stragglers appear with time, not with an enqueue: wake the idle `Lease` calls
+            // when one has (they would otherwise sleep through it until new work arrives).
+            if g.queue.is_empty() && self.straggler(&g, "", now).is_some() {
+                self.work_available.notify_waiters();
+            }
+            expired.len()
+        };
+        self.after_expiry(failed, n > 0);
+        n
+    }
+
+    /// Remove lease `id` as expired: its job goes back to the front of the queue, or fails
+    /// (into `failed`) once it has expired `max_expiries` times.
+    fn expire_lease(&self, g: &mut Inner, id: LeaseId, failed: &mut Vec<JobId>) {
+        let Some(lease) = g.leases.remove(&id) else {
+            return;
+        };
+        g.stats.leases_expired += 1;
+        metrics::counter!(observe::LEASES_EXPIRED).increment(1);
+        let Some(job) = g.jobs.get_mut(&lease.job) else {
+            return;
+        };
+        job.live.retain(|l| *l != id);
+        if job.done || !job.live.is_empty() {
+            // The other copy of a speculated job is still running it.
+            return;
+        }
+        job.expiries += 1;
+        if job.expiries >= self.config.max_expiries {
+            job.finish();
+            failed.push(lease.job);
+        } else {
+            tracing::warn!(
+                lease = id,
+                job = lease.job,
+                "lease expired; re-queueing its job"
+            );
+            g.queue.push_front(lease.job);
+        }
+    }
+
+    /// Report the jobs that failed by expiry and wake lease waiters (outside the lock).
+    fn after_expiry(&self, failed: Vec<JobId>, requeued: bool) {
+        for job in failed {
+            let _ = self.completions.send(Completion {
+                job,
+                result: Err(JobFailure {
+                    code: "LEASE_EXPIRED".into(),
+                    message:
+                        "the job's lease expired too many times (workers lost while running it)"
+                            .into(),
+                }),
+                provenance: None,
+            });
+        }
+        if requeued {
+            self.work_available.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,291 @@
+//! The lease table's specs: leasing, fencing, expiry, duplicates, sessions and bounds.
+
+use super::*;
+use stageb_shared::domain::ChatMessage;
+
+fn rollout_job(seeds: Vec<u64>) -> JobPayload {
+    JobPayload::Rollout {
+        messages: vec![ChatMessage::user("x")],
+        decodes: vec![DecodeJob {
+            decode_index: 0,
+            temperature: 0.7,
+            top_p: 0.9,
+            repetition_penalty: 1.0,
+            max_new_tokens: 8,
+            seeds,
+        }],
+        constrained: true,
+    }
+}
+
+fn output_for(seeds: &[u64]) -> JobOutput {
+    JobOutput::Rollout {
+        candidates: seeds
+            .iter()
+            .enumerate()
+            .map(|(i, s)| CandidateText {
+                decode_index: 0,
+                sample_index: i as u32,
+                seed: *s,
+                text: "Verdict: 通过\nReason: ok".into(),
+                completion_tokens: 5,
+                finish_reason: "stop".into(),
+            })
+            .collect(),
+        prompt_tokens: 10,
+        prefix_tokens: 0,
+        prefill_us: 1,
+        decode_us: 1,
+    }
+}
+
+fn scheduler(ttl_ms: u64) -> (Scheduler, mpsc::UnboundedReceiver<Completion>) {
+    Scheduler::new(SchedulerConfig {
+        lease_ttl: Duration::from_millis(ttl_ms),
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn first_valid_submit_wins_and_a_repeat_is_a_duplicate() {
+    let (s, mut rx) = scheduler(10_000);
+    let job = s.enqueue(rollout_job(vec![1, 2]));
+    let (_, session) = s.register().unwrap();
+    let (leases, _) = s.lease(&session, 1, Duration::ZERO).await.unwrap();
+    let lease = leases[0].0;
+    assert_eq!(
+        s.submit(&session, lease, Ok(output_for(&[1, 2]))).unwrap(),
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(
+        s.submit(&session, lease, Ok(output_for(&[1, 2]))).unwrap(),
+        SubmitOutcome::Duplicate
+    );
+    let c = rx.try_recv().unwrap();
+    assert_eq!(c.job, job);
+    assert!(
+        rx.try_recv().is_err(),
+        "a duplicate must not produce a second completion"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_held_by_another_session_is_fenced_and_not_completed() {
+    let (s, mut rx) = scheduler(10_000);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, holder) = s.register().unwrap();
+    let (_, thief) = s.register().unwrap();
+    let (leases, _) = s.lease(&holder, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(
+        s.submit(&thief, leases[0].0, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+    assert_eq!(
+        s.submit(&thief, 999, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+    assert!(rx.try_recv().is_err());
+    assert_eq!(
+        s.submit(&holder, leases[0].0, Ok(output_for(&[1])))
+            .unwrap(),
+        SubmitOutcome::Accepted
+    );
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_fenced_and_its_job_re_leased() {
+    let (s, mut rx) = scheduler(20);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, dead) = s.register().unwrap();
+    let (_, alive) = s.register().unwrap();
+    let (first, _) = s.lease(&dead, 1, Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(s.reap_expired(), 1);
+    let (second, _) = s.lease(&alive, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(second.len(), 1);
+    assert_ne!(first[0].0, second[0].0, "lease ids are never reused");
+    // The late result of the dead worker is refused; the live one completes the job once.
+    assert_eq!(
+        s.submit(&dead, first[0].0, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+    assert_eq!(
+        s.submit(&alive, second[0].0, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Accepted
+    );
+    let c = rx.try_recv().unwrap();
+    assert_eq!(c.provenance.unwrap().attempt, 2);
+    assert!(rx.try_recv().is_err());
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_lease_alive() {
+    let (s, _rx) = scheduler(60);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, w) = s.register().unwrap();
+    let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let (invalid, _) = s.heartbeat(&w, &[leases[0].0]).unwrap();
+        assert!(invalid.is_empty());
+        assert_eq!(s.reap_expired(), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_result_with_the_wrong_shape_is_refused_and_the_lease_stays() {
+    let (s, mut rx) = scheduler(10_000);
+    s.enqueue(rollout_job(vec![1, 2]));
+    let (_, w) = s.register().unwrap();
+    let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    assert!(matches!(
+        s.submit(&w, leases[0].0, Ok(output_for(&[1]))),
+        Err(SubmitError::Mismatch(_))
+    ));
+    assert!(matches!(
+        s.submit(&w, leases[0].0, Ok(output_for(&[1, 3]))),
+        Err(SubmitError::Mismatch(_))
+    ));
+    assert!(rx.try_recv().is_err());
+    assert_eq!(
+        s.submit(&w, leases[0].0, Ok(output_for(&[1, 2]))).unwrap(),
+        SubmitOutcome::Accepted
+    );
+}
+
+#[tokio::test]
+async fn unknown_sessions_are_refused() {
+    let (s, _rx) = scheduler(10_000);
+    assert!(matches!(
+        s.lease("nope", 1, Duration::ZERO).await,
+        Err(SubmitError::UnknownSession)
+    ));
+    assert!(matches!(
+        s.heartbeat("nope", &[]),
+        Err(SubmitError::UnknownSession)
+    ));
+}
+
+#[tokio::test]
+async fn worker_errors_are_retried_then_reported() {
+    let (s, mut rx) = scheduler(10_000);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, w) = s.register().unwrap();
+    for _ in 0..3 {
+        let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+        let err = JobFailure {
+            code: "ENGINE_ERROR".into(),
+            message: "boom".into(),
+        };
+        assert_eq!(
+            s.submit(&w, leases[0].0, Err(err)).unwrap(),
+            SubmitOutcome::Accepted
+        );
+    }
+    let c = rx.try_recv().unwrap();
+    assert_eq!(c.result.unwrap_err().code, "ENGINE_ERROR");
+    let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    assert!(leases.is_empty());
+}
+
+#[tokio::test]
+async fn a_submit_after_the_deadline_is_fenced_before_the_reaper_runs() {
+    let (s, mut rx) = scheduler(20);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, late) = s.register().unwrap();
+    let (leases, _) = s.lease(&late, 1, Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    // No reap_expired() call: the deadline alone decides.
+    assert_eq!(
+        s.submit(&late, leases[0].0, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+    assert!(rx.try_recv().is_err(), "a fenced result completes nothing");
+    let (again, _) = s.lease(&late, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(again.len(), 1, "the job went back to the queue at once");
+    assert_eq!(s.stats().leases_expired, 1);
+}
+
+#[tokio::test]
+async fn a_heartbeat_after_the_deadline_does_not_revive_the_lease() {
+    let (s, _rx) = scheduler(20);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, w) = s.register().unwrap();
+    let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let (invalid, _) = s.heartbeat(&w, &[leases[0].0]).unwrap();
+    assert_eq!(invalid, vec![leases[0].0]);
+    assert_eq!(
+        s.submit(&w, leases[0].0, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+}
+
+#[tokio::test]
+async fn idle_sessions_are_forgotten_but_not_while_they_hold_a_lease() {
+    let (s, _rx) = Scheduler::new(SchedulerConfig {
+        lease_ttl: Duration::from_secs(10),
+        session_idle_ttl: Duration::from_millis(20),
+        ..Default::default()
+    });
+    s.enqueue(rollout_job(vec![1]));
+    let (_, holder) = s.register().unwrap();
+    let (_, idle) = s.register().unwrap();
+    let (leases, _) = s.lease(&holder, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(leases.len(), 1);
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    s.reap_expired();
+    assert!(s.has_session(&holder), "a session holding a lease stays");
+    assert!(!s.has_session(&idle), "an idle session is forgotten");
+    assert_eq!(s.stats().sessions_expired, 1);
+    assert!(matches!(
+        s.heartbeat(&idle, &[]),
+        Err(SubmitError::UnknownSession)
+    ));
+}
+
+#[tokio::test]
+async fn registrations_beyond_the_session_cap_are_refused() {
+    let (s, _rx) = Scheduler::new(SchedulerConfig {
+        max_sessions: 3,
+        ..Default::default()
+    });
+    for _ in 0..3 {
+        s.register().unwrap();
+    }
+    assert!(matches!(s.register(), Err(SubmitError::Exhausted(_))));
+    assert_eq!(s.sessions(), 3);
+}
+
+#[tokio::test]
+async fn counters_past_their_bounds_are_refused_regression_u32_max_prompt_tokens() {
+    let (s, mut rx) = scheduler(10_000);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, w) = s.register().unwrap();
+    let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    let mut huge = output_for(&[1]);
+    if let JobOutput::Rollout { prompt_tokens, .. } = &mut huge {
+        *prompt_tokens = u32::MAX;
+    }
+    assert!(matches!(
+        s.submit(&w, leases[0].0, Ok(huge)),
+        Err(SubmitError::Mismatch(_))
+    ));
+    let mut whole_prompt_reused = output_for(&[1]);
+    if let JobOutput::Rollout { prefix_tokens, .. } = &mut whole_prompt_reused {
+        *prefix_tokens = 10; // = prompt_tokens: no token was left to prefill
+    }
+    assert!(matches!(
+        s.submit(&w, leases[0].0, Ok(whole_prompt_reused)),
+        Err(SubmitError::Mismatch(_))
+    ));
+    let mut odd = output_for(&[1]);
+    if let JobOutput::Rollout { candidates, .. } = &mut odd {
+        candidates[0].finish_reason = "x".repeat(7 << 20);
+    }
+    assert!(matches!(
+        s.submit(&w, leases[0].0, Ok(odd)),
+        Err(SubmitError::Mismatch(_))
+    ));
+    assert!(rx.try_recv().is_err());
+}

@@ -1,0 +1,14 @@
+//! Learning from gradient candidates: the two-pass reflection and everything that judges what
+//! it proposes.
+//!
+//! - [`reflection`]: the driver (decision pass → need-review, ops pass → guidance edits).
+//! - [`op_check`]: validation of the ops a reflection proposes (stable reject codes).
+//! - [`rule_text`]: whether a proposed rule text is a rule (no label leak, not a number, …).
+//! - [`feedback`]: which rule (key and generation) buffered hit/miss feedback belongs to.
+//! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
+
+pub mod feedback;
+pub mod need_review;
+pub mod op_check;
+pub mod reflection;
+pub mod rule_text;

@@ -1,0 +1,202 @@
+//! What the reflection model reads: the case texts and prompt header, the built-in system
+//! prompts, the token estimate that packing budgets with, and the JSON schemas tailored to one
+//! batch. Text and schema only; the driver in the parent module decides what goes in a call.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+use stageb_shared::domain::{TicketKey, Verdict};
+use stageb_shared::reflection_schema;
+use stageb_shared::text;
+
+use super::GradientRecord;
+use crate::guidance::GuidanceRepo;
+
+/// Characters of a rejected op (and of its reason detail) shown in the revision round.
+pub(super) const REJECTED_OP_CHARS: usize = 400;
+
+/// Tokens added to a prompt's byte count for the chat template.
+pub(super) const TEMPLATE_TOKENS: usize = 64;
+
+/// A guaranteed upper bound on a text's token count: byte-level tokenizers never produce a
+/// token of zero bytes, so tokens ≤ bytes. Packing by it can drop a case that would have fit,
+/// but never sends a prompt that does not (prompts are never truncated).
+pub fn estimate_tokens(text: &str) -> usize {
+    text.len() + TEMPLATE_TOKENS
+}
+
+pub(super) fn header_text(mission: &str, guidance: &GuidanceRepo, cycle: u64, n: usize) -> String {
+    let mut s = format!(
+        "任务: {mission}\n反思周期: {cycle}\n指导步骤: {}\n",
+        guidance.step()
+    );
+    s.push_str("当前规则:\n");
+    for (k, t) in guidance.render_for_prompt() {
+        s.push_str(&format!("[{k}]. {}\n", text::normalize(&t)));
+    }
+    s.push_str(&format!("批次: {n} 组\n"));
+    s
+}
+
+fn verdict_word(v: Option<Verdict>) -> &'static str {
+    match v {
+        Some(Verdict::Pass) => "通过",
+        Some(Verdict::Fail) => "不通过",
+        None => "格式错误",
+    }
+}
+
+pub(super) fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> String {
+    let mut s = format!("\n第{n}组 (ticket_key={}):\n", r.ticket_key);
+    if with_label {
+        s.push_str(&format!(
+            "  参考答案 gt_label: {}\n",
+            verdict_word(Some(r.gt))
+        ));
+    }
+    s.push_str(&format!(
+        "  最终结论: {}；投票一致度: {}\n",
+        verdict_word(r.final_verdict),
+        r.vote_strength
+            .map(|v| format!("{v:.2}"))
+            .unwrap_or_else(|| "-".into())
+    ));
+    s.push_str("  摘要:\n");
+    for (i, (_, summary)) in r.summaries.iter().enumerate() {
+        s.push_str(&format!(
+            "    {}. {}\n",
+            i + 1,
+            crate::run::rollout_prompt::sanitize_summary(summary)
+        ));
+    }
+    s.push_str("  候选:\n");
+    for c in &r.candidates {
+        let mark = match c.verdict {
+            Some(v) if v == r.gt => "✓",
+            Some(_) => "✗",
+            None => "?",
+        };
+        s.push_str(&format!(
+            "    {}: {} | {} | {mark}\n",
+            c.candidate_index,
+            verdict_word(c.verdict),
+            text::normalize(&c.reason)
+        ));
+    }
+    s
+}
+
+/// Cap on a free-text analysis field for a call of `max_new_tokens`: the analyses are logged,
+/// never used, so they must not eat the budget the structured part needs (a JSON output cut at
+/// `max_new_tokens` does not parse and costs a retry).
+fn analysis_cap(max_new_tokens: u32) -> usize {
+    (max_new_tokens as usize / 6).clamp(16, reflection_schema::ANALYSIS_MAX_CHARS)
+}
+
+fn cap_string(schema: &mut Value, pointer: &str, cap: usize) {
+    if let Some(s) = schema.pointer_mut(pointer)
+        && let Some(n) = s.get("maxLength").and_then(Value::as_u64)
+    {
+        s["maxLength"] = json!((n as usize).min(cap));
+    }
+}
+
+/// Restrict `no_evidence_group_ids` to the batch's keys: constrain what can be constrained,
+/// validate everything anyway.
+pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>, max_new_tokens: u32) -> Value {
+    let mut schema = reflection_schema::decision_json_schema();
+    cap_string(
+        &mut schema,
+        "/properties/decision_analysis",
+        analysis_cap(max_new_tokens),
+    );
+    let keys: Vec<&str> = batch.iter().map(TicketKey::as_str).collect();
+    if let Some(arr) = schema.pointer_mut("/properties/no_evidence_group_ids") {
+        arr["items"] = json!({"enum": keys});
+        arr["maxItems"] = json!(keys.len());
+    }
+    schema
+}
+
+/// Restrict op evidence to `L` and op keys to existing `G` keys.
+pub fn tailor_ops_schema(
+    max_operations: usize,
+    learnable: &BTreeSet<TicketKey>,
+    guidance: &GuidanceRepo,
+    max_new_tokens: u32,
+) -> Value {
+    let mut schema = reflection_schema::ops_json_schema(max_operations);
+    cap_string(
+        &mut schema,
+        "/properties/evidence_analysis",
+        analysis_cap(max_new_tokens),
+    );
+    let keys: Vec<&str> = learnable.iter().map(TicketKey::as_str).collect();
+    let g_keys: Vec<String> = guidance
+        .render_for_prompt()
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with('G'))
+        .collect();
+    if let Some(branches) = schema
+        .pointer_mut("/properties/operations/items/anyOf")
+        .and_then(Value::as_array_mut)
+    {
+        let removable: Vec<String> = g_keys
+            .iter()
+            .filter(|k| k.as_str() != "G0")
+            .cloned()
+            .collect();
+        if removable.is_empty() {
+            // Nothing can be deleted or merged away: drop those branches rather than offer an
+            // empty enum.
+            branches.retain(|b| {
+                !matches!(
+                    b.pointer("/properties/op/const").and_then(Value::as_str),
+                    Some("delete" | "merge")
+                )
+            });
+        }
+        for b in branches {
+            if let Some(ev) = b.pointer_mut("/properties/evidence") {
+                ev["items"] = json!({"enum": keys});
+                ev["maxItems"] = json!(keys.len().max(1));
+            }
+            // G0 may be updated or merged into, never deleted or merged away: the schema does
+            // not offer what validation would reject anyway.
+            let is_delete =
+                b.pointer("/properties/op/const").and_then(Value::as_str) == Some("delete");
+            if let Some(k) = b.pointer_mut("/properties/key") {
+                *k = json!({"enum": if is_delete { &removable } else { &g_keys }});
+            }
+            if let Some(m) = b.pointer_mut("/properties/merged_from") {
+                m["items"] = json!({"enum": removable});
+            }
+        }
+    }
+    for field in [
+        "learnable_group_ids",
+        "covered_group_ids",
+        "uncovered_group_ids",
+    ] {
+        if let Some(arr) = schema.pointer_mut(&format!("/properties/coverage/properties/{field}")) {
+            arr["items"] = json!({"enum": keys});
+            arr["maxItems"] = json!(keys.len());
+        }
+    }
+    schema
+}
+
+pub(super) const DECISION_SYSTEM: &str = "你是质检规则学习中的 stop-gradient 判定助手。\n\
+每个案例给出了人工标注的参考答案 gt_label、模型的候选结论和图片摘要。\n\
+对每个案例，尝试找出一条可泛化、可验证的判定方向，使以后类似摘要得出与 gt_label 一致的结论。\n\
+只有在认真尝试多个方向后，仍然完全找不到可学习依据的案例，才把它的 ticket_key 放入 no_evidence_group_ids；只要有任何可学习方向，就不要放入。\n\
+不得把原因归为标注错误。\n\
+只输出一个 JSON 对象：{\"no_evidence_group_ids\": [ticket_key...], \"decision_analysis\": \"简要说明尝试过的方向\"}，不要输出其他字段或文字。";
+
+pub(super) const OPS_SYSTEM: &str = "你是质检规则编辑助手。根据案例修改检查规则，使以后的判定与参考答案 gt_label 一致。\n\
+S* 是只读的结构不变量，不得修改或删除；G0 是检查清单，可以更新但不得删除；G1 及以后可以增加、更新、删除、合并。\n\
+每个操作必须给出非空 evidence，只能使用本批案例的 ticket_key；尽量让本批每个案例都出现在某个操作的 evidence 中。\n\
+规则用自然语言写成“若…则…；否则…”，不得照抄摘要里的对象链（如“挡风板/显示完整”），不得出现 ×、image_、备注: 等摘要标记，不得出现需复核、待定、证据不足等第三态用语。\n\
+优先更新或合并已有规则，新增规则最多一条。\n\
+只输出一个 JSON 对象：{\"has_evidence\": true, \"evidence_analysis\": \"...\", \"operations\": [...]}。";

@@ -1,0 +1,156 @@
+//! `stageb audit RUN_DIR`: re-derive what rank 0 decided from the raw rows and check every
+//! invariant the artifacts promise. Used by users after a run and by the end-to-end tests.
+//!
+//! Checks (each violation is reported with the file and, where there is one, the line):
+//! - every JSONL file parses line by line and ends with a newline; rows carry `schema_version`;
+//! - exactly one selection row per ticket per epoch, for every ticket of the run;
+//! - one trajectory row per candidate (`candidates_per_ticket` per ticket per epoch), each one's
+//!   `format_ok`/`verdict`/`reason` equal to what the contract parser says of its raw `text`;
+//! - every malformed candidate has its `failure_malformed.jsonl` row and vice versa;
+//! - selections re-derived from the trajectories (vote counts, vote strength, the vote's
+//!   verdict, `label_match` against the final verdict) and eligibility from the row's signals;
+//! - `metrics.jsonl` epoch rows recomputed from `selections.jsonl` and the need-review queue;
+//! - `need_review.json` equal to the aggregation of `need_review_queue.jsonl`;
+//! - reflection: learnable ∩ stop-gradient = ∅, every applied op's evidence ⊆ that cycle's
+//!   learnable set (so no stop-gradient key is ever evidence), `covered` = the applied ops'
+//!   evidence ∩ learnable (a skipped or unapplied op covers nothing), no accepted rule text and
+//!   no rule of the final guidance names a group id of the run or a label suffix;
+//! - the guidance hash chain verifies and `S*` rules are unchanged from the seed.
+
+//!
+//! The files are streamed row by row ([`rows`]) and only the facts the checks compare are kept
+//! ([`decisions`], [`learning`]), so a large run is audited in a fraction of its size in memory.
+
+mod decisions;
+mod learning;
+mod rows;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use stageb_coordinator::artifacts::files;
+use stageb_shared::config::RunConfig;
+use stageb_shared::domain::Verdict;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    pub check: &'static str,
+    pub file: String,
+    pub line: Option<usize>,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "[{}] {}:{}: {}", self.check, self.file, l, self.detail),
+            None => write!(f, "[{}] {}: {}", self.check, self.file, self.detail),
+        }
+    }
+}
+
+/// What the audit looked at and what it found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AuditReport {
+    pub run_dir: PathBuf,
+    pub epochs: u32,
+    pub tickets: usize,
+    pub selections: usize,
+    pub trajectories: usize,
+    pub reflection_cycles: usize,
+    pub violations: Vec<Violation>,
+}
+
+impl AuditReport {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    fn fail(
+        &mut self,
+        check: &'static str,
+        file: &str,
+        line: Option<usize>,
+        detail: impl Into<String>,
+    ) {
+        self.violations.push(Violation {
+            check,
+            file: file.to_string(),
+            line,
+            detail: detail.into(),
+        });
+    }
+}
+
+fn verdict_of(v: &Value) -> Option<Verdict> {
+    serde_json::from_value(v.clone()).ok()
+}
+
+/// What the manifest says about the run.
+pub struct RunFacts {
+    config: RunConfig,
+    tickets: usize,
+    mission: String,
+}
+
+impl RunFacts {
+    fn load(report: &mut AuditReport, dir: &Path) -> Option<RunFacts> {
+        let manifest: Option<Value> = fs::read(dir.join(files::MANIFEST))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let Some(manifest) = manifest else {
+            report.fail("manifest", files::MANIFEST, None, "missing or not JSON");
+            return None;
+        };
+        let config = manifest
+            .get("config")
+            .and_then(|c| serde_json::from_value::<RunConfig>(c.clone()).ok());
+        let Some(config) = config else {
+            report.fail(
+                "manifest",
+                files::MANIFEST,
+                None,
+                "no readable resolved config",
+            );
+            return None;
+        };
+        Some(RunFacts {
+            tickets: manifest.get("tickets").and_then(Value::as_u64).unwrap_or(0) as usize,
+            mission: manifest["mission"].as_str().unwrap_or("").to_string(),
+            config,
+        })
+    }
+}
+
+/// Audit a run directory (`{output.root}/{run_name}/{mission}`).
+pub fn audit(dir: &Path) -> AuditReport {
+    let mut report = AuditReport {
+        run_dir: dir.to_path_buf(),
+        ..Default::default()
+    };
+    let Some(run) = RunFacts::load(&mut report, dir) else {
+        return report;
+    };
+    report.tickets = run.tickets;
+    report.epochs = run.config.runner.epochs;
+
+    let selections = decisions::read_selections(&mut report, dir, &run);
+    let candidates = decisions::read_trajectories(&mut report, dir);
+    decisions::rederive_selections(&mut report, &run, &selections, &candidates);
+    decisions::check_failure_rows(&mut report, dir, &candidates);
+    drop(candidates);
+
+    let queue = learning::check_need_review(&mut report, dir, &run);
+    learning::check_metrics(&mut report, dir, &selections, &queue);
+    let group_ids: BTreeSet<String> = selections
+        .values()
+        .flat_map(|by_key| by_key.values())
+        .filter_map(|s| s.group_id.clone())
+        .collect();
+    let any_applied = learning::check_reflections(&mut report, dir, &group_ids);
+    learning::check_guidance(&mut report, dir, &run, &group_ids, any_applied);
+    report
+}

@@ -1,0 +1,12 @@
+//! `stageb-inspect`: reading a finished (or interrupted) run directory, never writing into
+//! its artifacts.
+//!
+//! - [`audit`]: re-derives every decision from a run directory and checks every invariant
+//!   (`stageb audit`).
+//! - [`report`]: a run directory as one self-contained HTML page (`stageb report`).
+//!
+//! It depends on `stageb-shared` and the coordinator's artifact and decision modules only, so
+//! it builds and tests without the inference engine.
+
+pub mod audit;
+pub mod report;
