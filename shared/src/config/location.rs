@@ -51,8 +51,6 @@ pub(super) fn key_text(key: &Value) -> String {
 /// Marker carried by the probe's error; no real serde_norway message contains a NUL.
 const PROBE_HIT: &str = "\u{0}stageb-config-probe-hit";
 
-/// 1-based line of the node at `path` (the key itself for a key, the item for an index), or
-/// `None` when the path cannot be followed in the raw event stream. See the module header.
 /// The line of a config key (`section.key`) in the config's text, for errors found after
 /// parsing (a value the model cannot honour). `None` when the key is not written there.
 pub fn key_line(text: &str, dotted_key: &str) -> Option<usize> {
@@ -63,6 +61,9 @@ pub fn key_line(text: &str, dotted_key: &str) -> Option<usize> {
     probe_line(text, &path)
 }
 
+/// 1-based line of the node at `path` (the key itself for a key, the item for an index), or
+/// `None` when the path cannot be followed in the raw event stream. See the `config` module
+/// header, "How lines are found".
 fn probe_line(text: &str, path: &[Seg]) -> Option<usize> {
     let deserializer = serde_norway::Deserializer::from_str(text);
     match (Probe { path }).deserialize(deserializer) {

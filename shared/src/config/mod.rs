@@ -12,7 +12,7 @@
 //!   suggestion (the original silently ignored them: `runner.rollout_batch_size` fell back to
 //!   a batch of 1).
 //! - Keys of features stageb does not implement are accepted and reported as
-//!   [`ConfigNotice`]s ([`ErrorCode::UnsupportedConfigKey`], "accepted but ignored: <why>"):
+//!   [`ConfigNotice`]s ([`ErrorCode::UnsupportedConfigKey`], `accepted but ignored: <why>`):
 //!   `default_domain`, `domain_map`, `model.torch_dtype`, `model.device_map`,
 //!   `model.attn_implementation` / `model.attn_impl`, `output.group_report`,
 //!   `stage_b_distillation` (the whole section), `reflection.hypothesis_*`, the legacy
@@ -54,6 +54,19 @@
 //! flow mappings like `{temperature: 0.1, top_p: 0.9}` too). Probes only run when a line is
 //! needed, on files of a few dozen lines. When a probe cannot find a path (a key that came
 //! in through a `<<` merge), the nearest enclosing key's line is used.
+//!
+//! # Files
+//! - `mod.rs`: [`load_config`] / [`parse_config`], the two passes in order, and the re-exports.
+//! - `types.rs`: the run-time types ([`RunConfig`] and its sections, [`ConfigNotice`],
+//!   [`LoadedConfig`]) and [`resolve_config_path`].
+//! - `schema.rs`: the keys of each section and pass 1, the unknown/ignored-key check with its
+//!   "did you mean" suggestions.
+//! - `location.rs`: paths into the document, the line probe ([`key_line`]) and `Doc`, which
+//!   turns a path into a located error.
+//! - `section.rs`: `Section`, typed accessors on one mapping (integers, floats and their range
+//!   rules, booleans, strings, paths, nested sections).
+//! - `build.rs`: pass 2, the checked mapping into a [`RunConfig`] section by section, with
+//!   defaults, ranges and the cross-key rules.
 
 mod build;
 mod location;
