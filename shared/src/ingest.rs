@@ -308,6 +308,33 @@ struct ParsedRecord {
 }
 
 fn parse_record(text: &str, source: SourceLocation) -> Result<ParsedRecord, RecordError> {
+    let record = read_object(text)?;
+    // Fields are checked in this order, so a record with several problems reports the first.
+    let ticket = Ticket {
+        group_id: parse_group_id(&record)?,
+        mission: parse_mission(&record)?,
+        label: parse_label(&record)?,
+        per_image: parse_per_image(&record)?,
+        images: parse_images(&record)?,
+        label_source: optional_text(&record, "label_source")?
+            .unwrap_or_else(|| "human".to_string()),
+        label_timestamp: optional_text(&record, "label_timestamp")?,
+        source,
+    };
+    let unknown_fields = record
+        .fields
+        .iter()
+        .map(|(name, _)| name.clone())
+        .filter(|name| !KNOWN_FIELDS.contains(&name.as_str()))
+        .collect();
+    Ok(ParsedRecord {
+        ticket,
+        unknown_fields,
+    })
+}
+
+/// The line as one JSON object whose fields each appear once.
+fn read_object(text: &str) -> Result<RawRecord, RecordError> {
     let record = match serde_json::from_str::<TopLevel>(text) {
         Ok(TopLevel::Object(record)) => record,
         Ok(TopLevel::Other(kind)) => {
@@ -324,110 +351,93 @@ fn parse_record(text: &str, source: SourceLocation) -> Result<ParsedRecord, Reco
             format!("field `{field}` appears twice in the object"),
         ));
     }
+    Ok(record)
+}
 
-    let group_id = match record.field("group_id")? {
+/// `group_id`: a non-empty, unpadded string or an integer (kept as its decimal text).
+fn parse_group_id(record: &RawRecord) -> Result<String, RecordError> {
+    match record.field("group_id")? {
         // A padded id would be a different ticket key than the one a model (or a person)
         // writes back, which is trimmed: refused here rather than silently never matching.
-        Value::String(text) if !text.trim().is_empty() && text.trim() != text => {
-            return Err((
-                ErrorCode::EmptyField,
-                format!("`group_id` must not start or end with whitespace, got {text:?}"),
-            ));
-        }
-        Value::String(text) if !text.trim().is_empty() => text.clone(),
-        Value::Number(number) if number.is_i64() || number.is_u64() => number.to_string(),
-        other => {
-            return Err(empty_field(
-                "group_id",
-                "a non-empty string or an integer",
-                other,
-            ));
-        }
-    };
-    let mission = match record.field("mission")? {
-        Value::String(text) if !text.trim().is_empty() => text.clone(),
-        other => return Err(empty_field("mission", "a non-empty string", other)),
-    };
-    let label = match record.field("label")? {
+        Value::String(text) if !text.trim().is_empty() && text.trim() != text => Err((
+            ErrorCode::EmptyField,
+            format!("`group_id` must not start or end with whitespace, got {text:?}"),
+        )),
+        Value::String(text) if !text.trim().is_empty() => Ok(text.clone()),
+        Value::Number(number) if number.is_i64() || number.is_u64() => Ok(number.to_string()),
+        other => Err(empty_field(
+            "group_id",
+            "a non-empty string or an integer",
+            other,
+        )),
+    }
+}
+
+fn parse_mission(record: &RawRecord) -> Result<String, RecordError> {
+    match record.field("mission")? {
+        Value::String(text) if !text.trim().is_empty() => Ok(text.clone()),
+        other => Err(empty_field("mission", "a non-empty string", other)),
+    }
+}
+
+/// `label`: `pass` or `fail`, any case, surrounding spaces ignored.
+fn parse_label(record: &RawRecord) -> Result<Verdict, RecordError> {
+    match record.field("label")? {
         Value::String(text) => match text.trim().to_lowercase().as_str() {
-            "pass" => Verdict::Pass,
-            "fail" => Verdict::Fail,
-            _ => {
-                return Err((
-                    ErrorCode::BadLabel,
-                    format!("`label` must be \"pass\" or \"fail\", got {text:?}"),
-                ));
-            }
-        },
-        other => {
-            return Err((
+            "pass" => Ok(Verdict::Pass),
+            "fail" => Ok(Verdict::Fail),
+            _ => Err((
                 ErrorCode::BadLabel,
-                format!(
-                    "`label` must be \"pass\" or \"fail\", got {}",
-                    describe(other)
-                ),
-            ));
-        }
-    };
-    let per_image = match &record.per_image {
-        None => {
-            return Err((
-                ErrorCode::MissingField,
-                "missing required field `per_image`".to_string(),
-            ));
-        }
-        Some(PerImage::NotObject(kind)) => {
-            return Err((
-                ErrorCode::EmptyField,
-                format!("`per_image` must be a non-empty object, got {kind}"),
-            ));
-        }
-        Some(PerImage::Entries(entries)) => normalize_per_image(entries)?,
-    };
-    let images = match record.optional("images") {
-        None => Vec::new(),
+                format!("`label` must be \"pass\" or \"fail\", got {text:?}"),
+            )),
+        },
+        other => Err((
+            ErrorCode::BadLabel,
+            format!(
+                "`label` must be \"pass\" or \"fail\", got {}",
+                describe(other)
+            ),
+        )),
+    }
+}
+
+fn parse_per_image(record: &RawRecord) -> Result<Vec<(String, String)>, RecordError> {
+    match &record.per_image {
+        None => Err((
+            ErrorCode::MissingField,
+            "missing required field `per_image`".to_string(),
+        )),
+        Some(PerImage::NotObject(kind)) => Err((
+            ErrorCode::EmptyField,
+            format!("`per_image` must be a non-empty object, got {kind}"),
+        )),
+        Some(PerImage::Entries(entries)) => normalize_per_image(entries),
+    }
+}
+
+/// `images`: optional list of strings (absent or `null`: none).
+fn parse_images(record: &RawRecord) -> Result<Vec<String>, RecordError> {
+    match record.optional("images") {
+        None => Ok(Vec::new()),
         Some(Value::Array(items)) => items
             .iter()
             .map(|item| match item {
                 Value::String(name) => Ok(name.clone()),
                 other => Err(empty_field("images[]", "a string", other)),
             })
-            .collect::<Result<_, _>>()?,
-        Some(other) => return Err(empty_field("images", "a list of strings", other)),
-    };
-    let label_source = match record.optional("label_source") {
-        None => "human".to_string(),
-        Some(Value::String(text)) if text.trim().is_empty() => "human".to_string(),
-        Some(Value::String(text)) => text.clone(),
-        Some(other) => return Err(empty_field("label_source", "a string", other)),
-    };
-    let label_timestamp = match record.optional("label_timestamp") {
-        None => None,
-        Some(Value::String(text)) if text.trim().is_empty() => None,
-        Some(Value::String(text)) => Some(text.clone()),
-        Some(other) => return Err(empty_field("label_timestamp", "a string", other)),
-    };
+            .collect(),
+        Some(other) => Err(empty_field("images", "a list of strings", other)),
+    }
+}
 
-    let unknown_fields = record
-        .fields
-        .iter()
-        .map(|(name, _)| name.clone())
-        .filter(|name| !KNOWN_FIELDS.contains(&name.as_str()))
-        .collect();
-    let ticket = Ticket {
-        group_id,
-        mission,
-        label,
-        per_image,
-        images,
-        label_source,
-        label_timestamp,
-        source,
-    };
-    Ok(ParsedRecord {
-        ticket,
-        unknown_fields,
-    })
+/// An optional string field; absent, `null` or blank is `None`.
+fn optional_text(record: &RawRecord, name: &str) -> Result<Option<String>, RecordError> {
+    match record.optional(name) {
+        None => Ok(None),
+        Some(Value::String(text)) if text.trim().is_empty() => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(other) => Err(empty_field(name, "a string", other)),
+    }
 }
 
 fn empty_field(name: &str, expected: &str, got: &Value) -> RecordError {

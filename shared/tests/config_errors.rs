@@ -1,8 +1,15 @@
 //! Bad configs: every error has a stable code, the file and the line, and says what to do.
+//! Each test is one spec: the input, the code, the line and what the message must say.
 
-use stageb_shared::config::{load_config, parse_config};
+mod support;
+
+use stageb_shared::config::{LoadedConfig, load_config, parse_config};
+use stageb_shared::error::ErrorCode::{
+    FileNotFound, InvalidConfigValue, InvalidUtf8, InvalidYaml, MissingConfigKey, UnknownConfigKey,
+};
 use stageb_shared::error::{ErrorCode, InputError};
 use std::path::{Path, PathBuf};
+use support::assert_error;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -10,204 +17,190 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn load_err(name: &str) -> InputError {
-    match load_config(&fixture(name)) {
-        Ok(_) => panic!("{name} should be rejected"),
-        Err(err) => {
-            assert!(err.file.ends_with(name), "error names the file: {err}");
-            err
-        }
+/// The fixture `name` is rejected with `code` at `line`, naming the file and saying each of
+/// `says`.
+#[track_caller]
+fn fixture_fails(name: &str, code: ErrorCode, line: usize, says: &[&str]) -> InputError {
+    let err = load_config(&fixture(name)).expect_err("the fixture should be rejected");
+    assert!(err.file.ends_with(name), "error names the file: {err}");
+    assert_error(&err, code, Some(line), says);
+    err
+}
+
+/// `minimal.yaml` with each `(from, to)` textual replacement made once, parsed inline.
+fn minimal_with(edits: &[(&str, &str)]) -> Result<LoadedConfig, InputError> {
+    let mut text = std::fs::read_to_string(fixture("minimal.yaml")).unwrap();
+    for (from, to) in edits {
+        assert!(
+            text.contains(from),
+            "test setup: {from:?} not in minimal.yaml"
+        );
+        text = text.replacen(from, to, 1);
     }
+    parse_config(&text, "inline.yaml")
 }
 
-/// `minimal.yaml` with one textual replacement, parsed inline.
-fn minimal_with(from: &str, to: &str) -> Result<stageb_shared::config::LoadedConfig, InputError> {
-    let text = std::fs::read_to_string(fixture("minimal.yaml")).unwrap();
-    assert!(
-        text.contains(from),
-        "test setup: {from:?} not in minimal.yaml"
-    );
-    parse_config(&text.replacen(from, to, 1), "inline.yaml")
+/// `minimal.yaml` with `from` replaced by `to` is rejected with `code` at `line`, saying each
+/// of `says`.
+#[track_caller]
+fn edited_fails(from: &str, to: &str, code: ErrorCode, line: usize, says: &[&str]) {
+    let err = minimal_with(&[(from, to)]).expect_err("the edited config should be rejected");
+    assert_error(&err, code, Some(line), says);
 }
 
-fn inline_err(from: &str, to: &str) -> InputError {
-    minimal_with(from, to).expect_err("should be rejected")
+/// The config text `text` is rejected with `code` at `line`.
+#[track_caller]
+fn text_fails(text: &str, code: ErrorCode, line: usize) {
+    let err = parse_config(text, "inline.yaml").expect_err("the config should be rejected");
+    assert_error(&err, code, Some(line), &[]);
 }
 
 #[test]
 fn smoke_config_rollout_batch_size_is_unknown_with_a_suggestion() {
-    let err = load_err("smoke_rollout_batch_size.yaml");
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(26));
-    assert!(
-        err.message.contains("`runner.rollout_batch_size`"),
-        "{}",
-        err.message
-    );
-    assert!(
-        err.message
-            .contains("did you mean `runner.per_rank_rollout_batch_size`?"),
-        "{}",
-        err.message
+    let err = fixture_fails(
+        "smoke_rollout_batch_size.yaml",
+        UnknownConfigKey,
+        26,
+        &[
+            "`runner.rollout_batch_size`",
+            "did you mean `runner.per_rank_rollout_batch_size`?",
+        ],
     );
     assert!(err.to_string().ends_with("[E_UNKNOWN_CONFIG_KEY]"), "{err}");
 }
 
 #[test]
 fn misspelled_key_in_a_block_grid_entry() {
-    let err = load_err("grid_misspelled_key.yaml");
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(17));
-    assert!(
-        err.message.contains("`sampler.grid[1].temperatur`"),
-        "{}",
-        err.message
-    );
-    assert!(
-        err.message
-            .contains("did you mean `sampler.grid[1].temperature`?"),
-        "{}",
-        err.message
+    fixture_fails(
+        "grid_misspelled_key.yaml",
+        UnknownConfigKey,
+        17,
+        &[
+            "`sampler.grid[1].temperatur`",
+            "did you mean `sampler.grid[1].temperature`?",
+        ],
     );
 }
 
 #[test]
 fn misspelled_key_in_a_flow_grid_entry() {
-    let err = load_err("grid_misspelled_flow_key.yaml");
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(16));
-    assert!(
-        err.message
-            .contains("did you mean `sampler.grid[1].top_p`?"),
-        "{}",
-        err.message
+    fixture_fails(
+        "grid_misspelled_flow_key.yaml",
+        UnknownConfigKey,
+        16,
+        &["did you mean `sampler.grid[1].top_p`?"],
     );
 }
 
 #[test]
 fn key_in_the_wrong_section_suggests_the_right_one() {
-    let err = inline_err("seed: 0\n", "seed: 0\nlogging_steps: 64\n");
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(3));
-    assert!(
-        err.message.contains("did you mean `runner.logging_steps`?"),
-        "{}",
-        err.message
+    edited_fails(
+        "seed: 0\n",
+        "seed: 0\nlogging_steps: 64\n",
+        UnknownConfigKey,
+        3,
+        &["did you mean `runner.logging_steps`?"],
     );
 }
 
 #[test]
 fn unknown_key_without_a_close_match_lists_the_allowed_keys() {
-    let err = inline_err("  epochs: 1\n", "  epochs: 1\n  zzz: 1\n");
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(25));
-    assert!(
-        err.message
-            .contains("the keys allowed here are: epochs, per_rank_rollout_batch_size"),
-        "{}",
-        err.message
+    edited_fails(
+        "  epochs: 1\n",
+        "  epochs: 1\n  zzz: 1\n",
+        UnknownConfigKey,
+        25,
+        &["the keys allowed here are: epochs, per_rank_rollout_batch_size"],
     );
 }
 
 #[test]
 fn unknown_key_is_reported_before_the_missing_key_it_causes() {
-    let err = inline_err("  epochs: 1\n", "  epoch: 1\n");
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(24));
-    assert!(
-        err.message.contains("did you mean `runner.epochs`?"),
-        "{}",
-        err.message
+    edited_fails(
+        "  epochs: 1\n",
+        "  epoch: 1\n",
+        UnknownConfigKey,
+        24,
+        &["did you mean `runner.epochs`?"],
     );
 }
 
 #[test]
 fn misspelled_key_inside_an_ignored_section_is_still_unknown() {
-    let err = inline_err(
+    edited_fails(
         "seed: 0\n",
         "seed: 0\nstage_b_distillation: {enabeld: true}\n",
-    );
-    assert_eq!(err.code, ErrorCode::UnknownConfigKey);
-    assert_eq!(err.line, Some(3));
-    assert!(
-        err.message
-            .contains("did you mean `stage_b_distillation.enabled`?"),
-        "{}",
-        err.message
+        UnknownConfigKey,
+        3,
+        &["did you mean `stage_b_distillation.enabled`?"],
     );
 }
 
 #[test]
 fn wrong_type_names_the_key_the_value_and_the_line() {
-    let err = load_err("wrong_type_epochs.yaml");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(26));
-    assert!(
-        err.message
-            .contains("`runner.epochs` must be an integer, got string \"three\""),
-        "{}",
-        err.message
+    fixture_fails(
+        "wrong_type_epochs.yaml",
+        InvalidConfigValue,
+        26,
+        &["`runner.epochs` must be an integer, got string \"three\""],
     );
 }
 
 #[test]
 fn float_where_an_integer_is_required_is_rejected() {
-    let err = inline_err("  epochs: 1\n", "  epochs: 1.5\n");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(24));
+    edited_fails(
+        "  epochs: 1\n",
+        "  epochs: 1.5\n",
+        InvalidConfigValue,
+        24,
+        &[],
+    );
 }
 
 #[test]
 fn missing_required_key_points_at_its_section() {
-    let err = load_err("missing_required_retention.yaml");
-    assert_eq!(err.code, ErrorCode::MissingConfigKey);
-    assert_eq!(err.line, Some(6));
-    assert!(
-        err.message
-            .contains("missing required key `guidance.retention`"),
-        "{}",
-        err.message
+    fixture_fails(
+        "missing_required_retention.yaml",
+        MissingConfigKey,
+        6,
+        &["missing required key `guidance.retention`"],
     );
 }
 
 #[test]
 fn missing_required_top_level_key_points_at_the_document() {
-    let err = inline_err("seed: 0\n", "");
-    assert_eq!(err.code, ErrorCode::MissingConfigKey);
-    assert_eq!(err.line, Some(2), "the first line of the top-level mapping");
-    assert!(err.message.contains("`seed`"), "{}", err.message);
+    // Line 2: the first line of the top-level mapping.
+    edited_fails("seed: 0\n", "", MissingConfigKey, 2, &["`seed`"]);
 }
 
 #[test]
 fn missing_required_section() {
-    let err = inline_err("runner:\n  epochs: 1\n", "");
-    assert_eq!(err.code, ErrorCode::MissingConfigKey);
-    assert!(err.message.contains("`runner`"), "{}", err.message);
-    assert!(err.line.is_some());
+    edited_fails(
+        "runner:\n  epochs: 1\n",
+        "",
+        MissingConfigKey,
+        2,
+        &["`runner`"],
+    );
 }
 
 #[test]
 fn min_verdict_agreement_above_one_is_out_of_range() {
-    let err = load_err("min_agreement_out_of_range.yaml");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(14));
-    assert!(
-        err.message.contains("between 0 and 1, got float 1.5"),
-        "{}",
-        err.message
+    fixture_fails(
+        "min_agreement_out_of_range.yaml",
+        InvalidConfigValue,
+        14,
+        &["between 0 and 1, got float 1.5"],
     );
 }
 
 #[test]
 fn zero_samples_per_decode_is_out_of_range() {
-    let err = load_err("samples_per_decode_zero.yaml");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(8));
-    assert!(
-        err.message
-            .contains("`sampler.samples_per_decode` must be an integer >= 1, got integer 0"),
-        "{}",
-        err.message
+    fixture_fails(
+        "samples_per_decode_zero.yaml",
+        InvalidConfigValue,
+        8,
+        &["`sampler.samples_per_decode` must be an integer >= 1, got integer 0"],
     );
 }
 
@@ -244,79 +237,82 @@ fn other_ranges_of_the_original() {
         ),
     ];
     for (from, to, line) in cases {
-        let err = inline_err(from, to);
-        assert_eq!(err.code, ErrorCode::InvalidConfigValue, "{to:?}: {err}");
-        assert_eq!(err.line, Some(line), "{to:?}: {err}");
+        edited_fails(from, to, InvalidConfigValue, line, &[]);
     }
 }
 
 #[test]
 fn null_is_accepted_only_where_the_original_allows_it() {
-    let loaded = minimal_with(
+    let loaded = minimal_with(&[(
         "  batch_size: 4\n",
         "  batch_size: 4\n  max_operations: null\n  ops_prompt_path: null\n",
-    )
+    )])
     .expect("nullable keys accept null");
     assert_eq!(loaded.config.reflection.max_operations, None);
-    let err = inline_err("  epochs: 1\n", "  epochs: 1\n  logging_steps: null\n");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert!(err.message.contains("got null"), "{}", err.message);
+    edited_fails(
+        "  epochs: 1\n",
+        "  epochs: 1\n  logging_steps: null\n",
+        InvalidConfigValue,
+        25,
+        &["got null"],
+    );
 }
 
 #[test]
 fn invalid_yaml_reports_the_parser_line() {
-    let err = load_err("invalid_yaml.yaml");
-    assert_eq!(err.code, ErrorCode::InvalidYaml);
-    assert_eq!(err.line, Some(8));
+    fixture_fails("invalid_yaml.yaml", InvalidYaml, 8, &[]);
 }
 
 #[test]
 fn duplicate_yaml_key_is_invalid_yaml() {
-    let err = inline_err("  epochs: 1\n", "  epochs: 1\n  epochs: 2\n");
-    assert_eq!(err.code, ErrorCode::InvalidYaml);
-    assert!(err.line.is_some(), "{err}");
+    // serde_norway locates a repeated key at the start of its mapping: line 24, `epochs: 1`.
+    edited_fails(
+        "  epochs: 1\n",
+        "  epochs: 1\n  epochs: 2\n",
+        InvalidYaml,
+        24,
+        &[],
+    );
 }
 
 #[test]
 fn top_semantic_is_named_as_not_implemented() {
-    let err = load_err("top_semantic.yaml");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(12));
-    assert!(
-        err.message.contains("`top_semantic` is not implemented"),
-        "{}",
-        err.message
+    fixture_fails(
+        "top_semantic.yaml",
+        InvalidConfigValue,
+        12,
+        &["`top_semantic` is not implemented"],
     );
 }
 
 #[test]
 fn unknown_tie_break_is_rejected() {
-    let err = inline_err("  tie_break: temperature\n", "  tie_break: index\n");
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(22));
+    edited_fails(
+        "  tie_break: temperature\n",
+        "  tie_break: index\n",
+        InvalidConfigValue,
+        22,
+        &[],
+    );
 }
 
 #[test]
 fn top_level_must_be_a_mapping() {
-    for text in ["", "- a\n- b\n", "just a string\n"] {
-        let err = parse_config(text, "inline.yaml").expect_err("not a mapping");
-        assert_eq!(err.code, ErrorCode::InvalidConfigValue, "{text:?}: {err}");
-        assert!(err.line.is_some());
-    }
+    text_fails("", InvalidConfigValue, 1);
+    text_fails("- a\n- b\n", InvalidConfigValue, 1);
+    text_fails("just a string\n", InvalidConfigValue, 1);
 }
 
 #[test]
 fn missing_file_and_non_utf8_file() {
     let err = load_config(Path::new("/nonexistent/stageb/config.yaml")).expect_err("missing");
-    assert_eq!(err.code, ErrorCode::FileNotFound);
-    assert_eq!(err.line, None);
+    assert_error(&err, FileNotFound, None, &[]);
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("latin1.yaml");
     std::fs::write(&path, b"seed: 0\n# caf\xe9\n").unwrap();
     let err = load_config(&path).expect_err("not UTF-8");
-    assert_eq!(err.code, ErrorCode::InvalidUtf8);
-    assert_eq!(err.line, Some(2));
+    assert_error(&err, InvalidUtf8, Some(2), &[]);
 }
 
 mod never_panics {
@@ -376,13 +372,9 @@ mod never_panics {
 /// end token in fewer than 20 tokens: refused up front with the line, not at run time.
 #[test]
 fn constrained_max_new_tokens_below_the_minimum_is_refused_with_its_line() {
-    let text = std::fs::read_to_string(fixture("minimal.yaml")).unwrap();
-    let short = text.replace("max_new_tokens: 64", "max_new_tokens: 12");
-    let err = stageb_shared::config::parse_config(&short, "short.yaml").unwrap_err();
-    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
-    assert_eq!(err.line, Some(17), "{err}");
-    assert!(err.message.contains(">= 20"), "{}", err.message);
+    let short = ("max_new_tokens: 64", "max_new_tokens: 12");
+    edited_fails(short.0, short.1, InvalidConfigValue, 17, &[">= 20"]);
     // Unconstrained decoding has no such floor.
-    let free = short.replace("sampler:\n", "sampler:\n  constrained: false\n");
-    assert!(stageb_shared::config::parse_config(&free, "free.yaml").is_ok());
+    let free = ("sampler:\n", "sampler:\n  constrained: false\n");
+    assert!(minimal_with(&[short, free]).is_ok());
 }

@@ -2,10 +2,17 @@
 //! stable code AND the line. Inputs are small files written into a tempdir by each test, so
 //! every case states its bytes and why they are wrong right where it is checked.
 
+mod support;
+
 use serde_json::json;
+use stageb_shared::error::ErrorCode::{
+    BadLabel, DuplicateImageKey, DuplicateTicket, EmptyField, EmptyFile, FileNotFound, InvalidUtf8,
+    LineTooLong, MissingField, NotAnObject, NotJson, SeveralMissions,
+};
 use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::ingest::{MAX_LINE_BYTES, load_tickets};
 use std::path::PathBuf;
+use support::assert_error;
 use tempfile::TempDir;
 
 /// A valid record; tests break one thing about it.
@@ -42,28 +49,34 @@ fn write(dir: &TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 /// Ingest one file whose first line is a valid record and whose later lines are `rest`, so
-/// every error below is on line 2 or later (a line number of 1 would prove little).
-fn reject_after_valid_line(rest: &[u8]) -> InputError {
+/// every error below is on line 2 or later (a line number of 1 would prove little). It must
+/// fail with `code` at `line`, naming the file and saying `says`.
+#[track_caller]
+fn fails_after_valid_line(
+    rest: impl AsRef<[u8]>,
+    code: ErrorCode,
+    line_no: usize,
+    says: &str,
+) -> InputError {
     let dir = TempDir::new().unwrap();
     let mut bytes = line(&json!({"group_id": "QC-0", "mission": "挡风板安装检查", "label": "pass", "per_image": {"image_1": "ok"}})).into_bytes();
-    bytes.extend_from_slice(rest);
+    bytes.extend_from_slice(rest.as_ref());
     let path = write(&dir, "stage_a.jsonl", &bytes);
     let err = load_tickets(&[path]).expect_err("input must be rejected");
     assert!(
         err.file.ends_with("stage_a.jsonl"),
         "error names the file: {err}"
     );
+    assert_error(&err, code, Some(line_no), &[says]);
     err
 }
 
-fn assert_rejected(err: &InputError, code: ErrorCode, line: Option<usize>, message_part: &str) {
-    assert_eq!(err.code, code, "{err}");
-    assert_eq!(err.line, line, "{err}");
-    assert!(
-        err.message.contains(message_part),
-        "message {:?} lacks {message_part:?}",
-        err.message
-    );
+/// Ingesting `paths` fails with `code` at `line` (`None`: the whole file), saying `says`.
+#[track_caller]
+fn files_fail(paths: &[PathBuf], code: ErrorCode, line: Option<usize>, says: &str) -> InputError {
+    let err = load_tickets(paths).expect_err("input must be rejected");
+    assert_error(&err, code, line, &[says]);
+    err
 }
 
 // --- files ---
@@ -71,24 +84,27 @@ fn assert_rejected(err: &InputError, code: ErrorCode, line: Option<usize>, messa
 #[test]
 fn missing_file() {
     // A path that does not exist: the original skipped it with a warning.
-    let err = load_tickets(&[PathBuf::from("/nonexistent/stageb/stage_a.jsonl")]).unwrap_err();
-    assert_rejected(&err, ErrorCode::FileNotFound, None, "cannot read");
+    let missing = PathBuf::from("/nonexistent/stageb/stage_a.jsonl");
+    files_fail(&[missing], FileNotFound, None, "cannot read");
 }
 
 #[test]
 fn empty_file() {
     // Zero bytes: "0 tickets" is an error, never an empty run.
     let dir = TempDir::new().unwrap();
-    let err = load_tickets(&[write(&dir, "a.jsonl", b"")]).unwrap_err();
-    assert_rejected(&err, ErrorCode::EmptyFile, None, "empty");
+    files_fail(&[write(&dir, "a.jsonl", b"")], EmptyFile, None, "empty");
 }
 
 #[test]
 fn file_of_blank_lines_only() {
     // Only newlines (and whitespace): blank lines are skipped, leaving no records.
     let dir = TempDir::new().unwrap();
-    let err = load_tickets(&[write(&dir, "a.jsonl", b"\n\n  \r\n\n")]).unwrap_err();
-    assert_rejected(&err, ErrorCode::EmptyFile, None, "no records");
+    files_fail(
+        &[write(&dir, "a.jsonl", b"\n\n  \r\n\n")],
+        EmptyFile,
+        None,
+        "no records",
+    );
 }
 
 #[test]
@@ -97,15 +113,13 @@ fn second_file_empty() {
     let dir = TempDir::new().unwrap();
     let good = write(&dir, "good.jsonl", line(&record()).as_bytes());
     let empty = write(&dir, "empty.jsonl", b"");
-    let err = load_tickets(&[good, empty]).unwrap_err();
-    assert_rejected(&err, ErrorCode::EmptyFile, None, "empty");
+    let err = files_fail(&[good, empty], EmptyFile, None, "empty");
     assert!(err.file.ends_with("empty.jsonl"));
 }
 
 #[test]
 fn no_files_given() {
-    let err = load_tickets(&[]).unwrap_err();
-    assert_rejected(&err, ErrorCode::EmptyFile, None, "no Stage-A files");
+    files_fail(&[], EmptyFile, None, "no Stage-A files");
 }
 
 // --- bytes and lines ---
@@ -119,8 +133,7 @@ fn invalid_utf8() {
     rest.extend_from_slice(
         b"\", \"mission\": \"m\", \"label\": \"pass\", \"per_image\": {\"a\": \"b\"}}\n",
     );
-    let err = reject_after_valid_line(&rest);
-    assert_rejected(&err, ErrorCode::InvalidUtf8, Some(2), "offset 17");
+    fails_after_valid_line(rest, InvalidUtf8, 2, "offset 17");
 }
 
 #[test]
@@ -128,31 +141,23 @@ fn line_longer_than_the_limit() {
     // One byte over MAX_LINE_BYTES (content, not counting the newline), on line 2.
     let mut rest = vec![b' '; MAX_LINE_BYTES + 1];
     rest.push(b'\n');
-    let err = reject_after_valid_line(&rest);
-    assert_rejected(
-        &err,
-        ErrorCode::LineTooLong,
-        Some(2),
-        "longer than 1048576 bytes",
-    );
+    fails_after_valid_line(rest, LineTooLong, 2, "longer than 1048576 bytes");
 }
 
 #[test]
 fn huge_line_without_newline() {
     // 16 MiB with no newline at all: rejected at the limit, the rest never read into memory.
     let rest = vec![b'x'; 16 << 20];
-    let err = reject_after_valid_line(&rest);
-    assert_rejected(&err, ErrorCode::LineTooLong, Some(2), "longer than");
+    fails_after_valid_line(rest, LineTooLong, 2, "longer than");
 }
 
 #[test]
 fn truncated_last_line() {
     // The writer died mid-record: last line has no newline and is cut inside a string.
-    let err = reject_after_valid_line(r#"{"group_id": "QC-2", "mission": "挡风板安"#.as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::NotJson,
-        Some(2),
+    fails_after_valid_line(
+        r#"{"group_id": "QC-2", "mission": "挡风板安"#,
+        NotJson,
+        2,
         "not valid JSON at column",
     );
 }
@@ -160,16 +165,14 @@ fn truncated_last_line() {
 #[test]
 fn not_json() {
     // Plain text where a record should be (line 3: blank lines still count).
-    let err = reject_after_valid_line(b"\nnot json at all\n");
-    assert_rejected(&err, ErrorCode::NotJson, Some(3), "not valid JSON");
+    fails_after_valid_line(b"\nnot json at all\n", NotJson, 3, "not valid JSON");
 }
 
 #[test]
 fn trailing_garbage_after_the_object() {
     // Two objects on one line: one line is one record.
     let rest = format!("{}{}", line(&record()).trim_end(), line(&record()));
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::NotJson, Some(2), "trailing characters");
+    fails_after_valid_line(rest, NotJson, 2, "trailing characters");
 }
 
 #[test]
@@ -177,15 +180,13 @@ fn nan_is_not_json() {
     // Python's json.dumps writes NaN/Infinity; they are not JSON.
     let rest = line(&record()).replace(r#""label":"fail""#, r#""label":"fail","score":NaN"#);
     assert!(rest.contains("NaN"));
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::NotJson, Some(2), "not valid JSON");
+    fails_after_valid_line(rest, NotJson, 2, "not valid JSON");
 }
 
 #[test]
 fn infinity_is_not_json() {
     let rest = line(&record()).replace(r#""label":"fail""#, r#""label":"fail","score":Infinity"#);
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::NotJson, Some(2), "not valid JSON");
+    fails_after_valid_line(rest, NotJson, 2, "not valid JSON");
 }
 
 #[test]
@@ -197,74 +198,59 @@ fn deeply_nested_json() {
         r#""label":"fail""#,
         &format!(r#""label":"fail","deep":{deep}"#),
     );
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::NotJson, Some(2), "recursion limit");
+    fails_after_valid_line(rest, NotJson, 2, "recursion limit");
 }
 
 #[test]
 fn repeated_field_in_one_object() {
     // `label` twice: serde_json's Value would silently keep the last one.
     let rest = line(&record()).replace(r#""label":"fail""#, r#""label":"fail","label":"pass""#);
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::NotJson,
-        Some(2),
-        "field `label` appears twice",
-    );
+    fails_after_valid_line(rest, NotJson, 2, "field `label` appears twice");
 }
 
 #[test]
 fn not_an_object_array() {
-    let err = reject_after_valid_line(b"[]\n");
-    assert_rejected(&err, ErrorCode::NotAnObject, Some(2), "got an array");
+    fails_after_valid_line(b"[]\n", NotAnObject, 2, "got an array");
 }
 
 #[test]
 fn not_an_object_string() {
-    let err = reject_after_valid_line(b"\"x\"\n");
-    assert_rejected(&err, ErrorCode::NotAnObject, Some(2), "got a string");
+    fails_after_valid_line(b"\"x\"\n", NotAnObject, 2, "got a string");
 }
 
 #[test]
 fn not_an_object_number() {
-    let err = reject_after_valid_line(b"42\n");
-    assert_rejected(&err, ErrorCode::NotAnObject, Some(2), "got a number");
+    fails_after_valid_line(b"42\n", NotAnObject, 2, "got a number");
 }
 
 // --- fields ---
 
 #[test]
 fn missing_group_id() {
-    let err = reject_after_valid_line(without("group_id").as_bytes());
-    assert_rejected(&err, ErrorCode::MissingField, Some(2), "`group_id`");
+    fails_after_valid_line(without("group_id"), MissingField, 2, "`group_id`");
 }
 
 #[test]
 fn missing_mission() {
-    let err = reject_after_valid_line(without("mission").as_bytes());
-    assert_rejected(&err, ErrorCode::MissingField, Some(2), "`mission`");
+    fails_after_valid_line(without("mission"), MissingField, 2, "`mission`");
 }
 
 #[test]
 fn missing_label() {
-    let err = reject_after_valid_line(without("label").as_bytes());
-    assert_rejected(&err, ErrorCode::MissingField, Some(2), "`label`");
+    fails_after_valid_line(without("label"), MissingField, 2, "`label`");
 }
 
 #[test]
 fn missing_per_image() {
-    let err = reject_after_valid_line(without("per_image").as_bytes());
-    assert_rejected(&err, ErrorCode::MissingField, Some(2), "`per_image`");
+    fails_after_valid_line(without("per_image"), MissingField, 2, "`per_image`");
 }
 
 #[test]
 fn empty_group_id() {
-    let err = reject_after_valid_line(with("group_id", json!("  ")).as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::EmptyField,
-        Some(2),
+    fails_after_valid_line(
+        with("group_id", json!("  ")),
+        EmptyField,
+        2,
         "`group_id` must be a non-empty string or an integer",
     );
 }
@@ -274,11 +260,10 @@ fn regression_issue8_padded_group_id() {
     // Op evidence and decision ids are resolved trimmed: " QC-1 ::fail" could never be
     // matched, so the padded id is an ingest error instead of a silently unlearnable ticket.
     for padded in [" QC-1", "QC-1 ", "\tQC-1"] {
-        let err = reject_after_valid_line(with("group_id", json!(padded)).as_bytes());
-        assert_rejected(
-            &err,
-            ErrorCode::EmptyField,
-            Some(2),
+        fails_after_valid_line(
+            with("group_id", json!(padded)),
+            EmptyField,
+            2,
             "must not start or end with whitespace",
         );
     }
@@ -287,15 +272,18 @@ fn regression_issue8_padded_group_id() {
 #[test]
 fn null_group_id() {
     // null is a present field of the wrong type, not an absent one.
-    let err = reject_after_valid_line(with("group_id", json!(null)).as_bytes());
-    assert_rejected(&err, ErrorCode::EmptyField, Some(2), "got null");
+    fails_after_valid_line(with("group_id", json!(null)), EmptyField, 2, "got null");
 }
 
 #[test]
 fn float_group_id() {
     // 1.5 would stringify ambiguously ("1.5" vs "1.50"); only strings and integers are ids.
-    let err = reject_after_valid_line(with("group_id", json!(1.5)).as_bytes());
-    assert_rejected(&err, ErrorCode::EmptyField, Some(2), "got number 1.5");
+    fails_after_valid_line(
+        with("group_id", json!(1.5)),
+        EmptyField,
+        2,
+        "got number 1.5",
+    );
 }
 
 #[test]
@@ -305,83 +293,81 @@ fn group_id_larger_than_u64() {
         r#""group_id":"QC-1""#,
         r#""group_id":123456789012345678901234567890"#,
     );
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::EmptyField, Some(2), "`group_id`");
+    fails_after_valid_line(rest, EmptyField, 2, "`group_id`");
 }
 
 #[test]
 fn empty_mission() {
-    let err = reject_after_valid_line(with("mission", json!("")).as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::EmptyField,
-        Some(2),
+    fails_after_valid_line(
+        with("mission", json!("")),
+        EmptyField,
+        2,
         "`mission` must be a non-empty string",
     );
 }
 
 #[test]
 fn mission_of_the_wrong_type() {
-    let err = reject_after_valid_line(with("mission", json!(["挡风板安装检查"])).as_bytes());
-    assert_rejected(&err, ErrorCode::EmptyField, Some(2), "got an array");
+    fails_after_valid_line(
+        with("mission", json!(["挡风板安装检查"])),
+        EmptyField,
+        2,
+        "got an array",
+    );
 }
 
 #[test]
 fn label_in_chinese() {
     // The directory names (审核通过) or verdict words are not labels.
-    let err = reject_after_valid_line(with("label", json!("通过")).as_bytes());
-    assert_rejected(&err, ErrorCode::BadLabel, Some(2), "\"通过\"");
+    fails_after_valid_line(with("label", json!("通过")), BadLabel, 2, "\"通过\"");
 }
 
 #[test]
 fn label_unknown_word() {
-    let err = reject_after_valid_line(with("label", json!("need-review")).as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::BadLabel,
-        Some(2),
+    fails_after_valid_line(
+        with("label", json!("need-review")),
+        BadLabel,
+        2,
         "must be \"pass\" or \"fail\"",
     );
 }
 
 #[test]
 fn label_null() {
-    let err = reject_after_valid_line(with("label", json!(null)).as_bytes());
-    assert_rejected(&err, ErrorCode::BadLabel, Some(2), "got null");
+    fails_after_valid_line(with("label", json!(null)), BadLabel, 2, "got null");
 }
 
 #[test]
 fn label_number() {
-    let err = reject_after_valid_line(with("label", json!(1)).as_bytes());
-    assert_rejected(&err, ErrorCode::BadLabel, Some(2), "got number 1");
+    fails_after_valid_line(with("label", json!(1)), BadLabel, 2, "got number 1");
 }
 
 #[test]
 fn per_image_empty_object() {
-    let err = reject_after_valid_line(with("per_image", json!({})).as_bytes());
-    assert_rejected(&err, ErrorCode::EmptyField, Some(2), "got an empty object");
+    fails_after_valid_line(
+        with("per_image", json!({})),
+        EmptyField,
+        2,
+        "got an empty object",
+    );
 }
 
 #[test]
 fn per_image_not_an_object() {
-    let err = reject_after_valid_line(with("per_image", json!("image_1: ok")).as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::EmptyField,
-        Some(2),
+    fails_after_valid_line(
+        with("per_image", json!("image_1: ok")),
+        EmptyField,
+        2,
         "`per_image` must be a non-empty object, got a string",
     );
 }
 
 #[test]
 fn per_image_value_not_a_string() {
-    let err = reject_after_valid_line(
-        with("per_image", json!({"image_1": "ok", "image_2": 7})).as_bytes(),
-    );
-    assert_rejected(
-        &err,
-        ErrorCode::EmptyField,
-        Some(2),
+    fails_after_valid_line(
+        with("per_image", json!({"image_1": "ok", "image_2": 7})),
+        EmptyField,
+        2,
         "`per_image.image_2` must be a string",
     );
 }
@@ -389,13 +375,10 @@ fn per_image_value_not_a_string() {
 #[test]
 fn per_image_keys_with_the_same_index() {
     // `image_1` and `photo01` both normalize to image_1: the original kept one silently.
-    let err = reject_after_valid_line(
-        with("per_image", json!({"image_1": "a", "photo01": "b"})).as_bytes(),
-    );
-    assert_rejected(
-        &err,
-        ErrorCode::DuplicateImageKey,
-        Some(2),
+    fails_after_valid_line(
+        with("per_image", json!({"image_1": "a", "photo01": "b"})),
+        DuplicateImageKey,
+        2,
         "both map to `image_1`",
     );
 }
@@ -403,10 +386,12 @@ fn per_image_keys_with_the_same_index() {
 #[test]
 fn per_image_position_colliding_with_an_index() {
     // `front` has no digits, so it takes its position (1), which `image_1` also claims.
-    let err = reject_after_valid_line(
-        with("per_image", json!({"front": "a", "image_1": "b"})).as_bytes(),
+    fails_after_valid_line(
+        with("per_image", json!({"front": "a", "image_1": "b"})),
+        DuplicateImageKey,
+        2,
+        "`image_1`",
     );
-    assert_rejected(&err, ErrorCode::DuplicateImageKey, Some(2), "`image_1`");
 }
 
 #[test]
@@ -417,25 +402,27 @@ fn per_image_same_raw_key_twice() {
         r#""per_image":{"image_1":"a","image_1":"b"}"#,
     );
     assert!(rest.contains(r#""image_1":"b""#), "test setup");
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::DuplicateImageKey, Some(2), "twice");
+    fails_after_valid_line(rest, DuplicateImageKey, 2, "twice");
 }
 
 #[test]
 fn images_not_a_list() {
-    let err = reject_after_valid_line(with("images", json!("QC-1_1.jpeg")).as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::EmptyField,
-        Some(2),
+    fails_after_valid_line(
+        with("images", json!("QC-1_1.jpeg")),
+        EmptyField,
+        2,
         "`images` must be a list of strings",
     );
 }
 
 #[test]
 fn label_source_of_the_wrong_type() {
-    let err = reject_after_valid_line(with("label_source", json!(true)).as_bytes());
-    assert_rejected(&err, ErrorCode::EmptyField, Some(2), "`label_source`");
+    fails_after_valid_line(
+        with("label_source", json!(true)),
+        EmptyField,
+        2,
+        "`label_source`",
+    );
 }
 
 // --- across records ---
@@ -449,11 +436,10 @@ fn duplicate_ticket_in_one_file() {
         with("group_id", json!("QC-9")),
         line(&record())
     );
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::DuplicateTicket,
-        Some(4),
+    let err = fails_after_valid_line(
+        rest,
+        DuplicateTicket,
+        4,
         "`QC-1::fail` already appeared at ",
     );
     assert!(
@@ -472,8 +458,7 @@ fn duplicate_ticket_across_files() {
         "b.jsonl",
         format!("{}{}", with("group_id", json!("QC-2")), line(&record())).as_bytes(),
     );
-    let err = load_tickets(&[first, second]).unwrap_err();
-    assert_rejected(&err, ErrorCode::DuplicateTicket, Some(2), "a.jsonl:1;");
+    let err = files_fail(&[first, second], DuplicateTicket, Some(2), "a.jsonl:1;");
     assert!(err.file.ends_with("b.jsonl"));
 }
 
@@ -485,17 +470,15 @@ fn integer_and_string_group_id_are_the_same_ticket() {
         with("group_id", json!(7)),
         with("group_id", json!("7"))
     );
-    let err = reject_after_valid_line(rest.as_bytes());
-    assert_rejected(&err, ErrorCode::DuplicateTicket, Some(3), "`7::fail`");
+    fails_after_valid_line(rest, DuplicateTicket, 3, "`7::fail`");
 }
 
 #[test]
 fn several_missions_in_one_file() {
-    let err = reject_after_valid_line(with("mission", json!("BBU接地线检查")).as_bytes());
-    assert_rejected(
-        &err,
-        ErrorCode::SeveralMissions,
-        Some(2),
+    let err = fails_after_valid_line(
+        with("mission", json!("BBU接地线检查")),
+        SeveralMissions,
+        2,
         "\"挡风板安装检查\" (first at ",
     );
     assert!(err.message.contains("\"BBU接地线检查\""), "{}", err.message);
@@ -507,7 +490,6 @@ fn several_missions_across_files() {
     let first = write(&dir, "a.jsonl", line(&record()).as_bytes());
     let other = format!("\n{}", with("mission", json!("BBU接地线检查")));
     let second = write(&dir, "b.jsonl", other.as_bytes());
-    let err = load_tickets(&[first, second]).unwrap_err();
-    assert_rejected(&err, ErrorCode::SeveralMissions, Some(2), "a.jsonl:1");
+    let err = files_fail(&[first, second], SeveralMissions, Some(2), "a.jsonl:1");
     assert!(err.file.ends_with("b.jsonl"));
 }
