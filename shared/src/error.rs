@@ -55,6 +55,9 @@ pub enum ErrorCode {
     ResumeMismatch,
     /// Another stageb process is running in the same run directory.
     RunLocked,
+    /// No usable GPU for a worker: none visible, or `--device cuda:N` names one that does not
+    /// exist.
+    InvalidDevice,
 }
 
 impl ErrorCode {
@@ -82,6 +85,7 @@ impl ErrorCode {
             ErrorCode::RunExists => "E_RUN_EXISTS",
             ErrorCode::ResumeMismatch => "E_RESUME_MISMATCH",
             ErrorCode::RunLocked => "E_RUN_LOCKED",
+            ErrorCode::InvalidDevice => "E_INVALID_DEVICE",
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`config`]: the YAML run config with the Python original's keys, strictly validated.
 //! - [`ingest`]: Stage-A JSONL into tickets, every bad line a located, coded error.
 //! - [`limits`]: the run's token limits, fitted into the model's context.
+//! - [`placement`]: which GPU a worker runs on, one rule for every launcher.
 //! - [`text`]: Chinese text normalization (traditional→simplified, spaces) and the canonical
 //!   third-state vocabulary.
 //! - [`contract`]: the strict two-line verdict parser (the rubric every candidate passes on
@@ -29,6 +30,7 @@ pub mod error;
 pub mod ingest;
 pub mod limits;
 pub mod observe;
+pub mod placement;
 pub mod reflection_schema;
 pub mod seed;
 pub mod telemetry;
