@@ -7,8 +7,8 @@
 
 use std::time::Instant;
 
-use stageb_worker::engine::int8::{self, Int8Workspace, KernelChoice};
-use stageb_worker::engine::kernels::{self, PackedMatrix};
+use stageb_worker::engine::cpu::int8::{self, Int8Workspace, KernelChoice};
+use stageb_worker::engine::cpu::kernels::{self, PackedMatrix};
 
 fn weights(n: usize, k: usize, q8: bool) -> PackedMatrix {
     let nb = n * k / 32;

@@ -31,7 +31,7 @@ use stageb_shared::domain::ChatMessage;
 use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
-use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
+use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
 use super::options::select_device;
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};

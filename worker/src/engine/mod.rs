@@ -10,27 +10,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use stageb_shared::domain::ChatMessage;
 
-pub mod attention;
 pub mod candle_engine;
 pub mod chat_template;
-pub mod cpu_model;
+pub mod cpu;
 pub mod gguf;
-pub mod int8;
-pub mod kernels;
 pub mod options;
 pub mod prefix_cache;
 pub mod safetensors;
 pub mod sampler;
-pub mod sampler_prefilter;
 pub mod tokenizer;
 pub mod transformer;
 
 pub use candle_engine::{
     CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
 };
-pub use cpu_model::Numerics;
+/// The old path of the kernel choice (`engine::int8::choose`), named by the root package.
+pub use cpu::int8;
+pub use cpu::int8::KernelChoice;
+pub use cpu::model::Numerics;
 pub use gguf::WeightFormat;
-pub use int8::KernelChoice;
 
 /// How one group of candidates is decoded (one `sampler.grid` entry with its seeds).
 pub use stageb_shared::domain::DecodeGroup as DecodeRequest;

@@ -12,10 +12,10 @@
 //!
 //! Bounded by bytes (the values' sizes as the caller states them), least recently used entries
 //! evicted first; a budget of 0 turns the store off. Generic over the stored value so its rules
-//! are specified without a model (the engine stores [`super::cpu_model::CpuCache`]s).
+//! are specified without a model (the engine stores [`super::cpu::model::CpuCache`]s).
 
 use super::candle_engine::PREFILL_CHUNK;
-use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
+use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 
 /// The CPU fast path's prefill of `prompt`: the logits of its last token, its cache, and how
 /// many leading positions were copied from `store` (0 without a store or on a miss).
@@ -23,7 +23,7 @@ use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
 /// The schedule is the fixed one (forward calls ending at multiples of [`PREFILL_CHUNK`] and
 /// at the prompt's end), entered at the reused length. On this path a position's keys,
 /// values and logits follow one recipe whatever the call they are computed in (see
-/// [`super::kernels`]): so where the prefix ends changes no bit, which
+/// [`super::cpu::kernels`]): so where the prefix ends changes no bit, which
 /// `tests/prefix_cache.rs` checks on the real model. (The candle backend has no such
 /// guarantee, and no prefix reuse.)
 pub(crate) fn cpu_prefill(

@@ -16,6 +16,8 @@ use std::cmp::Ordering;
 
 use crate::constraint::AllowedTokens;
 
+pub mod prefilter;
+
 /// One candidate's sampling settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
@@ -86,7 +88,7 @@ pub(super) fn sorted_prefix(cand: &mut [(f64, u32)], k: usize, cum: &mut Vec<f64
 
 /// Picks the next token, or `None` when the mask leaves no token with a finite logit.
 ///
-/// The same token as [`sample_exhaustive`] always (see [`super::sampler_prefilter`]): the
+/// The same token as [`sample_exhaustive`] always (see [`prefilter`]): the
 /// prefilter answers when it can prove the exhaustive answer from the tokens near the maximum,
 /// and the exhaustive path answers otherwise.
 pub fn sample(
@@ -97,7 +99,7 @@ pub fn sample(
     u: f64,
     scratch: &mut Scratch,
 ) -> Option<u32> {
-    super::sampler_prefilter::sample(logits, params, seen, allowed, u, scratch)
+    prefilter::sample(logits, params, seen, allowed, u, scratch)
         .or_else(|| sample_exhaustive(logits, params, seen, allowed, u, scratch))
 }
 

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use super::attention::{self, KvRun};
 use super::int8::{self, Int8Workspace};
 use super::kernels::{self, PackedMatrix};
-use super::transformer::{RopeStyle, TransformerConfig};
+use crate::engine::transformer::{RopeStyle, TransformerConfig};
 
 /// Prompt positions whose attention shares each tile of keys and values (prefill): with 3
 /// query heads per KV head, 48 queries per pass over a KV head's cache.

@@ -1,4 +1,4 @@
-//! Attention of the CPU fast path ([`super::cpu_model`]) over the transposed KV cache: many
+//! Attention of the CPU fast path ([`super::model`]) over the transposed KV cache: many
 //! queries of one KV head per call, each with its own visible keys.
 //!
 //! # Numerics: one recipe per query
@@ -349,8 +349,8 @@ mod avx2 {
             let total = common_len + own.get(i).map_or(0, |r| r.len);
             let lim = limits[i].min(total);
             let si = &mut s[i * stride..i * stride + lim];
-            let max = crate::engine::kernels::scale_max(si, scale);
-            zs.push(crate::engine::kernels::exp_sub(si, max));
+            let max = crate::engine::cpu::kernels::scale_max(si, scale);
+            zs.push(crate::engine::cpu::kernels::exp_sub(si, max));
             lims.push(lim);
         }
         // SAFETY: d is 64 or 128; the bounds of the contract.

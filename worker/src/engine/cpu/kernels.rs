@@ -1,4 +1,4 @@
-//! CPU kernels of the engine's fast path ([`super::cpu_model`]): f32 matmul over
+//! CPU kernels of the engine's fast path ([`super::model`]): f32 matmul over
 //! block-quantized weights (`--numerics f32`; the default integer matmuls are
 //! [`super::int8`]'s), RMS norm, SiLU and a polynomial `exp` (attention is
 //! [`super::attention`]).
