@@ -33,7 +33,7 @@
 
 use std::sync::OnceLock;
 
-use super::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, sorted_prefix};
+use super::common::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, sorted_prefix};
 use crate::constraint::AllowedTokens;
 
 /// Distance below the maximum (in logit / temperature units) within which tokens are
