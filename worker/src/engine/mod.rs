@@ -24,11 +24,15 @@ pub mod transformer;
 pub use candle_engine::{
     CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
 };
-/// The old path of the kernel choice (`engine::int8::choose`), named by the root package.
-pub use cpu::int8;
-pub use cpu::int8::KernelChoice;
+pub use cpu::isa::KernelChoice;
 pub use cpu::model::Numerics;
 pub use gguf::WeightFormat;
+
+/// The kernel choice at its old path (`engine::int8::choose`), which the root package's CLI
+/// still names; it lives in [`cpu::isa`].
+pub mod int8 {
+    pub use super::cpu::isa::choose;
+}
 
 /// How one group of candidates is decoded (one `sampler.grid` entry with its seeds).
 pub use stageb_shared::domain::DecodeGroup as DecodeRequest;

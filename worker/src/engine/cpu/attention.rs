@@ -20,7 +20,8 @@
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
-use super::kernels::{self, Isa, LANES, isa};
+use super::isa::{F32Isa, f32_isa};
+use super::kernels::{self, LANES};
 
 /// Keys per tile of the weighted sum: 32 values of d = 64 are 8 KiB, in L1 while every query of
 /// the call uses them.
@@ -124,8 +125,8 @@ pub fn attend(
         assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
     }
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 && (d == 64 || d == 128) {
-        // SAFETY: AVX2 and FMA were detected at run time (`isa`); every run holds `d × cap`
+    if f32_isa() == F32Isa::Avx2 && (d == 64 || d == 128) {
+        // SAFETY: AVX2 and FMA were detected at run time (`f32_isa`); every run holds `d × cap`
         // keys and `cap × d` values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` is
         // empty or one run per query (asserted above): the bounds the kernel relies on.
         unsafe { avx2::attend(q, nq, limits, common, own, d, scale, s, out) };

@@ -3,5 +3,7 @@
 
 pub mod attention;
 pub mod int8;
+pub mod isa;
 pub mod kernels;
 pub mod model;
+pub mod weights;

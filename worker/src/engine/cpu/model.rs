@@ -19,7 +19,8 @@ use rayon::prelude::*;
 
 use super::attention::{self, KvRun};
 use super::int8::{self, Int8Workspace};
-use super::kernels::{self, PackedMatrix};
+use super::kernels;
+use super::weights::{Interleaved, PackedMatrix};
 use crate::engine::transformer::{RopeStyle, TransformerConfig};
 
 /// Prompt positions whose attention shares each tile of keys and values (prefill): with 3
@@ -316,7 +317,7 @@ impl CpuModel {
             return;
         }
         let interleave = |w: &mut PackedMatrix| {
-            if let Some(i) = int8::Interleaved::from_packed(w) {
+            if let Some(i) = Interleaved::from_packed(w) {
                 *w = PackedMatrix::Interleaved(Box::new(i));
             }
         };

@@ -1,6 +1,7 @@
 //! Specs of the integer path: the quantization recipe, every instruction set equal to the
 //! scalar recipe bit for bit, batch invariance, and the size of the rounding.
 
+use super::super::isa::detected;
 use super::*;
 
 fn rnd(n: usize, seed: u64) -> Vec<f32> {
@@ -227,15 +228,4 @@ fn rounding_error_stays_within_a_fraction_of_the_exact_dot_product() {
             }
         }
     }
-}
-
-#[test]
-fn kernel_choice_parses_and_caps_at_what_the_cpu_has() {
-    assert_eq!("auto".parse::<KernelChoice>(), Ok(KernelChoice::Auto));
-    assert_eq!(
-        "avx2".parse::<KernelChoice>(),
-        Ok(KernelChoice::AtMost(Isa::Avx2))
-    );
-    assert!("sse9".parse::<KernelChoice>().is_err());
-    assert!(isa() <= detected());
 }
