@@ -35,8 +35,9 @@ use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use super::gguf::{self, WeightFormat, model_err};
 use super::options::select_device;
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
-use super::prefix_cache::{self, PrefixStore};
+use super::prefix_cache::PrefixStore;
 
+mod prefill;
 mod rows;
 use super::sampler::{SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
@@ -446,49 +447,10 @@ impl CandleEngine {
         self.run_pooled(|eng| {
             let (logits, cache, reused) = eng.prefill(prompt, true)?;
             if let DecodeCache::Cpu(c) = cache {
-                prefix_cache::keep(&mut eng.prefix, prompt, c);
+                prefill::keep(&mut eng.prefix, prompt, c);
             }
             Ok((logits, reused))
         })
-    }
-
-    /// Logits of the last prompt token after the fixed prefill schedule (chunks of
-    /// [`PREFILL_CHUNK`] from position 0), the prompt's cache, and the leading positions
-    /// copied from the prefix store (`reuse`: rollouts on the CPU fast path).
-    fn prefill(
-        &mut self,
-        prompt: &[u32],
-        reuse: bool,
-    ) -> Result<(Vec<f32>, DecodeCache, usize), EngineError> {
-        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("empty prompt".into()));
-        }
-        match &self.model {
-            Backend::Candle(model) => {
-                let mut cache = model.new_cache(1, prompt.len()).map_err(me)?;
-                let mut logits = None;
-                for chunk in prompt.chunks(PREFILL_CHUNK) {
-                    let input = Tensor::new(chunk, model.device())
-                        .and_then(|t| t.unsqueeze(0))
-                        .map_err(me)?;
-                    logits = Some(model.forward(&input, &mut cache).map_err(me)?);
-                }
-                let v = logits
-                    .ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?
-                    .squeeze(0)
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(me)?;
-                Ok((v, DecodeCache::Candle(Some(cache)), 0))
-            }
-            Backend::Cpu(model) => {
-                let store = (reuse && self.prefix.enabled()).then_some(&mut self.prefix);
-                let (logits, cache, reused) =
-                    prefix_cache::cpu_prefill(model, prompt, store, &mut self.workspace)
-                        .map_err(EngineError::Model)?;
-                Ok((logits, DecodeCache::Cpu(cache), reused))
-            }
-        }
     }
 
     /// Makes room for `n` rows of up to `max_new` tokens after the prompt.
@@ -671,7 +633,7 @@ impl CandleEngine {
             }
         }
         if let (true, DecodeCache::Cpu(c)) = (reuse, cache) {
-            prefix_cache::keep(&mut self.prefix, prompt, c);
+            prefill::keep(&mut self.prefix, prompt, c);
         }
         Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }
