@@ -386,15 +386,7 @@ pub mod avx2;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        (0..n as u64)
-            .map(|i| {
-                let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
-                ((h % 20_001) as f32 - 10_000.0) / 5_000.0
-            })
-            .collect()
-    }
+    use crate::engine::cpu::test_rng::rnd;
 
     /// The recipe of the module docs, written as plainly as possible.
     fn dot_ref(x: &[f32], w: &[f32]) -> f32 {

@@ -7,3 +7,6 @@ pub mod isa;
 pub mod kernels;
 pub mod model;
 pub mod weights;
+
+#[cfg(test)]
+mod test_rng;

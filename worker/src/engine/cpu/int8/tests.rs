@@ -1,17 +1,9 @@
 //! Specs of the integer path: the quantization recipe, every instruction set equal to the
 //! scalar recipe bit for bit, batch invariance, and the size of the rounding.
 
-use super::super::isa::detected;
 use super::*;
-
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
-            ((h % 20_001) as f32 - 10_000.0) / 5_000.0
-        })
-        .collect()
-}
+use crate::engine::cpu::isa::detected;
+use crate::engine::cpu::test_rng::rnd;
 
 /// Q4_1 weights with scales of both signs and every nibble value.
 fn q4_1(n: usize, k: usize) -> PackedMatrix {
