@@ -9,15 +9,20 @@
 //! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
 //!    decode them as one batch; a finished row leaves the batch (CPU path) or keeps being fed a
 //!    pad token whose output is ignored (candle's lockstep path);
-//! 4. per row and token: logits → constraint mask (if any) → [`sampler::sample`] with
-//!    `uniform_at(candidate seed, token index)` → constraint `consume`; a row stops on a stop
-//!    token, when its constraint is finished, or at `max_new_tokens`;
+//! 4. per row and token: logits → constraint mask (if any) →
+//!    [`sampler::sample`](super::sampler::sample) with `uniform_at(candidate seed, token
+//!    index)` → constraint `consume`; a row stops on a stop token, when its constraint is
+//!    finished, or at `max_new_tokens`;
 //! 5. forced-token fast-forward (CPU path): while the constraint allows exactly one token, it
 //!    is taken without sampling (the sampler could return nothing else) and the run is fed in
 //!    one multi-token forward; each position's arithmetic is what it would be step by step.
 //!
 //! The text returned is the tokenizer's decoding of the generated tokens without special
 //! tokens, never normalized.
+//!
+//! Children, each an `impl CandleEngine` over this file's fields: `load.rs` (a model file into
+//! an engine), `prefill.rs` (step 2, with the prefix store), `rows.rs` (steps 4 and 5 for one
+//! row, and its text). The decode loop (step 3) is here.
 
 mod load;
 mod prefill;

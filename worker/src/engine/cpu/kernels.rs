@@ -1,7 +1,7 @@
 //! CPU kernels of the engine's fast path ([`super::model`]): f32 matmul over
 //! block-quantized weights (`--numerics f32`; the default integer matmuls are
-//! [`super::int8`]'s), RMS norm, SiLU and a polynomial `exp` (attention is
-//! [`super::attention`]).
+//! [`super::int8`]'s, the weight formats [`super::weights`]'), RMS norm, SiLU and a polynomial
+//! `exp` (attention is [`super::attention`]).
 //!
 //! # Numerics: every output element has one fixed recipe
 //!
