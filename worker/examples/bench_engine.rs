@@ -116,7 +116,7 @@ fn main() {
         .clone()
         .or_else(|| stageb_worker::engine::candle_engine::default_model_path(&root))
         .expect("no model: pass --model or run scripts/fetch-model.sh");
-    stageb_worker::engine::int8::choose(args.kernels);
+    stageb_worker::engine::cpu::isa::choose(args.kernels);
     let t = Instant::now();
     let mut engine = CandleEngine::load(
         &model,
@@ -135,8 +135,8 @@ fn main() {
         model.display(),
         t.elapsed().as_secs_f64(),
         engine.fingerprint().dtype,
-        stageb_worker::engine::kernels::isa(),
-        stageb_worker::engine::int8::isa().name(),
+        stageb_worker::engine::cpu::isa::f32_isa(),
+        stageb_worker::engine::cpu::isa::int8_isa().name(),
         args.threads
     );
     let (messages, prompt_tokens) = build_messages(&engine, args.prompt_tokens);

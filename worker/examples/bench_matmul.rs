@@ -7,8 +7,10 @@
 
 use std::time::Instant;
 
-use stageb_worker::engine::int8::{self, Int8Workspace, KernelChoice};
-use stageb_worker::engine::kernels::{self, PackedMatrix};
+use stageb_worker::engine::cpu::int8::{self, Int8Workspace};
+use stageb_worker::engine::cpu::isa::{self, KernelChoice};
+use stageb_worker::engine::cpu::kernels;
+use stageb_worker::engine::cpu::weights::{Interleaved, PackedMatrix};
 
 fn weights(n: usize, k: usize, q8: bool) -> PackedMatrix {
     let nb = n * k / 32;
@@ -37,7 +39,7 @@ fn main() {
         match argv[i].as_str() {
             "--threads" => threads = argv[i + 1].parse().expect("--threads N"),
             "--kernels" => {
-                int8::choose(argv[i + 1].parse::<KernelChoice>().expect("--kernels"));
+                isa::choose(argv[i + 1].parse::<KernelChoice>().expect("--kernels"));
             }
             a => panic!("unknown argument {a}"),
         }
@@ -49,8 +51,8 @@ fn main() {
         .unwrap();
     println!(
         "kernels: f32 {:?}, int8 {}",
-        kernels::isa(),
-        int8::isa().name()
+        isa::f32_isa(),
+        isa::int8_isa().name()
     );
     // (name, n, k, q8_0)
     let shapes = [
@@ -63,7 +65,7 @@ fn main() {
         for m in [8usize, 512] {
             for (name, n, k, q8) in shapes {
                 let w = weights(n, k, q8);
-                let wi = PackedMatrix::Interleaved(Box::new(int8::Interleaved::from_packed(&w).unwrap()));
+                let wi = PackedMatrix::Interleaved(Box::new(Interleaved::from_packed(&w).unwrap()));
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
                 let mut y = vec![0f32; m * n];
                 let reps = (2e9 / (m * n * k) as f64).clamp(1.0, 200.0) as usize;

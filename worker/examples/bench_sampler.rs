@@ -16,8 +16,8 @@ use std::time::Instant;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::seed::uniform_at;
 use stageb_worker::constraint::AllowedTokens;
+use stageb_worker::engine::sampler::prefilter;
 use stageb_worker::engine::sampler::{self, SamplingParams, Scratch, SeenTokens};
-use stageb_worker::engine::sampler_prefilter as prefilter;
 use stageb_worker::engine::{CandleEngine, EngineOptions};
 
 fn main() {

@@ -224,7 +224,7 @@ fn forced_runs_fed_at_once_give_the_same_outputs_as_step_by_step() {
 #[test]
 fn a_position_gives_the_same_logits_however_the_prompt_is_split() {
     use stageb_worker::engine::candle_engine::Backend;
-    use stageb_worker::engine::cpu_model::{Slot, Workspace};
+    use stageb_worker::engine::cpu::model::{Slot, Workspace};
     let path = model_path();
     let engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
     let Backend::Cpu(model) = engine.backend() else {

@@ -9,35 +9,37 @@
 //! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
 //!    decode them as one batch; a finished row leaves the batch (CPU path) or keeps being fed a
 //!    pad token whose output is ignored (candle's lockstep path);
-//! 4. per row and token: logits → constraint mask (if any) → [`sampler::sample`] with
-//!    `uniform_at(candidate seed, token index)` → constraint `consume`; a row stops on a stop
-//!    token, when its constraint is finished, or at `max_new_tokens`;
+//! 4. per row and token: logits → constraint mask (if any) →
+//!    [`sampler::sample`](super::sampler::sample) with `uniform_at(candidate seed, token
+//!    index)` → constraint `consume`; a row stops on a stop token, when its constraint is
+//!    finished, or at `max_new_tokens`;
 //! 5. forced-token fast-forward (CPU path): while the constraint allows exactly one token, it
 //!    is taken without sampling (the sampler could return nothing else) and the run is fed in
 //!    one multi-token forward; each position's arithmetic is what it would be step by step.
 //!
 //! The text returned is the tokenizer's decoding of the generated tokens without special
 //! tokens, never normalized.
+//!
+//! Children, each an `impl CandleEngine` over this file's fields: `load.rs` (a model file into
+//! an engine), `prefill.rs` (step 2, with the prefix store), `rows.rs` (steps 4 and 5 for one
+//! row, and its text). The decode loop (step 3) is here.
 
-use std::io::Read;
+mod load;
+mod prefill;
+mod rows;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use candle_core::quantized::gguf_file;
-use candle_core::{Device, Tensor};
-use sha2::{Digest, Sha256};
+use candle_core::Tensor;
 use stageb_shared::domain::ChatMessage;
 use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
-use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
-use super::gguf::{self, WeightFormat, model_err};
-use super::options::select_device;
+use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
-use super::prefix_cache::{self, PrefixStore};
-
-mod rows;
+use super::prefix_cache::PrefixStore;
 use super::sampler::{SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
@@ -45,6 +47,8 @@ use super::{
     GenerateRequest, ModelFingerprint, RolloutOutput, RolloutRequest,
 };
 use crate::constraint::{ConstraintFactory, ConstraintSpec, Vocabulary};
+pub use load::declared_context;
+pub(crate) use load::sha256_files;
 use rows::Row;
 
 /// The candle release the engine is built against (`Cargo.toml` pins `0.11.1`); part of the
@@ -67,7 +71,7 @@ pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAIN
 
 /// The model behind an engine.
 pub enum Backend {
-    /// Our transformer on candle tensors (CUDA, safetensors, explicit [`WeightFormat`]s).
+    /// Our transformer on candle tensors (CUDA, safetensors, explicit [`WeightFormat`](super::gguf::WeightFormat)s).
     Candle(Transformer),
     /// The CPU fast path ([`CpuModel`]): GGUF on CPU with `WeightFormat::Auto`.
     Cpu(CpuModel),
@@ -133,225 +137,7 @@ impl std::fmt::Debug for CandleEngine {
     }
 }
 
-/// The context a model is loaded with: `asked` when given (at most what the model declares),
-/// else the model's declaration. A model that declares none needs an explicit length.
-fn context_for(
-    path: &Path,
-    declared: Option<usize>,
-    asked: Option<usize>,
-) -> Result<usize, EngineError> {
-    match (asked, declared) {
-        (Some(a), Some(d)) if a > d => Err(model_err(
-            path,
-            format!("a context of {a} tokens was asked (max_model_len) but the model declares {d}"),
-        )),
-        (Some(a), _) => Ok(a),
-        (None, Some(d)) => Ok(d),
-        (None, None) => Err(model_err(
-            path,
-            "the model does not declare its context length; set model.max_model_len (or --max-model-len)",
-        )),
-    }
-}
-
-/// The context length a model file declares (GGUF `*.context_length`, `config.json`
-/// `max_position_embeddings`), read without loading weights. `None` when it declares none.
-pub fn declared_context(path: &Path) -> Result<Option<usize>, EngineError> {
-    if path.is_dir() {
-        return Ok(super::safetensors::read_config(path)?.0.trained_context);
-    }
-    let mut file = std::fs::File::open(path).map_err(|e| model_err(path, e))?;
-    let ct = gguf_file::Content::read(&mut file)
-        .map_err(|e| model_err(path, format!("not a readable GGUF file: {e}")))?;
-    Ok(gguf::read_config(&ct, path)?.trained_context)
-}
-
-pub(crate) fn sha256_files(files: &[PathBuf]) -> Result<String, EngineError> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    for f in files {
-        let mut file = std::fs::File::open(f).map_err(|e| model_err(f, e))?;
-        loop {
-            let n = file.read(&mut buf).map_err(|e| model_err(f, e))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
-    Ok(hex::encode(h.finalize()))
-}
-
 impl CandleEngine {
-    /// Loads a GGUF file or an HF safetensors directory.
-    pub fn load(model_path: &Path, options: &EngineOptions) -> Result<CandleEngine, EngineError> {
-        if options.max_context.is_some_and(|n| n < 2) {
-            return Err(EngineError::InvalidRequest(
-                "max_context must be at least 2".into(),
-            ));
-        }
-        let pool = match options.threads {
-            Some(n) if n > 0 => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .build()
-                    .map_err(|e| EngineError::Model(format!("thread pool: {e}")))?,
-            ),
-            _ => None,
-        };
-        let device = select_device(options.device)?;
-        let device_kind = if device.is_cuda() { "cuda" } else { "cpu" };
-        let load = || -> Result<CandleEngine, EngineError> {
-            if model_path.is_dir() {
-                Self::load_safetensors(model_path, &device, device_kind, options)
-            } else {
-                Self::load_gguf(model_path, &device, device_kind, options)
-            }
-        };
-        let mut engine = match &pool {
-            Some(p) => p.install(load)?,
-            None => load()?,
-        };
-        engine.pool = pool;
-        engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
-        Ok(engine)
-    }
-
-    fn load_gguf(
-        path: &Path,
-        device: &Device,
-        device_kind: &str,
-        options: &EngineOptions,
-    ) -> Result<CandleEngine, EngineError> {
-        let is_gguf = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-        let mut file = std::fs::File::open(path).map_err(|e| model_err(path, e))?;
-        let ct = gguf_file::Content::read(&mut file).map_err(|e| {
-            if is_gguf {
-                model_err(path, format!("not a readable GGUF file: {e}"))
-            } else {
-                model_err(path, format!("unsupported model file (expected a .gguf file or a safetensors directory): {e}"))
-            }
-        })?;
-        // Check the architecture before the (more expensive) tokenizer.
-        let declared = gguf::read_config(&ct, path)?.trained_context;
-        let max_context = context_for(path, declared, options.max_context)?;
-        let tokenizer = super::tokenizer::from_gguf(&ct, path)?;
-        let template_src = gguf::md_string(&ct, "tokenizer.chat_template");
-        let tok_name = |key: &str| {
-            ct.metadata
-                .get(key)
-                .and_then(|v| v.to_u32().ok())
-                .and_then(|id| tokenizer.id_to_token(id))
-                .unwrap_or_default()
-        };
-        let template = ChatTemplate::new(
-            template_src.as_deref(),
-            &tok_name("tokenizer.ggml.bos_token_id"),
-            &tok_name("tokenizer.ggml.eos_token_id"),
-        )?;
-        let stop_ids = super::tokenizer::stop_token_ids(
-            &tokenizer,
-            &super::tokenizer::gguf_declared_stops(&ct),
-            Some(template.source()),
-        );
-        let (model, dtype) = if device.is_cpu() && options.weight_format == WeightFormat::Auto {
-            let mut m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
-            m.set_numerics(options.numerics);
-            let dtype = options.numerics.fingerprint_dtype().to_string();
-            (Backend::Cpu(m), dtype)
-        } else {
-            let loaded = gguf::load(
-                path,
-                &mut file,
-                &ct,
-                device,
-                options.weight_format,
-                max_context,
-            )?;
-            let dtype = if loaded.dequantized {
-                "f32-dequantized"
-            } else {
-                "gguf-quantized"
-            };
-            (Backend::Candle(loaded.transformer), dtype.to_string())
-        };
-        let fingerprint = ModelFingerprint {
-            weights_sha256: sha256_files(&[path.to_path_buf()])?,
-            candle_version: CANDLE_VERSION.to_string(),
-            dtype,
-            device: device_kind.to_string(),
-            architecture: model.config().architecture.clone(),
-        };
-        Self::finish(model, tokenizer, template, stop_ids, fingerprint)
-    }
-
-    fn load_safetensors(
-        dir: &Path,
-        device: &Device,
-        device_kind: &str,
-        options: &EngineOptions,
-    ) -> Result<CandleEngine, EngineError> {
-        let declared = super::safetensors::read_config(dir)?.0.trained_context;
-        let max_context = context_for(dir, declared, options.max_context)?;
-        let tokenizer = super::tokenizer::from_file(&dir.join("tokenizer.json"))?;
-        let (template_src, bos, eos) = super::safetensors::tokenizer_config(dir)?;
-        let template = ChatTemplate::new(template_src.as_deref(), &bos, &eos)?;
-        let mut declared = super::safetensors::declared_eos_ids(dir);
-        declared.extend(tokenizer.token_to_id(&eos));
-        let stop_ids =
-            super::tokenizer::stop_token_ids(&tokenizer, &declared, Some(template.source()));
-        let files = super::safetensors::weight_files(dir)?;
-        let model = super::safetensors::load(dir, device, max_context)?;
-        let fingerprint = ModelFingerprint {
-            weights_sha256: sha256_files(&files)?,
-            candle_version: CANDLE_VERSION.to_string(),
-            dtype: "f32".into(),
-            device: device_kind.to_string(),
-            architecture: model.config.architecture.clone(),
-        };
-        Self::finish(
-            Backend::Candle(model),
-            tokenizer,
-            template,
-            stop_ids,
-            fingerprint,
-        )
-    }
-
-    fn finish(
-        model: Backend,
-        tokenizer: Tokenizer,
-        template: ChatTemplate,
-        stop_ids: Vec<u32>,
-        fingerprint: ModelFingerprint,
-    ) -> Result<CandleEngine, EngineError> {
-        if stop_ids.is_empty() {
-            return Err(EngineError::Model(
-                "the model declares no end-of-sequence token".into(),
-            ));
-        }
-        Ok(CandleEngine {
-            context_limit: model.max_context(),
-            cancel: CancelFlag::default(),
-            last_kv_bytes: 0,
-            model,
-            tokenizer,
-            template,
-            stop_ids,
-            fingerprint,
-            constraints: OnceLock::new(),
-            pool: None,
-            scratch: Scratch::default(),
-            workspace: Workspace::default(),
-            ignore_eos: false,
-            fast_forward: true,
-            forced_tokens: 0,
-            prefix: PrefixStore::new(0),
-        })
-    }
-
     /// Replaces the prompt-prefix store with an empty one of `bytes` (0 = off). Only the CPU
     /// fast path reuses prefixes: on the candle backend chunk boundaries change logits, and
     /// reusing only at [`PREFILL_CHUNK`] multiples would rarely hit prompts of a few hundred
@@ -446,49 +232,10 @@ impl CandleEngine {
         self.run_pooled(|eng| {
             let (logits, cache, reused) = eng.prefill(prompt, true)?;
             if let DecodeCache::Cpu(c) = cache {
-                prefix_cache::keep(&mut eng.prefix, prompt, c);
+                prefill::keep(&mut eng.prefix, prompt, c);
             }
             Ok((logits, reused))
         })
-    }
-
-    /// Logits of the last prompt token after the fixed prefill schedule (chunks of
-    /// [`PREFILL_CHUNK`] from position 0), the prompt's cache, and the leading positions
-    /// copied from the prefix store (`reuse`: rollouts on the CPU fast path).
-    fn prefill(
-        &mut self,
-        prompt: &[u32],
-        reuse: bool,
-    ) -> Result<(Vec<f32>, DecodeCache, usize), EngineError> {
-        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("empty prompt".into()));
-        }
-        match &self.model {
-            Backend::Candle(model) => {
-                let mut cache = model.new_cache(1, prompt.len()).map_err(me)?;
-                let mut logits = None;
-                for chunk in prompt.chunks(PREFILL_CHUNK) {
-                    let input = Tensor::new(chunk, model.device())
-                        .and_then(|t| t.unsqueeze(0))
-                        .map_err(me)?;
-                    logits = Some(model.forward(&input, &mut cache).map_err(me)?);
-                }
-                let v = logits
-                    .ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?
-                    .squeeze(0)
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(me)?;
-                Ok((v, DecodeCache::Candle(Some(cache)), 0))
-            }
-            Backend::Cpu(model) => {
-                let store = (reuse && self.prefix.enabled()).then_some(&mut self.prefix);
-                let (logits, cache, reused) =
-                    prefix_cache::cpu_prefill(model, prompt, store, &mut self.workspace)
-                        .map_err(EngineError::Model)?;
-                Ok((logits, DecodeCache::Cpu(cache), reused))
-            }
-        }
     }
 
     /// Makes room for `n` rows of up to `max_new` tokens after the prompt.
@@ -671,7 +418,7 @@ impl CandleEngine {
             }
         }
         if let (true, DecodeCache::Cpu(c)) = (reuse, cache) {
-            prefix_cache::keep(&mut self.prefix, prompt, c);
+            prefill::keep(&mut self.prefix, prompt, c);
         }
         Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }

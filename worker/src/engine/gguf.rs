@@ -14,8 +14,8 @@ use candle_core::quantized::{QMatMul, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
 use super::EngineError;
-use super::cpu_model::{self, CpuLayer, CpuModel};
-use super::kernels::PackedMatrix;
+use super::cpu::model::{self as cpu_model, CpuLayer, CpuModel};
+use super::cpu::weights::PackedMatrix;
 use super::transformer::{Layer, Linear, LinearWeight, RopeStyle, Transformer, TransformerConfig};
 
 /// How the linear layers' weights are held in memory.

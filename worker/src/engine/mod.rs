@@ -4,33 +4,53 @@
 //! share the prompt (prefilled once, decoded together); generate jobs produce one text, usually
 //! in JSON-schema mode for reflection. Everything random is derived from the seeds in the
 //! request, so results never depend on which worker ran the job or what else it was doing.
+//!
+//! # Modules
+//! - [`candle_engine`]: [`CandleEngine`], the [`Engine`] on a loaded model: loading
+//!   (`load.rs`), the fixed prefill schedule with prefix reuse (`prefill.rs`), the decode loop,
+//!   and a row's sampling, finishing mask and forced tokens (`rows.rs`).
+//! - [`options`]: how an engine is asked to load and run a model ([`EngineOptions`]).
+//! - [`gguf`], [`safetensors`]: reading a GGUF file or an HF safetensors directory into a model.
+//! - [`tokenizer`]: the model's tokenizer and its stop tokens.
+//! - [`chat_template`]: rendering chat messages into a prompt with the model's template.
+//! - [`transformer`]: our transformer on candle tensors (CUDA, safetensors, explicit weight
+//!   formats) and its lockstep KV cache.
+//! - [`cpu`]: the CPU fast path: the model and its shared-prompt KV cache, the weight formats,
+//!   and kernels with one fixed recipe per output element.
+//! - [`prefix_cache`]: a generic store of prompts' prefilled state, LRU by bytes, looked up
+//!   by longest common token prefix.
+//! - [`sampler`]: the next token from one row of logits: the exhaustive sampler of record and
+//!   its max-logit prefilter.
+//! - [`int8`]: only the old path of [`cpu::isa::choose`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use stageb_shared::domain::ChatMessage;
 
-pub mod attention;
 pub mod candle_engine;
 pub mod chat_template;
-pub mod cpu_model;
+pub mod cpu;
 pub mod gguf;
-pub mod int8;
-pub mod kernels;
 pub mod options;
 pub mod prefix_cache;
 pub mod safetensors;
 pub mod sampler;
-pub mod sampler_prefilter;
 pub mod tokenizer;
 pub mod transformer;
 
 pub use candle_engine::{
     CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
 };
-pub use cpu_model::Numerics;
+pub use cpu::isa::KernelChoice;
+pub use cpu::model::Numerics;
 pub use gguf::WeightFormat;
-pub use int8::KernelChoice;
+
+/// The kernel choice at its old path (`engine::int8::choose`), which the root package's CLI
+/// still names; it lives in [`cpu::isa`].
+pub mod int8 {
+    pub use super::cpu::isa::choose;
+}
 
 /// How one group of candidates is decoded (one `sampler.grid` entry with its seeds).
 pub use stageb_shared::domain::DecodeGroup as DecodeRequest;

@@ -5,7 +5,7 @@
 use candle_core::Device;
 
 use super::EngineError;
-use super::cpu_model::Numerics;
+use super::cpu::model::Numerics;
 use super::gguf::WeightFormat;
 
 /// Where the model runs.

@@ -11,56 +11,9 @@
 //! first changed token without any invalidation.
 //!
 //! Bounded by bytes (the values' sizes as the caller states them), least recently used entries
-//! evicted first; a budget of 0 turns the store off. Generic over the stored value so its rules
-//! are specified without a model (the engine stores [`super::cpu_model::CpuCache`]s).
-
-use super::candle_engine::PREFILL_CHUNK;
-use super::cpu_model::{CpuCache, CpuModel, Slot, Workspace};
-
-/// The CPU fast path's prefill of `prompt`: the logits of its last token, its cache, and how
-/// many leading positions were copied from `store` (0 without a store or on a miss).
-///
-/// The schedule is the fixed one (forward calls ending at multiples of [`PREFILL_CHUNK`] and
-/// at the prompt's end), entered at the reused length. On this path a position's keys,
-/// values and logits follow one recipe whatever the call they are computed in (see
-/// [`super::kernels`]): so where the prefix ends changes no bit, which
-/// `tests/prefix_cache.rs` checks on the real model. (The candle backend has no such
-/// guarantee, and no prefix reuse.)
-pub(crate) fn cpu_prefill(
-    model: &CpuModel,
-    prompt: &[u32],
-    store: Option<&mut PrefixStore<CpuCache>>,
-    ws: &mut Workspace,
-) -> Result<(Vec<f32>, CpuCache, usize), String> {
-    let mut cache = model.new_cache(prompt.len());
-    let mut pos = 0;
-    if let Some(hit) = store.and_then(|s| s.lookup(prompt)) {
-        cache.load_prefix(&model.config, hit.value, hit.len)?;
-        pos = hit.len;
-    }
-    let reused = pos;
-    let mut logits = Vec::new();
-    while pos < prompt.len() {
-        let end = ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(prompt.len());
-        let chunk = &prompt[pos..end];
-        let slots = vec![Slot::Shared; chunk.len()];
-        logits = model.forward(chunk, &slots, &mut cache, chunk.len() - 1, ws)?;
-        pos = end;
-    }
-    if logits.is_empty() {
-        return Err("empty prompt".into());
-    }
-    Ok((logits, cache, reused))
-}
-
-/// Keeps a finished job's prompt cache in `store` (its candidate rows dropped).
-pub(crate) fn keep(store: &mut PrefixStore<CpuCache>, prompt: &[u32], cache: CpuCache) {
-    if store.enabled() {
-        let cache = cache.into_prompt();
-        let bytes = cache.shared_bytes();
-        store.insert(prompt.to_vec(), cache, bytes);
-    }
-}
+//! evicted first; a budget of 0 turns the store off. Generic over the stored value, so it knows
+//! no model and its rules are specified without one (the engine stores the CPU fast path's
+//! prompt caches, and prefills from them).
 
 /// A bounded store of prompts and their prefilled state.
 #[derive(Debug)]

@@ -1,6 +1,7 @@
-//! A faster route to exactly the token [`sampler::sample_exhaustive`] draws: only the tokens
-//! near the maximum get an `exp`, a sort position and a place in the cumulative sums; the rest
-//! are only counted, and the answer is given only when those counts prove it.
+//! A faster route to exactly the token [`sampler::sample_exhaustive`](super::sample_exhaustive)
+//! draws: only the tokens near the maximum get an `exp`, a sort position and a place in the
+//! cumulative sums; the rest are only counted, and the answer is given only when those counts
+//! prove it.
 //!
 //! # Why the answer is the exhaustive one
 //! The exhaustive sampler (temperature `T > 0`) gives every allowed finite token the weight
@@ -32,11 +33,8 @@
 
 use std::sync::OnceLock;
 
-use super::sampler::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, sorted_prefix};
+use super::common::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, sorted_prefix};
 use crate::constraint::AllowedTokens;
-
-#[cfg(doc)]
-use super::sampler;
 
 /// Distance below the maximum (in logit / temperature units) within which tokens are
 /// candidates: on SmolLM2's logits a few dozen tokens at temperature 0.3, a few thousand at 1.
@@ -122,8 +120,9 @@ impl Tail {
     }
 }
 
-/// The token [`sampler::sample_exhaustive`] would draw, or `None` when this cannot be proven
-/// from the tokens near the maximum (the caller then runs the exhaustive sampler).
+/// The token [`sampler::sample_exhaustive`](super::sample_exhaustive) would draw, or `None`
+/// when this cannot be proven from the tokens near the maximum (the caller then runs the
+/// exhaustive sampler).
 pub fn sample(
     logits: &[f32],
     params: &SamplingParams,
@@ -295,7 +294,7 @@ mod tests {
     use proptest::prelude::*;
     use stageb_shared::seed::{splitmix64, uniform_at};
 
-    use super::super::sampler::sample_exhaustive;
+    use super::super::sample_exhaustive;
     use super::*;
 
     fn params(temperature: f32, top_p: f32, repetition_penalty: f32) -> SamplingParams {
@@ -333,7 +332,7 @@ mod tests {
         let mut s = Scratch::default();
         let want = sample_exhaustive(logits, p, seen, allowed, u, &mut s);
         let fast = sample(logits, p, seen, allowed, u, &mut s);
-        let combined = super::super::sampler::sample(logits, p, seen, allowed, u, &mut s);
+        let combined = super::super::sample(logits, p, seen, allowed, u, &mut s);
         assert_eq!(combined, want, "sampler::sample");
         if let Some(t) = fast {
             assert_eq!(Some(t), want, "prefilter");

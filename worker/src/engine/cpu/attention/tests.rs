@@ -2,15 +2,7 @@
 //! each query gives the same bits alone, and the result is softmax attention (f64 reference).
 
 use super::*;
-
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
-            ((h % 20_001) as f32 - 10_000.0) / 5_000.0
-        })
-        .collect()
-}
+use crate::engine::cpu::test_rng::rnd;
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()

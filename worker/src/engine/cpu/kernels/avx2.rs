@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::LANES;
+use crate::engine::cpu::weights::PackedMatrix;
 
 /// [`super::reduce`] on one register: lanes `l + (l+4)`, then `+2`, then `+1`.
 #[inline]
@@ -111,7 +112,7 @@ pub unsafe fn matmul_block(x: &[f32], m: usize, k: usize, w: &[f32], nc: usize, 
 }
 
 /// 8 floats from 8 small unsigned ints (low 8 bytes of `v`), dequantized `q·d + m` (two
-/// roundings, as [`super::dequant_rows_impl`]).
+/// roundings, as [`dequant_rows_impl`](crate::engine::cpu::weights::dequant_rows_impl)).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn q4_vec(v: __m128i, d: __m256, m: __m256) -> __m256 {
@@ -204,7 +205,7 @@ unsafe fn q8_0_row<const R: usize>(
 pub unsafe fn matmul_fused(
     x: &[f32],
     m: usize,
-    w: &super::PackedMatrix,
+    w: &PackedMatrix,
     r0: usize,
     nc: usize,
     out: &mut [f32],
@@ -240,8 +241,8 @@ pub unsafe fn matmul_fused(
         }};
     }
     match w {
-        super::PackedMatrix::Q4_1 { dm, qs, .. } => rows!(q4_1_row, dm, qs),
-        super::PackedMatrix::Q8_0 { d, qs, .. } => rows!(q8_0_row, d, qs),
-        super::PackedMatrix::F32 { .. } | super::PackedMatrix::Interleaved(_) => false,
+        PackedMatrix::Q4_1 { dm, qs, .. } => rows!(q4_1_row, dm, qs),
+        PackedMatrix::Q8_0 { d, qs, .. } => rows!(q8_0_row, d, qs),
+        PackedMatrix::F32 { .. } | PackedMatrix::Interleaved(_) => false,
     }
 }

@@ -1,4 +1,4 @@
-//! Attention of the CPU fast path ([`super::cpu_model`]) over the transposed KV cache: many
+//! Attention of the CPU fast path ([`super::model`]) over the transposed KV cache: many
 //! queries of one KV head per call, each with its own visible keys.
 //!
 //! # Numerics: one recipe per query
@@ -20,7 +20,8 @@
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
-use super::kernels::{self, Isa, LANES, isa};
+use super::isa::{F32Isa, f32_isa};
+use super::kernels::{self, LANES};
 
 /// Keys per tile of the weighted sum: 32 values of d = 64 are 8 KiB, in L1 while every query of
 /// the call uses them.
@@ -124,8 +125,8 @@ pub fn attend(
         assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
     }
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 && (d == 64 || d == 128) {
-        // SAFETY: AVX2 and FMA were detected at run time (`isa`); every run holds `d × cap`
+    if f32_isa() == F32Isa::Avx2 && (d == 64 || d == 128) {
+        // SAFETY: AVX2 and FMA were detected at run time (`f32_isa`); every run holds `d × cap`
         // keys and `cap × d` values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` is
         // empty or one run per query (asserted above): the bounds the kernel relies on.
         unsafe { avx2::attend(q, nq, limits, common, own, d, scale, s, out) };
@@ -349,8 +350,8 @@ mod avx2 {
             let total = common_len + own.get(i).map_or(0, |r| r.len);
             let lim = limits[i].min(total);
             let si = &mut s[i * stride..i * stride + lim];
-            let max = crate::engine::kernels::scale_max(si, scale);
-            zs.push(crate::engine::kernels::exp_sub(si, max));
+            let max = crate::engine::cpu::kernels::scale_max(si, scale);
+            zs.push(crate::engine::cpu::kernels::exp_sub(si, max));
             lims.push(lim);
         }
         // SAFETY: d is 64 or 128; the bounds of the contract.

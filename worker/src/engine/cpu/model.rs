@@ -19,8 +19,9 @@ use rayon::prelude::*;
 
 use super::attention::{self, KvRun};
 use super::int8::{self, Int8Workspace};
-use super::kernels::{self, PackedMatrix};
-use super::transformer::{RopeStyle, TransformerConfig};
+use super::kernels;
+use super::weights::{Interleaved, PackedMatrix};
+use crate::engine::transformer::{RopeStyle, TransformerConfig};
 
 /// Prompt positions whose attention shares each tile of keys and values (prefill): with 3
 /// query heads per KV head, 48 queries per pass over a KV head's cache.
@@ -131,6 +132,19 @@ pub enum Slot {
     Shared,
     /// The next position of candidate row `r`.
     Row(usize),
+}
+
+/// Where the slots of one forward call go ([`CpuModel::forward_at`]).
+#[derive(Debug)]
+struct Placement {
+    /// Each slot's absolute position.
+    positions: Vec<usize>,
+    /// For a row slot, its position within the row's own segment (0 for prompt slots).
+    row_pos: Vec<usize>,
+    /// Positions the call feeds to each candidate row.
+    fed: Vec<usize>,
+    /// Prompt positions cached once the call is done.
+    shared_after: usize,
 }
 
 /// The attention state of one ticket: the prompt once, then one suffix per candidate row.
@@ -316,7 +330,7 @@ impl CpuModel {
             return;
         }
         let interleave = |w: &mut PackedMatrix| {
-            if let Some(i) = int8::Interleaved::from_packed(w) {
+            if let Some(i) = Interleaved::from_packed(w) {
                 *w = PackedMatrix::Interleaved(Box::new(i));
             }
         };
@@ -500,7 +514,6 @@ impl CpuModel {
         logits_at: &[usize],
         ws: &mut Workspace,
     ) -> Result<Vec<f32>, String> {
-        let cfg = &self.config;
         let m = tokens.len();
         if m == 0
             || slots.len() != m
@@ -510,6 +523,22 @@ impl CpuModel {
         {
             return Err("forward: empty input, bad slots or bad logit positions".into());
         }
+        let place = self.place(slots, cache)?;
+        self.embed(tokens, ws)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            self.block(li, layer, slots, &place, cache, ws);
+        }
+        cache.shared_len = place.shared_after;
+        for (len, n) in cache.row_len.iter_mut().zip(place.fed) {
+            *len += n;
+        }
+        Ok(self.head_logits(&ws.x, logits_at, &mut ws.mm))
+    }
+
+    /// Where each slot of a forward call goes (see [`Placement`]), or why it cannot: prompt
+    /// positions after rows, a prompt or a row beyond its cache, a position beyond the context.
+    fn place(&self, slots: &[Slot], cache: &CpuCache) -> Result<Placement, String> {
+        let m = slots.len();
         let shared_new = slots.iter().filter(|s| **s == Slot::Shared).count();
         if shared_new > 0 && (shared_new != m || !cache.rows.is_empty()) {
             return Err("forward: prompt positions after rows were added".into());
@@ -537,9 +566,53 @@ impl CpuModel {
         if positions.iter().any(|&p| p >= self.max_context) {
             return Err("forward: position beyond the context".into());
         }
+        Ok(Placement {
+            positions,
+            row_pos,
+            fed,
+            shared_after: cache.shared_len + shared_new,
+        })
+    }
+
+    /// Sizes the activation buffers for `tokens` and looks their embeddings up into `ws.x`.
+    fn embed(&self, tokens: &[u32], ws: &mut Workspace) -> Result<(), String> {
+        let cfg = &self.config;
+        let m = tokens.len();
         let (hid, d, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
         let qkv_n = (nh + 2 * nkv) * d;
-        let eps = cfg.rms_eps as f32;
+        ws.x.resize(m * hid, 0.0);
+        ws.h.resize(m * hid, 0.0);
+        ws.qkv.resize(m * qkv_n, 0.0);
+        ws.att.resize(m * nh * d, 0.0);
+        ws.tmp.resize(m * hid, 0.0);
+        for (i, &t) in tokens.iter().enumerate() {
+            if t as usize >= self.embedding.rows() {
+                return Err(format!("token {t} out of the vocabulary"));
+            }
+            kernels::dequant_rows(
+                &self.embedding,
+                t as usize,
+                1,
+                &mut ws.x[i * hid..(i + 1) * hid],
+            );
+        }
+        Ok(())
+    }
+
+    /// Layer `li` over every position of a forward call, on the residual stream `ws.x`:
+    /// attention (the positions' keys and values stored in `cache` first), then the MLP,
+    /// each added to the stream.
+    fn block(
+        &self,
+        li: usize,
+        layer: &CpuLayer,
+        slots: &[Slot],
+        place: &Placement,
+        cache: &mut CpuCache,
+        ws: &mut Workspace,
+    ) {
+        let eps = self.config.rms_eps as f32;
+        let m = slots.len();
         let Workspace {
             x,
             h,
@@ -550,93 +623,95 @@ impl CpuModel {
             act,
             mm,
         } = ws;
-        x.resize(m * hid, 0.0);
-        h.resize(m * hid, 0.0);
-        qkv.resize(m * qkv_n, 0.0);
-        att.resize(m * nh * d, 0.0);
-        tmp.resize(m * hid, 0.0);
-        for (i, &t) in tokens.iter().enumerate() {
-            if t as usize >= self.embedding.rows() {
-                return Err(format!("token {t} out of the vocabulary"));
-            }
-            kernels::dequant_rows(
-                &self.embedding,
-                t as usize,
-                1,
-                &mut x[i * hid..(i + 1) * hid],
-            );
+        kernels::rms_norm(x, &layer.attn_norm, eps, h);
+        self.matmul(h, m, &layer.qkv, qkv, mm);
+        self.store_kv(li, layer, slots, place, qkv, cache);
+        self.attention(
+            li,
+            cache,
+            qkv,
+            slots,
+            &place.positions,
+            &place.row_pos,
+            place.shared_after,
+            att,
+        );
+        self.matmul(att, m, &layer.wo, tmp, mm);
+        for (a, b) in x.iter_mut().zip(tmp.iter()) {
+            *a += *b;
         }
-        let shared_after = cache.shared_len + shared_new;
-        for (li, layer) in self.layers.iter().enumerate() {
-            kernels::rms_norm(x, &layer.attn_norm, eps, h);
-            self.matmul(h, m, &layer.qkv, qkv, mm);
-            for (i, row) in qkv.chunks_exact_mut(qkv_n).enumerate() {
-                if let Some(b) = &layer.qkv_bias {
-                    for (a, b) in row.iter_mut().zip(b) {
-                        *a += *b;
-                    }
-                }
-                let (q, kv) = row.split_at_mut(nh * d);
-                let (k, v) = kv.split_at_mut(nkv * d);
-                if let Some(w) = &layer.q_norm {
-                    let src = q.to_vec();
-                    kernels::rms_norm(&src, w, eps, q);
-                }
-                if let Some(w) = &layer.k_norm {
-                    let src = k.to_vec();
-                    kernels::rms_norm(&src, w, eps, k);
-                }
-                self.rope(q, positions[i]);
-                self.rope(k, positions[i]);
-                // Store k (transposed) and v at this position's slot.
-                let (seg, cap, at) = match slots[i] {
-                    Slot::Shared => (
-                        &mut cache.shared[li],
-                        cache.shared_cap,
-                        cache.shared_len + i,
-                    ),
-                    Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, row_pos[i]),
-                };
-                for g in 0..nkv {
-                    for dd in 0..d {
-                        seg.kt[(g * d + dd) * cap + at] = k[g * d + dd];
-                    }
-                    seg.v[(g * cap + at) * d..(g * cap + at + 1) * d]
-                        .copy_from_slice(&v[g * d..(g + 1) * d]);
+        kernels::rms_norm(x, &layer.ffn_norm, eps, h);
+        let ffn = layer.gate_up.rows() / 2;
+        gu.resize(m * 2 * ffn, 0.0);
+        act.resize(m * ffn, 0.0);
+        self.matmul(h, m, &layer.gate_up, gu, mm);
+        kernels::silu_mul(gu, ffn, act);
+        self.matmul(act, m, &layer.down, tmp, mm);
+        for (a, b) in x.iter_mut().zip(tmp.iter()) {
+            *a += *b;
+        }
+    }
+
+    /// Per position of layer `li`'s projections `qkv` (`m × (n_head + 2·n_kv)·d`): the bias,
+    /// the query and key norms and RoPE, in place; then its key (transposed) and value stored
+    /// at its slot of `cache`.
+    fn store_kv(
+        &self,
+        li: usize,
+        layer: &CpuLayer,
+        slots: &[Slot],
+        place: &Placement,
+        qkv: &mut [f32],
+        cache: &mut CpuCache,
+    ) {
+        let cfg = &self.config;
+        let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let qkv_n = (nh + 2 * nkv) * d;
+        let eps = cfg.rms_eps as f32;
+        for (i, row) in qkv.chunks_exact_mut(qkv_n).enumerate() {
+            if let Some(b) = &layer.qkv_bias {
+                for (a, b) in row.iter_mut().zip(b) {
+                    *a += *b;
                 }
             }
-            self.attention(
-                li,
-                cache,
-                qkv,
-                slots,
-                &positions,
-                &row_pos,
-                shared_after,
-                att,
-            );
-            self.matmul(att, m, &layer.wo, tmp, mm);
-            for (a, b) in x.iter_mut().zip(tmp.iter()) {
-                *a += *b;
+            let (q, kv) = row.split_at_mut(nh * d);
+            let (k, v) = kv.split_at_mut(nkv * d);
+            if let Some(w) = &layer.q_norm {
+                let src = q.to_vec();
+                kernels::rms_norm(&src, w, eps, q);
             }
-            kernels::rms_norm(x, &layer.ffn_norm, eps, h);
-            let ffn = layer.gate_up.rows() / 2;
-            gu.resize(m * 2 * ffn, 0.0);
-            act.resize(m * ffn, 0.0);
-            self.matmul(h, m, &layer.gate_up, gu, mm);
-            kernels::silu_mul(gu, ffn, act);
-            self.matmul(act, m, &layer.down, tmp, mm);
-            for (a, b) in x.iter_mut().zip(tmp.iter()) {
-                *a += *b;
+            if let Some(w) = &layer.k_norm {
+                let src = k.to_vec();
+                kernels::rms_norm(&src, w, eps, k);
+            }
+            self.rope(q, place.positions[i]);
+            self.rope(k, place.positions[i]);
+            // Store k (transposed) and v at this position's slot.
+            let (seg, cap, at) = match slots[i] {
+                Slot::Shared => (
+                    &mut cache.shared[li],
+                    cache.shared_cap,
+                    cache.shared_len + i,
+                ),
+                Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, place.row_pos[i]),
+            };
+            for g in 0..nkv {
+                for dd in 0..d {
+                    seg.kt[(g * d + dd) * cap + at] = k[g * d + dd];
+                }
+                seg.v[(g * cap + at) * d..(g * cap + at + 1) * d]
+                    .copy_from_slice(&v[g * d..(g + 1) * d]);
             }
         }
-        cache.shared_len = shared_after;
-        for (len, n) in cache.row_len.iter_mut().zip(fed) {
-            *len += n;
-        }
-        let nl = logits_at.len();
+    }
+
+    /// The logits of positions `at` of the residual stream `x`: the final norm, then the head
+    /// (`at.len() × vocab`).
+    fn head_logits(&self, x: &[f32], at: &[usize], mm: &mut MatmulBuffers) -> Vec<f32> {
+        let (hid, eps) = (self.config.hidden, self.config.rms_eps as f32);
+        let nl = at.len();
         let mut picked = Vec::with_capacity(nl * hid);
-        for &p in logits_at {
+        for &p in at {
             picked.extend_from_slice(&x[p * hid..(p + 1) * hid]);
         }
         let mut last = vec![0f32; nl * hid];
@@ -644,6 +719,6 @@ impl CpuModel {
         let head = self.lm_head.as_ref().unwrap_or(&self.embedding);
         let mut logits = vec![0f32; nl * head.rows()];
         self.matmul(&last, nl, head, &mut logits, mm);
-        Ok(logits)
+        logits
     }
 }

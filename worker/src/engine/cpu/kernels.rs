@@ -1,7 +1,7 @@
-//! CPU kernels of the engine's fast path ([`super::cpu_model`]): f32 matmul over
+//! CPU kernels of the engine's fast path ([`super::model`]): f32 matmul over
 //! block-quantized weights (`--numerics f32`; the default integer matmuls are
-//! [`super::int8`]'s), RMS norm, SiLU and a polynomial `exp` (attention is
-//! [`super::attention`]).
+//! [`super::int8`]'s, the weight formats [`super::weights`]'), RMS norm, SiLU and a polynomial
+//! `exp` (attention is [`super::attention`]).
 //!
 //! # Numerics: every output element has one fixed recipe
 //!
@@ -21,7 +21,7 @@
 //! # SIMD
 //!
 //! Elementwise kernels are written once as plain Rust and compiled twice: with AVX2+FMA and
-//! without extra features; [`isa`] picks one at run time with `is_x86_feature_detected!`. The
+//! without extra features; [`f32_isa`] picks one at run time with `is_x86_feature_detected!`. The
 //! only `unsafe` is calling the `#[target_feature]` copies after that check. The matmul tiles are
 //! written with AVX2/FMA intrinsics in [`avx2`] (8 lanes = one `__m256`, `_mm256_fmadd_ps` is
 //! the same fused operation as `f32::mul_add`); the generic bodies are their scalar reference,
@@ -30,9 +30,10 @@
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
-use std::sync::OnceLock;
-
 use rayon::prelude::*;
+
+use super::isa::{F32Isa, f32_isa};
+use super::weights::{PackedMatrix, dequant_rows_impl};
 
 /// Lanes of the dot-product accumulators (one AVX2 register of f32).
 pub const LANES: usize = 8;
@@ -44,34 +45,6 @@ const TASK_OUTPUTS: usize = 12;
 /// Up to this many input rows (decode steps) block-quantized weights are dequantized in
 /// registers; above it (prefill) once per task into f32. Same bits either way.
 const FUSED_MAX_ROWS: usize = 16;
-
-/// The instruction set the kernels run with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    Avx2,
-    Scalar,
-}
-
-fn detect() -> Isa {
-    use super::int8::{self, KernelChoice};
-    if int8::choice() == KernelChoice::AtMost(int8::Isa::Scalar) {
-        return Isa::Scalar;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Scalar
-}
-
-/// The instruction set chosen for this process (`--kernels scalar` or `STAGEB_KERNELS=scalar`
-/// forces the fallback).
-pub fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(detect)
-}
 
 /// Defines `$name` as a run-time dispatch over AVX2 / scalar copies of the
 /// `#[inline(always)]` generic body `$imp` (auto-vectorized elementwise kernels).
@@ -85,11 +58,11 @@ macro_rules! dispatch {
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $imp($($arg),*)
                 }
-                match isa() {
-                    // SAFETY: `isa()` returns `Avx2` only after `is_x86_feature_detected!`
+                match f32_isa() {
+                    // SAFETY: `f32_isa()` returns `Avx2` only after `is_x86_feature_detected!`
                     // confirmed `avx2` and `fma`, the features this copy is compiled with.
-                    Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    Isa::Scalar => {}
+                    F32Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    F32Isa::Scalar => {}
                 }
             }
             $imp($($arg),*)
@@ -114,216 +87,6 @@ pub fn reduce(a: &[f32; LANES]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // Weights
 // ---------------------------------------------------------------------------------------------
-
-/// A weight matrix of `rows` outputs × `cols` inputs, row-major, in one of the block formats
-/// the fast path reads directly (others are dequantized to [`PackedMatrix::F32`] at load).
-#[derive(Debug, Clone)]
-pub enum PackedMatrix {
-    /// GGUF Q4_1 blocks of 32: `(d, m)` as f32 (exact from f16) and 16 bytes of nibbles
-    /// (element `j` in the low nibble of byte `j`, element `16 + j` in its high nibble).
-    Q4_1 {
-        rows: usize,
-        cols: usize,
-        dm: Vec<[f32; 2]>,
-        qs: Vec<[u8; 16]>,
-    },
-    /// GGUF Q8_0 blocks of 32: `d` as f32 and 32 signed bytes.
-    Q8_0 {
-        rows: usize,
-        cols: usize,
-        d: Vec<f32>,
-        qs: Vec<[i8; 32]>,
-    },
-    F32 {
-        rows: usize,
-        cols: usize,
-        w: Vec<f32>,
-    },
-    /// Q4_1 / Q8_0 rows interleaved 16 at a time for the integer kernels
-    /// ([`super::int8::Interleaved`]; same values).
-    Interleaved(Box<super::int8::Interleaved>),
-}
-
-fn f16_to_f32(bits: u16) -> f32 {
-    half_to_f32(bits)
-}
-
-/// IEEE binary16 → binary32 (exact).
-fn half_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = if exp == 0 {
-        if man == 0 {
-            sign
-        } else {
-            // Subnormal: value = man · 2^-24, exactly representable in f32.
-            let v = man as f32 * f32::from_bits(0x3380_0000); // 2^-24
-            return if sign != 0 { -v } else { v };
-        }
-    } else if exp == 0x1f {
-        sign | 0x7f80_0000 | (man << 13)
-    } else {
-        sign | ((exp + 112) << 23) | (man << 13)
-    };
-    f32::from_bits(bits)
-}
-
-impl PackedMatrix {
-    /// Parses GGUF Q4_1 bytes (20 per block) of a `rows × cols` matrix.
-    pub fn from_q4_1(bytes: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
-        let nb = rows.checked_mul(cols)? / 32;
-        if !cols.is_multiple_of(32) || bytes.len() != nb * 20 {
-            return None;
-        }
-        let mut dm = Vec::with_capacity(nb);
-        let mut qs = Vec::with_capacity(nb);
-        for b in bytes.chunks_exact(20) {
-            let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-            let m = f16_to_f32(u16::from_le_bytes([b[2], b[3]]));
-            dm.push([d, m]);
-            qs.push(b[4..20].try_into().ok()?);
-        }
-        Some(PackedMatrix::Q4_1 { rows, cols, dm, qs })
-    }
-
-    /// Parses GGUF Q8_0 bytes (34 per block) of a `rows × cols` matrix.
-    pub fn from_q8_0(bytes: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
-        let nb = rows.checked_mul(cols)? / 32;
-        if !cols.is_multiple_of(32) || bytes.len() != nb * 34 {
-            return None;
-        }
-        let mut d = Vec::with_capacity(nb);
-        let mut qs = Vec::with_capacity(nb);
-        for b in bytes.chunks_exact(34) {
-            d.push(f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
-            let mut q = [0i8; 32];
-            for (o, &x) in q.iter_mut().zip(&b[2..34]) {
-                *o = x as i8;
-            }
-            qs.push(q);
-        }
-        Some(PackedMatrix::Q8_0 { rows, cols, d, qs })
-    }
-
-    pub fn rows(&self) -> usize {
-        match self {
-            PackedMatrix::Q4_1 { rows, .. }
-            | PackedMatrix::Q8_0 { rows, .. }
-            | PackedMatrix::F32 { rows, .. } => *rows,
-            PackedMatrix::Interleaved(m) => m.rows(),
-        }
-    }
-
-    pub fn cols(&self) -> usize {
-        match self {
-            PackedMatrix::Q4_1 { cols, .. }
-            | PackedMatrix::Q8_0 { cols, .. }
-            | PackedMatrix::F32 { cols, .. } => *cols,
-            PackedMatrix::Interleaved(m) => m.cols(),
-        }
-    }
-
-    /// Bytes held in memory.
-    pub fn bytes(&self) -> usize {
-        match self {
-            PackedMatrix::Q4_1 { dm, .. } => dm.len() * 24,
-            PackedMatrix::Q8_0 { d, .. } => d.len() * 36,
-            PackedMatrix::F32 { w, .. } => w.len() * 4,
-            PackedMatrix::Interleaved(m) => m.bytes(),
-        }
-    }
-
-    /// The whole matrix as f32 (exact).
-    pub fn to_f32(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.rows() * self.cols()];
-        dequant_rows(self, 0, self.rows(), &mut out);
-        out
-    }
-
-    /// Stacks matrices with the same `cols` (fused projections: q|k|v, gate|up). Mixed formats
-    /// are stored as f32 (exact, more memory).
-    pub fn concat(parts: &[&PackedMatrix]) -> Option<PackedMatrix> {
-        let cols = parts.first()?.cols();
-        if parts.iter().any(|p| p.cols() != cols) {
-            return None;
-        }
-        let rows = parts.iter().map(|p| p.rows()).sum();
-        match parts[0] {
-            PackedMatrix::Q4_1 { .. }
-                if parts.iter().all(|p| matches!(p, PackedMatrix::Q4_1 { .. })) =>
-            {
-                let (mut dm, mut qs) = (Vec::new(), Vec::new());
-                for p in parts {
-                    if let PackedMatrix::Q4_1 { dm: a, qs: b, .. } = p {
-                        dm.extend_from_slice(a);
-                        qs.extend_from_slice(b);
-                    }
-                }
-                Some(PackedMatrix::Q4_1 { rows, cols, dm, qs })
-            }
-            PackedMatrix::Q8_0 { .. }
-                if parts.iter().all(|p| matches!(p, PackedMatrix::Q8_0 { .. })) =>
-            {
-                let (mut d, mut qs) = (Vec::new(), Vec::new());
-                for p in parts {
-                    if let PackedMatrix::Q8_0 { d: a, qs: b, .. } = p {
-                        d.extend_from_slice(a);
-                        qs.extend_from_slice(b);
-                    }
-                }
-                Some(PackedMatrix::Q8_0 { rows, cols, d, qs })
-            }
-            _ => {
-                let mut w = Vec::with_capacity(rows * cols);
-                for p in parts {
-                    w.extend(p.to_f32());
-                }
-                Some(PackedMatrix::F32 { rows, cols, w })
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn dequant_rows_impl(m: &PackedMatrix, r0: usize, n: usize, out: &mut [f32]) {
-    match m {
-        PackedMatrix::Q4_1 { cols, dm, qs, .. } => {
-            let nb = cols / 32;
-            let blocks = r0 * nb..(r0 + n) * nb;
-            for ((o, s), q) in out
-                .chunks_exact_mut(32)
-                .zip(&dm[blocks.clone()])
-                .zip(&qs[blocks])
-            {
-                let (d, mm) = (s[0], s[1]);
-                let (lo, hi) = o.split_at_mut(16);
-                for j in 0..16 {
-                    // Two roundings (no FMA), exactly GGUF's / candle's dequantization.
-                    lo[j] = (q[j] & 0x0f) as f32 * d + mm;
-                    hi[j] = (q[j] >> 4) as f32 * d + mm;
-                }
-            }
-        }
-        PackedMatrix::Q8_0 { cols, d, qs, .. } => {
-            let nb = cols / 32;
-            let blocks = r0 * nb..(r0 + n) * nb;
-            for ((o, &s), q) in out
-                .chunks_exact_mut(32)
-                .zip(&d[blocks.clone()])
-                .zip(&qs[blocks])
-            {
-                for j in 0..32 {
-                    o[j] = q[j] as f32 * s;
-                }
-            }
-        }
-        PackedMatrix::F32 { cols, w, .. } => {
-            out[..n * cols].copy_from_slice(&w[r0 * cols..(r0 + n) * cols]);
-        }
-        PackedMatrix::Interleaved(m) => m.dequant_rows(r0, n, out),
-    }
-}
 
 dispatch! {
     /// Rows `r0..r0+n` of `m` as f32 into `out[..n*cols]` (exact).
@@ -421,9 +184,9 @@ fn matmul_block_impl(x: &[f32], m: usize, k: usize, w: &[f32], nc: usize, out: &
 
 fn matmul_block(x: &[f32], m: usize, k: usize, w: &[f32], nc: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx2 && k.is_multiple_of(LANES) {
+    if f32_isa() == F32Isa::Avx2 && k.is_multiple_of(LANES) {
         assert!(x.len() >= m * k && w.len() >= nc * k && out.len() >= nc * m);
-        // SAFETY: AVX2 and FMA were detected at run time (`isa`); the bounds the kernel relies
+        // SAFETY: AVX2 and FMA were detected at run time (`f32_isa`); the bounds the kernel relies
         // on (`x` holds `m·k`, `w` holds `nc·k`, `out` holds `nc·m`, `k % 8 == 0`) are asserted
         // just above.
         unsafe { avx2::matmul_block(x, m, k, w, nc, out) };
@@ -474,7 +237,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], yt: &mut Vec
             let r0 = ci * per_task;
             let nc = out.len() / m;
             #[cfg(target_arch = "x86_64")]
-            if m <= FUSED_MAX_ROWS && isa() == Isa::Avx2 {
+            if m <= FUSED_MAX_ROWS && f32_isa() == F32Isa::Avx2 {
                 // SAFETY: AVX2/FMA detected at run time; `x` holds m·k (asserted above), `out`
                 // holds nc·m (its chunk), rows r0..r0+nc exist (chunking of n·m).
                 if unsafe { avx2::matmul_fused(x, m, w, r0, nc, out) } {
@@ -623,15 +386,7 @@ pub mod avx2;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        (0..n as u64)
-            .map(|i| {
-                let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
-                ((h % 20_001) as f32 - 10_000.0) / 5_000.0
-            })
-            .collect()
-    }
+    use crate::engine::cpu::test_rng::rnd;
 
     /// The recipe of the module docs, written as plainly as possible.
     fn dot_ref(x: &[f32], w: &[f32]) -> f32 {
@@ -640,15 +395,6 @@ mod tests {
             acc[i % LANES] = x[i].mul_add(w[i], acc[i % LANES]);
         }
         reduce(&acc)
-    }
-
-    #[test]
-    fn half_conversion_is_exact() {
-        assert_eq!(half_to_f32(0x3c00), 1.0);
-        assert_eq!(half_to_f32(0xc000), -2.0);
-        assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
-        assert_eq!(half_to_f32(0x7bff), 65504.0);
-        assert!(half_to_f32(0x7c00).is_infinite());
     }
 
     #[test]
@@ -704,22 +450,6 @@ mod tests {
             matmul_block_impl(&x[..m * k], m, k, &wf[..nc * k], nc, &mut b);
             assert_eq!(a, b, "m={m} nc={nc}");
         }
-    }
-
-    #[test]
-    fn q4_1_dequantization_matches_gguf_definition() {
-        let mut bytes = vec![0x00, 0x3c, 0x00, 0xbc]; // d = 1, m = -1
-        bytes.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
-        let w = PackedMatrix::from_q4_1(&bytes, 1, 32).unwrap().to_f32();
-        for j in 0..16 {
-            assert_eq!(w[j], j as f32 - 1.0);
-            assert_eq!(w[16 + j], (15 - j) as f32 - 1.0);
-        }
-        let mut b8 = vec![0x00, 0x40]; // d = 2
-        b8.extend((0..32).map(|j| (j as i8 - 16) as u8));
-        let w = PackedMatrix::from_q8_0(&b8, 1, 32).unwrap().to_f32();
-        assert_eq!(w[0], -32.0);
-        assert_eq!(w[31], 30.0);
     }
 
     #[test]

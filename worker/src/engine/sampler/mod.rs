@@ -12,83 +12,18 @@
 //! sorting the whole vocabulary; since the comparator is a total order the result is exactly
 //! that of a full sort.
 
-use std::cmp::Ordering;
+mod common;
+pub mod prefilter;
 
 use crate::constraint::AllowedTokens;
-
-/// One candidate's sampling settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SamplingParams {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub repetition_penalty: f32,
-}
-
-/// Tokens seen in a candidate's context (for the repetition penalty).
-#[derive(Debug, Clone)]
-pub struct SeenTokens {
-    bits: Vec<u64>,
-}
-
-impl SeenTokens {
-    pub fn new(vocab: usize) -> Self {
-        SeenTokens {
-            bits: vec![0; vocab.div_ceil(64)],
-        }
-    }
-
-    pub fn insert(&mut self, id: u32) {
-        let i = id as usize;
-        if let Some(w) = self.bits.get_mut(i / 64) {
-            *w |= 1 << (i % 64);
-        }
-    }
-
-    pub fn contains(&self, id: u32) -> bool {
-        let i = id as usize;
-        self.bits
-            .get(i / 64)
-            .is_some_and(|w| w & (1 << (i % 64)) != 0)
-    }
-}
-
-/// Reusable buffers (one per engine), so a step allocates nothing.
-#[derive(Debug, Default)]
-pub struct Scratch {
-    pub(super) cand: Vec<(f64, u32)>,
-    pub(super) cum: Vec<f64>,
-}
-
-/// First size of the partially sorted prefix; doubled until the top-p cut (or the draw) lies in it.
-pub(super) const FIRST_PREFIX: usize = 64;
-
-/// Desc by weight, then asc by id: a total order, so selection and sorting are deterministic.
-pub(super) fn by_weight_then_id(a: &(f64, u32), b: &(f64, u32)) -> Ordering {
-    b.0.partial_cmp(&a.0)
-        .unwrap_or(Ordering::Equal)
-        .then(a.1.cmp(&b.1))
-}
-
-/// Puts the `k` heaviest candidates first, in [`by_weight_then_id`] order, and their running
-/// sums of weight into `cum` (the top-p cut is searched there).
-pub(super) fn sorted_prefix(cand: &mut [(f64, u32)], k: usize, cum: &mut Vec<f64>) {
-    if k < cand.len() {
-        cand.select_nth_unstable_by(k - 1, by_weight_then_id);
-    }
-    cand[..k].sort_unstable_by(by_weight_then_id);
-    cum.clear();
-    let mut acc = 0.0;
-    for c in &cand[..k] {
-        acc += c.0;
-        cum.push(acc);
-    }
-}
+use common::{FIRST_PREFIX, sorted_prefix};
+pub use common::{SamplingParams, Scratch, SeenTokens};
 
 /// Picks the next token, or `None` when the mask leaves no token with a finite logit.
 ///
-/// The same token as [`sample_exhaustive`] always (see [`super::sampler_prefilter`]): the
-/// prefilter answers when it can prove the exhaustive answer from the tokens near the maximum,
-/// and the exhaustive path answers otherwise.
+/// The same token as [`sample_exhaustive`] always (see [`prefilter`]): the prefilter answers
+/// when it can prove the exhaustive answer from the tokens near the maximum, and the
+/// exhaustive path answers otherwise.
 pub fn sample(
     logits: &[f32],
     params: &SamplingParams,
@@ -97,7 +32,7 @@ pub fn sample(
     u: f64,
     scratch: &mut Scratch,
 ) -> Option<u32> {
-    super::sampler_prefilter::sample(logits, params, seen, allowed, u, scratch)
+    prefilter::sample(logits, params, seen, allowed, u, scratch)
         .or_else(|| sample_exhaustive(logits, params, seen, allowed, u, scratch))
 }
 
@@ -187,6 +122,7 @@ pub fn sample_exhaustive(
 
 #[cfg(test)]
 mod tests {
+    use super::common::by_weight_then_id;
     use super::*;
 
     fn params(t: f32, p: f32) -> SamplingParams {

@@ -11,7 +11,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{BlockKind, GROUP, Interleaved, Isa, QuantizedRows, ROUND_MAGIC};
+use super::super::isa::Isa;
+use super::super::weights::{BlockKind, GROUP, Interleaved};
+use super::{QuantizedRows, ROUND_MAGIC};
 
 /// See [`super::dots`].
 ///

@@ -2,15 +2,8 @@
 //! scalar recipe bit for bit, batch invariance, and the size of the rounding.
 
 use super::*;
-
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let h = stageb_shared::seed::splitmix64(seed.wrapping_mul(1_000_003) ^ i);
-            ((h % 20_001) as f32 - 10_000.0) / 5_000.0
-        })
-        .collect()
-}
+use crate::engine::cpu::isa::detected;
+use crate::engine::cpu::test_rng::rnd;
 
 /// Q4_1 weights with scales of both signs and every nibble value.
 fn q4_1(n: usize, k: usize) -> PackedMatrix {
@@ -227,15 +220,4 @@ fn rounding_error_stays_within_a_fraction_of_the_exact_dot_product() {
             }
         }
     }
-}
-
-#[test]
-fn kernel_choice_parses_and_caps_at_what_the_cpu_has() {
-    assert_eq!("auto".parse::<KernelChoice>(), Ok(KernelChoice::Auto));
-    assert_eq!(
-        "avx2".parse::<KernelChoice>(),
-        Ok(KernelChoice::AtMost(Isa::Avx2))
-    );
-    assert!("sse9".parse::<KernelChoice>().is_err());
-    assert!(isa() <= detected());
 }

@@ -1,0 +1,206 @@
+//! Integer dot products of the CPU fast path: activations quantized per block of 32 to 8 bits
+//! (llama.cpp's Q8_1 scheme) and multiplied with the GGUF Q4_1 / Q8_0 weight blocks in integers,
+//! with one kernel per instruction set picked once at run time ([`super::isa`]).
+//!
+//! # Why
+//! In f32 every weight costs a fused multiply-add of 8 lanes; an integer multiply-add
+//! (`vpdpbusd` with AVX-512 VNNI, `vpmaddubsw`+`vpmaddwd` otherwise) does 4 bytes per lane.
+//! The weights are stored [`Interleaved`]: 16 rows side by side, so one integer instruction
+//! advances 16 outputs by 4 elements each and a block's float work (scale, min) is one vector
+//! operation per 16 outputs. The price is activation rounding (≤ 1/254 of a block's largest
+//! value per element), which the architecture test bounds against the f64 reference;
+//! `--numerics f32` keeps the exact-weights f32 path.
+//!
+//! # Numerics: one recipe, every instruction set
+//! The integers are exact whatever instructions compute them, so the recipe pins down only the
+//! float steps. For activation row `x` and weight row `w` of `nb` blocks:
+//! 1. quantize each block of `x` ([`QuantizedRows::quantize`]): `d = amax/127`,
+//!    `q = round_even(x·(1/d))` clamped to ±127, `s = d·Σq`;
+//! 2. `acc = 0`; for each block `b` in order: `acc = fma(dw_b·dx_b, Σ_j qw_j·qx_j, acc)`, then
+//!    for Q4_1 (its `+m` term) `acc = fma(mw_b, s_b, acc)`; the result is `acc`.
+//!
+//! Each output is one lane from start to end, so the AVX-512 VNNI, AVX-512BW, AVX2 and scalar
+//! copies return the same bits (unit tests), and since an output depends only on its own two
+//! rows, results never depend on batch, tiling or threads.
+
+// Kernels index lanes and rows explicitly: the order of operations is the contract.
+#![allow(clippy::needless_range_loop)]
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use rayon::prelude::*;
+
+use super::isa::{Isa, int8_isa};
+use super::weights::{BlockKind, GROUP, Interleaved, PackedMatrix};
+
+/// A batch of activation rows quantized per block (see the module docs): `q` (`k` bytes per
+/// row), the same plus 128 as unsigned bytes (`qu`, for the VNNI Q8_0 kernel), and per block
+/// the scale `d` and `s = d·Σq`.
+#[derive(Debug, Default)]
+pub struct QuantizedRows {
+    rows: usize,
+    k: usize,
+    nb: usize,
+    q: Vec<i8>,
+    qu: Vec<u8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `m` rows of `k` values (`k % 32 == 0`), reusing the buffers.
+    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
+        assert!(k.is_multiple_of(32) && x.len() == m * k, "quantize shape");
+        let nb = k / 32;
+        (self.rows, self.k, self.nb) = (m, k, nb);
+        self.q.resize(m * k, 0);
+        self.qu.resize(m * k, 0);
+        self.d.resize(m * nb, 0.0);
+        self.s.resize(m * nb, 0.0);
+        let rows = self
+            .q
+            .par_chunks_mut(k)
+            .zip(self.qu.par_chunks_mut(k))
+            .zip(self.d.par_chunks_mut(nb))
+            .zip(self.s.par_chunks_mut(nb))
+            .zip(x.par_chunks(k));
+        rows.for_each(|((((q, qu), d), s), x)| quantize_row(x, q, qu, d, s));
+    }
+}
+
+/// 1.5·2²³: `(v + M) − M` rounds `|v| < 2²²` to the nearest integer, ties to even, with two
+/// IEEE additions (so every compiled copy rounds alike, vectorized or not).
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// The scalar recipe of a row's quantization (and the fallback): per block, `amax` by
+/// `|x| > m` comparisons (a NaN never wins), `d = amax/127`, `q = round_even(x·(1/d))` clamped to
+/// ±127 in float (NaN → 0), `s = d·Σq`. [`x86::quantize_row`] computes the same bits.
+fn quantize_row_impl(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        let mut amax = 0f32;
+        for v in xb {
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+            }
+        }
+        let db = amax / 127.0;
+        let id = if db == 0.0 { 0.0 } else { 1.0 / db };
+        let mut sum = 0i32;
+        for (j, v) in xb.iter().enumerate() {
+            let r = ((v * id) + ROUND_MAGIC) - ROUND_MAGIC;
+            let r = if r.is_nan() {
+                0.0
+            } else {
+                r.clamp(-127.0, 127.0)
+            };
+            let qi = r as i32;
+            q[b * 32 + j] = qi as i8;
+            qu[b * 32 + j] = (qi + 128) as u8;
+            sum += qi;
+        }
+        d[b] = db;
+        s[b] = db * sum as f32;
+    }
+}
+
+/// One row's blocks quantized (see [`QuantizedRows`]).
+fn quantize_row(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if int8_isa() >= Isa::Avx2 {
+        // SAFETY: `int8_isa()` is at least Avx2 only after `is_x86_feature_detected!` confirmed
+        // avx2 and fma; the slices are one row (k values, k bytes twice, k/32 blocks).
+        return unsafe { x86::quantize_row(x, q, qu, d, s) };
+    }
+    quantize_row_impl(x, q, qu, d, s)
+}
+
+/// The recipe of the module docs, plainly: the scalar fallback and the reference of the tests.
+fn dot_scalar(a: &QuantizedRows, r: usize, w: &Interleaved, row: usize) -> f32 {
+    let (g, i) = (row / GROUP, row % GROUP);
+    let mut acc = 0f32;
+    for b in 0..w.nb {
+        let wq = w.quants(row, b);
+        let xq = &a.q[r * a.k + b * 32..r * a.k + b * 32 + 32];
+        let sumi: i32 = (0..32).map(|j| wq[j] * xq[j] as i32).sum();
+        let at = (g * w.nb + b) * GROUP + i;
+        acc = (w.d[at] * a.d[r * a.nb + b]).mul_add(sumi as f32, acc);
+        if w.kind == BlockKind::Q4_1 {
+            acc = w.m[at].mul_add(a.s[r * a.nb + b], acc);
+        }
+    }
+    acc
+}
+
+/// `out[((g − g0)·m + r)·16 + l] = dot(row r of a, weight row 16g + l)` for groups
+/// `g0..g0+ng` (padded rows included), with the instruction set `isa`.
+fn dots(isa: Isa, a: &QuantizedRows, w: &Interleaved, g0: usize, ng: usize, out: &mut [f32]) {
+    let m = a.rows;
+    assert!(out.len() >= ng * m * GROUP && g0 + ng <= w.groups && w.cols == a.k);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: `isa` never exceeds what `detected()` found (callers pass `int8_isa()` or, in
+        // tests, a level at most `detected()`), and the shapes the kernels rely on are
+        // asserted just above.
+        unsafe { x86::dots(isa, a, w, g0, ng, out) };
+        return;
+    }
+    let _ = isa;
+    for g in 0..ng {
+        for r in 0..m {
+            for l in 0..GROUP {
+                out[(g * m + r) * GROUP + l] = dot_scalar(a, r, w, (g0 + g) * GROUP + l);
+            }
+        }
+    }
+}
+
+/// Whether the integer path handles `w` (interleaved Q4_1/Q8_0; everything else keeps f32).
+pub fn supports(w: &PackedMatrix) -> bool {
+    matches!(w, PackedMatrix::Interleaved(_))
+}
+
+/// Reusable buffers of [`matmul`].
+#[derive(Debug, Default)]
+pub struct Int8Workspace {
+    acts: QuantizedRows,
+    yt: Vec<f32>,
+}
+
+/// `y = x · wᵀ` through the integer kernels: `x` is `m × k`, `w` is `n × k`
+/// ([`PackedMatrix::Interleaved`]), `y` is `m × n`. Parallel over groups of output rows on the
+/// current rayon pool.
+pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int8Workspace) {
+    let PackedMatrix::Interleaved(w) = w else {
+        panic!("integer matmul of weights that are not interleaved");
+    };
+    let (n, k) = (w.rows, w.cols);
+    assert_eq!(x.len(), m * k, "matmul input shape");
+    assert_eq!(y.len(), m * n, "matmul output shape");
+    ws.acts.quantize(x, m, k);
+    let isa = int8_isa();
+    // Decode steps: about 8 tasks per thread; prefill: one group per task (its weights stay in
+    // L1 while every input row passes).
+    let per_task = if m > 16 {
+        1
+    } else {
+        (w.groups / (8 * rayon::current_num_threads().max(1))).max(1)
+    };
+    ws.yt.resize(w.groups * m * GROUP, 0.0);
+    let acts = &ws.acts;
+    ws.yt
+        .par_chunks_mut(per_task * m * GROUP)
+        .enumerate()
+        .for_each(|(ci, out)| dots(isa, acts, w, ci * per_task, out.len() / (m * GROUP), out));
+    let yt = &ws.yt;
+    y.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
+        for (g, dst) in row.chunks_mut(GROUP).enumerate() {
+            let at = (g * m + r) * GROUP;
+            dst.copy_from_slice(&yt[at..at + dst.len()]);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests;
