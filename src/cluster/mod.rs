@@ -3,10 +3,12 @@
 //! exercises exactly the protocol a multi-node run uses.
 //!
 //! # Layout
-//! - this file: [`ClusterError`], [`CoordinatorSettings`] and their defaults.
+//! - this file: [`ClusterError`], [`CoordinatorSettings`] and the roles' timing defaults
+//!   (drain, worker grace, progress period, connect timeouts).
 //! - `inputs.rs`: the config and Stage-A inputs a role starts from ([`prepare_inputs`],
 //!   [`model_path_of`]).
-//! - `model.rs`: the model rank 0 pins a run to and the context it plans with
+//! - `model.rs`: the model: loading it at startup ([`load_model`]: a missing or unreadable
+//!   file is bad input), the one rank 0 pins a run to, the context the run plans with
 //!   ([`run_context`], [`declared_context`]).
 //! - `rank0.rs`: serving one run as rank 0 ([`run_coordinator_until`]) and the drain on
 //!   SIGTERM/SIGINT.
@@ -20,6 +22,7 @@ use std::time::Duration;
 
 use stageb_coordinator::cluster::edge::EdgeLimits;
 use stageb_coordinator::cluster::server;
+use stageb_coordinator::run::start::StartError;
 pub use stageb_coordinator::run::start::StartMode;
 use stageb_coordinator::run::{ProgressHandle, RunError};
 use stageb_shared::auth::AuthToken;
@@ -34,7 +37,7 @@ mod topology;
 
 pub use inputs::{model_path_of, prepare_inputs};
 pub use local_workers::{LocalWorkers, spawn_local_workers, worker_name};
-pub use model::{declared_context, run_context};
+pub use model::{declared_context, load_model, run_context};
 pub use rank0::{run_coordinator, run_coordinator_until};
 pub use topology::{DEFAULT_LAUNCH_PORT, LaunchTopology, resolve_topology, topology_from};
 
@@ -91,6 +94,57 @@ pub struct CoordinatorSettings {
     pub drain_timeout: Duration,
 }
 
+impl From<StartError> for ClusterError {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Input(e) => ClusterError::Input(e),
+            StartError::Run(e) => ClusterError::Run(e),
+        }
+    }
+}
+
 /// Default [`CoordinatorSettings::drain_timeout`]: room for a few long reflection jobs, and
 /// 30 s under the two minutes Slurm's `--signal=TERM@120` and our pod spec's grace give.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Default [`CoordinatorSettings::worker_grace`] (`stageb coordinator --worker-grace-s`, and
+/// `launch`'s rank 0): room for remote workers to start (a node to come up, a model to load)
+/// or to come back after a restart.
+pub const DEFAULT_WORKER_GRACE: Duration = Duration::from_secs(600);
+
+/// [`CoordinatorSettings::worker_grace`] of `stageb run`: its workers live in its own process
+/// and start at once, so none is coming from elsewhere; two minutes without a live one means
+/// every one of them failed.
+pub const EMBEDDED_WORKER_GRACE: Duration = Duration::from_secs(120);
+
+/// Default [`CoordinatorSettings::progress_every`]: often enough for a scheduler's log to
+/// show liveness, rarely enough not to flood it.
+pub const DEFAULT_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a `stageb worker` keeps trying to reach rank 0 before giving up (its
+/// `--connect-timeout-s` default).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long `launch`'s ranks > 0 keep trying to reach rank 0: every rank starts at once, and
+/// rank 0 hashes the model and opens the run before it serves.
+pub const LAUNCH_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl CoordinatorSettings {
+    /// Serve on `listen` with the defaults: no token and no TLS (loopback only, see
+    /// `stageb_shared::auth`), the edge's default limits, [`DEFAULT_WORKER_GRACE`], progress
+    /// shown every [`DEFAULT_PROGRESS_EVERY`], a fresh start, [`DEFAULT_DRAIN_TIMEOUT`].
+    pub fn new(listen: SocketAddr) -> Self {
+        CoordinatorSettings {
+            listen,
+            token: None,
+            tls: None,
+            edge_limits: EdgeLimits::default(),
+            worker_grace: DEFAULT_WORKER_GRACE,
+            progress_every: DEFAULT_PROGRESS_EVERY,
+            show_progress: true,
+            progress: None,
+            start: StartMode::Fresh,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}

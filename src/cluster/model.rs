@@ -1,4 +1,5 @@
-//! The model rank 0 pins a run to, and the context the run plans with.
+//! The model: loading it when a role starts, the one rank 0 pins a run to, and the context the
+//! run plans with.
 
 use std::path::{Path, PathBuf};
 
@@ -8,8 +9,30 @@ use stageb_coordinator::run::start;
 use stageb_shared::config;
 use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::limits;
+use stageb_worker::engine::{CandleEngine, EngineOptions};
 
 use super::ClusterError;
+
+/// Load a model, reporting a missing or unloadable file as bad input (exit code 2) with a
+/// stable code: at startup the model file is the user's input like any other.
+pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine, InputError> {
+    if !model.exists() {
+        return Err(InputError::new(
+            ErrorCode::FileNotFound,
+            model.display().to_string(),
+            None,
+            "model not found (scripts/fetch-model.sh fetches the demo model)",
+        ));
+    }
+    CandleEngine::load(model, options).map_err(|e| {
+        InputError::new(
+            ErrorCode::UnsupportedModel,
+            model.display().to_string(),
+            None,
+            e.to_string(),
+        )
+    })
+}
 
 /// Which model the run accepts: the one an earlier attempt recorded (resume), else the one
 /// the config names when rank 0 can read it, else the first worker's (said in the log). The
@@ -80,4 +103,25 @@ pub fn declared_context(path: &Path) -> Result<Option<u32>, String> {
     stageb_worker::engine::declared_context(path)
         .map(|n| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_file_that_is_missing_or_not_a_model_is_bad_input_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("absent.gguf");
+        let garbage = tmp.path().join("garbage.gguf");
+        std::fs::write(&garbage, b"not a model").unwrap();
+        let error = |path: &Path| match load_model(path, &EngineOptions::default()) {
+            Err(e) => e,
+            Ok(_) => panic!("{} loaded", path.display()),
+        };
+        let e = error(&missing);
+        assert_eq!(e.code, ErrorCode::FileNotFound);
+        assert!(e.to_string().contains("absent.gguf"), "{e}");
+        assert_eq!(error(&garbage).code, ErrorCode::UnsupportedModel);
+    }
 }

@@ -6,13 +6,16 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stageb_coordinator::cluster::scheduler::journal::{Journal, ReplayCache};
 use stageb_coordinator::cluster::scheduler::{
-    ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig,
+    Completion, ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig,
 };
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
 use stageb_coordinator::run::start;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
 use stageb_shared::auth::AuthToken;
+use stageb_shared::config::RunnerConfig;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
 
 use super::local_workers::LocalWorkers;
@@ -46,54 +49,33 @@ pub async fn run_coordinator(
 /// leases, workers told to stop, and an error naming what is on disk. Rows are written only for
 /// completed steps and synced at every step boundary, so an interrupted run never leaves a
 /// half-written step behind.
+///
+/// The steps, in this order: bind the port (the listen policy first: refusing an
+/// unauthenticated public address outranks anything about the run directory), plan the start,
+/// pin the model, lock the run directory, open the job journal, serve, start the local workers
+/// and the progress display, run the epoch loop until it ends or `interrupt` drains it, then
+/// stop the workers, the display and the server.
 pub async fn run_coordinator_until(
     inputs: RunInputs,
     settings: CoordinatorSettings,
     spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
     interrupt: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, ClusterError> {
-    let runner = &inputs.config.runner;
-    // The listen policy first: refusing an unauthenticated public address outranks anything
-    // about the run directory.
-    let edge = EdgeConfig {
-        token: settings.token.clone(),
-        tls: settings.tls.clone(),
-        limits: settings.edge_limits.clone(),
-        connections: Default::default(),
-    };
-    let (listener, warnings) =
-        server::bind(settings.listen, settings.token.as_ref(), edge.transport()).await?;
-    for warning in warnings {
-        tracing::warn!("{warning}");
-    }
-    let plan = start::plan(&inputs, settings.start).map_err(|e| match e {
-        start::StartError::Input(e) => ClusterError::Input(e),
-        start::StartError::Run(e) => ClusterError::Run(e),
-    })?;
+    let (listener, edge) = bind(&settings).await?;
+    let plan = start::plan(&inputs, settings.start)?;
     let model = model_pin(&inputs, &plan).await?;
     let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
     // Before anything is written: a second process on this directory must not truncate it.
-    let _run_lock = start::lock_run_dir(&plan.dir).map_err(|e| match e {
-        start::StartError::Input(e) => ClusterError::Input(e),
-        start::StartError::Run(e) => ClusterError::Run(e),
-    })?;
+    let _run_lock = start::lock_run_dir(&plan.dir)?;
     let journal = plan.open_journal()?;
-    let (scheduler, completions) = Scheduler::new(SchedulerConfig {
-        speculation: SpeculationConfig {
-            multiple: runner.speculation_multiple,
-            min_age: Duration::from_millis(runner.speculation_min_ms),
-        },
-        ..SchedulerConfig::with_lease_ttl(Duration::from_secs(runner.lease_ttl_s.max(1)))
-    });
-    let scheduler = Arc::new(scheduler.with_journal(journal, plan.replay));
-    let run_id = format!("{}-{}", inputs.config.output.run_name, &uuid_hex()[..8]);
+    let (scheduler, completions) = scheduler(&inputs.config.runner, journal, plan.replay);
     let service = server::build_service(
         scheduler.clone(),
         &ServiceConfig {
-            run_id,
+            run_id: run_id(&inputs),
             token: settings.token.clone(),
             model,
-            heartbeat_interval: Duration::from_secs(runner.heartbeat_interval_s.max(1)),
+            heartbeat_interval: heartbeat_interval(&inputs.config.runner),
         },
     );
     let model = service.model_handle();
@@ -106,21 +88,7 @@ pub async fn run_coordinator_until(
         let _ = stop_rx.await;
     }));
     let workers = spawn_local(addr, settings.token.clone());
-
-    let progress: ProgressHandle = settings
-        .progress
-        .clone()
-        .unwrap_or_else(|| Arc::new(Mutex::new(Default::default())));
-    let (progress_stop_tx, progress_stop_rx) = oneshot::channel::<()>();
-    let progress_task = settings.show_progress.then(|| {
-        tokio::spawn(crate::progress::report(
-            progress.clone(),
-            settings.progress_every,
-            async {
-                let _ = progress_stop_rx.await;
-            },
-        ))
-    });
+    let (progress, progress_display) = ProgressDisplay::start(&settings);
 
     let result = async {
         let run = RunLoop::prepare(
@@ -149,19 +117,8 @@ pub async fn run_coordinator_until(
     .await;
 
     // Tell workers the run is over, give them a moment to take the message, then stop serving.
-    scheduler.set_control(ControlSignal::Stop);
-    for w in workers {
-        match tokio::time::timeout(Duration::from_secs(30), w).await {
-            Ok(Ok(Ok(summary))) => tracing::debug!(?summary, "local worker finished"),
-            Ok(Ok(Err(e))) => tracing::warn!("local worker failed: {e}"),
-            Ok(Err(e)) => tracing::warn!("local worker panicked: {e}"),
-            Err(_) => tracing::warn!("local worker did not stop in time"),
-        }
-    }
-    let _ = progress_stop_tx.send(());
-    if let Some(t) = progress_task {
-        let _ = t.await;
-    }
+    stop_local_workers(&scheduler, workers).await;
+    progress_display.stop().await;
     let _ = stop_tx.send(());
     match server_task.await {
         Ok(Ok(())) => {}
@@ -170,6 +127,107 @@ pub async fn run_coordinator_until(
     }
     result
 }
+
+/// Bind the gRPC port under the listen policy (the token, TLS and the edge's limits); the
+/// policy's warnings go to the log.
+async fn bind(
+    settings: &CoordinatorSettings,
+) -> Result<(tokio::net::TcpListener, EdgeConfig), ClusterError> {
+    let edge = EdgeConfig {
+        token: settings.token.clone(),
+        tls: settings.tls.clone(),
+        limits: settings.edge_limits.clone(),
+        connections: Default::default(),
+    };
+    let (listener, warnings) =
+        server::bind(settings.listen, settings.token.as_ref(), edge.transport()).await?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok((listener, edge))
+}
+
+/// The lease table of a run (the config's `runner.*` timings), journaling every answer and
+/// replaying `replay`'s.
+fn scheduler(
+    runner: &RunnerConfig,
+    journal: Journal,
+    replay: ReplayCache,
+) -> (Arc<Scheduler>, UnboundedReceiver<Completion>) {
+    let (scheduler, completions) = Scheduler::new(SchedulerConfig {
+        speculation: SpeculationConfig {
+            multiple: runner.speculation_multiple,
+            min_age: Duration::from_millis(runner.speculation_min_ms),
+        },
+        ..SchedulerConfig::with_lease_ttl(Duration::from_secs(runner.lease_ttl_s.max(1)))
+    });
+    (
+        Arc::new(scheduler.with_journal(journal, replay)),
+        completions,
+    )
+}
+
+fn heartbeat_interval(runner: &RunnerConfig) -> Duration {
+    Duration::from_secs(runner.heartbeat_interval_s.max(1))
+}
+
+/// This attempt's id: the run name and 8 random hex digits.
+fn run_id(inputs: &RunInputs) -> String {
+    format!("{}-{}", inputs.config.output.run_name, &uuid_hex()[..8])
+}
+
+/// Rank 0's progress display ([`crate::progress`]), when the settings ask for it.
+struct ProgressDisplay {
+    stop: oneshot::Sender<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ProgressDisplay {
+    /// The handle the run publishes its progress to (the settings' own, else a new one), and
+    /// the display reading it.
+    fn start(settings: &CoordinatorSettings) -> (ProgressHandle, Self) {
+        let progress: ProgressHandle = settings
+            .progress
+            .clone()
+            .unwrap_or_else(|| Arc::new(Mutex::new(Default::default())));
+        let (stop, stop_rx) = oneshot::channel::<()>();
+        let task = settings.show_progress.then(|| {
+            tokio::spawn(crate::progress::report(
+                progress.clone(),
+                settings.progress_every,
+                async {
+                    let _ = stop_rx.await;
+                },
+            ))
+        });
+        (progress, Self { stop, task })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.task {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Tell the workers of this process the run is over and wait up to
+/// [`LOCAL_WORKER_STOP_TIMEOUT`] for each to leave.
+async fn stop_local_workers(scheduler: &Scheduler, workers: LocalWorkers) {
+    scheduler.set_control(ControlSignal::Stop);
+    for w in workers {
+        match tokio::time::timeout(LOCAL_WORKER_STOP_TIMEOUT, w).await {
+            Ok(Ok(Ok(summary))) => tracing::debug!(?summary, "local worker finished"),
+            Ok(Ok(Err(e))) => tracing::warn!("local worker failed: {e}"),
+            Ok(Err(e)) => tracing::warn!("local worker panicked: {e}"),
+            Err(_) => tracing::warn!("local worker did not stop in time"),
+        }
+    }
+}
+
+/// How long a worker of this process gets to take the stop message and leave once the run is
+/// over (it finishes the job at hand first).
+const LOCAL_WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// After SIGTERM/SIGINT: lease nothing more, tell the workers to drain, and wait up to
 /// `timeout` for the jobs in flight. Every answer that arrives meanwhile is journaled (and the
