@@ -1,5 +1,10 @@
-//! The `stageb` binary: parse arguments, set up logging, call the library, map errors to the
-//! documented exit codes (see [`stageb::exit`]).
+//! The `stageb` binary: parse arguments, set up logging, hand the command to its module, map
+//! errors to the documented exit codes (see [`stageb::exit`]).
+//!
+//! # Layout (the binary's modules; the library's are listed in `lib.rs`)
+//! - `cli/`: every flag, as clap types; groups shared by several commands are declared once.
+//! - `commands/`: one module per command, each handing the work to the library crates.
+//! - this file: `main`, and [`classify`], which maps an error to its exit code.
 
 mod cli;
 mod commands;
@@ -12,7 +17,7 @@ use stageb::exit;
 use stageb_shared::telemetry::{LogFormat, init_tracing};
 
 use cli::Cli;
-use commands::{JSON_LOGS, dispatch, json_logs};
+use commands::{dispatch, json_logs, set_json_logs};
 
 /// Map a failure to its exit code: bad input is 2, an interrupted run 75, everything else 3.
 fn classify(e: &anyhow::Error) -> u8 {
@@ -69,10 +74,7 @@ fn report_error(e: &anyhow::Error) -> u8 {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    JSON_LOGS.store(
-        cli.log_format == LogFormat::Json,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    set_json_logs(cli.log_format == LogFormat::Json);
     // Connections, artifacts and the model all need descriptors: use what the system allows.
     stageb_coordinator::cluster::edge::raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

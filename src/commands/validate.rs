@@ -1,48 +1,16 @@
-//! `stageb validate`: check a config and its inputs without running anything.
+//! `stageb validate`: config, Stage-A inputs, guidance section, model file and prompts are
+//! checked, and what a run would plan with is printed; nothing runs.
 
 use std::path::Path;
 
 use anyhow::Result;
-use stageb::cluster::{self, StartMode};
+use stageb::cluster;
 use stageb::exit;
+use stageb_coordinator::run::{RunInputs, start};
 use stageb_shared::error::{ErrorCode, InputError};
-use stageb_shared::limits::ContextSource;
+use stageb_shared::limits::{ContextSource, EffectiveLimits, RunContext};
 
-/// `stageb validate`: config, Stage-A inputs, guidance section, model file; runs nothing.
-/// The lengths a run of `inputs` would plan with, and every config value it would lower.
-pub(crate) fn print_effective_limits(
-    inputs: &stageb_coordinator::run::RunInputs,
-    context: Option<stageb_shared::limits::RunContext>,
-) {
-    let Some(context) = context else {
-        println!(
-            "note: cannot read the model's context here; the first worker to register states it"
-        );
-        return;
-    };
-    let limits = stageb_shared::limits::EffectiveLimits::fit(&inputs.config, context);
-    println!(
-        "context: {} tokens (from the {}); rollouts generate at most {:?} tokens, reflection \
-         {} tokens after a prompt of at most {}",
-        limits.context,
-        match limits.context_source {
-            ContextSource::Model => "model file",
-            ContextSource::Config => "config's model.max_model_len",
-            ContextSource::FirstWorker => "first worker",
-        },
-        limits.rollout_max_new_tokens,
-        limits.reflection_max_new_tokens,
-        limits.reflection_prompt_budget()
-    );
-    for a in &limits.adjusted {
-        println!(
-            "warning: {} asks for {} tokens, the run uses {}: {}",
-            a.key, a.asked, a.used, a.why
-        );
-    }
-}
-
-pub(crate) fn validate(config: &Path) -> Result<u8> {
+pub(crate) fn run(config: &Path) -> Result<u8> {
     let inputs = cluster::prepare_inputs(config, "validate")?;
     let cfg = &inputs.config;
     stageb_coordinator::guidance::load_mission_section(
@@ -66,23 +34,7 @@ pub(crate) fn validate(config: &Path) -> Result<u8> {
     .into_iter()
     .flatten()
     {
-        let text = std::fs::read_to_string(prompt).map_err(|e| {
-            InputError::new(
-                ErrorCode::FileNotFound,
-                prompt.display().to_string(),
-                None,
-                format!("cannot read prompt: {e}"),
-            )
-        })?;
-        if text.trim().is_empty() {
-            return Err(InputError::new(
-                ErrorCode::EmptyFile,
-                prompt.display().to_string(),
-                None,
-                "prompt file is empty",
-            )
-            .into());
-        }
+        check_prompt(prompt)?;
     }
     // Decided before saying ok: a length the model cannot hold is an input error.
     let context = cluster::run_context(&inputs, cluster::declared_context(model))?;
@@ -99,31 +51,59 @@ pub(crate) fn validate(config: &Path) -> Result<u8> {
     );
     print_effective_limits(&inputs, context);
     // What a start would do with the run directory (a plain start there would be refused).
-    let dir = stageb_coordinator::run::run_dir(cfg, &inputs.ingested.mission)?;
-    if dir
-        .join(stageb_coordinator::artifacts::files::MANIFEST)
-        .exists()
-    {
-        // The journal only holds what was answered since the last step checkpoint.
-        let since = if dir
-            .join(stageb_coordinator::run::checkpoint::CHECKPOINT_FILE)
-            .exists()
-        {
-            " since its last step checkpoint"
-        } else {
-            ""
-        };
-        match stageb_coordinator::run::start::plan(&inputs, StartMode::Resume) {
-            Ok(plan) => println!(
-                "note: {} holds a run; start with --resume to continue it ({} answers journaled{since}) or --overwrite to replace it",
-                dir.display(),
-                plan.replay.len()
-            ),
-            Err(e) => println!(
-                "note: {} holds a run that cannot be resumed ({e}); start with --overwrite to replace it",
-                dir.display()
-            ),
-        }
+    if let Some(note) = start::existing_run_note(&inputs)? {
+        println!("note: {note}");
     }
     Ok(exit::OK)
+}
+
+/// A reflection prompt file must be readable and say something.
+fn check_prompt(prompt: &Path) -> Result<(), InputError> {
+    let text = std::fs::read_to_string(prompt).map_err(|e| {
+        InputError::new(
+            ErrorCode::FileNotFound,
+            prompt.display().to_string(),
+            None,
+            format!("cannot read prompt: {e}"),
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Err(InputError::new(
+            ErrorCode::EmptyFile,
+            prompt.display().to_string(),
+            None,
+            "prompt file is empty",
+        ));
+    }
+    Ok(())
+}
+
+/// The lengths a run of `inputs` would plan with, and every config value it would lower.
+fn print_effective_limits(inputs: &RunInputs, context: Option<RunContext>) {
+    let Some(context) = context else {
+        println!(
+            "note: cannot read the model's context here; the first worker to register states it"
+        );
+        return;
+    };
+    let limits = EffectiveLimits::fit(&inputs.config, context);
+    println!(
+        "context: {} tokens (from the {}); rollouts generate at most {:?} tokens, reflection \
+         {} tokens after a prompt of at most {}",
+        limits.context,
+        match limits.context_source {
+            ContextSource::Model => "model file",
+            ContextSource::Config => "config's model.max_model_len",
+            ContextSource::FirstWorker => "first worker",
+        },
+        limits.rollout_max_new_tokens,
+        limits.reflection_max_new_tokens,
+        limits.reflection_prompt_budget()
+    );
+    for a in &limits.adjusted {
+        println!(
+            "warning: {} asks for {} tokens, the run uses {}: {}",
+            a.key, a.asked, a.used, a.why
+        );
+    }
 }
