@@ -9,6 +9,14 @@
 //! - `worker.rs`: a worker's flags ([`ModelArgs`]: device, threads, context, numerics, in
 //!   `run`, `worker`, `launch` and `generate`) and its TLS toward rank 0.
 //! - `tools.rs`: the one-shot commands (`tls-init`, `validate`, `generate`, `audit`, `report`).
+//!
+//! Every flag a launcher may set reads a `STAGEB_*` variable when it is not given (README.md,
+//! "Flags and environment variables", lists them). Three read none on purpose: `--resume` and
+//! `--overwrite` decide the fate of a run directory's artifacts, so they stay on the command
+//! line (a variable left in a job's environment would replace the run at every requeue, and
+//! clap counts even `STAGEB_RESUME=false` as given, which would make `--overwrite` an error);
+//! `--token-file`'s variables (`STAGEB_TOKEN_FILE`, `STAGEB_TOKEN`) are read by
+//! `stageb_shared::auth`, so the token's source never shows in `--help`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,7 +87,7 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) rank0: Rank0Args,
     /// Local workers to start.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "STAGEB_WORKERS", default_value_t = 1)]
     pub(crate) workers: usize,
     /// Address the coordinator listens on (port 0 picks a free one).
     #[arg(long, env = "STAGEB_LISTEN", default_value = "127.0.0.1:0")]
@@ -98,7 +106,7 @@ pub(crate) struct CoordinatorArgs {
     #[command(flatten)]
     pub(crate) token: TokenArgs,
     /// Give up after this many seconds without any live worker.
-    #[arg(long, default_value_t = cluster::DEFAULT_WORKER_GRACE.as_secs())]
+    #[arg(long, env = "STAGEB_WORKER_GRACE_S", default_value_t = cluster::DEFAULT_WORKER_GRACE.as_secs())]
     pub(crate) worker_grace_s: u64,
     #[command(flatten)]
     pub(crate) tls: ServerTlsArgs,
@@ -122,7 +130,7 @@ pub(crate) struct WorkerArgs {
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
     /// Keep trying to reach the coordinator for this long.
-    #[arg(long, default_value_t = cluster::DEFAULT_CONNECT_TIMEOUT.as_secs())]
+    #[arg(long, env = "STAGEB_CONNECT_TIMEOUT_S", default_value_t = cluster::DEFAULT_CONNECT_TIMEOUT.as_secs())]
     pub(crate) connect_timeout_s: u64,
     /// Once registered, exit when the coordinator stays unreachable this long (it is gone).
     #[arg(long, env = "STAGEB_RECONNECT_TIMEOUT_S", default_value_t = 60)]

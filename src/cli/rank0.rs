@@ -18,7 +18,7 @@ use super::MetricsArgs;
 #[derive(Args, Clone)]
 pub(crate) struct Rank0Args {
     /// The run config (YAML, the Python original's keys).
-    #[arg(long)]
+    #[arg(long, env = "STAGEB_CONFIG")]
     pub(crate) config: PathBuf,
     #[command(flatten)]
     pub(crate) start: StartArgs,
