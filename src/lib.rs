@@ -1,16 +1,19 @@
 //! `stageb`: the one CLI users run, as a thin layer over the library crates.
 //!
 //! # Layout
+//! The library (this crate's `lib.rs`):
 //! - [`cluster`]: process roles: the embedded default (coordinator plus local workers in one
 //!   process, still over loopback gRPC), a standalone coordinator, a standalone worker, and
-//!   `launch` (role from torchrun / Slurm / Kubernetes environment variables).
+//!   `launch` (role from torchrun / Slurm / Kubernetes environment variables); one file per
+//!   concern (inputs, model, rank 0, local workers, launch topology).
 //! - [`progress`]: rank 0's progress display (a bar on a terminal, periodic log lines
 //!   otherwise).
 //! - [`certs`]: per-job CA and certificate for mutual TLS (`stageb tls-init`).
 //! - [`metrics_endpoint`]: the Prometheus `/metrics` endpoint (`--metrics-listen`).
+//! - [`exit`]: the documented exit codes.
 //!
-//! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to
-//! documented exit codes.
+//! The binary (`src/main.rs`, with `src/cli/` and `src/commands/`) only parses arguments, sets
+//! up logging, hands each command to the library and maps errors to the exit codes.
 
 pub mod certs;
 pub mod cluster;

@@ -19,6 +19,7 @@ use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::limits::RunContext;
 
 use crate::cluster::scheduler::journal::{JOURNAL_FILE, Journal, ReplayCache};
+use crate::run::checkpoint::CHECKPOINT_FILE;
 use crate::run::{RunError, RunInputs, files, run_dir};
 use stageb_shared::SCHEMA_VERSION;
 
@@ -170,6 +171,60 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
     })
 }
 
+/// Before an embedded run starts anything: `--resume` with a model other than the one the
+/// earlier attempt recorded is refused (`E_RESUME_MISMATCH` on `model`'s file, saying both and
+/// the way out). `fingerprint` is the loaded model's fingerprint id (as workers register it);
+/// the other modes pass.
+pub fn check_resume_model(
+    inputs: &RunInputs,
+    mode: StartMode,
+    model: &Path,
+    fingerprint: &str,
+) -> Result<(), InputError> {
+    if mode != StartMode::Resume {
+        return Ok(());
+    }
+    match recorded_fingerprint(inputs) {
+        Some(recorded) if recorded != fingerprint => Err(InputError::new(
+            ErrorCode::ResumeMismatch,
+            model.display().to_string(),
+            None,
+            format!(
+                "cannot resume: the run used the model {recorded}, this one is {fingerprint}; \
+                 use that model, or pass --overwrite to start over"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What a start would do with the run directory, for `stageb validate` (which runs nothing):
+/// `None` when it holds no run (a plain start is fine), else a note saying how to `--resume`
+/// it (and how many answers are journaled) or `--overwrite` it, or why it cannot be resumed.
+pub fn existing_run_note(inputs: &RunInputs) -> Result<Option<String>, RunError> {
+    let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
+    if !dir.join(files::MANIFEST).exists() {
+        return Ok(None);
+    }
+    // The journal only holds what was answered since the last step checkpoint.
+    let since = if dir.join(CHECKPOINT_FILE).exists() {
+        " since its last step checkpoint"
+    } else {
+        ""
+    };
+    Ok(Some(match plan(inputs, StartMode::Resume) {
+        Ok(plan) => format!(
+            "{} holds a run; start with --resume to continue it ({} answers journaled{since}) or --overwrite to replace it",
+            dir.display(),
+            plan.replay.len()
+        ),
+        Err(e) => format!(
+            "{} holds a run that cannot be resumed ({e}); start with --overwrite to replace it",
+            dir.display()
+        ),
+    }))
+}
+
 /// The model fingerprint an earlier attempt in `inputs`' run directory recorded, if any (lets
 /// an embedded run refuse another model before starting anything).
 pub fn recorded_fingerprint(inputs: &RunInputs) -> Option<String> {
@@ -259,6 +314,105 @@ pub fn lock_run_dir(dir: &Path) -> Result<RunDirLock, StartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stageb_shared::ingest::Ingested;
+
+    /// A run of no tickets whose directory is under `root`.
+    fn inputs(root: &Path) -> RunInputs {
+        let text = format!(
+            "seed: 17\nstage_a_paths: [a.jsonl]\nmodel: {{model_name_or_path: m.gguf}}\n\
+             guidance: {{path: g.json, retention: 2}}\noutput: {{root: '{}', run_name: t}}\n\
+             sampler: {{samples_per_decode: 2, grid: [{{temperature: 0.5, top_p: 0.9, \
+             max_new_tokens: 32}}]}}\nreflection: {{batch_size: 4}}\n\
+             selection: {{policy: top_label, tie_break: temperature}}\nrunner: {{epochs: 1}}\n",
+            root.display()
+        );
+        RunInputs {
+            config: stageb_shared::config::parse_config(&text, "t.yaml")
+                .unwrap()
+                .config,
+            config_path: "t.yaml".into(),
+            config_sha256: "c0ffee".into(),
+            notices: vec![],
+            ingested: Ingested {
+                mission: "m".into(),
+                tickets: vec![],
+                input_digests: vec![],
+            },
+            mode: "embedded".into(),
+        }
+    }
+
+    /// The manifest an earlier attempt of `inputs` left, ran with the model `fingerprint`.
+    fn earlier_run(inputs: &RunInputs, config_sha256: &str, fingerprint: &str) -> PathBuf {
+        let dir = run_dir(&inputs.config, &inputs.ingested.mission).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = serde_json::json!({
+            "schema_version": SCHEMA_VERSION,
+            "config_sha256": config_sha256,
+            "tickets_digest": digest::digest_of(&inputs.ingested.tickets),
+            "model": {"fingerprint": fingerprint},
+        });
+        std::fs::write(dir.join(files::MANIFEST), manifest.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn resuming_with_another_model_is_refused_naming_both_and_the_way_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inputs = inputs(tmp.path());
+        let model = Path::new("models/other.gguf");
+        let check = |mode, fingerprint| check_resume_model(&inputs, mode, model, fingerprint);
+        assert!(check(StartMode::Resume, "B").is_ok(), "no earlier run");
+        earlier_run(&inputs, "c0ffee", "A");
+        let e = check(StartMode::Resume, "B").unwrap_err();
+        assert_eq!(
+            (e.code, e.file.as_str()),
+            (ErrorCode::ResumeMismatch, "models/other.gguf")
+        );
+        assert!(
+            e.message
+                .contains("the run used the model A, this one is B")
+                && e.message.contains("--overwrite"),
+            "{e}"
+        );
+        assert!(check(StartMode::Resume, "A").is_ok(), "the same model");
+        assert!(check(StartMode::Overwrite, "B").is_ok(), "replaced anyway");
+        assert!(
+            check(StartMode::Fresh, "B").is_ok(),
+            "refused later, as E_RUN_EXISTS"
+        );
+    }
+
+    #[test]
+    fn validate_notes_a_run_to_resume_or_one_only_overwrite_can_replace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inputs = inputs(tmp.path());
+        assert_eq!(existing_run_note(&inputs).unwrap(), None, "no run there");
+        let dir = earlier_run(&inputs, "c0ffee", "A");
+        let note = existing_run_note(&inputs).unwrap().unwrap();
+        assert_eq!(
+            note,
+            format!(
+                "{} holds a run; start with --resume to continue it (0 answers journaled) or \
+                 --overwrite to replace it",
+                dir.display()
+            )
+        );
+        std::fs::write(dir.join(CHECKPOINT_FILE), "{}").unwrap();
+        let note = existing_run_note(&inputs).unwrap().unwrap();
+        assert!(
+            note.contains("(0 answers journaled since its last step checkpoint)"),
+            "{note}"
+        );
+        earlier_run(&inputs, "another config", "A");
+        let note = existing_run_note(&inputs).unwrap().unwrap();
+        assert!(
+            note.contains("holds a run that cannot be resumed (")
+                && note.contains("the config file (sha256) differs")
+                && note.ends_with("start with --overwrite to replace it"),
+            "{note}"
+        );
+    }
 
     #[test]
     fn a_second_process_on_the_same_run_directory_is_refused_until_the_first_ends() {

@@ -1,0 +1,123 @@
+//! A worker's flags: [`ModelArgs`] (in `run`, `worker`, `launch` and `generate`: how the model
+//! is loaded and computed) and TLS toward rank 0 (`worker`, and `launch`, whose ranks both
+//! serve and dial).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, anyhow};
+use clap::Args;
+use stageb::cluster;
+use stageb_shared::tls::ClientTls;
+use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
+
+use super::ServerTlsArgs;
+
+/// How a worker loads and computes the model.
+#[derive(Args, Clone)]
+pub(crate) struct ModelArgs {
+    /// Device: auto (CUDA at LOCAL_RANK when built with `cuda`, else CPU), cpu, cuda:N.
+    #[arg(long, env = "STAGEB_DEVICE", default_value = "auto")]
+    pub(crate) device: String,
+    /// Compute threads per worker (default: all cores).
+    #[arg(long, env = "STAGEB_THREADS")]
+    pub(crate) threads: Option<usize>,
+    /// Context length in tokens (prompt + generated) this worker holds; default: what the model
+    /// declares (GGUF `*.context_length`, `config.json` `max_position_embeddings`). Rank 0
+    /// refuses a worker that holds less than the run plans with.
+    #[arg(long, env = "STAGEB_MAX_MODEL_LEN")]
+    pub(crate) max_model_len: Option<u32>,
+    /// Matmul arithmetic on the CPU: int8 (activations rounded to 8 bits per block of 32,
+    /// integer dot products; fast) or f32 (exact weights, f32 activations). Part of the model
+    /// fingerprint: every worker of a run must use the same.
+    #[arg(long, env = "STAGEB_NUMERICS", default_value = "int8")]
+    pub(crate) numerics: Numerics,
+    /// CPU kernels: auto (the best this CPU has) or at most avx512vnni, avx512bw, avx2 or
+    /// scalar. Every choice computes the same bits; for benchmarks and diagnosis.
+    #[arg(long, env = "STAGEB_KERNELS", default_value = "auto")]
+    pub(crate) kernels: KernelChoice,
+    /// MiB of recent rollout prompts' KV a worker keeps, so the next ticket's prefill starts
+    /// after the system prompt and guidance they share (CPU fast path; 0 = off). Results are
+    /// the same bits either way.
+    #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]
+    pub(crate) prefix_cache_mib: usize,
+}
+
+impl ModelArgs {
+    /// The engine options these flags ask for (the CPU kernels are chosen process-wide here).
+    pub(crate) fn engine_options(&self) -> Result<EngineOptions> {
+        let device: DeviceSpec = self.device.parse().map_err(|e| anyhow!("{e}"))?;
+        stageb_worker::engine::int8::choose(self.kernels);
+        Ok(EngineOptions {
+            device,
+            threads: self.threads,
+            max_context: self.max_model_len.map(|n| n as usize),
+            numerics: self.numerics,
+            prefix_cache_bytes: self.prefix_cache_mib.saturating_mul(1 << 20),
+            ..EngineOptions::default()
+        })
+    }
+
+    /// Load the model at `model` with these flags ([`cluster::load_model`]: a missing or
+    /// unreadable file is bad input).
+    pub(crate) fn load(&self, model: &Path) -> Result<CandleEngine> {
+        let options = self.engine_options()?;
+        Ok(cluster::load_model(model, &options)?)
+    }
+}
+
+/// TLS toward the coordinator, as a worker.
+#[derive(Args, Clone)]
+pub(crate) struct WorkerTlsArgs {
+    /// CA to verify the coordinator's certificate with (PEM): the worker dials TLS.
+    #[arg(long, env = "STAGEB_TLS_CA")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// This worker's certificate for mutual TLS (PEM).
+    #[arg(long, env = "STAGEB_TLS_CERT")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "STAGEB_TLS_KEY")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// Name expected in the coordinator's certificate (default: the host dialed).
+    #[arg(long, env = "STAGEB_TLS_SERVER_NAME")]
+    pub(crate) tls_server_name: Option<String>,
+}
+
+impl WorkerTlsArgs {
+    pub(crate) fn load(&self) -> Result<Option<ClientTls>> {
+        Ok(ClientTls::from_files(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_server_name.as_deref(),
+        )?)
+    }
+}
+
+/// TLS for `launch`: rank 0 serves with the certificate and key; every rank (rank 0's local
+/// worker too) dials with them as its client certificate.
+#[derive(Args, Clone)]
+pub(crate) struct LaunchTlsArgs {
+    #[command(flatten)]
+    pub(crate) server: ServerTlsArgs,
+    /// CA to verify the coordinator with (default: --tls-client-ca).
+    #[arg(long, env = "STAGEB_TLS_CA")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Name expected in the coordinator's certificate (default: the host dialed).
+    #[arg(long, env = "STAGEB_TLS_SERVER_NAME")]
+    pub(crate) tls_server_name: Option<String>,
+}
+
+impl LaunchTlsArgs {
+    pub(crate) fn client(&self) -> Result<Option<ClientTls>> {
+        WorkerTlsArgs {
+            tls_ca: self
+                .tls_ca
+                .clone()
+                .or_else(|| self.server.tls_client_ca.clone()),
+            tls_cert: self.server.tls_cert.clone(),
+            tls_key: self.server.tls_key.clone(),
+            tls_server_name: self.tls_server_name.clone(),
+        }
+        .load()
+    }
+}

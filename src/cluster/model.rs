@@ -1,0 +1,127 @@
+//! The model: loading it when a role starts, the one rank 0 pins a run to, and the context the
+//! run plans with.
+
+use std::path::{Path, PathBuf};
+
+use stageb_coordinator::cluster::server::ModelPin;
+use stageb_coordinator::run::RunInputs;
+use stageb_coordinator::run::start;
+use stageb_shared::config;
+use stageb_shared::error::{ErrorCode, InputError};
+use stageb_shared::limits;
+use stageb_worker::engine::{CandleEngine, EngineOptions};
+
+use super::ClusterError;
+
+/// Load a model, reporting a missing or unloadable file as bad input (exit code 2) with a
+/// stable code: at startup the model file is the user's input like any other.
+pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine, InputError> {
+    if !model.exists() {
+        return Err(InputError::new(
+            ErrorCode::FileNotFound,
+            model.display().to_string(),
+            None,
+            "model not found (scripts/fetch-model.sh fetches the demo model)",
+        ));
+    }
+    CandleEngine::load(model, options).map_err(|e| {
+        InputError::new(
+            ErrorCode::UnsupportedModel,
+            model.display().to_string(),
+            None,
+            e.to_string(),
+        )
+    })
+}
+
+/// Which model the run accepts: the one an earlier attempt recorded (resume), else the one
+/// the config names when rank 0 can read it, else the first worker's (said in the log). The
+/// run's context is decided with it: the earlier attempt's, else `model.max_model_len` or the
+/// model's declaration, else the first worker's.
+pub(super) async fn model_pin(
+    inputs: &RunInputs,
+    plan: &start::StartPlan,
+) -> Result<ModelPin, ClusterError> {
+    let path = PathBuf::from(&inputs.config.model.model_name_or_path);
+    let read = tokio::task::spawn_blocking({
+        let path = path.clone();
+        let hash = plan.pinned_fingerprint.is_none();
+        move || {
+            let declared = declared_context(&path);
+            (
+                hash.then(|| stageb_worker::engine::weights_sha256(&path)),
+                declared,
+            )
+        }
+    })
+    .await
+    .map_err(|e| ClusterError::Serve(format!("reading the model failed: {e}")))?;
+    let (hashed, declared) = read;
+    let pin = match (plan.pinned_fingerprint.clone(), hashed) {
+        (Some(fingerprint), _) => ModelPin::by_resumed_run(fingerprint),
+        (None, Some(Ok(weights))) => {
+            tracing::info!(model = %path.display(), weights_sha256 = %&weights[..weights.len().min(16)], "run model pinned by the config");
+            ModelPin::by_config(weights)
+        }
+        (None, Some(Err(e))) => {
+            tracing::warn!(model = %path.display(), "rank 0 cannot read the config's model ({e}): the first worker to register pins the run's model");
+            ModelPin::by_first_worker()
+        }
+        (None, None) => ModelPin::by_first_worker(),
+    };
+    if let Some(context) = plan.pinned_context {
+        return Ok(pin.with_context(context));
+    }
+    let context = run_context(inputs, declared)?;
+    Ok(match context {
+        Some(context) => pin.with_context(context),
+        None => pin,
+    })
+}
+
+/// The run's context from `model.max_model_len` and the model's declaration (`Err`: rank 0
+/// cannot read the model); a conflict is an input error at the config's line.
+pub fn run_context(
+    inputs: &RunInputs,
+    declared: Result<Option<u32>, String>,
+) -> Result<Option<limits::RunContext>, InputError> {
+    limits::decide_context(inputs.config.model.max_model_len, Some(declared)).map_err(|e| {
+        let text = std::fs::read_to_string(&inputs.config_path).unwrap_or_default();
+        let line = config::key_line(&text, "model.max_model_len")
+            .or_else(|| config::key_line(&text, "model.model_name_or_path"));
+        InputError::new(
+            ErrorCode::InvalidConfigValue,
+            inputs.config_path.display().to_string(),
+            line,
+            e.to_string(),
+        )
+    })
+}
+
+/// What the model at `path` declares as its context (`Err`: it cannot be read).
+pub fn declared_context(path: &Path) -> Result<Option<u32>, String> {
+    stageb_worker::engine::declared_context(path)
+        .map(|n| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_file_that_is_missing_or_not_a_model_is_bad_input_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("absent.gguf");
+        let garbage = tmp.path().join("garbage.gguf");
+        std::fs::write(&garbage, b"not a model").unwrap();
+        let error = |path: &Path| match load_model(path, &EngineOptions::default()) {
+            Err(e) => e,
+            Ok(_) => panic!("{} loaded", path.display()),
+        };
+        let e = error(&missing);
+        assert_eq!(e.code, ErrorCode::FileNotFound);
+        assert!(e.to_string().contains("absent.gguf"), "{e}");
+        assert_eq!(error(&garbage).code, ErrorCode::UnsupportedModel);
+    }
+}

@@ -1,0 +1,50 @@
+//! `stageb coordinator`: rank 0 alone; workers join with `stageb worker`. Its last step,
+//! [`serve`], is every rank 0's (`run` and `launch` too).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+use stageb::cluster::{self, CoordinatorSettings, LocalWorkers};
+use stageb_coordinator::run::RunInputs;
+use stageb_shared::auth::AuthToken;
+
+use super::outcome::finish_run;
+use super::shutdown_signal;
+use crate::cli::{CoordinatorArgs, ReportArgs};
+
+pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
+    let interrupt = shutdown_signal();
+    let token = args.token.load()?;
+    let tls = args.tls.load()?;
+    let inputs = cluster::prepare_inputs(&args.rank0.config, "cluster")?;
+    args.rank0.metrics.start(0).await?;
+    let settings = CoordinatorSettings {
+        token,
+        tls,
+        edge_limits: args.edge.limits(),
+        worker_grace: Duration::from_secs(args.worker_grace_s),
+        ..args.rank0.settings(args.listen)
+    };
+    serve(
+        inputs,
+        settings,
+        |_, _| Vec::new(),
+        interrupt,
+        args.rank0.report,
+    )
+    .await
+}
+
+/// Serve the run as rank 0 until it is over (or `interrupt` drains it), then end it: the
+/// report, the outcome line, the exit code.
+pub(super) async fn serve(
+    inputs: RunInputs,
+    settings: CoordinatorSettings,
+    spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+    interrupt: impl std::future::Future<Output = ()>,
+    report: ReportArgs,
+) -> Result<u8> {
+    let summary = cluster::run_coordinator_until(inputs, settings, spawn_local, interrupt).await?;
+    Ok(finish_run(&summary, report).await)
+}

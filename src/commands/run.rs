@@ -1,0 +1,65 @@
+//! `stageb run`: rank 0 and `--workers` local workers in one process, over loopback gRPC.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use anyhow::Result;
+use stageb::cluster::{self, ClusterError, CoordinatorSettings};
+use stageb_coordinator::run::start;
+use stageb_shared::auth::AuthToken;
+use stageb_worker::engine::{CandleEngine, Engine, EngineOptions};
+
+use super::coordinator::serve;
+use super::shutdown_signal;
+use crate::cli::RunArgs;
+
+pub(crate) async fn run(args: RunArgs) -> Result<u8> {
+    let interrupt = shutdown_signal();
+    if args.workers == 0 {
+        return Err(ClusterError::Launch(
+            "--workers must be at least 1 (use `stageb coordinator` for a coordinator alone)"
+                .into(),
+        )
+        .into());
+    }
+    let inputs = cluster::prepare_inputs(&args.rank0.config, "embedded")?;
+    args.rank0.metrics.start(0).await?;
+    let model_path = PathBuf::from(&inputs.config.model.model_name_or_path);
+    // Fail on a bad model before starting anything.
+    let options = args.model.engine_options()?;
+    let first = cluster::load_model(&model_path, &options)?;
+    let fingerprint = first.fingerprint().id();
+    start::check_resume_model(&inputs, args.rank0.start.mode(), &model_path, &fingerprint)
+        .map_err(ClusterError::Input)?;
+    let settings = CoordinatorSettings {
+        // The embedded run makes its own token: loopback today, but never unauthenticated.
+        token: Some(AuthToken::generate()),
+        worker_grace: cluster::EMBEDDED_WORKER_GRACE,
+        ..args.rank0.settings(args.listen)
+    };
+    let (workers, engines) = (args.workers, engines(first, model_path, options));
+    let spawn_local =
+        move |addr, token| cluster::spawn_local_workers(workers, addr, token, None, engines);
+    serve(inputs, settings, spawn_local, interrupt, args.rank0.report).await
+}
+
+/// The engine of local worker `i`: worker 0 takes the one loaded to check the model, the
+/// others load their own.
+fn engines(
+    first: CandleEngine,
+    model: PathBuf,
+    options: EngineOptions,
+) -> impl Fn(usize) -> Result<CandleEngine, String> + Send + Sync + 'static {
+    let first = Mutex::new(Some(first));
+    move |i| {
+        if let Some(engine) = first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .filter(|_| i == 0)
+        {
+            return Ok(engine);
+        }
+        CandleEngine::load(&model, &options).map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,46 @@
+//! `stageb worker`: one worker against a coordinator. Its last step, [`work`], is every remote
+//! worker's (`launch`'s ranks > 0 too).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use stageb::cluster;
+use stageb_worker::client::{WorkerOptions, run_worker};
+use stageb_worker::engine::Engine;
+
+use super::outcome::worker_code;
+use super::shutdown_signal;
+use crate::cli::{ModelArgs, WorkerArgs};
+
+pub(crate) async fn run(args: WorkerArgs) -> Result<u8> {
+    let interrupt = shutdown_signal();
+    let token = args.token.load()?;
+    args.metrics.start(0).await?;
+    let options = WorkerOptions {
+        coordinator: args.coordinator,
+        token,
+        tls: args.tls.load()?,
+        name: cluster::worker_name(0),
+        device: String::new(),
+        run_id: String::new(),
+        connect_timeout: Duration::from_secs(args.connect_timeout_s),
+        reconnect_timeout: Duration::from_secs(args.reconnect_timeout_s),
+    };
+    work(args.model, args.model_args, options, interrupt).await
+}
+
+/// Load the model (on a blocking thread: it is CPU-heavy), then work for rank 0 until the run
+/// is over, `interrupt` arrives or a draining rank 0 sends the worker away. `options.device`
+/// is the loaded engine's.
+pub(super) async fn work(
+    model: PathBuf,
+    model_args: ModelArgs,
+    mut options: WorkerOptions,
+    interrupt: impl std::future::Future<Output = ()> + Send,
+) -> Result<u8> {
+    let engine = tokio::task::spawn_blocking(move || model_args.load(&model)).await??;
+    options.device = engine.fingerprint().device.clone();
+    let summary = run_worker(engine, options, interrupt).await?;
+    Ok(worker_code(&summary))
+}
