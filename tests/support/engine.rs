@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
+use stageb_shared::seed::splitmix64;
 use stageb_worker::engine::{
     CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
     ModelFingerprint, RolloutOutput, RolloutRequest,
@@ -22,7 +23,7 @@ use super::missions::TOY_CONFIRMATION;
 use super::reflector::{Memory, ReflectionPrompt, decide, propose};
 use super::rules::{Rule, firing_rule, rule_line};
 
-/// A hot sample flips its verdict when `mix(seed)` is a multiple of this.
+/// A hot sample flips its verdict when `splitmix64(seed)` is a multiple of this.
 pub const NOISE_ONE_IN: u64 = 4;
 /// Samples decoded at or above this temperature are noisy; colder ones follow the rules.
 pub const NOISY_TEMPERATURE: f32 = 0.5;
@@ -128,14 +129,6 @@ impl ScriptedEngine {
     }
 }
 
-/// splitmix64 finalizer: a well-mixed function of the seed.
-fn mix(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn message<'a>(messages: &'a [stageb_shared::domain::ChatMessage], role: &str) -> &'a str {
     messages
         .iter()
@@ -190,7 +183,7 @@ impl Engine for ScriptedEngine {
             for (s, &seed) in d.seeds.iter().enumerate() {
                 let noisy = !self.script.behaviour.quiet
                     && d.temperature >= NOISY_TEMPERATURE
-                    && mix(seed).is_multiple_of(NOISE_ONE_IN);
+                    && splitmix64(seed).is_multiple_of(NOISE_ONE_IN);
                 let fail = fired.is_some() != noisy;
                 let text = match (fail, fired, noisy) {
                     (true, Some(k), _) => {
