@@ -22,7 +22,8 @@ pub mod rules;
 
 pub use engine::{Behaviour, Pass, Script, ScriptedEngine};
 pub use harness::{
-    assert_audit_ok, read_jsonl, rollout_job, run_mission, str_set, try_run, try_run_watched,
+    RunDir, ScriptedMission, ScriptedRun, assert_audit_ok, copy_of_run, read_json, read_jsonl,
+    rollout_job, str_set, try_run, try_run_watched,
 };
 pub use missions::{
     MISSION, TOY_CONFIRMATION, TOY_DEFECTS, TicketSpec, copy_demo_mission, toy_fail_key,
