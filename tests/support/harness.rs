@@ -3,23 +3,50 @@
 //! what the run wrote.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stageb::cluster::{self, CoordinatorSettings};
+use stageb_coordinator::cluster::edge::EdgeLimits;
+use stageb_coordinator::cluster::scheduler::Scheduler;
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_coordinator::run::RunSummary;
 use stageb_shared::auth::AuthToken;
-use stageb_worker::engine::Engine;
+use stageb_worker::client::WorkerOptions;
+use stageb_worker::engine::{Engine, ModelFingerprint};
 use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use super::engine::{Behaviour, Script, ScriptedEngine};
 use super::missions::{
     TicketSpec, copy_demo_mission, write_config, write_stage_a, write_toy_guidance,
     write_toy_mission,
 };
+
+/// Rank 0's settings for an in-process run, starting per `start`: an ephemeral loopback port, a
+/// generated token, no progress display, 30 s for workers to join, 10 s to drain (override
+/// with struct update syntax).
+pub fn coordinator_settings(start: cluster::StartMode) -> CoordinatorSettings {
+    CoordinatorSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: Some(AuthToken::generate()),
+        tls: None,
+        edge_limits: Default::default(),
+        worker_grace: Duration::from_secs(30),
+        progress_every: Duration::from_secs(60),
+        show_progress: false,
+        progress: None,
+        start,
+        drain_timeout: Duration::from_secs(10),
+    }
+}
 
 /// Runs `config_path` through the real coordinator and `workers` in-process workers over
 /// loopback gRPC with a generated token, starting per `start`, stopping early when
@@ -32,7 +59,7 @@ pub fn try_run<E, F>(
     interrupt: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, cluster::ClusterError>
 where
-    E: stageb_worker::engine::Engine + 'static,
+    E: Engine + 'static,
     F: Fn(usize) -> E + Send + Sync + 'static,
 {
     try_run_watched(config_path, workers, make_engine, start, interrupt, None)
@@ -48,21 +75,13 @@ pub fn try_run_watched<E, F>(
     progress: Option<stageb_coordinator::run::ProgressHandle>,
 ) -> Result<RunSummary, cluster::ClusterError>
 where
-    E: stageb_worker::engine::Engine + 'static,
+    E: Engine + 'static,
     F: Fn(usize) -> E + Send + Sync + 'static,
 {
     let inputs = cluster::prepare_inputs(config_path, "embedded")?;
     let settings = CoordinatorSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        token: Some(AuthToken::generate()),
-        tls: None,
-        edge_limits: Default::default(),
-        worker_grace: Duration::from_secs(30),
-        progress_every: Duration::from_secs(60),
-        show_progress: false,
         progress,
-        start,
-        drain_timeout: Duration::from_secs(10),
+        ..coordinator_settings(start)
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -317,5 +336,143 @@ pub fn rollout_job(seeds: Vec<u64>) -> stageb_coordinator::cluster::scheduler::J
             seeds,
         }],
         constrained: true,
+    }
+}
+
+/// Rows in the run's job journal (`jobs.jsonl`); 0 when there is none.
+pub fn journal_rows(run_dir: &Path) -> usize {
+    std::fs::read_to_string(run_dir.join("jobs.jsonl")).map_or(0, |t| t.lines().count())
+}
+
+/// The real test model (fetched by `scripts/fetch-model.sh`; `scripts/test.sh` sets
+/// `STAGEB_MODEL`). A missing model is a loud failure, not a skip.
+pub fn real_model() -> PathBuf {
+    let p = std::env::var_os("STAGEB_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.exists(),
+        "model {} not found: run scripts/fetch-model.sh (or scripts/test.sh)",
+        p.display()
+    );
+    p
+}
+
+/// Rank 0's gRPC service on an ephemeral loopback port, serving until `stop` is sent or
+/// dropped.
+pub struct Loopback {
+    pub addr: SocketAddr,
+    pub stop: oneshot::Sender<()>,
+    pub task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// Serves `scheduler` as `service` behind `edge` on 127.0.0.1 (an ephemeral port).
+pub async fn serve_loopback(
+    scheduler: Arc<Scheduler>,
+    service: &ServiceConfig,
+    edge: EdgeConfig,
+) -> Loopback {
+    let service = server::build_service(scheduler, service);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server::serve(listener, service, edge, async {
+        let _ = stopped.await;
+    }));
+    Loopback { addr, stop, task }
+}
+
+/// The service of run `run_id` with no token, the model pinned by the first worker and
+/// heartbeats every `heartbeat` (override with struct update syntax).
+pub fn open_service(run_id: &str, heartbeat: Duration) -> ServiceConfig {
+    ServiceConfig {
+        run_id: run_id.into(),
+        token: None,
+        model: ModelPin::by_first_worker(),
+        heartbeat_interval: heartbeat,
+    }
+}
+
+/// A rank 0 service for worker-side specs: no token, the model pinned by the first worker,
+/// heartbeats every `heartbeat`, a 200 ms shutdown grace.
+pub async fn serve_for_workers(scheduler: Arc<Scheduler>, heartbeat: Duration) -> Loopback {
+    let service = open_service("run", heartbeat);
+    let edge = EdgeConfig {
+        limits: EdgeLimits {
+            shutdown_grace: Duration::from_millis(200),
+            ..EdgeLimits::default()
+        },
+        ..Default::default()
+    };
+    serve_loopback(scheduler, &service, edge).await
+}
+
+/// Options of a worker under test dialing `coordinator`: no token, no TLS, 30 s to first
+/// contact, 5 s to reconnect (override with struct update syntax).
+pub fn worker_options(coordinator: String) -> WorkerOptions {
+    WorkerOptions {
+        coordinator,
+        token: None,
+        tls: None,
+        name: "worker-under-test".into(),
+        device: "cpu".into(),
+        run_id: String::new(),
+        connect_timeout: Duration::from_secs(30),
+        reconnect_timeout: Duration::from_secs(5),
+    }
+}
+
+/// A made-up model fingerprint for engines that load no model.
+pub fn fingerprint(architecture: &str) -> ModelFingerprint {
+    ModelFingerprint {
+        weights_sha256: "w".into(),
+        candle_version: "c".into(),
+        dtype: "d".into(),
+        device: "cpu".into(),
+        architecture: architecture.into(),
+    }
+}
+
+/// Adds to `cmd` (the `stageb` binary, or a wrapper that execs it) the arguments of
+/// `stageb coordinator` on `config` listening on `listen`, waiting `grace_s` seconds for
+/// workers: no token from the environment, info logs on a piped stderr.
+pub fn coordinator_command<'c>(
+    cmd: &'c mut Command,
+    config: &Path,
+    listen: &str,
+    grace_s: &str,
+) -> &'c mut Command {
+    cmd.args(["coordinator", "--config"])
+        .arg(config)
+        .args(["--listen", listen, "--worker-grace-s", grace_s])
+        .env_remove("STAGEB_TOKEN")
+        .env_remove("STAGEB_TOKEN_FILE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+}
+
+/// A child process killed when the test ends, however it ends.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits up to `within` for `proc` to exit; the test fails saying `late` if it does not.
+pub fn wait_for_exit(proc: &mut Proc, within: Duration, late: &str) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = proc.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{late}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

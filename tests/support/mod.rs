@@ -22,8 +22,10 @@ pub mod rules;
 
 pub use engine::{Behaviour, Pass, Script, ScriptedEngine};
 pub use harness::{
-    RunDir, ScriptedMission, ScriptedRun, assert_audit_ok, copy_of_run, read_json, read_jsonl,
-    rollout_job, str_set, try_run, try_run_watched,
+    Loopback, Proc, RunDir, ScriptedMission, ScriptedRun, assert_audit_ok, coordinator_command,
+    coordinator_settings, copy_of_run, fingerprint, journal_rows, open_service, read_json,
+    read_jsonl, real_model, rollout_job, serve_for_workers, serve_loopback, str_set, try_run,
+    try_run_watched, wait_for_exit, worker_options,
 };
 pub use missions::{
     MISSION, TOY_CONFIRMATION, TOY_DEFECTS, TicketSpec, copy_demo_mission, toy_fail_key,
