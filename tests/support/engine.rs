@@ -6,58 +6,25 @@
 //! its verdict when its seed's hash is a multiple of [`NOISE_ONE_IN`], so tickets get
 //! contradictions (and sometimes fail-first ties) while cold samples always follow the rules.
 //!
-//! [`Behaviour`] switches on the scripted misbehaviours individual tests need; the [`Script`]
-//! is shared by every engine of one run.
+//! The [`Script`] is shared by every engine of one run: the [`Behaviour`] switches a spec
+//! flipped, the scripted reflector's state and the log of generate calls.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde_json::{Value, json};
 use stageb_shared::seed::splitmix64;
 use stageb_worker::engine::{
     CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
     ModelFingerprint, RolloutOutput, RolloutRequest,
 };
 
-use super::missions::TOY_CONFIRMATION;
-use super::reflector::{Memory, ReflectionPrompt, decide, propose};
-use super::rules::{Rule, firing_rule, rule_line};
+use super::behaviour::Behaviour;
+use super::reflector::{Pass, Reflector};
+use super::rules::{firing_rule, rule_line};
 
 /// A hot sample flips its verdict when `splitmix64(seed)` is a multiple of this.
 pub const NOISE_ONE_IN: u64 = 4;
 /// Samples decoded at or above this temperature are noisy; colder ones follow the rules.
 pub const NOISY_TEMPERATURE: f32 = 0.5;
-
-/// Scripted misbehaviours for individual tests (all off by default).
-#[derive(Debug, Clone, Default)]
-pub struct Behaviour {
-    /// Declared no-evidence by every decision pass that sees them.
-    pub always_stop: BTreeSet<String>,
-    /// Declared no-evidence the first time a decision pass sees them only.
-    pub stop_first_sighting: BTreeSet<String>,
-    /// Never cited as evidence by any ops pass.
-    pub never_cover: BTreeSet<String>,
-    /// This many first decision calls answer with text that is not JSON.
-    pub invalid_json_decisions: usize,
-    /// No rollout noise at all.
-    pub quiet: bool,
-    /// Only the scripted stops above; wrongly decided cases without a direction are not
-    /// declared no-evidence.
-    pub no_natural_stops: bool,
-    /// The first ops call also proposes an absence rule worded with a third-state word
-    /// (`否则待定`, rejected by validation); the revision call re-sends every op, as its prompt
-    /// asks, with that one corrected.
-    pub third_state_op_then_revise: bool,
-}
-
-/// Which reflection pass a generate request was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
-    Decision,
-    Ops,
-    /// Neither schema (unexpected).
-    Other,
-}
 
 /// One generate request the engine saw, with its answer.
 #[derive(Debug, Clone)]
@@ -69,16 +36,14 @@ pub struct LoggedCall {
     pub output: String,
 }
 
+/// What the engines of a run share behind the script's lock.
 #[derive(Debug, Default)]
-pub(super) struct State {
-    pub(super) memory: Memory,
-    pub(super) sightings: BTreeMap<String, u32>,
-    decision_calls: usize,
-    ops_calls: usize,
+struct State {
+    reflector: Reflector,
     log: Vec<LoggedCall>,
 }
 
-/// Shared by every engine of one run: behaviour, the reflector's memory and the generate log.
+/// Shared by every engine of one run: behaviour, the scripted reflector and the generate log.
 #[derive(Debug, Default)]
 pub struct Script {
     pub behaviour: Behaviour,
@@ -224,54 +189,9 @@ impl Engine for ScriptedEngine {
     fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
         let system = message(&request.messages, "system").to_string();
         let user = message(&request.messages, "user").to_string();
-        let schema = request.json_schema.clone().unwrap_or(Value::Null);
-        let pass = if schema
-            .pointer("/properties/no_evidence_group_ids")
-            .is_some()
-        {
-            Pass::Decision
-        } else if schema.pointer("/properties/operations").is_some() {
-            Pass::Ops
-        } else {
-            Pass::Other
-        };
-        let prompt = ReflectionPrompt::parse(&user);
-        let behaviour = &self.script.behaviour;
+        let pass = Pass::of_schema(request.json_schema.as_ref());
         let mut state = self.script.state();
-        state.memory.learn(&prompt.cases);
-        let output = match pass {
-            Pass::Decision => {
-                state.decision_calls += 1;
-                if state.decision_calls <= behaviour.invalid_json_decisions {
-                    "好的，以下是判定结果：no_evidence_group_ids 为空".to_string()
-                } else {
-                    decide(&prompt, behaviour, &mut state).to_string()
-                }
-            }
-            Pass::Ops => {
-                state.ops_calls += 1;
-                let mut out = propose(&prompt, behaviour, &state.memory);
-                let revision = user.contains("以下操作被拒绝");
-                if behaviour.third_state_op_then_revise && (state.ops_calls == 1 || revision) {
-                    let evidence: Vec<&str> = prompt
-                        .cases
-                        .iter()
-                        .filter(|c| c.wrong_pass())
-                        .map(|c| c.key.as_str())
-                        .collect();
-                    let mut text = Rule::Absent(TOY_CONFIRMATION.into()).render();
-                    if !revision {
-                        text = text.replace("按其他规则判定", "待定");
-                    }
-                    out["operations"].as_array_mut().unwrap().push(json!({
-                        "op": "add", "text": text, "evidence": evidence,
-                        "rationale": "所有图片都看不到方向确认时要点无法确认",
-                    }));
-                }
-                out.to_string()
-            }
-            Pass::Other => "{}".to_string(),
-        };
+        let output = state.reflector.answer(pass, &user, &self.script.behaviour);
         state.log.push(LoggedCall {
             pass,
             seed: request.seed,

@@ -1,6 +1,7 @@
 //! Running missions in the test process: rank 0 and in-process workers over loopback gRPC
-//! through the real cluster runtime (real scheduler and leases, real artifacts), and reading
-//! what the run wrote.
+//! through the real cluster runtime (real scheduler and leases, real artifacts), most simply
+//! as a [`ScriptedMission`]; rank 0's service alone on loopback for worker-side and edge specs;
+//! `stageb` child processes and waiting for them; reading what a run wrote.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -24,7 +25,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::engine::{Behaviour, Script, ScriptedEngine};
+use super::behaviour::Behaviour;
+use super::engine::{Script, ScriptedEngine};
 use super::missions::{
     TicketSpec, copy_demo_mission, write_config, write_stage_a, write_toy_guidance,
     write_toy_mission,

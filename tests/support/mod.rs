@@ -1,11 +1,13 @@
 //! Shared fixtures of the integration tests, one file per role:
 //! - [`engine`]: the scripted [`stageb_worker::engine::Engine`] (test double) that follows
-//!   guidance rules literally, with [`Behaviour`] switches and the shared [`Script`];
+//!   guidance rules literally, and the [`Script`] its instances in one run share;
 //! - [`reflector`]: the scripted reflector that answers both reflection passes from evidence;
-//! - [`rules`]: the rule language both of them speak;
+//! - [`rules`]: the rule language the engine reads and the reflector writes;
+//! - [`behaviour`]: the scripted misbehaviours a spec switches on;
 //! - [`missions`]: the synthetic toy mission, the demo mission, and config writers;
-//! - [`harness`]: running a mission through the real cluster runtime (real gRPC on loopback,
-//!   real scheduler and leases, real artifacts) and reading what it wrote;
+//! - [`harness`]: running a mission through the real cluster runtime in the test process
+//!   ([`ScriptedMission`], [`try_run`]), rank 0's service on loopback, child processes, and
+//!   reading what a run wrote;
 //! - [`compare`]: comparing two runs' artifacts aside runtime fields.
 //!
 //! Each integration test binary declares `mod support;` and uses its own subset.
@@ -13,6 +15,7 @@
 // Each test file uses its own subset of the helpers and of these re-exports.
 #![allow(dead_code, unused_imports)]
 
+pub mod behaviour;
 pub mod compare;
 pub mod engine;
 pub mod harness;
@@ -20,7 +23,8 @@ pub mod missions;
 pub mod reflector;
 pub mod rules;
 
-pub use engine::{Behaviour, Pass, Script, ScriptedEngine};
+pub use behaviour::Behaviour;
+pub use engine::{Script, ScriptedEngine};
 pub use harness::{
     Loopback, Proc, RunDir, ScriptedMission, ScriptedRun, assert_audit_ok, coordinator_command,
     coordinator_settings, copy_of_run, fingerprint, journal_rows, open_service, read_json,
@@ -31,4 +35,4 @@ pub use missions::{
     MISSION, TOY_CONFIRMATION, TOY_DEFECTS, TicketSpec, copy_demo_mission, toy_fail_key,
     write_config, write_stage_a, write_toy_guidance, write_toy_mission,
 };
-pub use reflector::ReflectionPrompt;
+pub use reflector::{Pass, ReflectionPrompt};

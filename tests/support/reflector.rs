@@ -20,8 +20,32 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::engine::{Behaviour, State};
+use super::behaviour::Behaviour;
+use super::missions::TOY_CONFIRMATION;
 use super::rules::{Rule, rule_line};
+
+/// Which reflection pass a generate request was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Decision,
+    Ops,
+    /// Neither schema (unexpected).
+    Other,
+}
+
+impl Pass {
+    /// The pass whose JSON schema a request carries.
+    pub(super) fn of_schema(schema: Option<&Value>) -> Pass {
+        let has = |property: &str| schema.and_then(|s| s.pointer(property)).is_some();
+        if has("/properties/no_evidence_group_ids") {
+            Pass::Decision
+        } else if has("/properties/operations") {
+            Pass::Ops
+        } else {
+            Pass::Other
+        }
+    }
+}
 
 const POSITIVE_WORDS: &[&str] = &[
     "正确",
@@ -80,7 +104,7 @@ fn phrases_of_all(summaries: &[String]) -> BTreeSet<String> {
 
 /// Every labelled case the reflector has seen, in any call: what it knows about the mission.
 #[derive(Debug, Default)]
-pub(super) struct Memory {
+struct Memory {
     cases: BTreeMap<String, Case>,
 }
 
@@ -95,7 +119,7 @@ pub struct Case {
 }
 
 impl Case {
-    pub(super) fn wrong_pass(&self) -> bool {
+    fn wrong_pass(&self) -> bool {
         self.gt_fail && self.final_fail == Some(false)
     }
 
@@ -164,7 +188,7 @@ impl ReflectionPrompt {
 }
 
 impl Memory {
-    pub(super) fn learn(&mut self, cases: &[Case]) {
+    fn learn(&mut self, cases: &[Case]) {
         for c in cases {
             self.cases.insert(c.key.clone(), c.clone());
         }
@@ -269,23 +293,84 @@ fn has_direction(case: &Case, rules: &[(String, String)], memory: &Memory) -> bo
     }
 }
 
-pub(super) fn decide(prompt: &ReflectionPrompt, behaviour: &Behaviour, state: &mut State) -> Value {
-    let mut stop = Vec::new();
-    for case in &prompt.cases {
-        let seen = state.sightings.entry(case.key.clone()).or_default();
-        *seen += 1;
-        let scripted = behaviour.always_stop.contains(&case.key)
-            || (*seen == 1 && behaviour.stop_first_sighting.contains(&case.key));
-        let natural = !behaviour.no_natural_stops
-            && (case.wrong_pass() || case.wrong_fail())
-            && !has_direction(case, &prompt.rules, &state.memory);
-        if scripted || natural {
-            stop.push(case.key.clone());
+/// What the scripted reflector keeps between calls (one for all engines of a run): the cases
+/// it has seen, how often each was shown to a decision pass, and how many calls of each pass
+/// it has answered.
+#[derive(Debug, Default)]
+pub(super) struct Reflector {
+    memory: Memory,
+    sightings: BTreeMap<String, u32>,
+    decision_calls: usize,
+    ops_calls: usize,
+}
+
+impl Reflector {
+    /// The answer to one reflection call of `pass` whose user prompt is `user`.
+    pub(super) fn answer(&mut self, pass: Pass, user: &str, behaviour: &Behaviour) -> String {
+        let prompt = ReflectionPrompt::parse(user);
+        self.memory.learn(&prompt.cases);
+        match pass {
+            Pass::Decision => {
+                self.decision_calls += 1;
+                if self.decision_calls <= behaviour.invalid_json_decisions {
+                    "好的，以下是判定结果：no_evidence_group_ids 为空".to_string()
+                } else {
+                    self.decide(&prompt, behaviour).to_string()
+                }
+            }
+            Pass::Ops => {
+                self.ops_calls += 1;
+                let mut out = propose(&prompt, behaviour, &self.memory);
+                let revision = user.contains("以下操作被拒绝");
+                if behaviour.third_state_op_then_revise && (self.ops_calls == 1 || revision) {
+                    let ops = out["operations"].as_array_mut().unwrap();
+                    ops.push(third_state_op(&prompt, revision));
+                }
+                out.to_string()
+            }
+            Pass::Other => "{}".to_string(),
         }
     }
+
+    /// The decision pass: the cases with no learnable direction (or scripted to stop) are
+    /// no-evidence.
+    fn decide(&mut self, prompt: &ReflectionPrompt, behaviour: &Behaviour) -> Value {
+        let mut stop = Vec::new();
+        for case in &prompt.cases {
+            let seen = self.sightings.entry(case.key.clone()).or_default();
+            *seen += 1;
+            let scripted = behaviour.always_stop.contains(&case.key)
+                || (*seen == 1 && behaviour.stop_first_sighting.contains(&case.key));
+            let natural = !behaviour.no_natural_stops
+                && (case.wrong_pass() || case.wrong_fail())
+                && !has_direction(case, &prompt.rules, &self.memory);
+            if scripted || natural {
+                stop.push(case.key.clone());
+            }
+        }
+        json!({
+            "no_evidence_group_ids": stop,
+            "decision_analysis": "逐例尝试了摘要短语出现、确认信息缺失和既有规则收窄三个方向；列出的案例三个方向都找不到可泛化依据。",
+        })
+    }
+}
+
+/// The absence rule [`Behaviour::third_state_op_then_revise`] adds, citing the wrongly passed
+/// cases: worded with the third-state `待定` unless this is the revision call.
+fn third_state_op(prompt: &ReflectionPrompt, revision: bool) -> Value {
+    let evidence: Vec<&str> = prompt
+        .cases
+        .iter()
+        .filter(|c| c.wrong_pass())
+        .map(|c| c.key.as_str())
+        .collect();
+    let mut text = Rule::Absent(TOY_CONFIRMATION.into()).render();
+    if !revision {
+        text = text.replace("按其他规则判定", "待定");
+    }
     json!({
-        "no_evidence_group_ids": stop,
-        "decision_analysis": "逐例尝试了摘要短语出现、确认信息缺失和既有规则收窄三个方向；列出的案例三个方向都找不到可泛化依据。",
+        "op": "add", "text": text, "evidence": evidence,
+        "rationale": "所有图片都看不到方向确认时要点无法确认",
     })
 }
 
@@ -311,78 +396,233 @@ impl Draft {
     }
 }
 
-pub(super) fn propose(prompt: &ReflectionPrompt, behaviour: &Behaviour, memory: &Memory) -> Value {
-    let cases = &prompt.cases;
-    let mut rules: BTreeMap<String, Option<Rule>> = prompt
-        .rules
-        .iter()
-        .filter(|(k, _)| k.starts_with('G'))
-        .map(|(k, t)| (k.clone(), Rule::parse(t)))
-        .collect();
-    let mut drafts: Vec<Draft> = Vec::new();
-    let mut cited: BTreeSet<String> = BTreeSet::new();
+/// The ops pass, step by step:
+/// 1. a learned rule that fails pass-labelled cases without enough support is narrowed (its
+///    blamed phrases dropped) or deleted;
+/// 2. fail-labelled cases decided 通过 that no rule fails yet are explained by phrases they
+///    contain and no pass-labelled case does ...
+/// 3. ... and those still open by the absence of a confirmation every pass case has;
+/// 4. every other learnable case was considered for this cycle's change: cited as its
+///    evidence. Without a change they stay uncovered (a restated rule changes nothing and
+///    covers nothing).
+fn propose(prompt: &ReflectionPrompt, behaviour: &Behaviour, memory: &Memory) -> Value {
+    let mut ops = OpsDraft::new(&prompt.rules);
+    ops.take_back_blamed_rules(&prompt.cases, memory);
+    let open = ops.explain_by_phrases(&prompt.cases, memory);
+    ops.explain_by_absence(&open, memory);
+    ops.cite_the_rest(&prompt.cases);
+    ops.answer(behaviour)
+}
 
-    // 1. A learned rule that fails pass-labelled cases without enough support is narrowed
-    //    (its blamed phrases dropped) or deleted.
-    let keys: Vec<String> = rules.keys().cloned().collect();
-    for key in keys {
-        let Some(rule) = rules[&key].clone() else {
-            continue;
-        };
-        let mut drop: BTreeSet<String> = BTreeSet::new();
-        let mut evidence: Vec<String> = Vec::new();
-        for c in cases.iter().filter(|c| c.wrong_fail()) {
-            let blame = blamed(&rule, c, memory);
-            if !blame.is_empty() {
-                evidence.push(c.key.clone());
-                drop.extend(blame);
-            }
+/// The ops pass under construction: the learned rules as the ops drafted so far leave them,
+/// the drafts, and the cases they cite.
+struct OpsDraft {
+    rules: BTreeMap<String, Option<Rule>>,
+    drafts: Vec<Draft>,
+    cited: BTreeSet<String>,
+}
+
+impl OpsDraft {
+    fn new(rules: &[(String, String)]) -> Self {
+        OpsDraft {
+            rules: rules
+                .iter()
+                .filter(|(k, _)| k.starts_with('G'))
+                .map(|(k, t)| (k.clone(), Rule::parse(t)))
+                .collect(),
+            drafts: Vec::new(),
+            cited: BTreeSet::new(),
         }
-        if evidence.is_empty() {
-            continue;
-        }
-        let narrowed = match &rule {
-            Rule::Present(ps) => {
-                let keep: Vec<String> = ps.iter().filter(|p| !drop.contains(*p)).cloned().collect();
-                (!keep.is_empty()).then_some(Rule::Present(keep))
+    }
+
+    /// Step 1: every learned rule blamed by wrongly failed cases is narrowed or deleted.
+    fn take_back_blamed_rules(&mut self, cases: &[Case], memory: &Memory) {
+        let keys: Vec<String> = self.rules.keys().cloned().collect();
+        for key in keys {
+            let Some(rule) = self.rules[&key].clone() else {
+                continue;
+            };
+            let (evidence, drop) = blame(&rule, cases, memory);
+            if evidence.is_empty() {
+                continue;
             }
-            Rule::Absent(_) => None,
-        };
-        cited.extend(evidence.iter().cloned());
-        match narrowed {
-            Some(r) => {
-                drafts.push(Draft {
+            let narrowed = narrowed(&rule, &drop);
+            self.cited.extend(evidence.iter().cloned());
+            self.drafts.push(match &narrowed {
+                Some(r) => Draft {
                     op: "update",
                     key: Some(key.clone()),
                     text: Some(r.render()),
                     rationale: "原规则使参考答案为通过的案例判不通过，去掉误伤的短语",
                     evidence,
-                });
-                rules.insert(key, Some(r));
-            }
-            None => {
-                drafts.push(Draft {
+                },
+                None => Draft {
                     op: "delete",
                     key: Some(key.clone()),
                     text: None,
                     rationale: "该规则使参考答案为通过的案例判不通过",
                     evidence,
-                });
-                rules.insert(key, None);
-            }
+                },
+            });
+            self.rules.insert(key, narrowed);
         }
     }
 
-    // 2. Fail-labelled cases decided 通过 that no rule fails yet: explain them.
-    let fires_now = |rules: &BTreeMap<String, Option<Rule>>, c: &Case| {
-        rules.values().flatten().any(|r| r.fires(&c.summaries))
-    };
-    let mut open: Vec<&Case> = cases
-        .iter()
-        .filter(|c| c.wrong_pass() && !fires_now(&rules, c))
-        .collect();
+    /// Step 2: the wrongly passed cases no rule fails yet, explained by phrases (added to an
+    /// existing presence rule where one has room). Returns the cases still unexplained.
+    fn explain_by_phrases<'c>(&mut self, cases: &'c [Case], memory: &Memory) -> Vec<&'c Case> {
+        let open: Vec<&Case> = cases
+            .iter()
+            .filter(|c| c.wrong_pass() && !self.fires_on(c))
+            .collect();
+        let (phrases, evidence, open) = pick_phrases(open, memory);
+        if phrases.is_empty() {
+            return open;
+        }
+        let existing = self.extendable_presence_rule(&phrases);
+        self.cited.extend(evidence.iter().cloned());
+        match existing {
+            Some((key, rule)) => self.extend_rule(key, rule, evidence),
+            None => {
+                let rule = Rule::Present(phrases);
+                self.drafts.push(Draft {
+                    op: "add",
+                    key: None,
+                    text: Some(rule.render()),
+                    rationale: "新增缺陷短语规则，现有规则未检查这些现象",
+                    evidence,
+                });
+                self.rules.insert("new-present".into(), Some(rule));
+            }
+        }
+        open
+    }
+
+    fn fires_on(&self, case: &Case) -> bool {
+        self.rules
+            .values()
+            .flatten()
+            .any(|r| r.fires(&case.summaries))
+    }
+
+    /// The first presence rule that still fits the length limit with `phrases` added.
+    fn extendable_presence_rule(&self, phrases: &[String]) -> Option<(String, Rule)> {
+        self.rules.iter().find_map(|(k, r)| match r {
+            Some(Rule::Present(ps)) => {
+                let mut all = ps.clone();
+                all.extend(phrases.iter().cloned());
+                let r = Rule::Present(all);
+                (r.render().chars().count() <= 150).then(|| (k.clone(), r))
+            }
+            _ => None,
+        })
+    }
+
+    /// `key` becomes `rule`: its draft (if step 1 made one) is updated, or an update is drafted.
+    fn extend_rule(&mut self, key: String, rule: Rule, evidence: Vec<String>) {
+        if let Some(d) = self
+            .drafts
+            .iter_mut()
+            .find(|d| d.key.as_deref() == Some(key.as_str()))
+        {
+            d.op = "update";
+            d.text = Some(rule.render());
+            d.evidence.extend(evidence);
+        } else {
+            self.drafts.push(Draft {
+                op: "update",
+                key: Some(key.clone()),
+                text: Some(rule.render()),
+                rationale: "补充新的缺陷短语，覆盖同类不通过案例",
+                evidence,
+            });
+        }
+        self.rules.insert(key, Some(rule));
+    }
+
+    /// Step 3: the cases still open, explained by the absence of the confirmation most of them
+    /// lack.
+    fn explain_by_absence(&mut self, open: &[&Case], memory: &Memory) {
+        let Some(phrase) = best_absent_confirmation(open, memory) else {
+            return;
+        };
+        let evidence: Vec<String> = open
+            .iter()
+            .filter(|c| !c.summaries.iter().any(|s| s.contains(phrase.as_str())))
+            .map(|c| c.key.clone())
+            .collect();
+        self.cited.extend(evidence.iter().cloned());
+        self.drafts.push(Draft {
+            op: "add",
+            key: None,
+            text: Some(Rule::Absent(phrase).render()),
+            rationale: "所有图片都看不到该确认信息时要点无法确认，现有规则未覆盖",
+            evidence,
+        });
+    }
+
+    /// Step 4: every case not cited yet becomes evidence of the first op.
+    fn cite_the_rest(&mut self, cases: &[Case]) {
+        let rest: Vec<String> = cases
+            .iter()
+            .map(|c| c.key.clone())
+            .filter(|k| !self.cited.contains(k))
+            .collect();
+        if let Some(first) = self.drafts.first_mut() {
+            first.evidence.extend(rest);
+        }
+    }
+
+    /// The ops-pass JSON: ops citing nothing (after [`Behaviour::never_cover`]) are left out.
+    fn answer(mut self, behaviour: &Behaviour) -> Value {
+        for d in &mut self.drafts {
+            d.evidence.retain(|k| !behaviour.never_cover.contains(k));
+        }
+        self.drafts.retain(|d| !d.evidence.is_empty());
+        let operations: Vec<Value> = self.drafts.iter().map(Draft::json).collect();
+        json!({
+            "has_evidence": !operations.is_empty(),
+            "evidence_analysis": "按摘要短语与参考答案的对应关系提出规则，其余案例与检查清单一致。",
+            "operations": operations,
+        })
+    }
+}
+
+/// The wrongly failed cases that blame `rule` (its evidence) and the parts they blame.
+fn blame(rule: &Rule, cases: &[Case], memory: &Memory) -> (Vec<String>, BTreeSet<String>) {
+    let mut drop: BTreeSet<String> = BTreeSet::new();
+    let mut evidence: Vec<String> = Vec::new();
+    for c in cases.iter().filter(|c| c.wrong_fail()) {
+        let blame = blamed(rule, c, memory);
+        if !blame.is_empty() {
+            evidence.push(c.key.clone());
+            drop.extend(blame);
+        }
+    }
+    (evidence, drop)
+}
+
+/// `rule` without the `drop`ped phrases; `None` when nothing is left (or it is an absence rule).
+fn narrowed(rule: &Rule, drop: &BTreeSet<String>) -> Option<Rule> {
+    match rule {
+        Rule::Present(ps) => {
+            let keep: Vec<String> = ps.iter().filter(|p| !drop.contains(*p)).cloned().collect();
+            (!keep.is_empty()).then_some(Rule::Present(keep))
+        }
+        Rule::Absent(_) => None,
+    }
+}
+
+/// Phrases explaining the `open` cases, best first (defect-looking, then the most cases
+/// explained, then the shortest), while one presence rule can hold them: the phrases, the
+/// cases they explain, and the cases left open (they wait for the next cycle, retried as
+/// uncovered).
+fn pick_phrases<'c>(
+    mut open: Vec<&'c Case>,
+    memory: &Memory,
+) -> (Vec<String>, Vec<String>, Vec<&'c Case>) {
     let mut phrases: Vec<String> = Vec::new();
-    let mut phrase_evidence: Vec<String> = Vec::new();
+    let mut evidence: Vec<String> = Vec::new();
     loop {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for c in &open {
@@ -390,7 +630,6 @@ pub(super) fn propose(prompt: &ReflectionPrompt, behaviour: &Behaviour, memory: 
                 *counts.entry(p).or_default() += 1;
             }
         }
-        // Defect-looking first, then the most cases explained, then the shortest phrase.
         let best = counts.into_iter().max_by(|(pa, na), (pb, nb)| {
             looks_like_defect(pa)
                 .cmp(&looks_like_defect(pb))
@@ -402,63 +641,22 @@ pub(super) fn propose(prompt: &ReflectionPrompt, behaviour: &Behaviour, memory: 
         let mut longer = phrases.clone();
         longer.push(phrase.clone());
         if Rule::Present(longer).render().chars().count() > 150 {
-            break; // the rest waits for the next cycle (retried as uncovered)
+            break;
         }
         let (hit, rest): (Vec<&Case>, Vec<&Case>) = open
             .into_iter()
             .partition(|c| c.summaries.iter().any(|s| s.contains(phrase.as_str())));
-        phrase_evidence.extend(hit.iter().map(|c| c.key.clone()));
+        evidence.extend(hit.iter().map(|c| c.key.clone()));
         phrases.push(phrase);
         open = rest;
     }
-    if !phrases.is_empty() {
-        // Prefer extending an existing presence rule over adding one.
-        let existing = rules.iter().find_map(|(k, r)| match r {
-            Some(Rule::Present(ps)) => {
-                let mut all = ps.clone();
-                all.extend(phrases.iter().cloned());
-                let r = Rule::Present(all);
-                (r.render().chars().count() <= 150).then(|| (k.clone(), r))
-            }
-            _ => None,
-        });
-        cited.extend(phrase_evidence.iter().cloned());
-        match existing {
-            Some((key, r)) => {
-                if let Some(d) = drafts
-                    .iter_mut()
-                    .find(|d| d.key.as_deref() == Some(key.as_str()))
-                {
-                    d.op = "update";
-                    d.text = Some(r.render());
-                    d.evidence.extend(phrase_evidence);
-                } else {
-                    drafts.push(Draft {
-                        op: "update",
-                        key: Some(key.clone()),
-                        text: Some(r.render()),
-                        rationale: "补充新的缺陷短语，覆盖同类不通过案例",
-                        evidence: phrase_evidence,
-                    });
-                }
-                rules.insert(key, Some(r));
-            }
-            None => {
-                let r = Rule::Present(phrases);
-                drafts.push(Draft {
-                    op: "add",
-                    key: None,
-                    text: Some(r.render()),
-                    rationale: "新增缺陷短语规则，现有规则未检查这些现象",
-                    evidence: phrase_evidence,
-                });
-                rules.insert("new-present".into(), Some(r));
-            }
-        }
-    }
-    // Still open: the absence of a confirmation every pass case has.
+    (phrases, evidence, open)
+}
+
+/// The confirmation the most `open` cases lack (ties: the most supported, the longest).
+fn best_absent_confirmation(open: &[&Case], memory: &Memory) -> Option<String> {
     let mut counts: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for c in &open {
+    for c in open {
         for (p, support) in absence_candidates(c, memory) {
             let e = counts.entry(p).or_insert((0, support));
             e.0 += 1;
@@ -470,42 +668,5 @@ pub(super) fn propose(prompt: &ReflectionPrompt, behaviour: &Behaviour, memory: 
             .then(pa.chars().count().cmp(&pb.chars().count()))
             .then(pb.cmp(pa))
     });
-    if let Some((phrase, _)) = best {
-        let evidence: Vec<String> = open
-            .iter()
-            .filter(|c| !c.summaries.iter().any(|s| s.contains(phrase.as_str())))
-            .map(|c| c.key.clone())
-            .collect();
-        cited.extend(evidence.iter().cloned());
-        drafts.push(Draft {
-            op: "add",
-            key: None,
-            text: Some(Rule::Absent(phrase).render()),
-            rationale: "所有图片都看不到该确认信息时要点无法确认，现有规则未覆盖",
-            evidence,
-        });
-    }
-
-    // 3. Every other learnable case was considered for this cycle's change: cited as its
-    //    evidence. Without a change they stay uncovered (a restated rule changes nothing and
-    //    covers nothing).
-    let rest: Vec<String> = cases
-        .iter()
-        .map(|c| c.key.clone())
-        .filter(|k| !cited.contains(k))
-        .collect();
-    if let Some(first) = drafts.first_mut() {
-        first.evidence.extend(rest);
-    }
-
-    for d in &mut drafts {
-        d.evidence.retain(|k| !behaviour.never_cover.contains(k));
-    }
-    drafts.retain(|d| !d.evidence.is_empty());
-    let operations: Vec<Value> = drafts.iter().map(Draft::json).collect();
-    json!({
-        "has_evidence": !operations.is_empty(),
-        "evidence_analysis": "按摘要短语与参考答案的对应关系提出规则，其余案例与检查清单一致。",
-        "operations": operations,
-    })
+    best.map(|(phrase, _)| phrase)
 }
