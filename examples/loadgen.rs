@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use stageb_shared::auth::AUTH_HEADER;
 use stageb_shared::pb;
+use stageb_shared::seed::splitmix64;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -107,14 +108,6 @@ fn parse_args() -> Result<Opts, String> {
     Ok(opts)
 }
 
-/// splitmix64: the scripted engine's only source of "randomness".
-fn mix(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// A seeded stream of job latencies (one per simulated worker).
 struct Sleeper {
     latency: Latency,
@@ -123,7 +116,7 @@ struct Sleeper {
 
 impl Sleeper {
     fn uniform(&mut self) -> f64 {
-        self.state = mix(self.state);
+        self.state = splitmix64(self.state);
         ((self.state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
@@ -147,7 +140,7 @@ fn rollout_answer(job: &pb::RolloutJob) -> pb::submit_request::Result {
     let mut candidates = Vec::new();
     for d in &job.decodes {
         for (s, &seed) in d.seeds.iter().enumerate() {
-            let text = if mix(seed).is_multiple_of(2) {
+            let text = if splitmix64(seed).is_multiple_of(2) {
                 "Verdict: 通过\nReason: 未触发任何不通过规则，判通过"
             } else {
                 "Verdict: 不通过\nReason: 摘要触发不通过规则，判不通过"
@@ -500,7 +493,7 @@ async fn simulated_worker(opts: Arc<Opts>, index: usize) -> (End, Stats) {
     let mut stats = Stats::default();
     let mut sleeper = Sleeper {
         latency: opts.latency,
-        state: mix(opts.seed ^ mix(index as u64)),
+        state: splitmix64(opts.seed ^ splitmix64(index as u64)),
     };
     let mut previous = String::new();
     loop {

@@ -30,8 +30,8 @@ use stageb_worker::engine::{
     RolloutRequest,
 };
 use support::{
-    Behaviour, ReflectionPrompt, Script, ScriptedEngine, assert_audit_ok, read_jsonl, str_set,
-    toy_fail_key, write_toy_mission,
+    ReflectionPrompt, ScriptedEngine, ScriptedMission, ScriptedRun, assert_audit_ok, read_json,
+    read_jsonl, str_set, toy_fail_key,
 };
 
 const CORPUS: &str = include_str!("fixtures/adversarial/hostile.jsonl");
@@ -210,8 +210,7 @@ fn group_ids(run_dir: &std::path::Path) -> BTreeSet<String> {
 
 /// Every rule text of every guidance version, by version index.
 fn version_texts(run_dir: &std::path::Path) -> Vec<(usize, String, String)> {
-    let g: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join("guidance.json")).unwrap()).unwrap();
+    let g = read_json(run_dir, "guidance.json");
     let mut out = Vec::new();
     let section = &g[support::MISSION];
     for (k, t) in section["experiences"].as_object().unwrap() {
@@ -241,37 +240,26 @@ fn every_corpus_case_has_a_rationale_and_there_are_at_least_15_hostile_ones() {
 
 #[test]
 fn the_loop_contract_holds_against_a_hostile_reflection_model() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
     let stop = toy_fail_key(1);
-    let script = Script::new(Behaviour {
-        always_stop: [stop.clone()].into(),
-        ..Behaviour::default()
-    });
     let corpus = Arc::new(corpus());
     let tally = Arc::new(Mutex::new(Tally::default()));
     let make = {
-        let (script, corpus, tally, stop) = (script.clone(), corpus.clone(), tally.clone(), stop);
-        move |_| HostileEngine {
-            inner: ScriptedEngine::new(script.clone()),
+        let (corpus, tally, stop) = (corpus.clone(), tally.clone(), stop.clone());
+        move |script, _| HostileEngine {
+            inner: ScriptedEngine::new(script),
             corpus: corpus.clone(),
             tally: tally.clone(),
             stop: stop.clone(),
         }
     };
-    let config_path = support::write_config(
-        dir.path(),
-        json!({"runner": {"epochs": 4}, "reflection": {"batch_size": 2, "max_operations": 4}}),
-    );
-    let summary = support::try_run(
-        &config_path,
-        2,
-        make,
-        stageb::cluster::StartMode::Fresh,
-        std::future::pending(),
-    )
-    .expect("the run completes whatever the model writes");
-    let run_dir = summary.run_dir.clone();
+    // The run completes whatever the model writes.
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
+        .always_stop([&stop])
+        .workers(2)
+        .run_with(
+            json!({"runner": {"epochs": 4}, "reflection": {"batch_size": 2, "max_operations": 4}}),
+            make,
+        );
 
     // The run exercised the whole corpus.
     let used = tally.lock().unwrap().used.clone();
@@ -293,8 +281,7 @@ fn the_loop_contract_holds_against_a_hostile_reflection_model() {
             "version {version} {key}: {text}"
         );
     }
-    let g: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join("guidance.json")).unwrap()).unwrap();
+    let g = read_json(&run_dir, "guidance.json");
     let g0 = g[support::MISSION]["experiences"]["G0"].as_str().unwrap();
     assert!(g0.contains("挡风板"), "G0 lost its focus: {g0}");
 

@@ -4,26 +4,28 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 use stageb_coordinator::artifacts::files;
-use support::{Behaviour, Script, ScriptedEngine, run_mission, write_toy_mission};
+use support::{RunDir, ScriptedMission, ScriptedRun, copy_of_run};
 
-/// A small clean run (toy mission, 2 epochs, reflection on), copied once per tamper test.
-fn clean_run(dir: &Path) -> PathBuf {
-    write_toy_mission(dir);
-    let script = Script::new(Behaviour::default());
-    let (_, run_dir) = run_mission(dir, json!({"runner": {"epochs": 2}}), 1, move |_| {
-        ScriptedEngine::new(script.clone())
+/// A small clean run (toy mission, 2 epochs, reflection on), made once and copied per tamper
+/// test.
+fn clean_run() -> RunDir {
+    static RUN: OnceLock<ScriptedRun> = OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        let run = ScriptedMission::toy().run(json!({"runner": {"epochs": 2}}));
+        let report = stageb_inspect::audit::audit(&run.run_dir);
+        assert!(
+            report.ok(),
+            "the untouched run must audit clean: {:?}",
+            report.violations
+        );
+        run
     });
-    let report = stageb_inspect::audit::audit(&run_dir);
-    assert!(
-        report.ok(),
-        "the untouched run must audit clean: {:?}",
-        report.violations
-    );
-    run_dir
+    copy_of_run(&run.run_dir)
 }
 
 fn checks(run_dir: &Path) -> Vec<&'static str> {
@@ -47,8 +49,7 @@ fn rewrite_jsonl(path: &Path, edit: impl FnOnce(&mut Vec<Value>)) {
 
 #[test]
 fn a_ticket_selected_twice_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     rewrite_jsonl(&run.join(files::SELECTIONS), |rows| {
         let dup = rows[0].clone();
         rows.push(dup);
@@ -58,8 +59,7 @@ fn a_ticket_selected_twice_is_caught() {
 
 #[test]
 fn a_verdict_that_disagrees_with_its_raw_text_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     rewrite_jsonl(&run.join(files::TRAJECTORIES), |rows| {
         let r = &mut rows[0]["result"];
         let flipped = if r["verdict"] == "pass" {
@@ -75,8 +75,7 @@ fn a_verdict_that_disagrees_with_its_raw_text_is_caught() {
 
 #[test]
 fn metrics_that_do_not_follow_from_selections_are_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     rewrite_jsonl(&run.join(files::METRICS), |rows| {
         let row = rows.iter_mut().find(|r| r["event"] == "epoch_end").unwrap();
         row["include_manual_review"]["fp"] = json!(999);
@@ -86,8 +85,7 @@ fn metrics_that_do_not_follow_from_selections_are_caught() {
 
 #[test]
 fn a_torn_last_line_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     let path = run.join(files::SELECTIONS);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.extend_from_slice(b"{\"schema_version\":1,\"ticket");
@@ -101,8 +99,7 @@ fn a_torn_last_line_is_caught() {
 
 #[test]
 fn evidence_outside_the_learnable_set_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     let mut tampered = false;
     rewrite_jsonl(&run.join(files::REFLECTION), |rows| {
         for row in rows.iter_mut() {
@@ -128,8 +125,7 @@ fn evidence_outside_the_learnable_set_is_caught() {
 
 #[test]
 fn an_edited_scaffold_rule_or_guidance_chain_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     let path = run.join("guidance.json");
     let mut g: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let section = g.as_object_mut().unwrap().values_mut().next().unwrap();
@@ -152,8 +148,7 @@ fn an_edited_scaffold_rule_or_guidance_chain_is_caught() {
 /// applied op cites is caught, and so is a rule text naming a group id of the run.
 #[test]
 fn coverage_without_an_applied_op_and_a_label_in_a_rule_are_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     let mut tampered = false;
     rewrite_jsonl(&run.join(files::REFLECTION), |rows| {
         if let Some(row) = rows.iter_mut().find(|r| {
@@ -182,8 +177,7 @@ fn coverage_without_an_applied_op_and_a_label_in_a_rule_are_caught() {
 /// readable resolved config" once those keys were added to the config type.
 #[test]
 fn a_manifest_from_before_newer_config_keys_still_audits() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     let path = run.join(files::MANIFEST);
     let mut manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -198,8 +192,7 @@ fn a_manifest_from_before_newer_config_keys_still_audits() {
 /// reported with its line, and the rows around them are still checked.
 #[test]
 fn broken_lines_are_reported_where_they_are() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = clean_run(dir.path());
+    let run = clean_run();
     let path = run.join(files::TRAJECTORIES);
     let mut text = std::fs::read_to_string(&path).unwrap();
     let first = text.lines().next().unwrap().to_string();

@@ -13,23 +13,22 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use stageb::cluster::{ClusterError, StartMode};
-use stageb_coordinator::cluster::edge::EdgeLimits;
 use stageb_coordinator::cluster::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
-use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_worker::client::{WorkerEnd, WorkerOptions, run_worker};
 use stageb_worker::engine::{
     CancelFlag, Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint,
     RolloutOutput, RolloutRequest,
 };
 use support::{
-    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, rollout_job, try_run,
+    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, fingerprint,
+    journal_rows, real_model, rollout_job, serve_for_workers, try_run, worker_options,
 };
-use tokio::net::TcpListener;
 
 /// The scripted engine, slowed down so jobs are still running when the signal arrives, and
 /// counting rollouts started and finished. It presents the real model's weights digest, so
@@ -58,35 +57,13 @@ impl Engine for SlowEngine {
     }
 }
 
-/// The real test model (fetched by `scripts/fetch-model.sh`; `scripts/test.sh` sets
-/// `STAGEB_MODEL`). Only its header and digest are read here.
-fn real_model() -> std::path::PathBuf {
-    let p = std::env::var_os("STAGEB_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "model {} not found: run scripts/fetch-model.sh",
-        p.display()
-    );
-    p
-}
-
-fn journal_rows(run_dir: &std::path::Path) -> usize {
-    std::fs::read_to_string(run_dir.join("jobs.jsonl"))
-        .map(|t| t.lines().count())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_drained_run_journals_every_answer_in_flight_and_resumes_from_them() {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
     // The config names a readable model: rank 0 knows the weights and the context at start,
     // and only the first worker completes the fingerprint (the case that left it unrecorded).
+    // Only the model's header and digest are read here.
     let model = real_model();
     let config = support::write_config(
         dir.path(),
@@ -211,59 +188,13 @@ impl Engine for EndlessEngine {
     }
 }
 
-/// A coordinator on loopback over `scheduler`, heartbeats every `heartbeat`.
-async fn serve(
-    scheduler: Arc<Scheduler>,
-    heartbeat: Duration,
-) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let service = server::build_service(
-        scheduler,
-        &ServiceConfig {
-            run_id: "run".into(),
-            token: None,
-            model: ModelPin::by_first_worker(),
-            heartbeat_interval: heartbeat,
-        },
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let edge = EdgeConfig {
-        limits: EdgeLimits {
-            shutdown_grace: Duration::from_millis(200),
-            ..EdgeLimits::default()
-        },
-        ..Default::default()
-    };
-    tokio::spawn(server::serve(listener, service, edge, async {
-        let _ = stopped.await;
-    }));
-    (addr, stop)
-}
-
-fn endless_worker(addr: String, cancelled: Arc<AtomicUsize>) -> (EndlessEngine, WorkerOptions) {
+fn endless_worker(addr: SocketAddr, cancelled: Arc<AtomicUsize>) -> (EndlessEngine, WorkerOptions) {
     let engine = EndlessEngine {
-        fingerprint: ModelFingerprint {
-            weights_sha256: "w".into(),
-            candle_version: "c".into(),
-            dtype: "d".into(),
-            device: "cpu".into(),
-            architecture: "endless".into(),
-        },
+        fingerprint: fingerprint("endless"),
         cancel: CancelFlag::default(),
         cancelled,
     };
-    let opts = WorkerOptions {
-        coordinator: addr,
-        token: None,
-        tls: None,
-        name: "worker-under-test".into(),
-        device: "cpu".into(),
-        run_id: String::new(),
-        connect_timeout: Duration::from_secs(30),
-        reconnect_timeout: Duration::from_secs(5),
-    };
-    (engine, opts)
+    (engine, worker_options(addr.to_string()))
 }
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
@@ -285,9 +216,9 @@ async fn a_fenced_lease_cancels_its_job_at_the_next_step_and_stop_cancels_the_ne
     });
     let scheduler = Arc::new(scheduler);
     scheduler.enqueue(rollout_job(vec![1]));
-    let (addr, _stop) = serve(scheduler.clone(), Duration::from_millis(700)).await;
+    let server = serve_for_workers(scheduler.clone(), Duration::from_millis(700)).await;
     let cancelled = Arc::new(AtomicUsize::new(0));
-    let (engine, opts) = endless_worker(addr, cancelled.clone());
+    let (engine, opts) = endless_worker(server.addr, cancelled.clone());
     let worker = tokio::spawn(run_worker(engine, opts, std::future::pending()));
 
     // The heartbeat finds the lease fenced: the job is abandoned, and re-leased (same worker).
@@ -326,8 +257,8 @@ async fn a_worker_told_to_drain_takes_nothing_new_and_leaves_as_interrupted() {
     let scheduler = Arc::new(scheduler);
     scheduler.set_control(ControlSignal::Drain);
     scheduler.enqueue(rollout_job(vec![1]));
-    let (addr, _stop) = serve(scheduler.clone(), Duration::from_millis(200)).await;
-    let (engine, opts) = endless_worker(addr, Arc::default());
+    let server = serve_for_workers(scheduler.clone(), Duration::from_millis(200)).await;
+    let (engine, opts) = endless_worker(server.addr, Arc::default());
     let summary = tokio::time::timeout(
         Duration::from_secs(10),
         run_worker(engine, opts, std::future::pending()),

@@ -7,33 +7,26 @@
 //!
 //! The tests share the machine's two cores, so they take a lock and run one at a time.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stageb::cluster::{self, CoordinatorSettings};
-use stageb_shared::auth::AuthToken;
 use stageb_worker::engine::{CandleEngine, EngineOptions};
+use support::{
+    Proc, assert_audit_ok, coordinator_command, coordinator_settings, read_json, real_model,
+    wait_for_exit,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn model_path() -> PathBuf {
-    let p = std::env::var_os("STAGEB_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        p.exists(),
-        "model {} not found: run scripts/fetch-model.sh (or scripts/test.sh)",
-        p.display()
-    );
-    p
 }
 
 /// The knobs the tests vary; everything else keeps the real model's work small (2 candidates
@@ -93,7 +86,7 @@ fn write_mission(dir: &Path, k: &Knobs) -> PathBuf {
          \x20            max_reflection_length: 3000, token_budget: 3000, max_calls_per_epoch: {calls}}}\n\
          selection: {{policy: top_label, tie_break: temperature}}\n",
         dir = dir.display(),
-        model = model_path().display(),
+        model = real_model().display(),
         run_name = k.run_name,
         agreement = k.min_verdict_agreement,
         epochs = k.epochs,
@@ -119,18 +112,12 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
     rt.block_on(async {
         let inputs = cluster::prepare_inputs(config, "embedded").expect("inputs");
         let settings = CoordinatorSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            token: Some(AuthToken::generate()),
-            tls: None,
-            edge_limits: Default::default(),
             worker_grace: Duration::from_secs(120),
             progress_every: Duration::from_secs(30),
-            show_progress: false,
-            progress: None,
-            start: cluster::StartMode::Fresh,
             drain_timeout: cluster::DEFAULT_DRAIN_TIMEOUT,
+            ..coordinator_settings(cluster::StartMode::Fresh)
         };
-        let model = model_path();
+        let model = real_model();
         cluster::run_coordinator(inputs, settings, move |addr, token| {
             cluster::spawn_local_workers(workers, addr, token, None, move |_| {
                 let options = EngineOptions {
@@ -157,21 +144,6 @@ fn rows_without_runtime(path: &Path) -> Vec<Value> {
             v
         })
         .collect()
-}
-
-fn assert_audit_ok(run_dir: &Path) {
-    let report = stageb_inspect::audit::audit(run_dir);
-    assert!(
-        report.ok(),
-        "audit of {} failed:\n{}",
-        run_dir.display(),
-        report
-            .violations
-            .iter()
-            .map(|v| v.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
 }
 
 /// The first milestone: a real model answering through the coordinator writes every artifact;
@@ -308,15 +280,6 @@ fn assert_reflection_outputs_are_sound(run_dir: &Path) {
     );
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -337,7 +300,7 @@ fn spawn_worker(port: u16, log: &Path) -> Proc {
                 "1",
             ])
             .arg("--model")
-            .arg(model_path())
+            .arg(real_model())
             .env_remove("STAGEB_TOKEN")
             .env_remove("STAGEB_TOKEN_FILE")
             // `job leased` is a debug line: the fault test strikes on it.
@@ -366,21 +329,10 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     let config = write_mission(tmp.path(), &knobs);
     let port = free_port();
     let coordinator_log = tmp.path().join("coordinator.log");
+    let mut stageb = Command::new(env!("CARGO_BIN_EXE_stageb"));
+    let listen = format!("127.0.0.1:{port}");
     let mut coordinator = Proc(
-        Command::new(env!("CARGO_BIN_EXE_stageb"))
-            .args(["coordinator", "--config"])
-            .arg(&config)
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--worker-grace-s",
-                "60",
-            ])
-            .env_remove("STAGEB_TOKEN")
-            .env_remove("STAGEB_TOKEN_FILE")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+        coordinator_command(&mut stageb, &config, &listen, "60")
             .spawn()
             .unwrap(),
     );
@@ -412,25 +364,17 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     victim.0.kill().unwrap(); // SIGKILL
     let _ = victim.0.wait();
     // The rest of the run: at most a lease TTL plus the remaining tickets on one worker.
-    let deadline = Instant::now() + Duration::from_secs(900);
-
-    let status = loop {
-        if let Some(s) = coordinator.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run did not complete after the kill"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let status = wait_for_exit(
+        &mut coordinator,
+        Duration::from_secs(900),
+        "the run did not complete after the kill",
+    );
     drop(survivor);
     let log = std::fs::read_to_string(&coordinator_log).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "coordinator failed:\n{log}");
     let dir = mission_dir(tmp.path(), knobs.run_name);
     assert_audit_ok(&dir);
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    let summary = read_json(&dir, "summary.json");
     let expired = summary["runtime"]["scheduler"]["leases_expired"]
         .as_u64()
         .unwrap();
@@ -505,8 +449,7 @@ fn rank_0_killed_mid_run_resumes_to_the_uninterrupted_artifacts() {
     let log = std::fs::read_to_string(tmp.path().join("resumed.log")).unwrap_or_default();
     assert_eq!(resumed.code(), Some(0), "resume failed:\n{log}");
     assert_audit_ok(&dir);
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest = read_json(&dir, "manifest.json");
     assert_eq!(manifest["runtime"]["resumed"], true);
     assert!(
         manifest["runtime"]["replayed_answers"].as_u64().unwrap() >= 2,
@@ -539,7 +482,7 @@ fn generate_prints_eight_contract_valid_candidates_reproducibly() {
         let out = Command::new(env!("CARGO_BIN_EXE_stageb"))
             .arg("generate")
             .arg("--model")
-            .arg(model_path())
+            .arg(real_model())
             .arg("--prompt-file")
             .arg(&prompt)
             .args(["--candidates", "8"])
@@ -654,7 +597,7 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
                 "stageb-coordinator",
             ])
             .arg("--model")
-            .arg(model_path())
+            .arg(real_model())
             .arg("--tls-ca")
             .arg(tls_dir.join("ca.pem"))
             .stdout(Stdio::null())
@@ -663,14 +606,11 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
             Proc(cmd.spawn().unwrap())
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let status = loop {
-        if let Some(s) = coordinator.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the run did not complete");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let status = wait_for_exit(
+        &mut coordinator,
+        Duration::from_secs(600),
+        "the run did not complete",
+    );
     drop(workers);
     let log = std::fs::read_to_string(&coordinator_log).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "coordinator failed:\n{log}");
@@ -687,8 +627,7 @@ fn small_mission_completes_over_mutual_tls_with_separate_processes() {
     assert_audit_ok(&dir);
     assert!(!dir.join("report.html").exists(), "--no-report writes none");
     assert_eq!(rows_without_runtime(&dir.join("selections.jsonl")).len(), 3);
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest = read_json(&dir, "manifest.json");
     assert_eq!(manifest["runtime"]["model_pinned_by"], "config");
 }
 
@@ -737,7 +676,7 @@ fn the_originals_production_config_runs_on_an_8k_model_with_fitted_limits() {
     let config = original
         .replace(
             "models/SmolLM2-135M-Instruct-Q4_1.gguf",
-            &model_path().display().to_string(),
+            &real_model().display().to_string(),
         )
         .replace(
             "output_post/stage_a/bbu_line.jsonl",
@@ -836,14 +775,10 @@ fn the_originals_production_config_runs_on_an_8k_model_with_fitted_limits() {
         );
     }
     assert!(log.contains("effective limits"), "{log}");
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
-            .unwrap();
+    let summary = read_json(&run_dir, "summary.json");
     assert_eq!(summary["tickets"], 2);
 
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("manifest.json")).unwrap())
-            .unwrap();
+    let manifest = read_json(&run_dir, "manifest.json");
     let limits = &manifest["effective_limits"];
     assert_eq!(limits["context"], 8192, "{limits}");
     assert_eq!(limits["context_source"], "model");
@@ -913,7 +848,7 @@ fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
     let tmp = tempfile::tempdir().unwrap();
     let config = write_mission(tmp.path(), &knobs);
     let text = std::fs::read_to_string(&config).unwrap();
-    let model_line = format!("model: {{model_name_or_path: {}}}", model_path().display());
+    let model_line = format!("model: {{model_name_or_path: {}}}", real_model().display());
     assert!(text.contains(&model_line));
     std::fs::write(
         &config,
@@ -921,7 +856,7 @@ fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
             &model_line,
             &format!(
                 "model: {{model_name_or_path: {}, max_model_len: 256}}",
-                model_path().display()
+                real_model().display()
             ),
         ),
     )
@@ -938,8 +873,7 @@ fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
     for row in &failures {
         assert_eq!(row["error"]["code"], "PROMPT_TOO_LONG", "{row}");
     }
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest = read_json(&dir, "manifest.json");
     assert_eq!(manifest["effective_limits"]["context"], 256);
     assert_eq!(manifest["effective_limits"]["context_source"], "config");
 }

@@ -8,25 +8,18 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stageb_worker::client::{WorkerOptions, run_worker};
-use support::{Behaviour, MISSION, Script, ScriptedEngine};
+use support::{
+    Behaviour, MISSION, Proc, Script, ScriptedEngine, coordinator_command, wait_for_exit,
+    worker_options,
+};
 
 /// The tests here hold many sockets and time a rank 0 process: run them one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// A child process killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Start `stageb coordinator` on `config` under a descriptor limit of `nofile`; returns the
 /// process, its address, and its stderr lines as they come.
@@ -34,18 +27,12 @@ fn start_coordinator(
     config: &Path,
     nofile: u32,
 ) -> (Proc, SocketAddr, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new("sh")
+    let mut shell = Command::new("sh");
+    shell
         .arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
-        .arg(env!("CARGO_BIN_EXE_stageb"))
-        .args(["coordinator", "--config"])
-        .arg(config)
-        .args(["--listen", "127.0.0.1:0", "--worker-grace-s", "120"])
-        .env_remove("STAGEB_TOKEN")
-        .env_remove("STAGEB_TOKEN_FILE")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .arg(env!("CARGO_BIN_EXE_stageb"));
+    let mut child = coordinator_command(&mut shell, config, "127.0.0.1:0", "120")
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
@@ -110,14 +97,10 @@ fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
     let worker = runtime.block_on(async {
         let engine = ScriptedEngine::new(Script::new(Behaviour::default()));
         let opts = WorkerOptions {
-            coordinator: addr.to_string(),
-            token: None,
-            tls: None,
             name: "legit\nlevel=ERROR forged by a worker name \u{1b}[31m".into(),
-            device: "cpu".into(),
-            run_id: String::new(),
             connect_timeout: Duration::from_secs(90),
             reconnect_timeout: stageb_worker::client::DEFAULT_RECONNECT_TIMEOUT,
+            ..worker_options(addr.to_string())
         };
         tokio::time::timeout(
             Duration::from_secs(180),
@@ -130,14 +113,11 @@ fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
         .expect("the worker ran");
     assert!(summary.jobs_done > 0);
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = coordinator.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "rank 0 did not exit");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_for_exit(
+        &mut coordinator,
+        Duration::from_secs(60),
+        "rank 0 did not exit",
+    );
     let lines: Vec<String> = log.try_iter().collect();
     assert_eq!(status.code(), Some(0), "log:\n{}", lines.join("\n"));
     drop(idle);

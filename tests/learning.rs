@@ -16,10 +16,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 use stageb_coordinator::artifacts::files;
-use support::{
-    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, read_jsonl, run_mission,
-    str_set,
-};
+use support::{ScriptedMission, ScriptedRun, assert_audit_ok, read_jsonl, str_set};
 
 /// The demo config's sampling knobs, 3 epochs. Deviation: reflection batches of 8 under a
 /// 16384-token budget. The demo's 7808 is what SmolLM2-135M's 8k context leaves beside a
@@ -41,14 +38,9 @@ fn demo_overrides() -> Value {
 /// applied op's evidence lies within its cycle's learnable set, and the run audits clean.
 #[test]
 fn three_epochs_on_the_demo_mission_raise_accuracy() {
-    let dir = tempfile::tempdir().unwrap();
-    copy_demo_mission(dir.path());
-    let script = Script::new(Behaviour::default());
-    let engines = {
-        let script = script.clone();
-        move |_| ScriptedEngine::new(script.clone())
-    };
-    let (summary, run_dir) = run_mission(dir.path(), demo_overrides(), 2, engines);
+    let ScriptedRun {
+        summary, run_dir, ..
+    } = ScriptedMission::demo().workers(2).run(demo_overrides());
     assert_eq!(summary.tickets, 48);
 
     let epoch_acc: Vec<f64> = read_jsonl(&run_dir, files::METRICS)

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 
 use serde_json::json;
-use support::{Behaviour, Script, ScriptedEngine, copy_demo_mission, read_jsonl, run_mission};
+use support::{ScriptedMission, ScriptedRun, read_jsonl};
 
 /// `GET /metrics` over a plain socket: the body.
 fn scrape(addr: std::net::SocketAddr) -> String {
@@ -49,12 +49,9 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
             "127.0.0.1:0".parse().unwrap(),
         ))
         .expect("metrics endpoint");
-    let dir = tempfile::tempdir().unwrap();
-    copy_demo_mission(dir.path());
-    let script = Script::new(Behaviour::default());
-    let (summary, run_dir) = run_mission(dir.path(), json!({}), 2, move |_| {
-        ScriptedEngine::new(script.clone())
-    });
+    let ScriptedRun {
+        summary, run_dir, ..
+    } = ScriptedMission::demo().workers(2).run(json!({}));
     let body = scrape(addr);
 
     let decided = (summary.tickets * summary.epochs as usize) as f64;

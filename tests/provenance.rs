@@ -11,7 +11,7 @@ use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
 };
-use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, read_jsonl, write_toy_mission};
+use support::{ScriptedEngine, ScriptedMission, ScriptedRun, assert_audit_ok, read_jsonl};
 
 /// The scripted engine, except that the first candidate of every rollout starts with special
 /// tokens (a chat-template echo) that the contract does not allow.
@@ -37,22 +37,11 @@ impl Engine for SpecialTokenEngine {
 
 #[test]
 fn regression_issue8_failure_rows_carry_the_provenance_of_selections() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
-    let script = Script::new(Behaviour {
-        quiet: true,
-        ..Behaviour::default()
-    });
-    let config = support::write_config(dir.path(), json!({"runner": {"epochs": 2}}));
-    let summary = support::try_run(
-        &config,
-        1,
-        move |_| SpecialTokenEngine(ScriptedEngine::new(script.clone())),
-        stageb::cluster::StartMode::Fresh,
-        std::future::pending(),
-    )
-    .expect("the run completes");
-    let run_dir = summary.run_dir.clone();
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
+        .quiet()
+        .run_with(json!({"runner": {"epochs": 2}}), |script, _| {
+            SpecialTokenEngine(ScriptedEngine::new(script))
+        });
     let failures = read_jsonl(&run_dir, files::FAILURE_MALFORMED);
     let selections = read_jsonl(&run_dir, files::SELECTIONS);
     assert!(!failures.is_empty());

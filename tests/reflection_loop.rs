@@ -12,23 +12,17 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::Arc;
 
 use serde_json::{Value, json};
 use stageb_coordinator::artifacts::files;
 use stageb_coordinator::learn::reflection::retry_batch_size;
 use support::{
-    Behaviour, Pass, Script, ScriptedEngine, TOY_DEFECTS, assert_audit_ok, read_jsonl, run_mission,
-    str_set, toy_fail_key, write_toy_mission,
+    Pass, ScriptedMission, ScriptedRun, TOY_DEFECTS, TicketSpec, assert_audit_ok, read_json,
+    read_jsonl, str_set, toy_fail_key,
 };
 
 const NO_EVIDENCE: &str = "reflection_no_evidence_after_gt";
 const BUDGET_EXHAUSTED: &str = "budget_exhausted";
-
-fn engines(script: &Arc<Script>) -> impl Fn(usize) -> ScriptedEngine + Send + Sync + 'static {
-    let script = script.clone();
-    move |_| ScriptedEngine::new(script.clone())
-}
 
 fn keys(list: &[usize]) -> BTreeSet<String> {
     list.iter().map(|&i| toy_fail_key(i)).collect()
@@ -50,8 +44,7 @@ fn routed(queue: &[Value], key: &str) -> Vec<(u64, String, Option<String>)> {
 }
 
 fn guidance_texts(run_dir: &Path) -> Vec<String> {
-    let g: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join("guidance.json")).unwrap()).unwrap();
+    let g = read_json(run_dir, "guidance.json");
     g[support::MISSION]["experiences"]
         .as_object()
         .unwrap()
@@ -66,19 +59,15 @@ fn guidance_texts(run_dir: &Path) -> Vec<String> {
 /// other fail tickets are learned from the same batches.
 #[test]
 fn stop_gradient_tickets_never_reach_the_ops_pass() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
     let stopped = keys(&[1, 4, 6]);
-    let script = Script::new(Behaviour {
-        always_stop: stopped.clone(),
-        ..Behaviour::default()
-    });
-    let (summary, run_dir) = run_mission(
-        dir.path(),
-        json!({"runner": {"epochs": 2}}),
-        2,
-        engines(&script),
-    );
+    let ScriptedRun {
+        summary,
+        run_dir,
+        script,
+    } = ScriptedMission::toy()
+        .always_stop(&stopped)
+        .workers(2)
+        .run(json!({"runner": {"epochs": 2}}));
 
     let reflections = read_jsonl(&run_dir, files::REFLECTION);
     let declared: BTreeSet<String> = reflections
@@ -133,8 +122,7 @@ fn stop_gradient_tickets_never_reach_the_ops_pass() {
                 .all(|(_, code, id)| code == NO_EVIDENCE && id.is_some())
         );
     }
-    let aggregate: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join(files::NEED_REVIEW)).unwrap()).unwrap();
+    let aggregate = read_json(&run_dir, files::NEED_REVIEW);
     let listed = aggregate.to_string();
     assert!(stopped.iter().all(|k| listed.contains(k.as_str())));
 
@@ -158,14 +146,8 @@ fn stop_gradient_tickets_never_reach_the_ops_pass() {
 /// their last reflection. Nothing else exhausts its budget.
 #[test]
 fn uncovered_tickets_are_retried_in_halving_batches_then_exhausted() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
     let never = keys(&[2, 5]);
-    let script = Script::new(Behaviour {
-        never_cover: never.clone(),
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(dir.path(), json!({}), 1, engines(&script));
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy().never_cover(&never).run(json!({}));
 
     let reflections = read_jsonl(&run_dir, files::REFLECTION);
     let queue = read_jsonl(&run_dir, files::NEED_REVIEW_QUEUE);
@@ -216,19 +198,11 @@ fn uncovered_tickets_are_retried_in_halving_batches_then_exhausted() {
 /// stops it), is covered, and has no need-review row for epoch 2; its defect is learned then.
 #[test]
 fn need_review_in_epoch_1_is_reconsidered_in_epoch_2() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
     let k = toy_fail_key(3);
-    let script = Script::new(Behaviour {
-        stop_first_sighting: [k.clone()].into(),
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(
-        dir.path(),
-        json!({"runner": {"epochs": 2}}),
-        2,
-        engines(&script),
-    );
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
+        .stop_first_sighting([&k])
+        .workers(2)
+        .run(json!({"runner": {"epochs": 2}}));
 
     let queue = read_jsonl(&run_dir, files::NEED_REVIEW_QUEUE);
     let rows = routed(&queue, &k);
@@ -273,13 +247,12 @@ fn need_review_in_epoch_1_is_reconsidered_in_epoch_2() {
 /// second parses, the batch proceeds to the ops pass, and nothing is ever retried or exhausted.
 #[test]
 fn invalid_decision_json_is_retried_with_a_new_seed_first() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
-    let script = Script::new(Behaviour {
-        invalid_json_decisions: 1,
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(dir.path(), json!({}), 2, engines(&script));
+    let ScriptedRun {
+        run_dir, script, ..
+    } = ScriptedMission::toy()
+        .invalid_json_decisions(1)
+        .workers(2)
+        .run(json!({}));
 
     let reflections = read_jsonl(&run_dir, files::REFLECTION);
     let first = &reflections[0];
@@ -329,27 +302,22 @@ fn invalid_decision_json_is_retried_with_a_new_seed_first() {
 /// 通过 and declared no-evidence, so the include-manual-review accuracy is exactly 12/13.
 #[test]
 fn audit_accepts_an_epoch_accuracy_of_12_of_13() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut tickets: Vec<support::TicketSpec> = (0..12)
-        .map(|i| support::TicketSpec {
+    let mut tickets: Vec<TicketSpec> = (0..12)
+        .map(|i| TicketSpec {
             group_id: format!("QC-ACC-P{i}"),
             label: "pass",
             per_image: vec!["挡风板/显示完整/安装方向正确×1".into()],
         })
         .collect();
-    tickets.push(support::TicketSpec {
+    tickets.push(TicketSpec {
         group_id: "QC-ACC-F0".into(),
         label: "fail",
         per_image: vec!["挡风板/显示完整×1，备注: 挡风板装反了".into()],
     });
-    support::write_stage_a(dir.path(), &tickets);
-    support::write_toy_guidance(dir.path());
-    let script = Script::new(Behaviour {
-        quiet: true,
-        always_stop: ["QC-ACC-F0::fail".to_string()].into(),
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(dir.path(), json!({}), 1, engines(&script));
+    let ScriptedRun { run_dir, .. } = ScriptedMission::of(tickets)
+        .quiet()
+        .always_stop(["QC-ACC-F0::fail"])
+        .run(json!({}));
     let epoch_row = read_jsonl(&run_dir, files::METRICS)
         .into_iter()
         .find(|r| r["event"] == "epoch_end")
@@ -364,13 +332,9 @@ fn audit_accepts_an_epoch_accuracy_of_12_of_13() {
 /// `max_operations` cap), and the corrected op is accepted.
 #[test]
 fn a_revision_round_applies_every_op_once() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
-    let script = Script::new(Behaviour {
-        third_state_op_then_revise: true,
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(dir.path(), json!({}), 1, engines(&script));
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
+        .third_state_op_then_revise()
+        .run(json!({}));
 
     let first = &read_jsonl(&run_dir, files::REFLECTION)[0];
     let passes: Vec<&str> = first["calls"]
@@ -423,18 +387,9 @@ fn a_revision_round_applies_every_op_once() {
 /// `budget_exhausted`).
 #[test]
 fn regression_issue8_cases_dropped_by_the_token_budget_are_not_charged_a_retry() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
-    let script = Script::new(Behaviour {
-        quiet: true,
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(
-        dir.path(),
-        json!({"reflection": {"token_budget": 1}}),
-        1,
-        engines(&script),
-    );
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
+        .quiet()
+        .run(json!({"reflection": {"token_budget": 1}}));
     let reflections = read_jsonl(&run_dir, files::REFLECTION);
     let dropped: BTreeSet<String> = reflections
         .iter()
@@ -466,18 +421,9 @@ fn regression_issue8_cases_dropped_by_the_token_budget_are_not_charged_a_retry()
 /// retried and ended `budget_exhausted`.
 #[test]
 fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
-    let script = Script::new(Behaviour {
-        quiet: true,
-        ..Behaviour::default()
-    });
-    let (_, run_dir) = run_mission(
-        dir.path(),
-        json!({"reflection": {"change_cap_per_epoch": 1}}),
-        1,
-        engines(&script),
-    );
+    let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
+        .quiet()
+        .run(json!({"reflection": {"change_cap_per_epoch": 1}}));
     let reflections = read_jsonl(&run_dir, files::REFLECTION);
     let first_applied = reflections
         .iter()
@@ -508,8 +454,7 @@ fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
     assert_eq!(routed, capped);
     assert!(!routed.is_empty());
     assert!(queue.iter().all(|r| r["reason_code"] != BUDGET_EXHAUSTED));
-    let aggregate: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join(files::NEED_REVIEW)).unwrap()).unwrap();
+    let aggregate = read_json(&run_dir, files::NEED_REVIEW);
     assert_eq!(aggregate["final_epoch"], 1);
     assert_eq!(
         aggregate["final_epoch_items"].as_array().unwrap().len(),
@@ -525,17 +470,14 @@ fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
 /// `decision_error` warnings in `reflection.jsonl`.
 #[test]
 fn regression_issue8_an_epoch_without_a_usable_decision_pass_is_reported_loudly() {
-    let dir = tempfile::tempdir().unwrap();
-    write_toy_mission(dir.path());
-    let script = Script::new(Behaviour {
-        invalid_json_decisions: usize::MAX,
-        ..Behaviour::default()
-    });
-    let (summary, run_dir) = run_mission(dir.path(), json!({}), 1, engines(&script));
+    let ScriptedRun {
+        summary, run_dir, ..
+    } = ScriptedMission::toy()
+        .invalid_json_decisions(usize::MAX)
+        .run(json!({}));
     assert_eq!(summary.warnings.len(), 1, "{:?}", summary.warnings);
     assert!(summary.warnings[0].contains("epoch 1"));
-    let written: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join(files::SUMMARY)).unwrap()).unwrap();
+    let written = read_json(&run_dir, files::SUMMARY);
     assert_eq!(written["warnings"], json!(summary.warnings));
     assert_audit_ok(&run_dir);
 }

@@ -10,9 +10,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 use stageb_coordinator::artifacts::files;
@@ -21,7 +21,7 @@ use stageb_worker::engine::{
     CancelFlag, Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint,
     RolloutOutput, RolloutRequest,
 };
-use support::{Behaviour, Script, ScriptedEngine, read_jsonl, write_toy_mission};
+use support::{RunDir, ScriptedEngine, ScriptedMission, ScriptedRun, copy_of_run, read_jsonl};
 
 /// A candidate whose seed is a multiple of this is cut to one line (`LINE_COUNT`).
 const SLOPPY_ONE_IN: u64 = 7;
@@ -65,44 +65,20 @@ impl Engine for Sloppy {
 
 /// One two-epoch run shared by every test (they copy it before changing anything).
 fn fixture() -> &'static Path {
-    static RUN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, run_dir) = RUN.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        write_toy_mission(dir.path());
-        let config = support::write_config(dir.path(), json!({"runner": {"epochs": 2}}));
-        let script = Script::new(Behaviour::default());
-        let summary = support::try_run(
-            &config,
-            2,
-            move |_| Sloppy(ScriptedEngine::new(Arc::clone(&script))),
-            stageb::cluster::StartMode::Fresh,
-            std::future::pending(),
-        )
-        .expect("the run completes");
-        (dir, summary.run_dir)
+    static RUN: OnceLock<ScriptedRun> = OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        ScriptedMission::toy()
+            .workers(2)
+            .run_with(json!({"runner": {"epochs": 2}}), |script, _| {
+                Sloppy(ScriptedEngine::new(script))
+            })
     });
-    run_dir
+    &run.run_dir
 }
 
 /// A copy of the fixture run to damage or poison.
-fn copy_of_fixture() -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let to = tmp.path().join("run");
-    copy_dir(fixture(), &to);
-    (tmp, to)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
+fn copy_of_fixture() -> RunDir {
+    copy_of_run(fixture())
 }
 
 /// The text of the element marked `data-metric="name"`.
@@ -260,7 +236,7 @@ fn report_numbers_match_the_artifacts() {
 /// Every section is there, with its id, and `write` puts the page in the run directory.
 #[test]
 fn report_has_every_section_and_is_written_into_the_run_directory() {
-    let (_tmp, run_dir) = copy_of_fixture();
+    let run_dir = copy_of_fixture();
     let path = report::write(&run_dir, &report::Options::default()).unwrap();
     assert_eq!(path, run_dir.join(REPORT_FILE));
     let html = std::fs::read_to_string(&path).unwrap();
@@ -293,7 +269,7 @@ fn report_has_every_section_and_is_written_into_the_run_directory() {
 /// label) comes out as text, never as an element.
 #[test]
 fn hostile_text_in_artifacts_is_escaped() {
-    let (_tmp, run_dir) = copy_of_fixture();
+    let run_dir = copy_of_fixture();
     let queue_path = run_dir.join(files::NEED_REVIEW_QUEUE);
     let mut queue = read_jsonl(&run_dir, files::NEED_REVIEW_QUEUE);
     queue.push(json!({
@@ -369,7 +345,7 @@ fn report_loads_nothing_from_the_network() {
 /// Missing and damaged artifacts are notes in their sections; the page still has them all.
 #[test]
 fn missing_and_damaged_artifacts_become_notes() {
-    let (_tmp, run_dir) = copy_of_fixture();
+    let run_dir = copy_of_fixture();
     std::fs::remove_file(run_dir.join(files::SUMMARY)).unwrap();
     std::fs::remove_file(run_dir.join(files::METRICS)).unwrap();
     std::fs::remove_file(run_dir.join(files::TRAJECTORIES)).unwrap();
@@ -404,7 +380,7 @@ fn missing_and_damaged_artifacts_become_notes() {
 /// A queue far longer than the table cap lists 200 rows and says how many it left out.
 #[test]
 fn long_tables_are_capped_with_a_note() {
-    let (_tmp, run_dir) = copy_of_fixture();
+    let run_dir = copy_of_fixture();
     let queue_path = run_dir.join(files::NEED_REVIEW_QUEUE);
     let mut queue = read_jsonl(&run_dir, files::NEED_REVIEW_QUEUE);
     let before = queue.iter().filter(|r| r["epoch"] == 2).count();

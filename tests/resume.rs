@@ -20,7 +20,9 @@ use stageb_worker::engine::{
     RolloutRequest,
 };
 use support::compare::{assert_same_artifacts, comparable};
-use support::{Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, try_run};
+use support::{
+    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, journal_rows, try_run,
+};
 
 /// The scripted engine, counting the rollouts and generations it is asked for.
 struct Counting {
@@ -300,10 +302,6 @@ fn whole_run(dir: &Path) -> PathBuf {
     )
     .expect("the uninterrupted run completes")
     .run_dir
-}
-
-fn journal_rows(run_dir: &Path) -> usize {
-    std::fs::read_to_string(run_dir.join("jobs.jsonl")).map_or(0, |t| t.lines().count())
 }
 
 const CHECKPOINT: &str = stageb_coordinator::run::checkpoint::CHECKPOINT_FILE;

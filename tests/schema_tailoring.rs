@@ -2,29 +2,16 @@
 //! rule keys to existing `G` keys, `G0` never offered for delete or merge-away) compile into
 //! llguidance constraints over the real model's vocabulary, with and without removable rules.
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
 use stageb_coordinator::guidance::{GuidanceRepo, RepoOptions};
 use stageb_coordinator::learn::reflection::{tailor_decision_schema, tailor_ops_schema};
 use stageb_shared::domain::TicketKey;
 use stageb_worker::constraint::ConstraintSpec;
 use stageb_worker::engine::{CandleEngine, EngineOptions};
-
-fn model_path() -> PathBuf {
-    let p = std::env::var_os("STAGEB_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "model {} not found: run scripts/fetch-model.sh",
-        p.display()
-    );
-    p
-}
+use support::real_model;
 
 fn repo(dir: &std::path::Path, experiences: serde_json::Value) -> GuidanceRepo {
     std::fs::create_dir_all(dir).unwrap();
@@ -38,7 +25,7 @@ fn repo(dir: &std::path::Path, experiences: serde_json::Value) -> GuidanceRepo {
 
 #[test]
 fn tailored_reflection_schemas_compile_for_the_real_vocabulary() {
-    let engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    let engine = CandleEngine::load(&real_model(), &EngineOptions::default()).unwrap();
     let factory = engine.constraint_factory().unwrap();
     let batch: BTreeSet<TicketKey> = ["QC-1::fail", "QC-2::pass"]
         .iter()

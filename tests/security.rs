@@ -3,15 +3,17 @@
 //! client ran against rank 0 (issue #9) are reproduced here, one test each, named after what
 //! got through; `tests/edge_attacks.rs` holds the ones that need a separate rank 0 process.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use stageb_coordinator::cluster::scheduler::{DecodeJob, JobPayload, Scheduler, SchedulerConfig};
-use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::server::{EdgeConfig, ModelPin, ServiceConfig};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
-use tokio::net::TcpListener;
+use support::{open_service, serve_loopback};
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 
@@ -30,30 +32,21 @@ async fn serve_with_token(token: Option<AuthToken>) -> Served {
 async fn serve_pinned(token: Option<AuthToken>, model: ModelPin) -> Served {
     let (scheduler, completions) = Scheduler::new(SchedulerConfig::default());
     let scheduler = Arc::new(scheduler);
-    let service = server::build_service(
-        scheduler.clone(),
-        &ServiceConfig {
-            run_id: "run-under-test".into(),
-            token: token.clone(),
-            model,
-            heartbeat_interval: Duration::from_secs(1),
-        },
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = ServiceConfig {
+        token: token.clone(),
+        model,
+        ..open_service("run-under-test", Duration::from_secs(1))
+    };
     let edge = EdgeConfig {
         token,
         ..Default::default()
     };
-    tokio::spawn(server::serve(listener, service, edge, async {
-        let _ = stopped.await;
-    }));
+    let server = serve_loopback(scheduler.clone(), &service, edge).await;
     Served {
-        addr,
+        addr: format!("http://{}", server.addr),
         scheduler,
         completions,
-        _stop: stop,
+        _stop: server.stop,
     }
 }
 
@@ -316,27 +309,14 @@ async fn serve_edge(
     tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 ) {
     let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
-    let service = server::build_service(
-        Arc::new(scheduler),
-        &ServiceConfig {
-            run_id: "edge".into(),
-            token: None,
-            model: ModelPin::by_first_worker(),
-            heartbeat_interval: Duration::from_secs(1),
-        },
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let service = open_service("edge", Duration::from_secs(1));
     let edge = EdgeConfig {
         limits,
         ..Default::default()
     };
     let connections = edge.connections.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(server::serve(listener, service, edge, async {
-        let _ = stopped.await;
-    }));
-    (addr, connections, stop, task)
+    let server = serve_loopback(Arc::new(scheduler), &service, edge).await;
+    (server.addr, connections, server.stop, server.task)
 }
 
 /// An HTTP/2 connection that completed its handshake and then says nothing more.

@@ -2,6 +2,8 @@
 //! (rcgen): what a TLS server refuses, and that `stageb tls-init`'s certificates work for both
 //! sides. The demo over mTLS with separate processes is in `tests/e2e_real_model.rs`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +13,10 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use stageb_coordinator::cluster::scheduler::{Scheduler, SchedulerConfig};
-use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::server::EdgeConfig;
 use stageb_shared::pb;
 use stageb_shared::tls::{ClientTls, ServerTls};
-use tokio::net::TcpListener;
+use support::{open_service, serve_loopback};
 
 /// A CA that can sign leaf certificates.
 struct Ca {
@@ -63,26 +65,13 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// Serve with `tls`; returns the port and the stop switch.
 async fn serve_tls(tls: ServerTls) -> (u16, tokio::sync::oneshot::Sender<()>) {
     let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
-    let service = server::build_service(
-        Arc::new(scheduler),
-        &ServiceConfig {
-            run_id: "tls".into(),
-            token: None,
-            model: ModelPin::by_first_worker(),
-            heartbeat_interval: Duration::from_secs(1),
-        },
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = open_service("tls", Duration::from_secs(1));
     let edge = EdgeConfig {
         tls: Some(tls),
         ..Default::default()
     };
-    tokio::spawn(server::serve(listener, service, edge, async {
-        let _ = stopped.await;
-    }));
-    (port, stop)
+    let server = serve_loopback(Arc::new(scheduler), &service, edge).await;
+    (server.addr.port(), server.stop)
 }
 
 fn register_request() -> pb::RegisterRequest {

@@ -4,18 +4,18 @@
 //! window (600 s under `stageb launch`), holding the GPU and the Slurm allocation idle. Once it
 //! has registered, losing the coordinator is bounded by `reconnect_timeout` (default 60 s).
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stageb_coordinator::cluster::edge::EdgeLimits;
 use stageb_coordinator::cluster::scheduler::{Scheduler, SchedulerConfig};
-use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_worker::client::{WorkerError, WorkerOptions, run_worker};
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
 };
-use tokio::net::TcpListener;
+use support::{fingerprint, serve_for_workers, worker_options};
 
 /// An engine that is never asked to run anything here (test double).
 struct IdleEngine(ModelFingerprint);
@@ -36,45 +36,12 @@ impl Engine for IdleEngine {
 async fn a_registered_worker_exits_within_its_reconnect_window_once_rank_0_is_gone() {
     let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
     let scheduler = Arc::new(scheduler);
-    let service = server::build_service(
-        scheduler.clone(),
-        &ServiceConfig {
-            run_id: "run".into(),
-            token: None,
-            model: ModelPin::by_first_worker(),
-            heartbeat_interval: Duration::from_millis(200),
-        },
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let edge = EdgeConfig {
-        limits: EdgeLimits {
-            shutdown_grace: Duration::from_millis(200),
-            ..EdgeLimits::default()
-        },
-        ..Default::default()
-    };
-    let server = tokio::spawn(server::serve(listener, service, edge, async {
-        let _ = stopped.await;
-    }));
-
-    let engine = IdleEngine(ModelFingerprint {
-        weights_sha256: "w".into(),
-        candle_version: "c".into(),
-        dtype: "d".into(),
-        device: "cpu".into(),
-        architecture: "idle".into(),
-    });
+    let server = serve_for_workers(scheduler.clone(), Duration::from_millis(200)).await;
+    let engine = IdleEngine(fingerprint("idle"));
     let opts = WorkerOptions {
-        coordinator: addr.to_string(),
-        token: None,
-        tls: None,
-        name: "worker-under-test".into(),
-        device: "cpu".into(),
-        run_id: String::new(),
         connect_timeout: Duration::from_secs(600),
         reconnect_timeout: Duration::from_secs(2),
+        ..worker_options(server.addr.to_string())
     };
     let worker = tokio::spawn(run_worker(engine, opts, std::future::pending()));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -85,8 +52,8 @@ async fn a_registered_worker_exits_within_its_reconnect_window_once_rank_0_is_go
 
     // Rank 0 goes away for good.
     let gone = Instant::now();
-    stop.send(()).unwrap();
-    let _ = server.await;
+    server.stop.send(()).unwrap();
+    let _ = server.task.await;
     let ended = tokio::time::timeout(Duration::from_secs(60), worker)
         .await
         .expect("the worker still redials after 60 s (its first-contact window is 600 s)")
