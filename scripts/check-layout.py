@@ -7,9 +7,11 @@
 2. No function over 120 lines, except the documented checklists listed in CHECKLISTS below
    (their module docs number the steps).
 3. No import circle between the files of one crate: an edge A -> B means file A names an item
-   that file B defines (through `crate::…`, `super::…` or a `use` of a sibling module). A
-   `mod.rs` that only re-exports a child's item is not counted as defining it, and the edge
-   from a parent to the children it declares is not an import.
+   that file B defines (through `crate::…`, `super::…`, a `use` of a sibling module or a path
+   through a declared child). A `mod.rs` that only re-exports a child's item is not counted as
+   defining it. A module and the modules nested in it are one unit: uses between a parent and
+   its descendants are not edges (a child sees its parent's private items by design); uses
+   between siblings, or between cousins, are.
 
 Reads the sources as text (standard library only): it is a guard, not a compiler. Exits 0 when
 every rule holds, 1 with one line per finding otherwise. Default crates: coordinator, worker,
@@ -142,7 +144,16 @@ def module_path(crate, path):
 
 DEF_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?(?:async\s+)?(?:const\s+fn|fn|struct|enum|trait|type|const|static|mod|union|macro_rules!)\s+(\w+)", re.M)
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
+CHILD_RE = re.compile(r"(?<![:\w])(\w+)((?:::\w+)+)")
 USE_GROUP_RE = re.compile(r"\buse\s+(crate|super|self)((?:::\w+)*)::\{([^;]*)\};", re.S)
+
+
+def nested(a, b):
+    """Whether one module is the other's ancestor: a parent and the children it declares are
+    one unit (a child sees its parent's private items by design), so their mutual uses are
+    not counted as a circle."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
 
 
 def circles(crate):
@@ -181,11 +192,14 @@ def circles(crate):
 
     for f in files:
         mp = module_path(crate, f)
-        is_mod_file = os.path.basename(f) in ("mod.rs", "lib.rs", "main.rs")
-        here = mp if is_mod_file else mp[:-1]  # the module `self` names from this file is mp
         refs = []
         for root, tail in PATH_RE.findall(texts[f]):
             refs.append((root, tail.strip(":").split("::")))
+        # Bare paths through a child module this file declares (`rows::Row`, `use x86::dots`).
+        children = {c[-1] for c in mods if c[:-1] == mp and len(c) == len(mp) + 1}
+        for name, tail in CHILD_RE.findall(texts[f]):
+            if name in children:
+                refs.append(("self", [name] + tail.strip(":").split("::")))
         for root, tail, group in USE_GROUP_RE.findall(texts[f]):
             for item in re.split(r"[,\s]+", group):
                 item = item.split("::")
@@ -201,11 +215,8 @@ def circles(crate):
                 while names and names[0] == "super":
                     base, names = base[:-1], names[1:]
             t = resolve(base, names)
-            if t and t != f:
+            if t and t != f and not nested(module_path(crate, t), mp):
                 edges[f].add(t)
-        del here
-    # Parent -> declared child is structure, not an import: drop it only when the child does
-    # not import back... no: keep parent->child `use` edges, they are imports.
     return find_cycles(edges)
 
 
