@@ -3,28 +3,26 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Value, json};
-use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::digest::{digest_of, sha256_hex};
 use stageb_shared::domain::TicketKey;
 use stageb_shared::observe;
 use stageb_shared::reflection_schema;
-use tokio::sync::mpsc;
 
-use super::call::CallRecord;
+use super::call::Workers;
+use super::row::{
+    CallPass, CoverageCounts, DecisionRecord, Proposal, ReflectionRow, Routing, RowOpening,
+};
 use super::{
     GradientRecord, REVISION_ROUNDS, ReflectionError, Reflector, io_err, tailor_decision_schema,
     tailor_ops_schema,
 };
 use crate::artifacts::files;
-use crate::cluster::scheduler::{Completion, Scheduler};
 use crate::guidance::{GuidanceError, GuidanceRepo, OpEffect, RuleKey};
 use crate::learn::need_review::NeedReviewReason;
 use crate::learn::op_check::{self, OpsContext, OpsValidation, RejectedOp};
 
 impl Reflector {
     /// One reflection cycle on `batch`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run_cycle(
         &mut self,
         epoch: u32,
@@ -32,8 +30,7 @@ impl Reflector {
         attempt: u32,
         batch: Vec<GradientRecord>,
         guidance: &mut GuidanceRepo,
-        scheduler: &Scheduler,
-        completions: &mut mpsc::UnboundedReceiver<Completion>,
+        workers: &mut Workers<'_>,
     ) -> Result<(), ReflectionError> {
         let cycle = self.state.cycles;
         let batch_keys: Vec<TicketKey> = batch.iter().map(|r| r.ticket_key.clone()).collect();
@@ -50,33 +47,23 @@ impl Reflector {
                 .as_bytes()
             )[..12]
         );
-        let step_before = guidance.step();
-        let hash_before = guidance.head_hash().to_string();
-        let mut row = json!({
-            "schema_version": SCHEMA_VERSION,
-            "epoch": epoch,
-            "global_step": global_step,
-            "reflection_cycle": cycle,
-            "reflection_id": reflection_id,
-            "retry_attempt": attempt,
-            "batch": batch_keys,
-            "guidance_step_before": step_before,
-            "guidance_hash_before": hash_before,
+        let mut row = ReflectionRow::open(RowOpening {
+            epoch,
+            global_step,
+            reflection_cycle: cycle,
+            reflection_id: reflection_id.clone(),
+            retry_attempt: attempt,
+            batch: batch_keys,
+            guidance_step: guidance.step(),
+            guidance_hash: guidance.head_hash().to_string(),
         });
         let mut warnings: Vec<String> = Vec::new();
-        let mut calls: Vec<CallRecord> = Vec::new();
 
         // Budget before anything: no call left → the whole batch is exhausted.
         if !self.calls_left() {
             warnings.push("budget_exhausted_before_decision".into());
             let routed = self.exhaust_all(&batch, None)?;
-            return self.finish_cycle(
-                row,
-                warnings,
-                calls,
-                json!({"budget_exhausted": routed}),
-                guidance,
-            );
+            return self.finish_cycle(row, warnings, Routing::BudgetExhausted(routed), guidance);
         }
 
         // No change can be applied any more this epoch: no model call is spent on the batch,
@@ -88,13 +75,7 @@ impl Reflector {
                 routed.push(r.ticket_key.clone());
                 self.route(r, NeedReviewReason::ChangeCapReached, None, None)?;
             }
-            return self.finish_cycle(
-                row,
-                warnings,
-                calls,
-                json!({"change_cap_reached": routed}),
-                guidance,
-            );
+            return self.finish_cycle(row, warnings, Routing::ChangeCapReached(routed), guidance);
         }
 
         // Pack whole cases under the token budget, highest priority first; at least one case.
@@ -109,12 +90,8 @@ impl Reflector {
         if !dropped.is_empty() {
             warnings.push(format!("dropped_by_token_budget={}", dropped.len()));
             // Re-batched uncharged: they never reached a model.
-            row["dropped_by_token_budget"] = json!(
-                dropped
-                    .iter()
-                    .map(|r| r.ticket_key.clone())
-                    .collect::<Vec<_>>()
-            );
+            row.dropped_by_token_budget =
+                Some(dropped.iter().map(|r| r.ticket_key.clone()).collect());
         }
         let shorthand: BTreeMap<String, TicketKey> = kept
             .iter()
@@ -128,14 +105,11 @@ impl Reflector {
         let decision_schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
         let decision = self
             .call_json(
-                epoch,
-                cycle,
-                "decision",
+                &mut row,
+                CallPass::Decision,
                 decision_prompt,
                 &decision_schema,
-                scheduler,
-                completions,
-                &mut calls,
+                workers,
                 reflection_schema::parse_decision,
             )
             .await?;
@@ -147,13 +121,7 @@ impl Reflector {
             warnings.push("decision_error".into());
             self.requeue_uncharged(attempt, dropped);
             let routed = self.retry_or_route(kept, Some(&reflection_id))?;
-            return self.finish_cycle(
-                row,
-                warnings,
-                calls,
-                json!({"budget_exhausted": routed}),
-                guidance,
-            );
+            return self.finish_cycle(row, warnings, Routing::BudgetExhausted(routed), guidance);
         };
         let resolved =
             op_check::resolve_ids(&decision.no_evidence_group_ids, &shorthand, &kept_keys);
@@ -179,30 +147,27 @@ impl Reflector {
             .iter()
             .map(|r| r.ticket_key.clone())
             .collect();
-        row["stop_gradient"] = json!(stop);
-        row["learnable"] = json!(learnable);
-        row["decision"] = json!({"no_evidence_group_ids": decision.no_evidence_group_ids, "resolved": resolved.keys,
-                                 "unknown_ids": resolved.unknown, "decision_analysis": decision.decision_analysis});
+        row.stop_gradient = Some(stop);
+        row.learnable = Some(learnable.clone());
+        row.decision = Some(DecisionRecord {
+            no_evidence_group_ids: decision.no_evidence_group_ids,
+            resolved: resolved.keys,
+            unknown_ids: resolved.unknown,
+            decision_analysis: decision.decision_analysis,
+        });
         self.requeue_uncharged(attempt, dropped);
         if learnable_records.is_empty() {
             return self.finish_cycle(
                 row,
                 warnings,
-                calls,
-                json!({"budget_exhausted": []}),
+                Routing::BudgetExhausted(Vec::new()),
                 guidance,
             );
         }
         if !self.calls_left() {
             warnings.push("budget_exhausted_before_ops".into());
             let routed = self.exhaust_all(&learnable_records, Some(&reflection_id))?;
-            return self.finish_cycle(
-                row,
-                warnings,
-                calls,
-                json!({"budget_exhausted": routed}),
-                guidance,
-            );
+            return self.finish_cycle(row, warnings, Routing::BudgetExhausted(routed), guidance);
         }
 
         // Ops pass on L only, then validation, then one revision round for rejected ops.
@@ -223,7 +188,7 @@ impl Reflector {
             .flat_map(|r| r.summaries.iter().map(|(_, s)| s.clone()))
             .collect();
         let mut validation = OpsValidation::default();
-        let mut proposals: Vec<Value> = Vec::new();
+        let mut proposals: Vec<Proposal> = Vec::new();
         let mut revision: Option<Vec<RejectedOp>> = None;
         for round in 0..=REVISION_ROUNDS {
             if round > 0 && (revision.as_ref().is_none_or(Vec::is_empty) || !self.calls_left()) {
@@ -231,27 +196,32 @@ impl Reflector {
             }
             let messages =
                 self.ops_messages(&learnable_records, guidance, cycle, revision.as_deref());
-            let pass = if round == 0 { "ops" } else { "ops_revision" };
+            let pass = if round == 0 {
+                CallPass::Ops
+            } else {
+                CallPass::OpsRevision
+            };
             let out = self
                 .call_json(
-                    epoch,
-                    cycle,
+                    &mut row,
                     pass,
                     messages,
                     &ops_schema,
-                    scheduler,
-                    completions,
-                    &mut calls,
+                    workers,
                     reflection_schema::parse_ops,
                 )
                 .await?;
             let Some(ops_out) = out else {
-                warnings.push(format!("{pass}_error"));
+                warnings.push(format!("{}_error", pass.as_str()));
                 break;
             };
-            proposals.push(json!({"round": round, "has_evidence": ops_out.has_evidence,
-                                  "evidence_analysis": ops_out.evidence_analysis, "operations": ops_out.operations,
-                                  "coverage_advisory": ops_out.coverage}));
+            proposals.push(Proposal {
+                round,
+                has_evidence: ops_out.has_evidence,
+                evidence_analysis: ops_out.evidence_analysis.clone(),
+                operations: ops_out.operations.clone(),
+                coverage_advisory: ops_out.coverage.clone(),
+            });
             // A revision is validated without the cap: repeats of first-round ops are dropped
             // first, and only then does the cap apply to what is genuinely new (otherwise
             // resent repeats would use up the cap and push the corrected op out).
@@ -321,9 +291,9 @@ impl Reflector {
         }
         ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "rejected")
             .increment(validation.rejected.len() as u64);
-        row["proposals"] = json!(proposals);
-        row["accepted_ops"] = json!(validation.accepted);
-        row["rejected_ops"] = json!(validation.rejected);
+        row.proposals = Some(proposals);
+        row.accepted_ops = Some(validation.accepted.clone());
+        row.rejected_ops = Some(validation.rejected.clone());
 
         // Apply, unless the epoch's change cap is reached.
         let mut applied = false;
@@ -353,8 +323,8 @@ impl Reflector {
                             .on_applied(&outcome.touched_keys, &removed);
                         ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "applied")
                             .increment(outcome.applied.len() as u64);
-                        row["applied_ops"] = json!(outcome.applied);
-                        row["skipped_at_apply"] = json!(outcome.skipped);
+                        row.applied_ops = Some(outcome.applied);
+                        row.skipped_at_apply = Some(outcome.skipped);
                     }
                     Err(GuidanceError::NothingApplied { .. }) => {
                         warnings.push("apply_failed:nothing_applied".into())
@@ -364,10 +334,9 @@ impl Reflector {
             }
         }
         let covered: BTreeSet<TicketKey> = covered.intersection(&learnable).cloned().collect();
-        row["applied"] = json!(applied);
-        row["covered"] = json!(covered);
-        row["coverage"] = json!({"learnable": learnable.len(), "covered": covered.len(),
-                                 "ratio": if learnable.is_empty() { 0.0 } else { covered.len() as f64 / learnable.len() as f64 }});
+        row.applied = Some(applied);
+        row.coverage = Some(CoverageCounts::of(learnable.len(), covered.len()));
+        row.covered = Some(covered.clone());
 
         // Closure: contributors commit their feedback; L \ E (and dropped cases) retry or exhaust.
         let mut hits = Vec::new();
@@ -393,43 +362,20 @@ impl Reflector {
         if !uncovered.is_empty() {
             warnings.push(format!("uncovered={}", uncovered.len()));
         }
-        row["uncovered"] = json!(
-            uncovered
-                .iter()
-                .map(|r| r.ticket_key.clone())
-                .collect::<Vec<_>>()
-        );
+        row.uncovered = Some(uncovered.iter().map(|r| r.ticket_key.clone()).collect());
         let routed = self.retry_or_route(uncovered, Some(&reflection_id))?;
-        self.finish_cycle(
-            row,
-            warnings,
-            calls,
-            json!({"budget_exhausted": routed}),
-            guidance,
-        )
+        self.finish_cycle(row, warnings, Routing::BudgetExhausted(routed), guidance)
     }
 
     pub(super) fn finish_cycle(
         &mut self,
-        mut row: Value,
+        mut row: ReflectionRow,
         warnings: Vec<String>,
-        calls: Vec<CallRecord>,
-        routing: Value,
+        routing: Routing,
         guidance: &GuidanceRepo,
     ) -> Result<(), ReflectionError> {
-        row["warnings"] = json!(warnings);
-        row["routing"] = routing;
-        row["guidance_step_after"] = json!(guidance.step());
-        row["guidance_hash_after"] = json!(guidance.head_hash());
-        // Worker-reported counts: summed wide (the scheduler bounds each one, see
-        // `result_check::MAX_REPORTED_TOKENS`), so no run can overflow them.
-        let prompt_tokens: u64 = calls.iter().map(|c| u64::from(c.prompt_tokens)).sum();
-        let completion_tokens: u64 = calls.iter().map(|c| u64::from(c.completion_tokens)).sum();
-        row["token_usage"] = json!({"calls": calls.len(), "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens});
-        row["calls"] = json!(calls);
-        if row.get("applied").is_none() {
-            row["applied"] = json!(false);
-        }
+        row.warnings = warnings;
+        row.close(routing, guidance.step(), guidance.head_hash());
         let path = self.dir.join(files::REFLECTION);
         self.reflection_log.append(&row).map_err(io_err(&path))?;
         self.reflection_log.sync().map_err(io_err(&path))?;

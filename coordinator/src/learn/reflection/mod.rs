@@ -25,6 +25,7 @@
 //! - `queue`: the pending and retry queues, the epoch's budgets, and routing to need-review.
 //! - `cycle`: one reflection cycle on one batch.
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
+//! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
 //! - `state`: what a checkpoint carries.
 
@@ -49,11 +50,14 @@ mod cycle;
 mod prompt;
 mod queue;
 mod record;
+pub mod row;
 mod state;
+use call::Workers;
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
 pub use queue::retry_batch_size;
 pub use record::{CaseCandidate, GradientRecord, TicketOutcome};
+pub use row::ReflectionRow;
 pub use state::ReflectorState;
 
 /// Extra attempts (new seed each) for a reflection call whose output is not valid JSON.
@@ -250,17 +254,13 @@ impl Reflector {
         drain: bool,
     ) -> Result<(), ReflectionError> {
         self.flush_immediate_feedback(guidance)?;
+        let mut workers = Workers {
+            scheduler,
+            completions,
+        };
         while let Some((attempt, batch)) = self.next_batch(drain) {
-            self.run_cycle(
-                epoch,
-                global_step,
-                attempt,
-                batch,
-                guidance,
-                scheduler,
-                completions,
-            )
-            .await?;
+            self.run_cycle(epoch, global_step, attempt, batch, guidance, &mut workers)
+                .await?;
         }
         Ok(())
     }
