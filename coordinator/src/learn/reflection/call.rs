@@ -105,7 +105,7 @@ fn judge<T>(
     completion: Completion,
     parse: &impl Fn(&str) -> Result<T, ReflectionParseError>,
 ) -> (CallRecord, Attempt<T>) {
-    let mut runtime = match &completion.provenance {
+    let runtime = match &completion.provenance {
         Some(p) => CallRuntime {
             worker_id: Some(p.worker_id.clone()),
             lease_id: Some(p.lease_id),
@@ -114,13 +114,7 @@ fn judge<T>(
         },
         None => CallRuntime::default(),
     };
-    let failed = |code: &str, message: &str, runtime| CallRecord {
-        parse_error: Some(CallError::Failed {
-            code: code.to_string(),
-            message: message.to_string(),
-        }),
-        ..CallRecord::empty(pass, attempt, seed, runtime)
-    };
+    let empty = CallRecord::empty(pass, attempt, seed, runtime);
     match completion.result {
         Ok(JobOutput::Generate {
             text,
@@ -135,13 +129,8 @@ fn judge<T>(
             } else {
                 "unparseable"
             };
-            ::metrics::counter!(observe::REFLECTION_CALLS, "pass" => pass.as_str(), "outcome" => outcome)
-                .increment(1);
-            runtime.latency_us = Some(latency_us);
+            count_call(pass, outcome);
             let record = CallRecord {
-                pass,
-                attempt,
-                seed,
                 ok: parsed.is_ok(),
                 parse_error: parsed.as_ref().err().map(|e| CallError::Unparseable {
                     code: e.code.code().to_string(),
@@ -151,27 +140,26 @@ fn judge<T>(
                 prompt_tokens,
                 completion_tokens,
                 finish_reason,
-                runtime,
+                runtime: CallRuntime {
+                    latency_us: Some(latency_us),
+                    ..empty.runtime
+                },
+                ..empty
             };
             match parsed {
                 Ok(v) => (record, Attempt::Parsed(v)),
                 Err(_) => (record, Attempt::Retry),
             }
         }
-        Ok(JobOutput::Rollout { .. }) => (
-            failed(
-                "WRONG_RESULT_KIND",
-                "a generation returned a rollout",
-                runtime,
-            ),
-            Attempt::Retry,
-        ),
+        Ok(JobOutput::Rollout { .. }) => {
+            let record = empty.failed("WRONG_RESULT_KIND", "a generation returned a rollout");
+            (record, Attempt::Retry)
+        }
         Err(f) => {
-            ::metrics::counter!(observe::REFLECTION_CALLS, "pass" => pass.as_str(), "outcome" => "failed")
-                .increment(1);
+            count_call(pass, "failed");
             // Deterministic failures (an over-long prompt) do not improve with a new seed.
             let give_up = f.code == "PROMPT_TOO_LONG" || f.code == "INVALID_REQUEST";
-            let record = failed(&f.code, &f.message, runtime);
+            let record = empty.failed(&f.code, &f.message);
             (
                 record,
                 if give_up {
@@ -182,6 +170,11 @@ fn judge<T>(
             )
         }
     }
+}
+
+fn count_call(pass: CallPass, outcome: &'static str) {
+    ::metrics::counter!(observe::REFLECTION_CALLS, "pass" => pass.as_str(), "outcome" => outcome)
+        .increment(1);
 }
 
 impl CallRecord {
@@ -198,6 +191,18 @@ impl CallRecord {
             completion_tokens: 0,
             finish_reason: String::new(),
             runtime,
+        }
+    }
+
+    /// This attempt, failed without an output: the job failed, or its result was not a
+    /// generation.
+    fn failed(self, code: &str, message: &str) -> Self {
+        CallRecord {
+            parse_error: Some(CallError::Failed {
+                code: code.to_string(),
+                message: message.to_string(),
+            }),
+            ..self
         }
     }
 }

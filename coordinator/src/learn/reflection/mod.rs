@@ -23,7 +23,8 @@
 //! - this file: the [`Reflector`] and its life over a run (epochs, steps, run end).
 //! - `record`: what reflection learns from ([`GradientRecord`], built from a [`TicketOutcome`]).
 //! - `queue`: the pending and retry queues, the epoch's budgets, and routing to need-review.
-//! - `cycle`: one reflection cycle on one batch.
+//! - `cycle`: one reflection cycle on one batch, as named phases, and how it ended.
+//! - `ops`: the cycle's ops pass and revision round, and how their proposals are validated.
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
@@ -47,6 +48,7 @@ use crate::learn::need_review::{self, NeedReviewRow};
 
 mod call;
 mod cycle;
+mod ops;
 mod prompt;
 mod queue;
 mod record;

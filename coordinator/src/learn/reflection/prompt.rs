@@ -3,7 +3,7 @@
 //! messages of both passes, and the JSON schemas tailored to one batch. Text and schema only;
 //! the cycle decides what goes in a call.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 use stageb_shared::domain::{ChatMessage, TicketKey, Verdict};
@@ -86,6 +86,16 @@ pub(super) fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> Strin
         ));
     }
     s
+}
+
+/// `第N组` → ticket key, as [`case_text`] numbers the cases of a prompt (a model may name a
+/// case either way).
+pub(super) fn shorthand(cases: &[GradientRecord]) -> BTreeMap<String, TicketKey> {
+    cases
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone()))
+        .collect()
 }
 
 /// Cap on a free-text analysis field for a call of `max_new_tokens`: the analyses are logged,
@@ -213,7 +223,7 @@ impl Reflector {
     }
 
     /// Split `ordered` into cases that fit the token budget and cases dropped whole.
-    pub(super) fn pack(
+    pub(super) fn fit_cases(
         &self,
         ordered: &[GradientRecord],
         guidance: &GuidanceRepo,

@@ -94,3 +94,8 @@ impl GradientRecord {
         }
     }
 }
+
+/// The ticket keys of `records`, in order.
+pub(super) fn keys_of(records: &[GradientRecord]) -> Vec<TicketKey> {
+    records.iter().map(|r| r.ticket_key.clone()).collect()
+}
