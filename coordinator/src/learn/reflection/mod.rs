@@ -17,7 +17,6 @@
 //!
 //! need-review is non-sticky: routing is recorded per epoch and every epoch decides afresh.
 //! Stop-gradient tickets never reach the ops pass, evidence, or hit/miss feedback.
-
 //!
 //! # Layout
 //! - this file: the [`Reflector`] and its life over a run (epochs, steps, run end).

@@ -60,7 +60,7 @@ pub struct ReflectionRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped_at_apply: Option<Vec<SkippedOp>>,
     /// Whether a guidance version was written. Here when the ops pass ran; a cycle that ended
-    /// before it writes `applied: false` at the row's end instead ([`Self::applied_at_close`]).
+    /// before it writes `applied: false` at the row's end instead (`applied_at_close`).
     /// Read back, this field holds the key wherever it stood: use [`Self::applied`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied: Option<bool>,
