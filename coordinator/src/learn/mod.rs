@@ -1,7 +1,8 @@
 //! Learning from gradient candidates: the two-pass reflection and everything that judges what
 //! it proposes.
 //!
-//! - [`reflection`]: the driver (decision pass → need-review, ops pass → guidance edits).
+//! - [`reflection`]: the driver (decision pass → need-review, ops pass → guidance edits) and
+//!   the `reflection.jsonl` row it writes ([`reflection::ReflectionRow`]).
 //! - [`op_check`]: validation of the ops a reflection proposes (stable reject codes).
 //! - [`rule_text`]: whether a proposed rule text is a rule (no label leak, not a number, …).
 //! - [`feedback`]: which rule (key and generation) buffered hit/miss feedback belongs to.

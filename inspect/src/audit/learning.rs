@@ -1,6 +1,7 @@
 //! The checks of what the run learned and reported: the need-review files, the metrics epoch
-//! rows, every reflection cycle (stop-gradient isolation, evidence ⊆ learnable, coverage, no
-//! label in rule texts) and the guidance chain.
+//! rows, every reflection cycle (read with the reflector's own row type, [`ReflectionRow`]:
+//! stop-gradient isolation, evidence ⊆ learnable, coverage, no label in rule texts) and the
+//! guidance chain.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -11,6 +12,7 @@ use stageb_coordinator::artifacts::files;
 use stageb_coordinator::decide::accuracy;
 use stageb_coordinator::guidance;
 use stageb_coordinator::learn::need_review::{self, NeedReviewRow};
+use stageb_coordinator::learn::reflection::ReflectionRow;
 use stageb_shared::domain::{TicketKey, Verdict};
 
 use super::decisions::Selections;
@@ -130,19 +132,9 @@ pub fn check_metrics(
     }
 }
 
-fn string_set(v: &Value) -> BTreeSet<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Every reflection cycle: learnable ∩ stop-gradient = ∅, coverage from the applied ops only,
-/// applied evidence ⊆ learnable, no accepted rule text naming a group id or a label. Returns
-/// whether any cycle applied a change.
+/// Every reflection cycle: the row matches the row type, learnable ∩ stop-gradient = ∅,
+/// coverage from the applied ops only, applied evidence ⊆ learnable, no accepted rule text
+/// naming a group id or a label. Returns whether any cycle applied a change.
 pub fn check_reflections(
     report: &mut AuditReport,
     dir: &Path,
@@ -150,40 +142,63 @@ pub fn check_reflections(
 ) -> bool {
     let mut any_applied = false;
     report.reflection_cycles = for_each_row(report, dir, files::REFLECTION, |report, line, row| {
-        any_applied |= row["applied"] == true;
-        check_cycle(report, line, &row, group_ids);
+        match serde_json::from_value::<ReflectionRow>(row) {
+            Ok(row) => {
+                any_applied |= row.applied();
+                check_cycle(report, line, &row, group_ids);
+            }
+            Err(e) => report.fail(
+                "reflection_row",
+                files::REFLECTION,
+                Some(line),
+                format!("does not match the row schema: {e}"),
+            ),
+        }
     });
     any_applied
 }
 
-fn check_cycle(report: &mut AuditReport, line: usize, row: &Value, group_ids: &BTreeSet<String>) {
+fn check_cycle(
+    report: &mut AuditReport,
+    line: usize,
+    row: &ReflectionRow,
+    group_ids: &BTreeSet<String>,
+) {
     let fail = |report: &mut AuditReport, check, detail: String| {
         report.fail(check, files::REFLECTION, Some(line), detail)
     };
-    let learnable = string_set(&row["learnable"]);
-    if !learnable.is_disjoint(&string_set(&row["stop_gradient"])) {
+    let none = BTreeSet::new();
+    let learnable = row.learnable.as_ref().unwrap_or(&none);
+    if !learnable.is_disjoint(row.stop_gradient.as_ref().unwrap_or(&none)) {
         fail(
             report,
             "stop_gradient_isolation",
             "a ticket is both learnable and stop-gradient".into(),
         );
     }
-    let applied = row["applied_ops"].as_array().into_iter().flatten();
-    let applied_evidence: BTreeSet<String> = applied
-        .clone()
-        .flat_map(|op| string_set(&op["evidence"]))
+    let applied_evidence: BTreeSet<&TicketKey> = row
+        .applied_op_list()
+        .iter()
+        .flat_map(|op| &op.evidence)
         .collect();
-    let expected: BTreeSet<String> = applied_evidence.intersection(&learnable).cloned().collect();
-    if row.get("covered").is_some() && string_set(&row["covered"]) != expected {
-        fail(
-            report,
-            "coverage_from_applied_ops",
-            "covered is not the evidence of the applied ops within the learnable set".into(),
-        );
+    if let Some(covered) = &row.covered {
+        let expected: BTreeSet<&TicketKey> = applied_evidence
+            .iter()
+            .copied()
+            .filter(|k| learnable.contains(*k))
+            .collect();
+        if covered.iter().collect::<BTreeSet<_>>() != expected {
+            fail(
+                report,
+                "coverage_from_applied_ops",
+                "covered is not the evidence of the applied ops within the learnable set".into(),
+            );
+        }
     }
-    for op in row["accepted_ops"].as_array().into_iter().flatten() {
-        if let Some(leak) = op["op"]["text"]
-            .as_str()
+    for accepted in row.accepted() {
+        if let Some(leak) = accepted
+            .op
+            .text()
             .and_then(|t| stageb_coordinator::learn::rule_text::label_leak(t, group_ids))
         {
             fail(
@@ -193,7 +208,7 @@ fn check_cycle(report: &mut AuditReport, line: usize, row: &Value, group_ids: &B
             );
         }
     }
-    for ev in applied_evidence.difference(&learnable) {
+    for ev in applied_evidence.iter().filter(|k| !learnable.contains(**k)) {
         fail(
             report,
             "evidence_subset_of_learnable",

@@ -2,14 +2,18 @@
 //! view of the first [`super::ROW_CAP`] cycles (batch, learnable vs stop-gradient, coverage,
 //! accepted and rejected ops with reasons, token usage).
 //!
-//! Rows carry every raw model output; only counts and clipped op texts are kept.
+//! Rows are read with the type the reflector writes them with ([`ReflectionRow`]); a line that
+//! does not match it is a note in the section. Rows carry every raw model output; only counts
+//! and clipped op texts are kept.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use serde::Deserialize;
-use serde_json::Value;
 use stageb_coordinator::artifacts::files;
+use stageb_coordinator::guidance::{GuidanceOp, RuleKey};
+use stageb_coordinator::learn::reflection::row::{CoverageCounts, ReflectionRow, TokenUsage};
+use stageb_shared::domain::TicketKey;
+use stageb_shared::reflection_schema::ProposedOp;
 
 use super::load::{FileStatus, stream_jsonl};
 use super::outcomes::bump;
@@ -22,89 +26,6 @@ const OPS_CAP: usize = 12;
 /// Most batch keys listed per cycle.
 const BATCH_CAP: usize = 8;
 
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(default)]
-pub struct TokenUsage {
-    pub calls: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(default)]
-pub struct Coverage {
-    pub learnable: u64,
-    pub covered: u64,
-    pub ratio: f64,
-}
-
-#[derive(Deserialize)]
-struct Row {
-    epoch: u32,
-    #[serde(default)]
-    reflection_cycle: u64,
-    #[serde(default)]
-    reflection_id: String,
-    #[serde(default)]
-    retry_attempt: u64,
-    #[serde(default)]
-    batch: Vec<String>,
-    #[serde(default)]
-    stop_gradient: Option<Vec<String>>,
-    #[serde(default)]
-    learnable: Option<Vec<String>>,
-    #[serde(default)]
-    accepted_ops: Vec<AcceptedOp>,
-    #[serde(default)]
-    rejected_ops: Vec<RejectedOp>,
-    #[serde(default)]
-    applied_ops: Vec<serde::de::IgnoredAny>,
-    #[serde(default)]
-    applied: bool,
-    #[serde(default)]
-    coverage: Option<Coverage>,
-    #[serde(default)]
-    warnings: Vec<String>,
-    #[serde(default)]
-    token_usage: TokenUsage,
-    #[serde(default)]
-    calls: Vec<Call>,
-    #[serde(default)]
-    guidance_step_before: u64,
-    #[serde(default)]
-    guidance_step_after: u64,
-}
-
-#[derive(Deserialize)]
-struct AcceptedOp {
-    #[serde(default)]
-    op: Value,
-}
-
-#[derive(Deserialize)]
-struct RejectedOp {
-    #[serde(default)]
-    proposed: Value,
-    #[serde(default)]
-    reason: String,
-    #[serde(default)]
-    detail: String,
-}
-
-#[derive(Deserialize)]
-struct Call {
-    #[serde(default)]
-    ok: bool,
-    #[serde(default)]
-    runtime: Option<CallRuntime>,
-}
-
-#[derive(Deserialize)]
-struct CallRuntime {
-    #[serde(default)]
-    latency_us: Option<u64>,
-}
-
 /// One guidance op as proposed, for display.
 #[derive(Debug, Clone, Default)]
 pub struct OpView {
@@ -116,21 +37,39 @@ pub struct OpView {
 }
 
 impl OpView {
-    fn of(op: &Value) -> OpView {
-        let s = |k: &str| op.get(k).and_then(Value::as_str).map(str::to_string);
-        let list = |k: &str| {
-            op.get(k)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string))
-                .into_iter()
-                .flatten()
+    /// An accepted op (validated: its keys are rule keys, its evidence ticket keys).
+    fn accepted(op: &GuidanceOp) -> OpView {
+        let merged_from: &[RuleKey] = match op {
+            GuidanceOp::Merge { merged_from, .. } => merged_from,
+            _ => &[],
         };
         OpView {
-            kind: s("op").unwrap_or_else(|| "?".into()),
-            key: s("key"),
-            merged_from: list("merged_from").take(OPS_CAP).collect(),
-            text: s("text").map(|t| clip(&t, TEXT_CAP)),
-            evidence: list("evidence").count(),
+            kind: op.kind().to_string(),
+            key: op.key().map(|k| k.to_string()),
+            merged_from: merged_from
+                .iter()
+                .take(OPS_CAP)
+                .map(|k| k.to_string())
+                .collect(),
+            text: op.text().map(|t| clip(t, TEXT_CAP)),
+            evidence: op.evidence().len(),
+        }
+    }
+
+    /// A rejected op, exactly as the model proposed it.
+    fn proposed(op: &ProposedOp) -> OpView {
+        OpView {
+            kind: op.op.clone(),
+            key: op.key.clone(),
+            merged_from: op
+                .merged_from
+                .iter()
+                .flatten()
+                .take(OPS_CAP)
+                .cloned()
+                .collect(),
+            text: op.text.as_deref().map(|t| clip(t, TEXT_CAP)),
+            evidence: op.evidence.len(),
         }
     }
 }
@@ -154,7 +93,7 @@ pub struct CycleView {
     /// `None` when the decision pass did not succeed.
     pub learnable: Option<usize>,
     pub stop_gradient: Option<usize>,
-    pub coverage: Option<Coverage>,
+    pub coverage: Option<CoverageCounts>,
     pub applied: bool,
     pub step_before: u64,
     pub step_after: u64,
@@ -197,11 +136,11 @@ pub struct Reflection {
 
 pub fn collect(dir: &Path) -> Reflection {
     let mut out = Reflection::default();
-    out.file = stream_jsonl::<Row>(dir, files::REFLECTION, |row| {
+    out.file = stream_jsonl::<ReflectionRow>(dir, files::REFLECTION, |row| {
         out.total_cycles += 1;
         add_to_epoch(out.per_epoch.entry(row.epoch).or_default(), &row);
-        for r in &row.rejected_ops {
-            bump(&mut out.rejected_by_reason, &r.reason);
+        for r in row.rejected() {
+            bump(&mut out.rejected_by_reason, r.reason.code());
         }
         for w in &row.warnings {
             bump(&mut out.warnings, w.split('=').next().unwrap_or(w));
@@ -213,16 +152,16 @@ pub fn collect(dir: &Path) -> Reflection {
     out
 }
 
-fn add_to_epoch(e: &mut EpochReflection, row: &Row) {
-    let len = |v: &Option<Vec<String>>| v.as_ref().map_or(0, |v| v.len() as u64);
+fn add_to_epoch(e: &mut EpochReflection, row: &ReflectionRow) {
+    let len = |v: &Option<BTreeSet<TicketKey>>| v.as_ref().map_or(0, |v| v.len() as u64);
     e.cycles += 1;
-    e.applied_cycles += u64::from(row.applied);
+    e.applied_cycles += u64::from(row.applied());
     e.learnable += len(&row.learnable);
     e.stop_gradient += len(&row.stop_gradient);
     e.covered += row.coverage.map_or(0, |c| c.covered);
-    e.accepted_ops += row.accepted_ops.len() as u64;
-    e.rejected_ops += row.rejected_ops.len() as u64;
-    e.applied_ops += row.applied_ops.len() as u64;
+    e.accepted_ops += row.accepted().len() as u64;
+    e.rejected_ops += row.rejected().len() as u64;
+    e.applied_ops += row.applied_op_list().len() as u64;
     e.calls += row.token_usage.calls;
     e.failed_calls += row.calls.iter().filter(|c| !c.ok).count() as u64;
     e.prompt_tokens += row.token_usage.prompt_tokens;
@@ -230,44 +169,44 @@ fn add_to_epoch(e: &mut EpochReflection, row: &Row) {
     e.latency_us += row
         .calls
         .iter()
-        .filter_map(|c| c.runtime.as_ref()?.latency_us)
+        .filter_map(|c| c.runtime.latency_us)
         .sum::<u64>();
 }
 
-fn view(row: Row) -> CycleView {
+fn view(row: ReflectionRow) -> CycleView {
     CycleView {
         cycle: row.reflection_cycle,
         epoch: row.epoch,
         reflection_id: clip(&row.reflection_id, 40),
-        retry_attempt: row.retry_attempt,
+        retry_attempt: u64::from(row.retry_attempt),
         batch_len: row.batch.len(),
         batch: row
             .batch
             .iter()
             .take(BATCH_CAP)
-            .map(|k| clip(k, 80))
+            .map(|k| clip(k.as_str(), 80))
             .collect(),
-        learnable: row.learnable.as_ref().map(Vec::len),
-        stop_gradient: row.stop_gradient.as_ref().map(Vec::len),
+        learnable: row.learnable.as_ref().map(|l| l.len()),
+        stop_gradient: row.stop_gradient.as_ref().map(|s| s.len()),
         coverage: row.coverage,
-        applied: row.applied,
+        applied: row.applied(),
         step_before: row.guidance_step_before,
         step_after: row.guidance_step_after,
-        accepted_len: row.accepted_ops.len(),
+        accepted_len: row.accepted().len(),
         accepted: row
-            .accepted_ops
+            .accepted()
             .iter()
             .take(OPS_CAP)
-            .map(|a| OpView::of(&a.op))
+            .map(|a| OpView::accepted(&a.op))
             .collect(),
-        rejected_len: row.rejected_ops.len(),
+        rejected_len: row.rejected().len(),
         rejected: row
-            .rejected_ops
+            .rejected()
             .iter()
             .take(OPS_CAP)
             .map(|r| RejectedView {
-                op: OpView::of(&r.proposed),
-                reason: clip(&r.reason, 60),
+                op: OpView::proposed(&r.proposed),
+                reason: clip(r.reason.code(), 60),
                 detail: clip(&r.detail, TEXT_CAP),
             })
             .collect(),

@@ -1,16 +1,18 @@
 //! What the reflection model reads: the case texts and prompt header, the built-in system
-//! prompts, the token estimate that packing budgets with, and the JSON schemas tailored to one
-//! batch. Text and schema only; the driver in the parent module decides what goes in a call.
+//! prompts, the token estimate and the packing of whole cases under the prompt budget, the
+//! messages of both passes, and the JSON schemas tailored to one batch. Text and schema only;
+//! the cycle decides what goes in a call.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
-use stageb_shared::domain::{TicketKey, Verdict};
+use stageb_shared::domain::{ChatMessage, TicketKey, Verdict};
 use stageb_shared::reflection_schema;
 use stageb_shared::text;
 
-use super::GradientRecord;
+use super::{GradientRecord, Reflector};
 use crate::guidance::GuidanceRepo;
+use crate::learn::op_check::RejectedOp;
 
 /// Characters of a rejected op (and of its reason detail) shown in the revision round.
 pub(super) const REJECTED_OP_CHARS: usize = 400;
@@ -84,6 +86,16 @@ pub(super) fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> Strin
         ));
     }
     s
+}
+
+/// `第N组` → ticket key, as [`case_text`] numbers the cases of a prompt (a model may name a
+/// case either way).
+pub(super) fn shorthand(cases: &[GradientRecord]) -> BTreeMap<String, TicketKey> {
+    cases
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("第{}组", i + 1), r.ticket_key.clone()))
+        .collect()
 }
 
 /// Cap on a free-text analysis field for a call of `max_new_tokens`: the analyses are logged,
@@ -200,3 +212,110 @@ S* 是只读的结构不变量，不得修改或删除；G0 是检查清单，�
 规则用自然语言写成“若…则…；否则…”，不得照抄摘要里的对象链（如“挡风板/显示完整”），不得出现 ×、image_、备注: 等摘要标记，不得出现需复核、待定、证据不足等第三态用语。\n\
 优先更新或合并已有规则，新增规则最多一条。\n\
 只输出一个 JSON 对象：{\"has_evidence\": true, \"evidence_analysis\": \"...\", \"operations\": [...]}。";
+
+impl Reflector {
+    /// What a reflection prompt may hold (bytes bound tokens from above): the fitted
+    /// `min(token_budget, max_reflection_length)`, so that `prompt + max_new_tokens ≤ context`.
+    pub(super) fn prompt_budget(&self) -> usize {
+        self.config
+            .token_budget
+            .min(self.config.max_reflection_length) as usize
+    }
+
+    /// Split `ordered` into cases that fit the token budget and cases dropped whole.
+    pub(super) fn fit_cases(
+        &self,
+        ordered: &[GradientRecord],
+        guidance: &GuidanceRepo,
+    ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
+        let budget = self.prompt_budget();
+        // Both passes see the same cases; budget for the longer of the two system prompts.
+        let system = self.decision_system.len().max(self.ops_system.len());
+        let base = system
+            + estimate_tokens("")
+            + estimate_tokens(&header_text(&self.mission, guidance, 0, 0));
+        let mut used = base;
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        for (i, r) in ordered.iter().enumerate() {
+            let cost = estimate_tokens(&case_text(i + 1, r, true));
+            if kept.is_empty() || used + cost <= budget {
+                used += cost;
+                kept.push(r.clone());
+            } else {
+                dropped.push(r.clone());
+            }
+        }
+        (kept, dropped)
+    }
+
+    pub(super) fn decision_messages(
+        &self,
+        cases: &[GradientRecord],
+        guidance: &GuidanceRepo,
+        cycle: u64,
+    ) -> Vec<ChatMessage> {
+        let mut user = header_text(&self.mission, guidance, cycle, cases.len());
+        for (i, r) in cases.iter().enumerate() {
+            user.push_str(&case_text(i + 1, r, true));
+        }
+        user.push_str("\n请输出 JSON。");
+        vec![
+            ChatMessage::system(self.decision_system.clone()),
+            ChatMessage::user(user),
+        ]
+    }
+
+    pub(super) fn ops_messages(
+        &self,
+        cases: &[GradientRecord],
+        guidance: &GuidanceRepo,
+        cycle: u64,
+        rejected: Option<&[RejectedOp]>,
+    ) -> Vec<ChatMessage> {
+        let mut user = header_text(&self.mission, guidance, cycle, cases.len());
+        for (i, r) in cases.iter().enumerate() {
+            user.push_str(&case_text(i + 1, r, true));
+        }
+        if let Some(rejected) = rejected.filter(|r| !r.is_empty()) {
+            user.push_str(
+                "\n以下操作被拒绝。只需给出按原因修正后的这些操作，不要重复已接受的操作：\n",
+            );
+            // The packed cases fit the prompt budget; the rejected ops (a hostile model can
+            // make them long) get what is left, each line capped, the rest left out.
+            let budget = self.prompt_budget();
+            let mut used = self.ops_system.len() + estimate_tokens(&user) + estimate_tokens("");
+            for r in rejected {
+                let op = serde_json::to_string(&r.proposed).unwrap_or_default();
+                let line = format!(
+                    "- {} → 拒绝原因: {} ({})\n",
+                    text::truncate_chars(&op, REJECTED_OP_CHARS),
+                    r.reason.code(),
+                    text::truncate_chars(&r.detail, REJECTED_OP_CHARS)
+                );
+                if used + line.len() > budget {
+                    break;
+                }
+                used += line.len();
+                user.push_str(&line);
+            }
+        }
+        user.push_str("\n请输出 JSON。");
+        vec![
+            ChatMessage::system(self.ops_system.clone()),
+            ChatMessage::user(user),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn token_estimate_is_an_upper_bound_for_byte_level_tokenizers() {
+        // 通过 is 4 tokens for SmolLM2 and 6 bytes: the estimate never undercounts.
+        assert!(estimate_tokens("通过") >= 4);
+        assert_eq!(estimate_tokens(""), TEMPLATE_TOKENS);
+    }
+}

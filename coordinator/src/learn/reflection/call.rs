@@ -1,0 +1,208 @@
+//! One reflection model call: a JSON-mode generation leased to a worker, retried with a new
+//! seed while its output does not parse, each attempt logged in the row as a [`CallRecord`].
+
+use serde_json::Value;
+use stageb_shared::domain::ChatMessage;
+use stageb_shared::observe;
+use stageb_shared::reflection_schema::ReflectionParseError;
+use stageb_shared::seed::derived_seed;
+use tokio::sync::mpsc;
+
+use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
+use super::{JSON_RETRIES, ReflectionError, Reflector};
+use crate::cluster::completions::await_completions;
+use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, Scheduler};
+
+/// Where reflection calls go: the scheduler that leases them to workers, and the channel their
+/// answers come back on.
+pub(super) struct Workers<'a> {
+    pub(super) scheduler: &'a Scheduler,
+    pub(super) completions: &'a mut mpsc::UnboundedReceiver<Completion>,
+}
+
+/// What one attempt came to.
+enum Attempt<T> {
+    Parsed(T),
+    /// Unusable, but another seed may do better.
+    Retry,
+    /// A deterministic failure (an over-long prompt): a new seed would not help.
+    GiveUp,
+}
+
+impl Reflector {
+    /// Run one JSON-mode generation through the lease mechanism, retrying with a new seed when
+    /// the output does not parse; every attempt is logged in `row.calls`. `None` when every
+    /// attempt failed or the epoch's call budget ran out.
+    pub(super) async fn call_json<T>(
+        &mut self,
+        row: &mut ReflectionRow,
+        pass: CallPass,
+        messages: Vec<ChatMessage>,
+        schema: &Value,
+        workers: &mut Workers<'_>,
+        parse: impl Fn(&str) -> Result<T, ReflectionParseError>,
+    ) -> Result<Option<T>, ReflectionError> {
+        for attempt in 0..=JSON_RETRIES {
+            if !self.calls_left() {
+                return Ok(None);
+            }
+            self.state.calls_epoch += 1;
+            let seed = derived_seed(
+                self.run_seed,
+                "reflection-call",
+                &[
+                    &row.epoch.to_le_bytes(),
+                    &row.reflection_cycle.to_le_bytes(),
+                    pass.as_str().as_bytes(),
+                    &attempt.to_le_bytes(),
+                ],
+            );
+            let completion = self.generate(&messages, schema, seed, workers).await?;
+            let (record, outcome) = judge(pass, attempt, seed, completion, &parse);
+            row.calls.push(record);
+            match outcome {
+                Attempt::Parsed(v) => return Ok(Some(v)),
+                Attempt::Retry => {}
+                Attempt::GiveUp => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Lease one generation and wait for its answer.
+    async fn generate(
+        &self,
+        messages: &[ChatMessage],
+        schema: &Value,
+        seed: u64,
+        workers: &mut Workers<'_>,
+    ) -> Result<Completion, ReflectionError> {
+        let job = workers.scheduler.enqueue(JobPayload::Generate {
+            messages: messages.to_vec(),
+            json_schema: Some(schema.to_string()),
+            seed,
+            temperature: self.config.temperature,
+            top_p: self.config.top_p,
+            repetition_penalty: self.config.repetition_penalty,
+            max_new_tokens: self.config.max_new_tokens,
+        });
+        let mut done = await_completions(
+            workers.scheduler,
+            workers.completions,
+            &[job],
+            self.worker_grace,
+        )
+        .await?;
+        Ok(done.remove(&job).expect("awaited"))
+    }
+}
+
+/// The log entry of one attempt, and what it came to.
+fn judge<T>(
+    pass: CallPass,
+    attempt: u32,
+    seed: u64,
+    completion: Completion,
+    parse: &impl Fn(&str) -> Result<T, ReflectionParseError>,
+) -> (CallRecord, Attempt<T>) {
+    let runtime = match &completion.provenance {
+        Some(p) => CallRuntime {
+            worker_id: Some(p.worker_id.clone()),
+            lease_id: Some(p.lease_id),
+            attempt: Some(p.attempt),
+            latency_us: None,
+        },
+        None => CallRuntime::default(),
+    };
+    let empty = CallRecord::empty(pass, attempt, seed, runtime);
+    match completion.result {
+        Ok(JobOutput::Generate {
+            text,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+            latency_us,
+        }) => {
+            let parsed = parse(&text);
+            let outcome = if parsed.is_ok() {
+                "parsed"
+            } else {
+                "unparseable"
+            };
+            count_call(pass, outcome);
+            let record = CallRecord {
+                ok: parsed.is_ok(),
+                parse_error: parsed.as_ref().err().map(|e| CallError::Unparseable {
+                    code: e.code.code().to_string(),
+                    detail: e.detail.clone(),
+                }),
+                raw_output: text,
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                runtime: CallRuntime {
+                    latency_us: Some(latency_us),
+                    ..empty.runtime
+                },
+                ..empty
+            };
+            match parsed {
+                Ok(v) => (record, Attempt::Parsed(v)),
+                Err(_) => (record, Attempt::Retry),
+            }
+        }
+        Ok(JobOutput::Rollout { .. }) => {
+            let record = empty.failed("WRONG_RESULT_KIND", "a generation returned a rollout");
+            (record, Attempt::Retry)
+        }
+        Err(f) => {
+            count_call(pass, "failed");
+            // Deterministic failures (an over-long prompt) do not improve with a new seed.
+            let give_up = f.code == "PROMPT_TOO_LONG" || f.code == "INVALID_REQUEST";
+            let record = empty.failed(&f.code, &f.message);
+            (
+                record,
+                if give_up {
+                    Attempt::GiveUp
+                } else {
+                    Attempt::Retry
+                },
+            )
+        }
+    }
+}
+
+fn count_call(pass: CallPass, outcome: &'static str) {
+    ::metrics::counter!(observe::REFLECTION_CALLS, "pass" => pass.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
+impl CallRecord {
+    /// An attempt that produced nothing: no output, no tokens.
+    fn empty(pass: CallPass, attempt: u32, seed: u64, runtime: CallRuntime) -> Self {
+        CallRecord {
+            pass,
+            attempt,
+            seed,
+            ok: false,
+            parse_error: None,
+            raw_output: String::new(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            finish_reason: String::new(),
+            runtime,
+        }
+    }
+
+    /// This attempt, failed without an output: the job failed, or its result was not a
+    /// generation.
+    fn failed(self, code: &str, message: &str) -> Self {
+        CallRecord {
+            parse_error: Some(CallError::Failed {
+                code: code.to_string(),
+                message: message.to_string(),
+            }),
+            ..self
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! One reflection cycle on one batch, as named phases:
+//!
+//! guard → pack → decision pass → ops rounds (`ops.rs`) → apply → closure, then close.
+//!
+//! Each phase either hands the next one its input ([`Flow::Next`]) or ends the cycle
+//! ([`Flow::End`]) with a [`CycleEnd`] that names how it ended; whichever way it ended, `close`
+//! writes the cycle's `reflection.jsonl` row once. The phases fill in the row as they go.
+
+use std::collections::BTreeSet;
+
+use stageb_shared::digest::{digest_of, sha256_hex};
+use stageb_shared::domain::TicketKey;
+use stageb_shared::observe;
+use stageb_shared::reflection_schema::{self, DecisionOutput};
+
+use super::call::Workers;
+use super::prompt::shorthand;
+use super::record::keys_of;
+use super::row::{CallPass, CoverageCounts, DecisionRecord, ReflectionRow, Routing, RowOpening};
+use super::{GradientRecord, ReflectionError, Reflector, io_err, tailor_decision_schema};
+use crate::artifacts::files;
+use crate::guidance::{ApplyOutcome, GuidanceError, GuidanceRepo, OpEffect, RuleKey};
+use crate::learn::need_review::NeedReviewReason;
+use crate::learn::op_check::{self, OpsValidation};
+
+/// How a cycle ended: every early exit is one of these, and so is the normal end. Each names
+/// the tickets it routed to need-review (the row's `routing`).
+pub(super) enum CycleEnd {
+    /// No call was left before the decision pass: the whole batch went to need-review.
+    BudgetSpentBeforeDecision(Vec<TicketKey>),
+    /// The epoch's change cap was reached: no call was spent, the batch went to need-review.
+    ChangeCapReached(Vec<TicketKey>),
+    /// The decision pass produced no usable answer: the kept cases retry or went to need-review.
+    DecisionFailed(Vec<TicketKey>),
+    /// Every kept case was stop-gradient: nothing was left for the ops pass.
+    NothingLearnable,
+    /// No call was left for the ops pass: the learnable cases went to need-review.
+    BudgetSpentBeforeOps(Vec<TicketKey>),
+    /// The ops pass ran, applied or not: the uncovered cases retry or went to need-review.
+    Closed(Vec<TicketKey>),
+}
+
+impl CycleEnd {
+    fn routing(self) -> Routing {
+        match self {
+            CycleEnd::ChangeCapReached(keys) => Routing::ChangeCapReached(keys),
+            CycleEnd::NothingLearnable => Routing::BudgetExhausted(Vec::new()),
+            CycleEnd::BudgetSpentBeforeDecision(keys)
+            | CycleEnd::DecisionFailed(keys)
+            | CycleEnd::BudgetSpentBeforeOps(keys)
+            | CycleEnd::Closed(keys) => Routing::BudgetExhausted(keys),
+        }
+    }
+}
+
+/// What a phase hands on: the next phase's input, or the end of the cycle.
+pub(super) enum Flow<T> {
+    Next(T),
+    End(CycleEnd),
+}
+
+/// The cases of a batch that fit the prompt (in prompt order), and those left out whole.
+struct Packed {
+    kept: Vec<GradientRecord>,
+    dropped: Vec<GradientRecord>,
+}
+
+/// `L`: the kept cases the decision pass did not stop, in prompt order, and their keys.
+pub(super) struct Learnable {
+    pub(super) records: Vec<GradientRecord>,
+    pub(super) keys: BTreeSet<TicketKey>,
+}
+
+impl Reflector {
+    /// One reflection cycle on `batch`: its phases, then its row.
+    pub(super) async fn run_cycle(
+        &mut self,
+        epoch: u32,
+        global_step: u64,
+        attempt: u32,
+        batch: Vec<GradientRecord>,
+        guidance: &mut GuidanceRepo,
+        workers: &mut Workers<'_>,
+    ) -> Result<(), ReflectionError> {
+        let mut row = self.open_row(epoch, global_step, attempt, &batch, guidance);
+        let end = self.phases(&mut row, batch, guidance, workers).await?;
+        self.close(row, end, guidance)
+    }
+
+    /// The phases in order, until one ends the cycle.
+    async fn phases(
+        &mut self,
+        row: &mut ReflectionRow,
+        batch: Vec<GradientRecord>,
+        guidance: &mut GuidanceRepo,
+        workers: &mut Workers<'_>,
+    ) -> Result<CycleEnd, ReflectionError> {
+        let batch = match self.guard(row, batch)? {
+            Flow::Next(batch) => batch,
+            Flow::End(end) => return Ok(end),
+        };
+        let packed = self.pack(row, batch, guidance);
+        let learnable = match self.decision_pass(row, packed, guidance, workers).await? {
+            Flow::Next(learnable) => learnable,
+            Flow::End(end) => return Ok(end),
+        };
+        let validation = match self.ops_rounds(row, &learnable, guidance, workers).await? {
+            Flow::Next(validation) => validation,
+            Flow::End(end) => return Ok(end),
+        };
+        let covered = self.apply(row, &validation, &learnable.keys, guidance)?;
+        self.closure(row, learnable, &covered, guidance)
+    }
+
+    /// The row's opening: the cycle's number and id (from the run seed, epoch, cycle and batch
+    /// keys) and the guidance it starts from.
+    fn open_row(
+        &self,
+        epoch: u32,
+        global_step: u64,
+        attempt: u32,
+        batch: &[GradientRecord],
+        guidance: &GuidanceRepo,
+    ) -> ReflectionRow {
+        let cycle = self.state.cycles;
+        let batch_keys = keys_of(batch);
+        let seed_text = format!(
+            "{}|{}|{}|{}",
+            self.run_seed,
+            epoch,
+            cycle,
+            digest_of(&batch_keys)
+        );
+        ReflectionRow::open(RowOpening {
+            epoch,
+            global_step,
+            reflection_cycle: cycle,
+            reflection_id: format!("r{}", &sha256_hex(seed_text.as_bytes())[..12]),
+            retry_attempt: attempt,
+            batch: batch_keys,
+            guidance_step: guidance.step(),
+            guidance_hash: guidance.head_hash().to_string(),
+        })
+    }
+
+    /// Guard: a cycle needs a call left and room under the epoch's change cap; without either
+    /// the whole batch goes to need-review and no call is made.
+    fn guard(
+        &mut self,
+        row: &mut ReflectionRow,
+        batch: Vec<GradientRecord>,
+    ) -> Result<Flow<Vec<GradientRecord>>, ReflectionError> {
+        if !self.calls_left() {
+            row.warnings.push("budget_exhausted_before_decision".into());
+            let routed = self.exhaust_all(&batch, None)?;
+            return Ok(Flow::End(CycleEnd::BudgetSpentBeforeDecision(routed)));
+        }
+        // No change can be applied any more this epoch: no model call is spent on the batch,
+        // and its tickets are routed with their own reason (they used up no budget).
+        if self.change_cap_reached() {
+            row.warnings.push("epoch_change_cap_reached".into());
+            for r in &batch {
+                self.route(r, NeedReviewReason::ChangeCapReached, None, None)?;
+            }
+            return Ok(Flow::End(CycleEnd::ChangeCapReached(keys_of(&batch))));
+        }
+        Ok(Flow::Next(batch))
+    }
+
+    /// Pack: whole cases under the token budget, highest priority first; at least one case.
+    fn pack(
+        &self,
+        row: &mut ReflectionRow,
+        batch: Vec<GradientRecord>,
+        guidance: &GuidanceRepo,
+    ) -> Packed {
+        let mut ordered = batch;
+        ordered.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.order.cmp(&b.order))
+                .then(a.ticket_key.cmp(&b.ticket_key))
+        });
+        let (kept, dropped) = self.fit_cases(&ordered, guidance);
+        if !dropped.is_empty() {
+            row.warnings
+                .push(format!("dropped_by_token_budget={}", dropped.len()));
+            // Re-batched uncharged: they never reached a model.
+            row.dropped_by_token_budget = Some(keys_of(&dropped));
+        }
+        Packed { kept, dropped }
+    }
+
+    /// Decision pass: which kept cases are unlearnable even with their label (stop-gradient);
+    /// the others are `L`. Dropped cases go back to their queue uncharged either way.
+    async fn decision_pass(
+        &mut self,
+        row: &mut ReflectionRow,
+        Packed { kept, dropped }: Packed,
+        guidance: &GuidanceRepo,
+        workers: &mut Workers<'_>,
+    ) -> Result<Flow<Learnable>, ReflectionError> {
+        let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
+        let messages = self.decision_messages(&kept, guidance, row.reflection_cycle);
+        let schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
+        let parse = reflection_schema::parse_decision;
+        let decision = self
+            .call_json(row, CallPass::Decision, messages, &schema, workers, parse)
+            .await?;
+        self.state.decisions_epoch.0 += 1;
+        if decision.is_some() {
+            self.state.decisions_epoch.1 += 1;
+        }
+        let Some(decision) = decision else {
+            row.warnings.push("decision_error".into());
+            self.requeue_uncharged(row.retry_attempt, dropped);
+            let routed = self.retry_or_route(kept, Some(&row.reflection_id))?;
+            return Ok(Flow::End(CycleEnd::DecisionFailed(routed)));
+        };
+        let learnable = self.stop_gradient(row, kept, &kept_keys, decision)?;
+        self.requeue_uncharged(row.retry_attempt, dropped);
+        if learnable.records.is_empty() {
+            return Ok(Flow::End(CycleEnd::NothingLearnable));
+        }
+        Ok(Flow::Next(learnable))
+    }
+
+    /// The decision's stop-gradient cases go to need-review (their feedback dropped, excluded
+    /// from everything after); the rest are `L`. The row gets the decision and the split.
+    fn stop_gradient(
+        &mut self,
+        row: &mut ReflectionRow,
+        kept: Vec<GradientRecord>,
+        kept_keys: &BTreeSet<TicketKey>,
+        decision: DecisionOutput,
+    ) -> Result<Learnable, ReflectionError> {
+        let resolved = op_check::resolve_ids(
+            &decision.no_evidence_group_ids,
+            &shorthand(&kept),
+            kept_keys,
+        );
+        if !resolved.unknown.is_empty() {
+            row.warnings
+                .push(format!("unknown_ids={}", resolved.unknown.len()));
+        }
+        let stop: BTreeSet<TicketKey> = resolved.keys.iter().cloned().collect();
+        let mut records = Vec::new();
+        for r in kept {
+            if stop.contains(&r.ticket_key) {
+                let note = Some(decision.decision_analysis.clone());
+                let reason = NeedReviewReason::ReflectionNoEvidenceAfterGt;
+                self.route(&r, reason, Some(&row.reflection_id), note)?;
+            } else {
+                records.push(r);
+            }
+        }
+        let keys: BTreeSet<TicketKey> = records.iter().map(|r| r.ticket_key.clone()).collect();
+        row.stop_gradient = Some(stop);
+        row.learnable = Some(keys.clone());
+        row.decision = Some(DecisionRecord {
+            no_evidence_group_ids: decision.no_evidence_group_ids,
+            resolved: resolved.keys,
+            unknown_ids: resolved.unknown,
+            decision_analysis: decision.decision_analysis,
+        });
+        Ok(Learnable { records, keys })
+    }
+
+    /// Apply: the accepted ops become one guidance version, unless the epoch's change cap is
+    /// reached. Returns `E`: the evidence of the ops actually applied, within `L`.
+    fn apply(
+        &mut self,
+        row: &mut ReflectionRow,
+        validation: &OpsValidation,
+        learnable: &BTreeSet<TicketKey>,
+        guidance: &mut GuidanceRepo,
+    ) -> Result<BTreeSet<TicketKey>, ReflectionError> {
+        let mut applied = false;
+        let mut covered = BTreeSet::new();
+        if !validation.accepted.is_empty() {
+            if self.change_cap_reached() {
+                // Unreachable through the check at the cycle's start (one apply per cycle);
+                // kept so that the cap never depends on that ordering.
+                row.warnings.push("epoch_change_cap_reached".into());
+            } else {
+                match guidance.apply(&validation.ops(), &row.reflection_id) {
+                    Ok(outcome) => {
+                        applied = true;
+                        covered = op_check::evidence_covered(&outcome.applied);
+                        self.record_applied(row, outcome);
+                    }
+                    Err(GuidanceError::NothingApplied { .. }) => {
+                        row.warnings.push("apply_failed:nothing_applied".into())
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        let covered: BTreeSet<TicketKey> = covered.intersection(learnable).cloned().collect();
+        row.applied = Some(applied);
+        row.covered = Some(covered.clone());
+        row.coverage = Some(CoverageCounts::of(learnable.len(), covered.len()));
+        Ok(covered)
+    }
+
+    /// A guidance version was written: it counts against the epoch's cap, its rules owe
+    /// feedback from now on, and the row lists what was applied and what was skipped.
+    fn record_applied(&mut self, row: &mut ReflectionRow, outcome: ApplyOutcome) {
+        self.state.applied_epoch += 1;
+        self.state.last_applied = Some(row.reflection_id.clone());
+        let removed: Vec<RuleKey> = outcome
+            .applied
+            .iter()
+            .flat_map(|a| {
+                let deleted = (a.effect == OpEffect::Deleted).then_some(a.key);
+                deleted.into_iter().chain(a.merged_away.iter().copied())
+            })
+            .collect();
+        self.state
+            .feedback
+            .on_applied(&outcome.touched_keys, &removed);
+        ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "applied")
+            .increment(outcome.applied.len() as u64);
+        row.applied_ops = Some(outcome.applied);
+        row.skipped_at_apply = Some(outcome.skipped);
+    }
+
+    /// Closure: the covered cases (`E`) commit their buffered feedback; `L \ E` retry with a
+    /// smaller batch while they have budget, else go to need-review.
+    fn closure(
+        &mut self,
+        row: &mut ReflectionRow,
+        learnable: Learnable,
+        covered: &BTreeSet<TicketKey>,
+        guidance: &mut GuidanceRepo,
+    ) -> Result<CycleEnd, ReflectionError> {
+        let mut hits = Vec::new();
+        let mut misses = Vec::new();
+        let mut uncovered = Vec::new();
+        for r in learnable.records {
+            if covered.contains(&r.ticket_key) {
+                let keys = self.state.feedback.resolve(&r.feedback.rules);
+                if r.feedback.label_match {
+                    hits.extend(keys);
+                } else {
+                    misses.extend(keys);
+                }
+            } else {
+                uncovered.push(r);
+            }
+        }
+        if !hits.is_empty() || !misses.is_empty() {
+            guidance.record_feedback(&hits, &misses)?;
+        }
+        if !uncovered.is_empty() {
+            row.warnings.push(format!("uncovered={}", uncovered.len()));
+        }
+        row.uncovered = Some(keys_of(&uncovered));
+        let routed = self.retry_or_route(uncovered, Some(&row.reflection_id))?;
+        Ok(CycleEnd::Closed(routed))
+    }
+
+    /// Close: the row gets its routing and closing keys and is appended and synced, the queue
+    /// of routed tickets synced with it; the cycle counts.
+    fn close(
+        &mut self,
+        mut row: ReflectionRow,
+        end: CycleEnd,
+        guidance: &GuidanceRepo,
+    ) -> Result<(), ReflectionError> {
+        row.close(end.routing(), guidance.step(), guidance.head_hash());
+        let path = self.dir.join(files::REFLECTION);
+        self.reflection_log.append(&row).map_err(io_err(&path))?;
+        self.reflection_log.sync().map_err(io_err(&path))?;
+        self.queue_log.sync().map_err(io_err(&path))?;
+        self.state.cycles += 1;
+        Ok(())
+    }
+}

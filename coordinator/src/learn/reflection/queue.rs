@@ -1,0 +1,148 @@
+//! Where gradient candidates wait and where they leave: the pending queue and the retry
+//! buckets (batches halve per retry), the epoch's call and change budgets, and routing to
+//! need-review.
+
+use stageb_shared::domain::TicketKey;
+
+use super::{GradientRecord, ReflectionError, Reflector, io_err};
+use crate::artifacts::files;
+use crate::learn::need_review::{self, NeedReviewReason, NeedReviewRow};
+
+/// Batch size of retry round `attempt` (16 → 8 → 4 …, never below 1).
+pub fn retry_batch_size(batch_size: u32, attempt: u32) -> usize {
+    ((batch_size as usize) >> attempt.min(31)).max(1)
+}
+
+impl Reflector {
+    /// The next batch to reflect on, if one is due. Mid-epoch only full batches are taken;
+    /// at epoch end (`drain`) everything is, including retries created while draining.
+    pub(super) fn next_batch(&mut self, drain: bool) -> Option<(u32, Vec<GradientRecord>)> {
+        let size = self.config.batch_size.max(1) as usize;
+        if self.state.pending.len() >= size || (drain && !self.state.pending.is_empty()) {
+            let n = size.min(self.state.pending.len());
+            return Some((0, self.state.pending.drain(..n).collect()));
+        }
+        let attempts: Vec<u32> = self.state.retry.keys().copied().collect();
+        for attempt in attempts {
+            let bucket = self.state.retry.get_mut(&attempt).expect("listed above");
+            bucket.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
+            let want = retry_batch_size(self.config.batch_size, attempt);
+            if bucket.len() >= want || (drain && !bucket.is_empty()) {
+                let n = want.min(bucket.len());
+                let batch: Vec<_> = bucket.drain(..n).collect();
+                if bucket.is_empty() {
+                    self.state.retry.remove(&attempt);
+                }
+                return Some((attempt, batch));
+            }
+        }
+        None
+    }
+
+    pub(super) fn route(
+        &mut self,
+        record: &GradientRecord,
+        reason: NeedReviewReason,
+        reflection_id: Option<&str>,
+        note: Option<String>,
+    ) -> Result<(), ReflectionError> {
+        let at = need_review::RoutingPoint {
+            epoch: self.state.epoch,
+            reflection_cycle: self.state.cycles,
+            reflection_id: reflection_id.map(str::to_string),
+        };
+        let row =
+            NeedReviewRow::from_selection(&record.identity(), &record.selection, reason, &at, note);
+        let path = self.dir.join(files::NEED_REVIEW_QUEUE);
+        self.queue_log.append(&row).map_err(io_err(&path))?;
+        self.routed
+            .entry(self.state.epoch)
+            .or_default()
+            .insert(record.ticket_key.clone());
+        self.need_review_rows.push(row);
+        Ok(())
+    }
+
+    /// Route every record to need-review `budget_exhausted` (the epoch's call budget is spent).
+    pub(super) fn exhaust_all(
+        &mut self,
+        records: &[GradientRecord],
+        reflection_id: Option<&str>,
+    ) -> Result<Vec<TicketKey>, ReflectionError> {
+        let mut routed = Vec::with_capacity(records.len());
+        for r in records {
+            routed.push(r.ticket_key.clone());
+            self.route(r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
+        }
+        Ok(routed)
+    }
+
+    /// `L \ E` and dropped cases: retried with a smaller batch while budget remains, else
+    /// need-review `budget_exhausted`. Returns the keys routed.
+    pub(super) fn retry_or_route(
+        &mut self,
+        records: Vec<GradientRecord>,
+        reflection_id: Option<&str>,
+    ) -> Result<Vec<TicketKey>, ReflectionError> {
+        let mut routed = Vec::new();
+        let mut records = records;
+        records.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
+        for r in records {
+            let count = self
+                .state
+                .retry_counts
+                .entry(r.ticket_key.clone())
+                .or_insert(0);
+            *count += 1;
+            let count = *count;
+            if count <= self.config.retry_budget_per_group_per_epoch {
+                self.state.retry.entry(count).or_default().push(r);
+            } else {
+                routed.push(r.ticket_key.clone());
+                self.route(&r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
+            }
+        }
+        Ok(routed)
+    }
+
+    /// Cases dropped by the token budget never reached a model: they go back to the queue
+    /// they came from (arrival order kept) without being charged a retry.
+    pub(super) fn requeue_uncharged(&mut self, attempt: u32, records: Vec<GradientRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        if attempt == 0 {
+            self.state.pending.extend(records);
+            self.state.pending.sort_by_key(|r| r.order);
+        } else {
+            self.state.retry.entry(attempt).or_default().extend(records);
+        }
+    }
+
+    /// Has the epoch applied `change_cap_per_epoch` reflections already?
+    pub(super) fn change_cap_reached(&self) -> bool {
+        self.config
+            .change_cap_per_epoch
+            .is_some_and(|cap| self.state.applied_epoch >= cap)
+    }
+
+    pub(super) fn calls_left(&self) -> bool {
+        self.config
+            .max_calls_per_epoch
+            .is_none_or(|cap| self.state.calls_epoch < cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn retry_batches_halve_and_never_reach_zero() {
+        // The original's _batch_size_for_retry behaviour.
+        assert_eq!(retry_batch_size(32, 0), 32);
+        assert_eq!(retry_batch_size(32, 1), 16);
+        assert_eq!(retry_batch_size(32, 2), 8);
+        assert_eq!(retry_batch_size(3, 2), 1);
+    }
+}
