@@ -289,7 +289,9 @@ fn hostile_text_in_artifacts_is_escaped() {
 
     let mut reflections = read_jsonl(&run_dir, files::REFLECTION);
     reflections[0]["rejected_ops"] = json!([{
-        "index": 0, "reason": HOSTILE, "detail": HOSTILE_ATTR,
+        // A valid reason code: the row must still read as a reflection row (an unknown code
+        // makes the whole row a note), so the detail and the proposed text reach the page.
+        "index": 0, "reason": "label_leak", "detail": HOSTILE_ATTR,
         "proposed": {"op": "add", "text": HOSTILE, "evidence": []},
     }]);
     write_jsonl(&run_dir.join(files::REFLECTION), &reflections);
