@@ -168,6 +168,17 @@ fn now_iso() -> String {
     crate::guidance::utc_now_iso()
 }
 
+/// An epoch under way: which one, its tickets and config, its metrics window so far, when it
+/// started, and how many of its tickets were decided.
+struct EpochRun<'a> {
+    epoch: u32,
+    tickets: &'a [Ticket],
+    cfg: &'a RunConfig,
+    window: accuracy::Accumulator,
+    started: Instant,
+    epoch_step: u64,
+}
+
 /// The rank-0 run loop.
 pub struct RunLoop {
     inputs: RunInputs,
@@ -410,8 +421,8 @@ impl RunLoop {
             tickets.len(),
             derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]),
         );
-        let epoch_start = Instant::now();
-        let mut window = match start.window {
+        let started = Instant::now();
+        let window = match start.window {
             Some(window) => window,
             None => {
                 // The reflector's epoch state comes with a mid-epoch checkpoint's window.
@@ -422,87 +433,124 @@ impl RunLoop {
         };
         ::metrics::gauge!(observe::EPOCH).set(epoch);
         ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
-        let mut epoch_step = start.epoch_step;
+        let mut run = EpochRun {
+            epoch,
+            tickets,
+            cfg,
+            window,
+            started,
+            epoch_step: start.epoch_step,
+        };
         let skip = usize::try_from(start.steps_done).unwrap_or(usize::MAX);
         let steps = order.chunks(step_size(cfg)).skip(skip);
         for (steps_done, step) in (start.steps_done + 1..).zip(steps) {
-            self.schedule_step += 1;
-            self.progress
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .epoch = epoch;
-            let guidance_lines = self.guidance.render_for_prompt();
-            let guidance_step = self.guidance.step();
-            let g0 = self.guidance.current().g0().to_string();
-            let mut jobs: Vec<(JobId, usize)> = Vec::with_capacity(step.len());
-            for &ti in step {
-                let t = &tickets[ti];
-                jobs.push((
-                    self.scheduler
-                        .enqueue(rollout_payload(cfg, epoch, t, &guidance_lines)),
-                    ti,
-                ));
-            }
-            let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
-            let mut done = self.await_jobs(&ids).await?;
-            for (job, ti) in jobs {
-                let completion = done
-                    .remove(&job)
-                    .expect("await_jobs returns every requested job");
-                epoch_step += 1;
-                self.global_step += 1;
-                let at = TicketAt {
-                    epoch,
-                    epoch_step,
-                    guidance_step,
-                    ticket: &tickets[ti],
-                    cfg,
-                };
-                let outcome = self.decide_ticket(&at, &g0, ti, completion)?;
-                ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
-                let t = &tickets[ti];
-                window.push(accuracy::Outcome {
-                    ticket_key: t.key(),
-                    gt: t.label,
-                    verdict: outcome.selection.verdict,
-                    in_manual_review: outcome.selection.verdict.is_none(),
-                });
-                if outcome.eligibility.eligible {
-                    self.reflector
-                        .add_candidate(GradientRecord::from_outcome(t, &outcome, epoch));
-                } else if outcome.selection.verdict.is_some() {
-                    self.reflector.add_stable(outcome.selection.label_match);
-                }
-                if let Some(row) = window.window_row_if_due(self.global_step, epoch_start.elapsed())
-                {
-                    self.writers
-                        .metrics
-                        .append(&row)
-                        .map_err(io_err(&self.dir))?;
-                }
-            }
-            // Step boundary: make the step durable before guidance may change.
-            self.writers.sync().map_err(io_err(&self.dir))?;
-            self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
-            self.reflector
-                .on_step_end(
-                    epoch,
-                    self.global_step,
-                    &mut self.guidance,
-                    &self.scheduler,
-                    &mut self.completions,
-                    false,
-                )
-                .await?;
-            ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
+            self.run_step(&mut run, step).await?;
             let here = Position {
                 epoch,
                 steps_done,
-                epoch_step,
+                epoch_step: run.epoch_step,
             };
-            self.checkpoint_at(here, Some(&window))?;
+            self.checkpoint_at(here, Some(&run.window))?;
         }
-        // Epoch end: drain reflection (including retries), then close the epoch's metrics.
+        self.close_epoch(run).await
+    }
+
+    /// One step: its rollouts queued under the step's guidance, its tickets decided in step
+    /// order once all have answered, then the step made durable and handed to reflection.
+    async fn run_step(&mut self, run: &mut EpochRun<'_>, step: &[usize]) -> Result<(), RunError> {
+        self.schedule_step += 1;
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .epoch = run.epoch;
+        let guidance_lines = self.guidance.render_for_prompt();
+        let guidance_step = self.guidance.step();
+        let g0 = self.guidance.current().g0().to_string();
+        let jobs: Vec<(JobId, usize)> = step
+            .iter()
+            .map(|&ti| {
+                let payload =
+                    rollout_payload(run.cfg, run.epoch, &run.tickets[ti], &guidance_lines);
+                (self.scheduler.enqueue(payload), ti)
+            })
+            .collect();
+        let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
+        let mut done = self.await_jobs(&ids).await?;
+        for (job, ti) in jobs {
+            let completion = done
+                .remove(&job)
+                .expect("await_jobs returns every requested job");
+            self.decide_in_step(run, guidance_step, &g0, ti, completion)?;
+        }
+        // Step boundary: make the step durable before guidance may change.
+        self.writers.sync().map_err(io_err(&self.dir))?;
+        self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
+        self.reflector
+            .on_step_end(
+                run.epoch,
+                self.global_step,
+                &mut self.guidance,
+                &self.scheduler,
+                &mut self.completions,
+                false,
+            )
+            .await?;
+        ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
+        Ok(())
+    }
+
+    /// Decides ticket `ti` of the step and feeds its outcome to the epoch's metrics window
+    /// (writing a window row when one is due) and to reflection.
+    fn decide_in_step(
+        &mut self,
+        run: &mut EpochRun<'_>,
+        guidance_step: u64,
+        g0: &str,
+        ti: usize,
+        completion: Completion,
+    ) -> Result<(), RunError> {
+        run.epoch_step += 1;
+        self.global_step += 1;
+        let t = &run.tickets[ti];
+        let at = TicketAt {
+            epoch: run.epoch,
+            epoch_step: run.epoch_step,
+            guidance_step,
+            ticket: t,
+            cfg: run.cfg,
+        };
+        let outcome = self.decide_ticket(&at, g0, ti, completion)?;
+        ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
+        run.window.push(accuracy::Outcome {
+            ticket_key: t.key(),
+            gt: t.label,
+            verdict: outcome.selection.verdict,
+            in_manual_review: outcome.selection.verdict.is_none(),
+        });
+        if outcome.eligibility.eligible {
+            self.reflector
+                .add_candidate(GradientRecord::from_outcome(t, &outcome, run.epoch));
+        } else if outcome.selection.verdict.is_some() {
+            self.reflector.add_stable(outcome.selection.label_match);
+        }
+        match run
+            .window
+            .window_row_if_due(self.global_step, run.started.elapsed())
+        {
+            Some(row) => self.append_metrics(&row),
+            None => Ok(()),
+        }
+    }
+
+    /// Epoch end: drain reflection (including retries), then close the epoch's metrics with
+    /// the tickets reflection routed to need-review. Returns the epoch row.
+    async fn close_epoch(&mut self, run: EpochRun<'_>) -> Result<serde_json::Value, RunError> {
+        let EpochRun {
+            epoch,
+            mut window,
+            started,
+            ..
+        } = run;
         self.reflector
             .on_step_end(
                 epoch,
@@ -515,21 +563,19 @@ impl RunLoop {
             .await?;
         let routed = self.reflector.need_review_keys(epoch);
         window.mark_need_review(&routed);
-        if let Some(row) = window.partial_row(self.global_step, epoch_start.elapsed()) {
-            self.writers
-                .metrics
-                .append(&row)
-                .map_err(io_err(&self.dir))?;
+        if let Some(row) = window.partial_row(self.global_step, started.elapsed()) {
+            self.append_metrics(&row)?;
         }
         let epoch_row = window.epoch_row(self.global_step);
         record_epoch_accuracy(epoch, &epoch_row);
-        self.writers
-            .metrics
-            .append(&epoch_row)
-            .map_err(io_err(&self.dir))?;
+        self.append_metrics(&epoch_row)?;
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.reflector.end_epoch(epoch, &mut self.guidance)?;
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
+    }
+
+    fn append_metrics(&mut self, row: &accuracy::MetricsRow) -> Result<(), RunError> {
+        self.writers.metrics.append(row).map_err(io_err(&self.dir))
     }
 
     /// Wait until every rollout job in `ids` completed, failing if workers vanish for too long.
