@@ -17,8 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::{ConfigNotice, RunConfig};
 use stageb_shared::domain::Ticket;
 use stageb_shared::ingest::Ingested;
@@ -27,7 +25,6 @@ use stageb_shared::observe;
 use stageb_shared::seed::{derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
-use crate::artifacts::write_json_atomic;
 use crate::cluster::completions::{WaitError, await_any};
 use crate::cluster::scheduler::{Completion, JobId, JobOutput, Scheduler};
 use crate::decide::accuracy;
@@ -37,11 +34,11 @@ use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
 mod outputs;
-mod prefix_reuse;
+pub mod prefix_reuse;
 pub mod rollout_prompt;
 pub mod start;
 mod ticket;
-pub use outputs::RunSummary;
+pub use crate::artifacts::documents::RunSummary;
 use outputs::Writers;
 use prefix_reuse::PrefixReuse;
 pub use rollout_prompt::rollout_payload;
@@ -345,32 +342,7 @@ impl RunLoop {
         self.reflector.finish_run()?;
         let finished_at = now_iso();
         self.write_manifest(&started_at, Some(&finished_at))?;
-        let summary = RunSummary {
-            schema_version: SCHEMA_VERSION,
-            mission: self.inputs.ingested.mission.clone(),
-            run_dir: self.dir.clone(),
-            tickets: tickets.len(),
-            epochs: cfg.runner.epochs,
-            candidates: self.candidates_seen,
-            malformed_candidates: self.malformed,
-            hard_failures: self.hard_failures,
-            epoch_accuracy: self.epoch_rows.clone(),
-            guidance_step: self.guidance.step(),
-            guidance_hash: self.guidance.head_hash().to_string(),
-            need_review: self.reflector.need_review_count(),
-            reflection_cycles: self.reflector.cycles(),
-            warnings: self.reflector.run_warnings().to_vec(),
-            runtime: json!({
-                "started_at": started_at,
-                "finished_at": finished_at,
-                "elapsed_seconds": started.elapsed().as_secs_f64(),
-                "scheduler": self.scheduler.stats(),
-                "prefix_cache": self.prefix_reuse,
-            }),
-        };
-        let path = self.dir.join(files::SUMMARY);
-        write_json_atomic(&path, &summary).map_err(io_err(&path))?;
-        Ok(summary)
+        self.write_summary(cfg.runner.epochs, started, started_at, finished_at)
     }
 
     /// Wait for the run's model and context, fit the config's lengths into the context and

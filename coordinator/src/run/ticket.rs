@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::RunConfig;
 use stageb_shared::contract;
@@ -14,25 +13,15 @@ use stageb_shared::observe;
 use stageb_shared::seed::candidate_seed;
 
 use super::{RunError, RunLoop, io_err};
-use crate::cluster::scheduler::{Completion, JobFailure, JobOutput, Provenance};
+use crate::artifacts::rows::{
+    CandidateResult, DecodeRecord, FailureRow, RolloutTiming, RowRuntime, SelectionResult,
+    SelectionRow, TrajectoryRow, ViolationRecord, failure_reason,
+};
+use crate::cluster::scheduler::{Completion, JobFailure, JobOutput};
 use crate::decide::eligibility;
 use crate::decide::selection::{self, Selection, VoteCandidate};
 use crate::decide::signals;
 use crate::learn::reflection::TicketOutcome;
-
-/// Where a row was produced: excluded from determinism comparisons.
-fn runtime_json(p: Option<&Provenance>, extra: serde_json::Value) -> serde_json::Value {
-    let mut v = match p {
-        Some(p) => json!({"worker_id": p.worker_id, "lease_id": p.lease_id, "attempt": p.attempt}),
-        None => json!({}),
-    };
-    if let (Some(obj), Some(more)) = (v.as_object_mut(), extra.as_object()) {
-        for (k, val) in more {
-            obj.insert(k.clone(), val.clone());
-        }
-    }
-    v
-}
 
 impl RunLoop {
     /// Parse, vote, override and write one ticket's rows. Pure decisions come from
@@ -45,7 +34,7 @@ impl RunLoop {
         completion: Completion,
     ) -> Result<TicketOutcome, RunError> {
         let ticket = at.ticket;
-        let provenance = completion.provenance.clone();
+        let provenance = completion.provenance;
         if let (
             Some(_),
             Ok(JobOutput::Rollout {
@@ -69,45 +58,53 @@ impl RunLoop {
         );
         let eligibility = eligibility::assess(&selection, ticket.label);
 
-        self.write_trajectories(judged.rows, &selection, provenance.as_ref(), &answer.timing)?;
+        let runtime = RowRuntime {
+            provenance,
+            rollout: answer.timing,
+        };
+        self.write_trajectories(judged.rows, &selection, &runtime)?;
         if selection.verdict.is_none() {
             // A hard failure: logged, never routed to need-review (seed 003).
-            self.write_hard_failure(at, answer.job_error.as_ref())?;
+            self.write_hard_failure(at, answer.job_error.clone())?;
         }
         let ineligible_reason = match (&answer.job_error, selection.verdict) {
-            (Some(f), _) => Some(format!("engine_error:{}", f.code)),
-            (None, None) => Some("no_valid_candidates".to_string()),
+            (Some(f), _) => Some(format!("{}:{}", failure_reason::ENGINE_ERROR, f.code)),
+            (None, None) => Some(failure_reason::NO_VALID_CANDIDATES.to_string()),
             _ => None,
         };
-        let row = json!({
-            "schema_version": SCHEMA_VERSION,
-            "group_id": ticket.group_id,
-            "mission": ticket.mission,
-            "ticket_key": ticket.key(),
-            "gt_label": ticket.label,
-            "epoch": at.epoch,
-            "epoch_step": at.epoch_step,
-            "global_step": self.global_step,
-            "schedule_step": self.schedule_step,
-            "result": selection_result_json(
-                &selection,
-                at.guidance_step,
-                self.reflector.last_applied_reflection(),
-                self.reflector.cycles(),
+        let row = SelectionRow {
+            schema_version: SCHEMA_VERSION,
+            group_id: ticket.group_id.clone(),
+            mission: ticket.mission.clone(),
+            ticket_key: ticket.key().0,
+            gt_label: Some(ticket.label),
+            epoch: at.epoch,
+            epoch_step: at.epoch_step,
+            global_step: self.global_step,
+            schedule_step: self.schedule_step,
+            result: SelectionResult {
+                selection,
+                guidance_step: at.guidance_step,
+                reflection_change: self.reflector.last_applied_reflection(),
+                reflection_cycle: self.reflector.cycles(),
+                eligible: ineligible_reason.is_none(),
                 ineligible_reason,
-            ),
-            "eligibility": eligibility,
-            "guidance_hash": self.guidance.head_hash(),
-            "runtime": runtime_json(provenance.as_ref(), json!({})),
-        });
+            },
+            eligibility,
+            guidance_hash: self.guidance.head_hash().to_string(),
+            runtime: RowRuntime {
+                provenance: runtime.provenance,
+                rollout: None,
+            },
+        };
         self.writers
             .selections
             .append(&row)
             .map_err(io_err(&self.dir))?;
         Ok(TicketOutcome {
             ticket_index,
-            selection,
-            eligibility,
+            selection: row.result.selection,
+            eligibility: row.eligibility,
             candidates: judged.vote,
             raw_texts: judged.raw_texts,
         })
@@ -125,63 +122,50 @@ impl RunLoop {
         let spd = cfg.sampler.samples_per_decode;
         let mut judged = JudgedCandidates::default();
         for (d, spec) in cfg.sampler.decode_specs().iter().enumerate() {
+            let d = d as u32;
             for s in 0..spd {
-                let candidate_index = d as u32 * spd + s;
-                let Some(answer) = texts.remove(&(d as u32, s)) else {
+                let candidate_index = d * spd + s;
+                let Some(answer) = texts.remove(&(d, s)) else {
                     continue;
                 };
                 let (verdict, reason, violation) = match contract::parse(&answer.text) {
                     Ok(ok) => (Some(ok.verdict), ok.reason, None),
-                    Err(v) => (None, String::new(), Some(v)),
+                    Err(v) => (
+                        None,
+                        String::new(),
+                        Some(ViolationRecord {
+                            code: v.code.code().to_string(),
+                            detail: v.detail,
+                        }),
+                    ),
                 };
                 self.candidates_seen += 1;
                 ::metrics::counter!(observe::CANDIDATES).increment(1);
                 if let Some(v) = &violation {
-                    self.malformed += 1;
-                    ::metrics::counter!(observe::CANDIDATES_MALFORMED, "code" => v.code.code())
-                        .increment(1);
-                    tracing::warn!(ticket = %key, candidate_index, code = v.code.code(), "malformed candidate dropped from the vote");
-                    let row = json!({
-                        "schema_version": SCHEMA_VERSION,
-                        "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
-                        "gt_label": ticket.label, "epoch": at.epoch, "global_step": self.global_step,
-                        "epoch_step": at.epoch_step, "guidance_step": at.guidance_step,
-                        "guidance_hash": self.guidance.head_hash(),
-                        "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
-                        "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": answer.text, "error": null,
-                    });
-                    self.writers
-                        .failures
-                        .append(&row)
-                        .map_err(io_err(&self.dir))?;
+                    self.write_malformed(at, candidate_index, d, v, &answer.text)?;
                 }
-                let seed = candidate_seed(cfg.seed, at.epoch, key.as_str(), d as u32, s);
-                judged.rows.push(json!({
-                    "schema_version": SCHEMA_VERSION,
-                    "group_id": ticket.group_id,
-                    "mission": ticket.mission,
-                    "ticket_key": key,
-                    "gt_label": ticket.label,
-                    "epoch": at.epoch,
-                    "global_step": self.global_step,
-                    "guidance_step": at.guidance_step,
-                    "reflection_cycle": self.reflector.cycles(),
-                    "result": {
-                        "candidate_index": candidate_index,
-                        "decode_index": d,
-                        "sample_index": s,
-                        "decode": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
-                                   "repetition_penalty": spec.repetition_penalty, "seed": seed},
-                        "text": answer.text,
-                        "verdict": verdict,
-                        "reason": reason,
-                        "format_ok": violation.is_none(),
-                        "violation": violation.as_ref().map(|v| json!({"code": v.code.code(), "detail": v.detail})),
-                        "finish_reason": answer.finish_reason,
-                        "completion_tokens": answer.completion_tokens,
-                        "label_match": verdict.map(|v| v == ticket.label),
+                let result = CandidateResult {
+                    candidate_index,
+                    decode_index: d,
+                    sample_index: s,
+                    decode: DecodeRecord {
+                        temperature: f64::from(spec.temperature),
+                        top_p: f64::from(spec.top_p),
+                        max_new_tokens: spec.max_new_tokens,
+                        repetition_penalty: f64::from(spec.repetition_penalty),
+                        seed: candidate_seed(cfg.seed, at.epoch, key.as_str(), d, s),
                     },
-                }));
+                    text: answer.text.clone(),
+                    verdict,
+                    reason: reason.clone(),
+                    format_ok: violation.is_none(),
+                    violation,
+                    finish_reason: answer.finish_reason,
+                    completion_tokens: answer.completion_tokens,
+                    label_match: verdict.map(|v| v == ticket.label),
+                    ..CandidateResult::default()
+                };
+                judged.rows.push(self.trajectory_row(at, result));
                 judged.vote.push(VoteCandidate {
                     candidate_index,
                     temperature: spec.temperature,
@@ -194,24 +178,36 @@ impl RunLoop {
         Ok(judged)
     }
 
+    /// A candidate's trajectory row, before the vote's signals and the runtime are known.
+    fn trajectory_row(&self, at: &TicketAt<'_>, result: CandidateResult) -> TrajectoryRow {
+        let ticket = at.ticket;
+        TrajectoryRow {
+            schema_version: SCHEMA_VERSION,
+            group_id: ticket.group_id.clone(),
+            mission: ticket.mission.clone(),
+            ticket_key: ticket.key().0,
+            gt_label: Some(ticket.label),
+            epoch: at.epoch,
+            global_step: self.global_step,
+            guidance_step: at.guidance_step,
+            reflection_cycle: self.reflector.cycles(),
+            result,
+            runtime: RowRuntime::default(),
+        }
+    }
+
     /// Trajectory rows carry the ticket-level signals, as in the original.
     fn write_trajectories(
         &mut self,
-        rows: Vec<serde_json::Value>,
+        rows: Vec<TrajectoryRow>,
         selection: &Selection,
-        provenance: Option<&Provenance>,
-        timing: &serde_json::Value,
+        runtime: &RowRuntime,
     ) -> Result<(), RunError> {
         for mut row in rows {
-            if let Some(result) = row["result"].as_object_mut() {
-                result.insert("vote_strength".into(), json!(selection.vote_strength));
-                result.insert("low_agreement".into(), json!(selection.low_agreement));
-                result.insert(
-                    "needs_manual_review".into(),
-                    json!(selection.needs_manual_review),
-                );
-            }
-            row["runtime"] = runtime_json(provenance, timing.clone());
+            row.result.vote_strength = selection.vote_strength;
+            row.result.low_agreement = selection.low_agreement;
+            row.result.needs_manual_review = selection.needs_manual_review;
+            row.runtime = runtime.clone();
             self.writers
                 .trajectories
                 .append(&row)
@@ -220,29 +216,72 @@ impl RunLoop {
         Ok(())
     }
 
+    /// A candidate that broke the contract: counted, logged, and its `failure_malformed` row
+    /// written; it is dropped from the vote.
+    fn write_malformed(
+        &mut self,
+        at: &TicketAt<'_>,
+        candidate_index: u32,
+        decode_index: u32,
+        violation: &ViolationRecord,
+        text: &str,
+    ) -> Result<(), RunError> {
+        self.malformed += 1;
+        let code = violation.code.as_str();
+        ::metrics::counter!(observe::CANDIDATES_MALFORMED, "code" => code.to_string()).increment(1);
+        tracing::warn!(ticket = %at.ticket.key(), candidate_index, code, "malformed candidate dropped from the vote");
+        let row = FailureRow {
+            candidate_index: Some(candidate_index),
+            decode_index: Some(decode_index),
+            violation: Some(violation.clone()),
+            raw_text: Some(text.to_string()),
+            ..self.failure_row(at, failure_reason::FORMAT_ERROR)
+        };
+        self.writers
+            .failures
+            .append(&row)
+            .map_err(io_err(&self.dir))
+    }
+
     /// A ticket without a verdict: its `failure_malformed` row (engine error or no valid
     /// candidate), counted as a hard failure.
     fn write_hard_failure(
         &mut self,
         at: &TicketAt<'_>,
-        job_error: Option<&JobFailure>,
+        job_error: Option<JobFailure>,
     ) -> Result<(), RunError> {
         self.hard_failures += 1;
-        let ticket = at.ticket;
-        let row = json!({
-            "schema_version": SCHEMA_VERSION,
-            "ticket_key": ticket.key(), "group_id": ticket.group_id, "mission": ticket.mission,
-            "gt_label": ticket.label, "epoch": at.epoch, "global_step": self.global_step,
-            "epoch_step": at.epoch_step, "guidance_step": at.guidance_step,
-            "guidance_hash": self.guidance.head_hash(),
-            "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
-            "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
-            "error": job_error.map(|f| json!({"code": f.code, "message": f.message})),
-        });
+        let reason = match job_error {
+            Some(_) => failure_reason::ENGINE_ERROR,
+            None => failure_reason::NO_VALID_CANDIDATES,
+        };
+        let row = FailureRow {
+            error: job_error,
+            ..self.failure_row(at, reason)
+        };
         self.writers
             .failures
             .append(&row)
             .map_err(io_err(&self.dir))
+    }
+
+    /// The ticket's part of a failure row; the candidate's part and the error are `null`.
+    fn failure_row(&self, at: &TicketAt<'_>, reason: &str) -> FailureRow {
+        let ticket = at.ticket;
+        FailureRow {
+            schema_version: SCHEMA_VERSION,
+            ticket_key: ticket.key().0,
+            group_id: ticket.group_id.clone(),
+            mission: ticket.mission.clone(),
+            gt_label: Some(ticket.label),
+            epoch: at.epoch,
+            global_step: self.global_step,
+            epoch_step: at.epoch_step,
+            guidance_step: at.guidance_step,
+            guidance_hash: self.guidance.head_hash().to_string(),
+            reason: reason.to_string(),
+            ..FailureRow::default()
+        }
     }
 }
 
@@ -265,7 +304,7 @@ struct CandidateAnswer {
 /// A rollout job's result, unpacked: candidates by (decode, sample), timing, or the job error.
 struct RolloutAnswer {
     texts: BTreeMap<(u32, u32), CandidateAnswer>,
-    timing: serde_json::Value,
+    timing: Option<RolloutTiming>,
     job_error: Option<JobFailure>,
 }
 
@@ -273,7 +312,7 @@ impl RolloutAnswer {
     fn from_result(result: Result<JobOutput, JobFailure>) -> Self {
         let mut answer = RolloutAnswer {
             texts: BTreeMap::new(),
-            timing: json!({}),
+            timing: None,
             job_error: None,
         };
         match result {
@@ -284,8 +323,12 @@ impl RolloutAnswer {
                 prefill_us,
                 decode_us,
             }) => {
-                answer.timing = json!({"prompt_tokens": prompt_tokens, "prefix_tokens": prefix_tokens,
-                                       "prefill_us": prefill_us, "decode_us": decode_us});
+                answer.timing = Some(RolloutTiming {
+                    prompt_tokens,
+                    prefix_tokens,
+                    prefill_us,
+                    decode_us,
+                });
                 for c in candidates {
                     answer.texts.insert(
                         (c.decode_index, c.sample_index),
@@ -315,24 +358,5 @@ struct JudgedCandidates {
     vote: Vec<VoteCandidate>,
     raw_texts: Vec<String>,
     /// Trajectory rows, completed with the vote's signals before they are written.
-    rows: Vec<serde_json::Value>,
-}
-
-/// The `result` object of a selections row: the original's fields plus stageb's audit fields.
-fn selection_result_json(
-    selection: &Selection,
-    guidance_step: u64,
-    reflection_change: Option<String>,
-    reflection_cycle: u64,
-    ineligible_reason: Option<String>,
-) -> serde_json::Value {
-    let mut v = serde_json::to_value(selection).unwrap_or_else(|_| json!({}));
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("guidance_step".into(), json!(guidance_step));
-        obj.insert("reflection_change".into(), json!(reflection_change));
-        obj.insert("reflection_cycle".into(), json!(reflection_cycle));
-        obj.insert("eligible".into(), json!(ineligible_reason.is_none()));
-        obj.insert("ineligible_reason".into(), json!(ineligible_reason));
-    }
-    v
+    rows: Vec<TrajectoryRow>,
 }

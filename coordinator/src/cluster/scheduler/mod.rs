@@ -154,8 +154,10 @@ struct Inner {
     times: JobTimes,
 }
 
-/// Counters for progress reporting and the run summary.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+/// Counters for progress reporting and the run summary (`summary.json` `runtime.scheduler`;
+/// a summary written before a counter existed reads it as 0).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SchedulerStats {
     pub leases_issued: u64,
     pub leases_expired: u64,
