@@ -12,7 +12,7 @@
 //! [`Completion`]s on a channel, in whatever order workers finish. The run loop restores a
 //! deterministic order itself.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use tokio::sync::{Notify, mpsc};
 pub mod job;
 pub mod journal;
 pub mod result_check;
+mod sessions;
 pub mod speculation;
 
 pub use job::{
@@ -30,6 +31,7 @@ pub use job::{
 };
 use journal::{Journal, ReplayCache, payload_digest};
 use result_check::validate_output;
+use sessions::SessionState;
 
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
@@ -130,12 +132,6 @@ struct LeaseState {
     issued: Instant,
     /// A second copy of a straggling job.
     speculative: bool,
-}
-
-#[derive(Debug)]
-struct SessionState {
-    worker_id: String,
-    last_seen: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -294,105 +290,6 @@ impl Scheduler {
             None => self.work_available.notify_waiters(),
         }
         id
-    }
-
-    /// A new session for a worker. Returns (worker id, session secret), or `Exhausted` when
-    /// `max_sessions` sessions are live.
-    pub fn register(&self) -> Result<(String, String), SubmitError> {
-        self.register_replacing("")
-            .map(|(worker, session, _)| (worker, session))
-    }
-
-    /// [`Scheduler::register`] for a worker that held `previous` (its old session secret,
-    /// which only that worker knows): the old session is retired first and its leases are
-    /// fenced at once, their jobs back at the front of the queue, instead of waiting out their
-    /// TTL. Whatever the worker was running under the old session it has dropped, or it would
-    /// not register again. Returns the ids of the fenced leases as the third element.
-    pub fn register_replacing(
-        &self,
-        previous: &str,
-    ) -> Result<(String, String, Vec<LeaseId>), SubmitError> {
-        let mut failed = Vec::new();
-        let mut g = self.lock();
-        let mut fenced: Vec<LeaseId> = Vec::new();
-        if !previous.is_empty() && g.sessions.remove(previous).is_some() {
-            fenced = g
-                .leases
-                .iter()
-                .filter(|(_, l)| l.session == previous)
-                .map(|(id, _)| *id)
-                .collect();
-            // Highest id first, each pushed to the front: the oldest lease's job leads.
-            fenced.sort_unstable_by(|a, b| b.cmp(a));
-            for id in &fenced {
-                self.expire_lease(&mut g, *id, &mut failed);
-            }
-            g.stats.leases_fenced_on_register += fenced.len() as u64;
-        }
-        let registered = self.register_locked(&mut g);
-        drop(g);
-        self.after_expiry(failed, !fenced.is_empty());
-        registered.map(|(worker, session)| (worker, session, fenced))
-    }
-
-    fn register_locked(&self, g: &mut Inner) -> Result<(String, String), SubmitError> {
-        if g.sessions.len() >= self.config.max_sessions {
-            self.forget_idle_sessions(g, Instant::now());
-            if g.sessions.len() >= self.config.max_sessions {
-                return Err(SubmitError::Exhausted(format!(
-                    "too many worker sessions ({}); retry later",
-                    g.sessions.len()
-                )));
-            }
-        }
-        let worker_id = format!("w{}", g.next_worker);
-        g.next_worker += 1;
-        let session = uuid::Uuid::new_v4().simple().to_string();
-        g.sessions.insert(
-            session.clone(),
-            SessionState {
-                worker_id: worker_id.clone(),
-                last_seen: Instant::now(),
-            },
-        );
-        Ok((worker_id, session))
-    }
-
-    /// Number of sessions held (live or idle but not yet forgotten).
-    pub fn sessions(&self) -> usize {
-        self.lock().sessions.len()
-    }
-
-    /// Forget sessions idle past `session_idle_ttl` that hold no lease.
-    fn forget_idle_sessions(&self, g: &mut Inner, now: Instant) {
-        let ttl = self.config.session_idle_ttl;
-        let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
-        let idle: Vec<String> = g
-            .sessions
-            .iter()
-            .filter(|(id, s)| {
-                now.saturating_duration_since(s.last_seen) >= ttl && !holding.contains(id.as_str())
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in idle {
-            g.sessions.remove(&id);
-            g.stats.sessions_expired += 1;
-        }
-    }
-
-    pub fn has_session(&self, session: &str) -> bool {
-        self.lock().sessions.contains_key(session)
-    }
-
-    /// Number of sessions seen within two lease TTLs.
-    pub fn live_workers(&self) -> usize {
-        let g = self.lock();
-        let horizon = self.config.lease_ttl * 2;
-        g.sessions
-            .values()
-            .filter(|s| s.last_seen.elapsed() < horizon)
-            .count()
     }
 
     pub fn stats(&self) -> SchedulerStats {
