@@ -23,16 +23,24 @@ use crate::cluster::scheduler::{JobFailure, Provenance};
 use crate::decide::eligibility::Eligibility;
 use crate::decide::selection::Selection;
 
-/// One row of `selections.jsonl`: a ticket's decision in one epoch.
+/// The first keys of a selection row and of a trajectory row: the ticket and the epoch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct SelectionRow {
+pub struct TicketHead {
     pub schema_version: u32,
     pub group_id: String,
     pub mission: String,
     pub ticket_key: String,
     pub gt_label: Option<Verdict>,
     pub epoch: u32,
+}
+
+/// One row of `selections.jsonl`: a ticket's decision in one epoch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SelectionRow {
+    #[serde(flatten)]
+    pub ticket: TicketHead,
     /// 1-based position of the ticket in its epoch.
     pub epoch_step: u64,
     /// Tickets decided so far in the run, this one included.
@@ -67,12 +75,8 @@ pub struct SelectionResult {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TrajectoryRow {
-    pub schema_version: u32,
-    pub group_id: String,
-    pub mission: String,
-    pub ticket_key: String,
-    pub gt_label: Option<Verdict>,
-    pub epoch: u32,
+    #[serde(flatten)]
+    pub ticket: TicketHead,
     pub global_step: u64,
     pub guidance_step: u64,
     pub reflection_cycle: u64,

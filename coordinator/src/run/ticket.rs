@@ -15,7 +15,7 @@ use stageb_shared::seed::candidate_seed;
 use super::{RunError, RunLoop, io_err};
 use crate::artifacts::rows::{
     CandidateResult, DecodeRecord, FailureRow, RolloutTiming, RowRuntime, SelectionResult,
-    SelectionRow, TrajectoryRow, ViolationRecord, failure_reason,
+    SelectionRow, TicketHead, TrajectoryRow, ViolationRecord, failure_reason,
 };
 use crate::cluster::scheduler::{Completion, JobFailure, JobOutput};
 use crate::decide::eligibility;
@@ -73,12 +73,7 @@ impl RunLoop {
             _ => None,
         };
         let row = SelectionRow {
-            schema_version: SCHEMA_VERSION,
-            group_id: ticket.group_id.clone(),
-            mission: ticket.mission.clone(),
-            ticket_key: ticket.key().0,
-            gt_label: Some(ticket.label),
-            epoch: at.epoch,
+            ticket: at.head(),
             epoch_step: at.epoch_step,
             global_step: self.global_step,
             schedule_step: self.schedule_step,
@@ -180,14 +175,8 @@ impl RunLoop {
 
     /// A candidate's trajectory row, before the vote's signals and the runtime are known.
     fn trajectory_row(&self, at: &TicketAt<'_>, result: CandidateResult) -> TrajectoryRow {
-        let ticket = at.ticket;
         TrajectoryRow {
-            schema_version: SCHEMA_VERSION,
-            group_id: ticket.group_id.clone(),
-            mission: ticket.mission.clone(),
-            ticket_key: ticket.key().0,
-            gt_label: Some(ticket.label),
-            epoch: at.epoch,
+            ticket: at.head(),
             global_step: self.global_step,
             guidance_step: at.guidance_step,
             reflection_cycle: self.reflector.cycles(),
@@ -292,6 +281,20 @@ pub(super) struct TicketAt<'a> {
     pub(super) guidance_step: u64,
     pub(super) ticket: &'a Ticket,
     pub(super) cfg: &'a RunConfig,
+}
+
+impl TicketAt<'_> {
+    /// The first keys of the ticket's selection and trajectory rows.
+    fn head(&self) -> TicketHead {
+        TicketHead {
+            schema_version: SCHEMA_VERSION,
+            group_id: self.ticket.group_id.clone(),
+            mission: self.ticket.mission.clone(),
+            ticket_key: self.ticket.key().0,
+            gt_label: Some(self.ticket.label),
+            epoch: self.epoch,
+        }
+    }
 }
 
 /// One candidate's answer as the worker sent it.

@@ -10,7 +10,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use stageb_coordinator::artifacts::files;
 use stageb_coordinator::artifacts::rows::{
-    CandidateResult, FailureRow, SelectionResult, SelectionRow, TrajectoryRow, failure_reason,
+    CandidateResult, FailureRow, SelectionResult, SelectionRow, TicketHead, TrajectoryRow,
+    failure_reason,
 };
 use stageb_coordinator::decide::eligibility::{self, Eligibility};
 use stageb_shared::contract;
@@ -60,11 +61,11 @@ pub fn read_selections(report: &mut AuditReport, dir: &Path, run: &RunFacts) -> 
                 return report.fail("jsonl_parse", files::SELECTIONS, Some(line), e.to_string());
             }
         };
-        let (epoch, key) = (u64::from(typed.epoch), typed.ticket_key);
+        let (epoch, key) = (u64::from(typed.ticket.epoch), typed.ticket.ticket_key);
         let selection = Selection {
             line,
-            group_id: Some(typed.group_id).filter(|g| !g.is_empty()),
-            gt: typed.gt_label,
+            group_id: Some(typed.ticket.group_id).filter(|g| !g.is_empty()),
+            gt: typed.ticket.gt_label,
             result: row["result"].take(),
             eligibility: typed.eligibility,
         };
@@ -102,8 +103,12 @@ pub fn read_trajectories(report: &mut AuditReport, dir: &Path) -> Candidates {
     let trajectories = files::TRAJECTORIES;
     report.trajectories = for_each_row_as(report, dir, trajectories, |report, line, row| {
         let TrajectoryRow {
-            epoch,
-            ticket_key: key,
+            ticket:
+                TicketHead {
+                    epoch,
+                    ticket_key: key,
+                    ..
+                },
             result: r,
             ..
         } = row;

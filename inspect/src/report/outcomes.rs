@@ -162,7 +162,7 @@ pub fn collect(dir: &Path, summary_epoch_rows: &[Value]) -> Outcomes {
 
 fn count_selections(dir: &Path, epochs: &mut BTreeMap<u32, EpochOutcome>) -> FileStatus {
     stream_jsonl::<SelectionRow>(dir, files::SELECTIONS, |row| {
-        let e = epochs.entry(row.epoch).or_default();
+        let e = epochs.entry(row.ticket.epoch).or_default();
         let r = &row.result.selection;
         e.tickets += 1;
         e.correct += u64::from(r.label_match);

@@ -45,7 +45,7 @@ pub struct Compute {
 pub fn collect(dir: &Path) -> Compute {
     let mut out = Compute::default();
     out.file = stream_jsonl::<TrajectoryRow>(dir, files::TRAJECTORIES, |row| {
-        let e = out.per_epoch.entry(row.epoch).or_default();
+        let e = out.per_epoch.entry(row.ticket.epoch).or_default();
         e.candidates += 1;
         e.completion_tokens += u64::from(row.result.completion_tokens);
         if row.result.candidate_index != 0 {

@@ -20,6 +20,18 @@ fn provenance() -> Provenance {
     }
 }
 
+/// The ticket QC-1::fail in epoch 2.
+fn head() -> TicketHead {
+    TicketHead {
+        schema_version: 1,
+        group_id: "QC-1".into(),
+        mission: "m".into(),
+        ticket_key: "QC-1::fail".into(),
+        gt_label: Some(Verdict::Fail),
+        epoch: 2,
+    }
+}
+
 /// A failure row of `reason` for ticket QC-1::fail, epoch 2, before its candidate part.
 fn failure(reason: &str) -> FailureRow {
     FailureRow {
@@ -74,12 +86,7 @@ fn a_hard_failure_row_nulls_the_candidate_and_carries_the_job_error() {
 #[test]
 fn a_trajectory_row_writes_sampling_knobs_as_their_f64_widening() {
     let row = TrajectoryRow {
-        schema_version: 1,
-        group_id: "QC-1".into(),
-        mission: "m".into(),
-        ticket_key: "QC-1::fail".into(),
-        gt_label: Some(Verdict::Fail),
-        epoch: 2,
+        ticket: head(),
         global_step: 7,
         guidance_step: 4,
         reflection_cycle: 1,
@@ -115,12 +122,7 @@ fn a_trajectory_row_writes_sampling_knobs_as_their_f64_widening() {
 #[test]
 fn a_selection_row_puts_the_audit_fields_after_the_decision() {
     let row = SelectionRow {
-        schema_version: 1,
-        group_id: "QC-1".into(),
-        mission: "m".into(),
-        ticket_key: "QC-1::fail".into(),
-        gt_label: Some(Verdict::Fail),
-        epoch: 2,
+        ticket: head(),
         epoch_step: 3,
         global_step: 7,
         schedule_step: 1,
@@ -195,5 +197,6 @@ fn a_row_missing_keys_reads_as_their_defaults() {
     let selection: SelectionRow =
         serde_json::from_str(r#"{"epoch":2,"result":{"label_match":true}}"#).unwrap();
     assert!(selection.result.selection.label_match);
+    assert_eq!(selection.ticket.epoch, 2);
     assert_eq!(selection.result.selection.vote_strength, None);
 }
