@@ -10,6 +10,18 @@
 //! from `(run seed, epoch, ticket key, decode index, sample index)`. Rows therefore come out
 //! byte-identical with 1 or N workers; only the `runtime` object (which worker, which lease,
 //! how long) differs, and it is the one thing determinism checks drop.
+//!
+//! # Files
+//! - `mod.rs` (here): the loop: [`RunLoop::run`] → epochs → steps → tickets, and waiting for a
+//!   step's jobs.
+//! - `ticket.rs`: one ticket decided and its rows written (selection, trajectories, failures).
+//! - `outputs.rs`: the JSONL writers, `manifest.json` and `summary.json`.
+//! - [`rollout_prompt`]: a ticket's rollout job (prompt and seeds).
+//! - [`checkpoint`] and `resume.rs`: the step checkpoint, and opening a run from its start or
+//!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`.
+//! - [`prefix_reuse`]: the prefill the workers' prefix caches saved.
+//!
+//! The row types themselves are [`crate::artifacts::rows`] and [`crate::artifacts::documents`].
 
 use std::collections::HashMap;
 use std::io;

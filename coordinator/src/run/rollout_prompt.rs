@@ -1,5 +1,6 @@
 //! The prompts rank 0 sends to workers: our own wording, built only from the mission, the
-//! guidance of the current step and the ticket's sanitized summaries.
+//! guidance of the current step and the ticket's sanitized summaries; and the rollout job
+//! that carries one ([`rollout_payload`]: the prompt, one seed per candidate).
 //!
 //! The human label never reaches a rollout prompt: [`rollout_messages`] does not take the
 //! label at all, so it cannot leak it (a test checks that both labels of a resubmitted group

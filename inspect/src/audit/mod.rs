@@ -18,8 +18,8 @@
 //! - the guidance hash chain verifies and `S*` rules are unchanged from the seed.
 
 //!
-//! The files are streamed row by row ([`rows`]) and only the facts the checks compare are kept
-//! ([`decisions`], [`learning`]), so a large run is audited in a fraction of its size in memory.
+//! The files are streamed row by row (`rows.rs`) and only the facts the checks compare are kept
+//! (`decisions.rs`, `learning.rs`), so a large run is audited in a fraction of its size in memory.
 
 mod decisions;
 mod learning;

@@ -39,7 +39,7 @@ use crate::artifacts::JsonlWriter;
 pub const JOURNAL_FILE: &str = "jobs.jsonl";
 
 /// Version of the row format (and of the payload digest): rows of another version are ignored.
-const JOURNAL_VERSION: u64 = 1;
+pub const JOURNAL_VERSION: u64 = 1;
 
 /// One row of the journal: an accepted answer and the digest of the job it answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,6 +11,11 @@
 //! The scheduler knows nothing about tickets: callers attach a [`JobId`] and receive
 //! [`Completion`]s on a channel, in whatever order workers finish. The run loop restores a
 //! deterministic order itself.
+//!
+//! Here: the table, leasing, heartbeats, the checklist of a submission and expiry. Beside it:
+//! [`job`] (what a job asks and answers), `sessions.rs` (worker sessions), [`result_check`]
+//! (an answer fits its job), [`speculation`] (second copies of stragglers), [`journal`]
+//! (accepted answers, for `--resume`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
