@@ -6,7 +6,8 @@
 //! As for the rows ([`crate::artifacts::rows`]): keys come out in field order, which is part
 //! of the format; a reader takes a missing key as its default. The parts a reader must not lose
 //! the whole document over stay JSON values: the resolved config (read with
-//! [`Manifest::run_config`]), the config notices and input digests, the summary's epoch rows.
+//! [`Manifest::run_config`]), the config notices and input digests, the summary's epoch rows;
+//! so does the summary's `runtime`, which callers index.
 
 use std::path::PathBuf;
 
@@ -128,7 +129,16 @@ pub struct RunSummary {
     /// Run-level warnings a user must not miss (e.g. an epoch in which no decision pass
     /// parsed: the guidance could not learn anything then).
     pub warnings: Vec<String>,
-    pub runtime: SummaryRuntime,
+    /// A [`SummaryRuntime`] as JSON, which callers index (`summary.runtime["scheduler"]`);
+    /// typed: [`RunSummary::runtime_facts`].
+    pub runtime: serde_json::Value,
+}
+
+impl RunSummary {
+    /// The `runtime` object, typed (a missing key reads as its default).
+    pub fn runtime_facts(&self) -> SummaryRuntime {
+        SummaryRuntime::deserialize(&self.runtime).unwrap_or_default()
+    }
 }
 
 /// The run's timing and the cluster's counters: outside every determinism comparison.

@@ -124,6 +124,16 @@ impl RunLoop {
         started_at: String,
         finished_at: String,
     ) -> Result<RunSummary, RunError> {
+        let path = self.dir.join(files::SUMMARY);
+        let runtime = SummaryRuntime {
+            started_at,
+            finished_at,
+            elapsed_seconds: started.elapsed().as_secs_f64(),
+            scheduler: self.scheduler.stats(),
+            prefix_cache: self.prefix_reuse.clone(),
+        };
+        let runtime =
+            serde_json::to_value(runtime).map_err(|e| io_err(&path)(io::Error::other(e)))?;
         let summary = RunSummary {
             schema_version: SCHEMA_VERSION,
             mission: self.inputs.ingested.mission.clone(),
@@ -139,15 +149,8 @@ impl RunLoop {
             need_review: self.reflector.need_review_count(),
             reflection_cycles: self.reflector.cycles(),
             warnings: self.reflector.run_warnings().to_vec(),
-            runtime: SummaryRuntime {
-                started_at,
-                finished_at,
-                elapsed_seconds: started.elapsed().as_secs_f64(),
-                scheduler: self.scheduler.stats(),
-                prefix_cache: self.prefix_reuse.clone(),
-            },
+            runtime,
         };
-        let path = self.dir.join(files::SUMMARY);
         write_json_atomic(&path, &summary).map_err(io_err(&path))?;
         Ok(summary)
     }

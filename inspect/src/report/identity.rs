@@ -27,7 +27,7 @@ pub fn candidates_per_ticket(m: &Manifest) -> Option<u64> {
 
 /// The summary's scheduler counters (`leases_issued`, `leases_expired`, …) by name.
 pub fn scheduler_counters(s: &RunSummary) -> BTreeMap<String, Value> {
-    match serde_json::to_value(&s.runtime.scheduler) {
+    match serde_json::to_value(s.runtime_facts().scheduler) {
         Ok(Value::Object(counters)) => counters.into_iter().collect(),
         _ => BTreeMap::new(),
     }

@@ -101,12 +101,14 @@ fn identity(page: &mut Page, m: Option<&Manifest>, s: Option<&RunSummary>) {
         (None, None) => "—".into(),
     };
     let fingerprint = m.and_then(fingerprint_short);
+    let s_runtime = s.map(RunSummary::runtime_facts);
+    let s_runtime = s_runtime.as_ref();
     let started = m
         .and_then(|m| known(&m.runtime.started_at))
-        .or(s.and_then(|s| known(&s.runtime.started_at)));
+        .or(s_runtime.and_then(|r| known(&r.started_at)));
     let finished = m
         .and_then(|m| m.runtime.finished_at.as_deref())
-        .or(s.and_then(|s| known(&s.runtime.finished_at)));
+        .or(s_runtime.and_then(|r| known(&r.finished_at)));
     let resumed = match m.map(|m| &m.runtime) {
         Some(r) if r.resumed => format!("yes ({} answers replayed)", r.replayed_answers),
         Some(_) => "no".into(),
@@ -134,7 +136,7 @@ fn identity(page: &mut Page, m: Option<&Manifest>, s: Option<&RunSummary>) {
         ("finished", text(finished).metric("finished")),
         (
             "elapsed",
-            Cell::text(&s.map_or("—".into(), |s| duration(s.runtime.elapsed_seconds))),
+            Cell::text(&s_runtime.map_or("—".into(), |r| duration(r.elapsed_seconds))),
         ),
         ("resumed", Cell::text(&resumed)),
     ]);

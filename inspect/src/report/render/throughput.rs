@@ -60,7 +60,7 @@ fn run_line(page: &mut Page, data: &RunData) {
         return;
     };
     let decided: u64 = data.outcomes.epochs.values().map(|e| e.tickets).sum();
-    let elapsed = Some(summary.runtime.elapsed_seconds);
+    let elapsed = Some(summary.runtime_facts().elapsed_seconds);
     page.facts(&[
         (
             "run wall time",
