@@ -90,7 +90,7 @@ impl Default for EdgeLimits {
     }
 }
 
-/// `wanted`, lowered to fit the process's descriptor limit with [`FD_RESERVE`] to spare.
+/// `wanted`, lowered to fit the process's descriptor limit with `FD_RESERVE` to spare.
 pub fn connection_cap(wanted: usize, fd_limit: Option<u64>) -> usize {
     match fd_limit {
         Some(limit) => wanted.min((limit as usize).saturating_sub(FD_RESERVE).max(16)),

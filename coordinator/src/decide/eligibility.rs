@@ -80,8 +80,10 @@ impl EligibilitySignals {
     }
 }
 
-/// The eligibility decision for one ticket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The eligibility decision for one ticket (a reader takes a key missing from a row as its
+/// default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Eligibility {
     pub eligible: bool,
     /// Every reason that holds, in precedence order.

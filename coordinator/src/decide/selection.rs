@@ -88,8 +88,10 @@ impl VoteCounts {
 
 /// The selected outcome of one ticket. Field names follow the original's `selections.jsonl`
 /// `result` object; `rule_hit`, `explanation`, `vote_counts`, `vote_verdict`, `fail_first_hits`
-/// and `inputs_digest` are stageb's audit additions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// and `inputs_digest` are stageb's audit additions. A reader takes a key missing from a row
+/// as its default (see [`crate::artifacts::rows`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Selection {
     /// Final verdict after overrides; `None` only for `Selection.NoValidCandidates`.
     pub verdict: Option<Verdict>,

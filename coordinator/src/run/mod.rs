@@ -10,44 +10,51 @@
 //! from `(run seed, epoch, ticket key, decode index, sample index)`. Rows therefore come out
 //! byte-identical with 1 or N workers; only the `runtime` object (which worker, which lease,
 //! how long) differs, and it is the one thing determinism checks drop.
+//!
+//! # Files
+//! - `mod.rs` (here): the loop: [`RunLoop::run`] → epochs → steps → tickets, and waiting for a
+//!   step's jobs.
+//! - `ticket.rs`: one ticket decided and its rows written (selection, trajectories, failures).
+//! - `outputs.rs`: the JSONL writers, `manifest.json` and `summary.json`.
+//! - [`rollout_prompt`]: a ticket's rollout job (prompt and seeds).
+//! - [`checkpoint`] and `resume.rs`: the step checkpoint, and opening a run from its start or
+//!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`.
+//! - [`prefix_reuse`]: the prefill the workers' prefix caches saved.
+//!
+//! The row types themselves are [`crate::artifacts::rows`] and [`crate::artifacts::documents`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use serde_json::json;
-use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::config::{ConfigNotice, RunConfig};
-use stageb_shared::contract;
-use stageb_shared::digest;
 use stageb_shared::domain::Ticket;
 use stageb_shared::ingest::Ingested;
 use stageb_shared::limits::EffectiveLimits;
 use stageb_shared::observe;
-use stageb_shared::seed::{candidate_seed, derived_seed, shuffled_indices};
+use stageb_shared::seed::{derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
-use crate::artifacts::{JsonlWriter, write_json_atomic};
 use crate::cluster::completions::{WaitError, await_any};
-use crate::cluster::scheduler::{
-    Completion, DecodeJob, JobFailure, JobId, JobOutput, JobPayload, Provenance, Scheduler,
-};
+use crate::cluster::scheduler::{Completion, JobId, JobOutput, Scheduler};
 use crate::decide::accuracy;
-use crate::decide::eligibility;
-use crate::decide::selection::{self, Selection, VoteCandidate};
-use crate::decide::signals;
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
-use crate::learn::reflection::{GradientRecord, ReflectionError, Reflector, TicketOutcome};
+use crate::learn::reflection::{GradientRecord, ReflectionError, Reflector};
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
-mod prefix_reuse;
+mod outputs;
+pub mod prefix_reuse;
 pub mod rollout_prompt;
 pub mod start;
+mod ticket;
+pub use crate::artifacts::documents::RunSummary;
+use outputs::Writers;
 use prefix_reuse::PrefixReuse;
+pub use rollout_prompt::rollout_payload;
+use ticket::TicketAt;
 
 /// Ranks of the reference deployment (one 8-GPU node). A step is
 /// `per_rank_rollout_batch_size × REFERENCE_RANKS` tickets whatever the actual number of
@@ -154,73 +161,6 @@ pub struct ProgressSnapshot {
 /// Shared with the progress reporter.
 pub type ProgressHandle = Arc<Mutex<ProgressSnapshot>>;
 
-/// What a run produced, also written as `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunSummary {
-    pub schema_version: u32,
-    pub mission: String,
-    pub run_dir: PathBuf,
-    pub tickets: usize,
-    pub epochs: u32,
-    pub candidates: u64,
-    pub malformed_candidates: u64,
-    pub hard_failures: u64,
-    pub epoch_accuracy: Vec<serde_json::Value>,
-    pub guidance_step: u64,
-    pub guidance_hash: String,
-    pub need_review: usize,
-    pub reflection_cycles: u64,
-    /// Run-level warnings a user must not miss (e.g. an epoch in which no decision pass
-    /// parsed: the guidance could not learn anything then).
-    pub warnings: Vec<String>,
-    pub runtime: serde_json::Value,
-}
-
-struct Writers {
-    trajectories: JsonlWriter,
-    selections: JsonlWriter,
-    metrics: JsonlWriter,
-    failures: JsonlWriter,
-}
-
-impl Writers {
-    /// Opens the four files with `open`: fresh ([`JsonlWriter::create`]) or appended to after
-    /// a checkpoint ([`JsonlWriter::open_resume`]).
-    fn open(dir: &Path, open: fn(&Path) -> io::Result<JsonlWriter>) -> Result<Self, RunError> {
-        let open = |name: &str| {
-            let p = dir.join(name);
-            open(&p).map_err(|source| RunError::Io { path: p, source })
-        };
-        Ok(Writers {
-            trajectories: open(files::TRAJECTORIES)?,
-            selections: open(files::SELECTIONS)?,
-            metrics: open(files::METRICS)?,
-            failures: open(files::FAILURE_MALFORMED)?,
-        })
-    }
-
-    fn sync(&mut self) -> io::Result<()> {
-        self.trajectories.sync()?;
-        self.selections.sync()?;
-        self.metrics.sync()?;
-        self.failures.sync()
-    }
-}
-
-/// Where a row was produced: excluded from determinism comparisons.
-fn runtime_json(p: Option<&Provenance>, extra: serde_json::Value) -> serde_json::Value {
-    let mut v = match p {
-        Some(p) => json!({"worker_id": p.worker_id, "lease_id": p.lease_id, "attempt": p.attempt}),
-        None => json!({}),
-    };
-    if let (Some(obj), Some(more)) = (v.as_object_mut(), extra.as_object()) {
-        for (k, val) in more {
-            obj.insert(k.clone(), val.clone());
-        }
-    }
-    v
-}
-
 /// The Prometheus gauges of a finished epoch's accuracy (need-review counted wrong, and left
 /// out), labelled by epoch: a run has few epochs, so the label set stays small.
 fn record_epoch_accuracy(epoch: u32, row: &accuracy::MetricsRow) {
@@ -235,6 +175,17 @@ fn record_epoch_accuracy(epoch: u32, row: &accuracy::MetricsRow) {
 
 fn now_iso() -> String {
     crate::guidance::utc_now_iso()
+}
+
+/// An epoch under way: which one, its tickets and config, its metrics window so far, when it
+/// started, and how many of its tickets were decided.
+struct EpochRun<'a> {
+    epoch: u32,
+    tickets: &'a [Ticket],
+    cfg: &'a RunConfig,
+    window: accuracy::Accumulator,
+    started: Instant,
+    epoch_step: u64,
 }
 
 /// The rank-0 run loop.
@@ -364,41 +315,6 @@ impl RunLoop {
         self
     }
 
-    fn write_manifest(&self, started_at: &str, finished_at: Option<&str>) -> Result<(), RunError> {
-        let cfg = &self.inputs.config;
-        let model = self.model.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let manifest = json!({
-            "schema_version": SCHEMA_VERSION,
-            "stageb_version": env!("CARGO_PKG_VERSION"),
-            "mission": self.inputs.ingested.mission,
-            "mode": self.inputs.mode,
-            "config_path": self.inputs.config_path,
-            "config_sha256": self.inputs.config_sha256,
-            "config": cfg,
-            "config_notices": self.inputs.notices,
-            "input_digests": self.inputs.ingested.input_digests,
-            "tickets_digest": digest::digest_of(&self.inputs.ingested.tickets),
-            "tickets": self.inputs.ingested.tickets.len(),
-            "model": {"path": cfg.model.model_name_or_path, "fingerprint": model.fingerprint},
-            // The lengths every call was planned with (the config above is kept as written).
-            "effective_limits": self.limits,
-            "seeds": {"run_seed": cfg.seed, "candidate_seed": "sha256(stageb/candidate-seed/v1, run seed, epoch, ticket key, decode index, sample index)"},
-            "schedule": {"step_size": step_size(cfg), "reference_ranks": REFERENCE_RANKS, "epochs": cfg.runner.epochs},
-            "guidance": {
-                "source": cfg.guidance.path,
-                "reused_from_previous_run": self.reflector.guidance_reused(),
-                "initial_hash": self.initial_guidance_hash,
-            },
-            // Timing-dependent (workers come and go), hence under `runtime`.
-            "runtime": {"started_at": started_at, "finished_at": finished_at, "live_workers": self.scheduler.live_workers(),
-                        "resumed": self.resuming, "replayed_answers": self.scheduler.stats().replayed,
-                        // Who pinned the model differs between an attempt and its resume.
-                        "model_pinned_by": model.pinned_by},
-        });
-        let path = self.dir.join(files::MANIFEST);
-        write_json_atomic(&path, &manifest).map_err(io_err(&path))
-    }
-
     /// Run every epoch. Returns the summary (also written as `summary.json`).
     pub async fn run(mut self) -> Result<RunSummary, RunError> {
         let started = Instant::now();
@@ -438,32 +354,7 @@ impl RunLoop {
         self.reflector.finish_run()?;
         let finished_at = now_iso();
         self.write_manifest(&started_at, Some(&finished_at))?;
-        let summary = RunSummary {
-            schema_version: SCHEMA_VERSION,
-            mission: self.inputs.ingested.mission.clone(),
-            run_dir: self.dir.clone(),
-            tickets: tickets.len(),
-            epochs: cfg.runner.epochs,
-            candidates: self.candidates_seen,
-            malformed_candidates: self.malformed,
-            hard_failures: self.hard_failures,
-            epoch_accuracy: self.epoch_rows.clone(),
-            guidance_step: self.guidance.step(),
-            guidance_hash: self.guidance.head_hash().to_string(),
-            need_review: self.reflector.need_review_count(),
-            reflection_cycles: self.reflector.cycles(),
-            warnings: self.reflector.run_warnings().to_vec(),
-            runtime: json!({
-                "started_at": started_at,
-                "finished_at": finished_at,
-                "elapsed_seconds": started.elapsed().as_secs_f64(),
-                "scheduler": self.scheduler.stats(),
-                "prefix_cache": self.prefix_reuse,
-            }),
-        };
-        let path = self.dir.join(files::SUMMARY);
-        write_json_atomic(&path, &summary).map_err(io_err(&path))?;
-        Ok(summary)
+        self.write_summary(cfg.runner.epochs, started, started_at, finished_at)
     }
 
     /// Wait for the run's model and context, fit the config's lengths into the context and
@@ -514,8 +405,8 @@ impl RunLoop {
             tickets.len(),
             derived_seed(cfg.seed, "epoch-order", &[&epoch.to_le_bytes()]),
         );
-        let epoch_start = Instant::now();
-        let mut window = match start.window {
+        let started = Instant::now();
+        let window = match start.window {
             Some(window) => window,
             None => {
                 // The reflector's epoch state comes with a mid-epoch checkpoint's window.
@@ -526,87 +417,124 @@ impl RunLoop {
         };
         ::metrics::gauge!(observe::EPOCH).set(epoch);
         ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
-        let mut epoch_step = start.epoch_step;
+        let mut run = EpochRun {
+            epoch,
+            tickets,
+            cfg,
+            window,
+            started,
+            epoch_step: start.epoch_step,
+        };
         let skip = usize::try_from(start.steps_done).unwrap_or(usize::MAX);
         let steps = order.chunks(step_size(cfg)).skip(skip);
         for (steps_done, step) in (start.steps_done + 1..).zip(steps) {
-            self.schedule_step += 1;
-            self.progress
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .epoch = epoch;
-            let guidance_lines = self.guidance.render_for_prompt();
-            let guidance_step = self.guidance.step();
-            let g0 = self.guidance.current().g0().to_string();
-            let mut jobs: Vec<(JobId, usize)> = Vec::with_capacity(step.len());
-            for &ti in step {
-                let t = &tickets[ti];
-                jobs.push((
-                    self.scheduler
-                        .enqueue(rollout_payload(cfg, epoch, t, &guidance_lines)),
-                    ti,
-                ));
-            }
-            let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
-            let mut done = self.await_jobs(&ids).await?;
-            for (job, ti) in jobs {
-                let completion = done
-                    .remove(&job)
-                    .expect("await_jobs returns every requested job");
-                epoch_step += 1;
-                self.global_step += 1;
-                let at = TicketAt {
-                    epoch,
-                    epoch_step,
-                    guidance_step,
-                    ticket: &tickets[ti],
-                    cfg,
-                };
-                let outcome = self.decide_ticket(&at, &g0, ti, completion)?;
-                ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
-                let t = &tickets[ti];
-                window.push(accuracy::Outcome {
-                    ticket_key: t.key(),
-                    gt: t.label,
-                    verdict: outcome.selection.verdict,
-                    in_manual_review: outcome.selection.verdict.is_none(),
-                });
-                if outcome.eligibility.eligible {
-                    self.reflector
-                        .add_candidate(GradientRecord::from_outcome(t, &outcome, epoch));
-                } else if outcome.selection.verdict.is_some() {
-                    self.reflector.add_stable(outcome.selection.label_match);
-                }
-                if let Some(row) = window.window_row_if_due(self.global_step, epoch_start.elapsed())
-                {
-                    self.writers
-                        .metrics
-                        .append(&row)
-                        .map_err(io_err(&self.dir))?;
-                }
-            }
-            // Step boundary: make the step durable before guidance may change.
-            self.writers.sync().map_err(io_err(&self.dir))?;
-            self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
-            self.reflector
-                .on_step_end(
-                    epoch,
-                    self.global_step,
-                    &mut self.guidance,
-                    &self.scheduler,
-                    &mut self.completions,
-                    false,
-                )
-                .await?;
-            ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
+            self.run_step(&mut run, step).await?;
             let here = Position {
                 epoch,
                 steps_done,
-                epoch_step,
+                epoch_step: run.epoch_step,
             };
-            self.checkpoint_at(here, Some(&window))?;
+            self.checkpoint_at(here, Some(&run.window))?;
         }
-        // Epoch end: drain reflection (including retries), then close the epoch's metrics.
+        self.close_epoch(run).await
+    }
+
+    /// One step: its rollouts queued under the step's guidance, its tickets decided in step
+    /// order once all have answered, then the step made durable and handed to reflection.
+    async fn run_step(&mut self, run: &mut EpochRun<'_>, step: &[usize]) -> Result<(), RunError> {
+        self.schedule_step += 1;
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .epoch = run.epoch;
+        let guidance_lines = self.guidance.render_for_prompt();
+        let guidance_step = self.guidance.step();
+        let g0 = self.guidance.current().g0().to_string();
+        let jobs: Vec<(JobId, usize)> = step
+            .iter()
+            .map(|&ti| {
+                let payload =
+                    rollout_payload(run.cfg, run.epoch, &run.tickets[ti], &guidance_lines);
+                (self.scheduler.enqueue(payload), ti)
+            })
+            .collect();
+        let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
+        let mut done = self.await_jobs(&ids).await?;
+        for (job, ti) in jobs {
+            let completion = done
+                .remove(&job)
+                .expect("await_jobs returns every requested job");
+            self.decide_in_step(run, guidance_step, &g0, ti, completion)?;
+        }
+        // Step boundary: make the step durable before guidance may change.
+        self.writers.sync().map_err(io_err(&self.dir))?;
+        self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
+        self.reflector
+            .on_step_end(
+                run.epoch,
+                self.global_step,
+                &mut self.guidance,
+                &self.scheduler,
+                &mut self.completions,
+                false,
+            )
+            .await?;
+        ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
+        Ok(())
+    }
+
+    /// Decides ticket `ti` of the step and feeds its outcome to the epoch's metrics window
+    /// (writing a window row when one is due) and to reflection.
+    fn decide_in_step(
+        &mut self,
+        run: &mut EpochRun<'_>,
+        guidance_step: u64,
+        g0: &str,
+        ti: usize,
+        completion: Completion,
+    ) -> Result<(), RunError> {
+        run.epoch_step += 1;
+        self.global_step += 1;
+        let t = &run.tickets[ti];
+        let at = TicketAt {
+            epoch: run.epoch,
+            epoch_step: run.epoch_step,
+            guidance_step,
+            ticket: t,
+            cfg: run.cfg,
+        };
+        let outcome = self.decide_ticket(&at, g0, ti, completion)?;
+        ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
+        run.window.push(accuracy::Outcome {
+            ticket_key: t.key(),
+            gt: t.label,
+            verdict: outcome.selection.verdict,
+            in_manual_review: outcome.selection.verdict.is_none(),
+        });
+        if outcome.eligibility.eligible {
+            self.reflector
+                .add_candidate(GradientRecord::from_outcome(t, &outcome, run.epoch));
+        } else if outcome.selection.verdict.is_some() {
+            self.reflector.add_stable(outcome.selection.label_match);
+        }
+        match run
+            .window
+            .window_row_if_due(self.global_step, run.started.elapsed())
+        {
+            Some(row) => self.append_metrics(&row),
+            None => Ok(()),
+        }
+    }
+
+    /// Epoch end: drain reflection (including retries), then close the epoch's metrics with
+    /// the tickets reflection routed to need-review. Returns the epoch row.
+    async fn close_epoch(&mut self, run: EpochRun<'_>) -> Result<serde_json::Value, RunError> {
+        let EpochRun {
+            epoch,
+            mut window,
+            started,
+            ..
+        } = run;
         self.reflector
             .on_step_end(
                 epoch,
@@ -619,21 +547,19 @@ impl RunLoop {
             .await?;
         let routed = self.reflector.need_review_keys(epoch);
         window.mark_need_review(&routed);
-        if let Some(row) = window.partial_row(self.global_step, epoch_start.elapsed()) {
-            self.writers
-                .metrics
-                .append(&row)
-                .map_err(io_err(&self.dir))?;
+        if let Some(row) = window.partial_row(self.global_step, started.elapsed()) {
+            self.append_metrics(&row)?;
         }
         let epoch_row = window.epoch_row(self.global_step);
         record_epoch_accuracy(epoch, &epoch_row);
-        self.writers
-            .metrics
-            .append(&epoch_row)
-            .map_err(io_err(&self.dir))?;
+        self.append_metrics(&epoch_row)?;
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.reflector.end_epoch(epoch, &mut self.guidance)?;
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
+    }
+
+    fn append_metrics(&mut self, row: &accuracy::MetricsRow) -> Result<(), RunError> {
+        self.writers.metrics.append(row).map_err(io_err(&self.dir))
     }
 
     /// Wait until every rollout job in `ids` completed, failing if workers vanish for too long.
@@ -668,338 +594,6 @@ impl RunLoop {
             out.insert(next.job, next);
         }
         Ok(out)
-    }
-
-    /// Parse, vote, override and write one ticket's rows. Pure decisions come from
-    /// `selection`, `signals` and `eligibility`; this function only orders and records them.
-    fn decide_ticket(
-        &mut self,
-        at: &TicketAt<'_>,
-        g0: &str,
-        ticket_index: usize,
-        completion: Completion,
-    ) -> Result<TicketOutcome, RunError> {
-        let ticket = at.ticket;
-        let provenance = completion.provenance.clone();
-        if let (
-            Some(_),
-            Ok(JobOutput::Rollout {
-                prompt_tokens,
-                prefix_tokens,
-                ..
-            }),
-        ) = (&provenance, &completion.result)
-        {
-            self.prefix_reuse.add(*prompt_tokens, *prefix_tokens);
-        }
-        let answer = RolloutAnswer::from_result(completion.result);
-        let judged = self.judge_candidates(at, answer.texts)?;
-
-        let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
-        let selection = selection::select(
-            &judged.vote,
-            &evidence,
-            ticket.label,
-            at.cfg.manual_review.min_verdict_agreement,
-        );
-        let eligibility = eligibility::assess(&selection, ticket.label);
-
-        self.write_trajectories(judged.rows, &selection, provenance.as_ref(), &answer.timing)?;
-        if selection.verdict.is_none() {
-            // A hard failure: logged, never routed to need-review (seed 003).
-            self.write_hard_failure(at, answer.job_error.as_ref())?;
-        }
-        let ineligible_reason = match (&answer.job_error, selection.verdict) {
-            (Some(f), _) => Some(format!("engine_error:{}", f.code)),
-            (None, None) => Some("no_valid_candidates".to_string()),
-            _ => None,
-        };
-        let row = json!({
-            "schema_version": SCHEMA_VERSION,
-            "group_id": ticket.group_id,
-            "mission": ticket.mission,
-            "ticket_key": ticket.key(),
-            "gt_label": ticket.label,
-            "epoch": at.epoch,
-            "epoch_step": at.epoch_step,
-            "global_step": self.global_step,
-            "schedule_step": self.schedule_step,
-            "result": selection_result_json(
-                &selection,
-                at.guidance_step,
-                self.reflector.last_applied_reflection(),
-                self.reflector.cycles(),
-                ineligible_reason,
-            ),
-            "eligibility": eligibility,
-            "guidance_hash": self.guidance.head_hash(),
-            "runtime": runtime_json(provenance.as_ref(), json!({})),
-        });
-        self.writers
-            .selections
-            .append(&row)
-            .map_err(io_err(&self.dir))?;
-        Ok(TicketOutcome {
-            ticket_index,
-            selection,
-            eligibility,
-            candidates: judged.vote,
-            raw_texts: judged.raw_texts,
-        })
-    }
-
-    /// Parse every candidate in grid order (`candidate_index = decode_index ×
-    /// samples_per_decode + sample`): its trajectory row (written once the vote is known), its
-    /// vote, and a `failure_malformed` row now when it breaks the contract.
-    fn judge_candidates(
-        &mut self,
-        at: &TicketAt<'_>,
-        mut texts: BTreeMap<(u32, u32), CandidateAnswer>,
-    ) -> Result<JudgedCandidates, RunError> {
-        let (ticket, cfg, key) = (at.ticket, at.cfg, at.ticket.key());
-        let spd = cfg.sampler.samples_per_decode;
-        let mut judged = JudgedCandidates::default();
-        for (d, spec) in cfg.sampler.decode_specs().iter().enumerate() {
-            for s in 0..spd {
-                let candidate_index = d as u32 * spd + s;
-                let Some(answer) = texts.remove(&(d as u32, s)) else {
-                    continue;
-                };
-                let (verdict, reason, violation) = match contract::parse(&answer.text) {
-                    Ok(ok) => (Some(ok.verdict), ok.reason, None),
-                    Err(v) => (None, String::new(), Some(v)),
-                };
-                self.candidates_seen += 1;
-                ::metrics::counter!(observe::CANDIDATES).increment(1);
-                if let Some(v) = &violation {
-                    self.malformed += 1;
-                    ::metrics::counter!(observe::CANDIDATES_MALFORMED, "code" => v.code.code())
-                        .increment(1);
-                    tracing::warn!(ticket = %key, candidate_index, code = v.code.code(), "malformed candidate dropped from the vote");
-                    let row = json!({
-                        "schema_version": SCHEMA_VERSION,
-                        "ticket_key": key, "group_id": ticket.group_id, "mission": ticket.mission,
-                        "gt_label": ticket.label, "epoch": at.epoch, "global_step": self.global_step,
-                        "epoch_step": at.epoch_step, "guidance_step": at.guidance_step,
-                        "guidance_hash": self.guidance.head_hash(),
-                        "reason": "format_error", "candidate_index": candidate_index, "decode_index": d,
-                        "violation": {"code": v.code.code(), "detail": v.detail}, "raw_text": answer.text, "error": null,
-                    });
-                    self.writers
-                        .failures
-                        .append(&row)
-                        .map_err(io_err(&self.dir))?;
-                }
-                let seed = candidate_seed(cfg.seed, at.epoch, key.as_str(), d as u32, s);
-                judged.rows.push(json!({
-                    "schema_version": SCHEMA_VERSION,
-                    "group_id": ticket.group_id,
-                    "mission": ticket.mission,
-                    "ticket_key": key,
-                    "gt_label": ticket.label,
-                    "epoch": at.epoch,
-                    "global_step": self.global_step,
-                    "guidance_step": at.guidance_step,
-                    "reflection_cycle": self.reflector.cycles(),
-                    "result": {
-                        "candidate_index": candidate_index,
-                        "decode_index": d,
-                        "sample_index": s,
-                        "decode": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
-                                   "repetition_penalty": spec.repetition_penalty, "seed": seed},
-                        "text": answer.text,
-                        "verdict": verdict,
-                        "reason": reason,
-                        "format_ok": violation.is_none(),
-                        "violation": violation.as_ref().map(|v| json!({"code": v.code.code(), "detail": v.detail})),
-                        "finish_reason": answer.finish_reason,
-                        "completion_tokens": answer.completion_tokens,
-                        "label_match": verdict.map(|v| v == ticket.label),
-                    },
-                }));
-                judged.vote.push(VoteCandidate {
-                    candidate_index,
-                    temperature: spec.temperature,
-                    verdict,
-                    reason,
-                });
-                judged.raw_texts.push(answer.text);
-            }
-        }
-        Ok(judged)
-    }
-
-    /// Trajectory rows carry the ticket-level signals, as in the original.
-    fn write_trajectories(
-        &mut self,
-        rows: Vec<serde_json::Value>,
-        selection: &Selection,
-        provenance: Option<&Provenance>,
-        timing: &serde_json::Value,
-    ) -> Result<(), RunError> {
-        for mut row in rows {
-            if let Some(result) = row["result"].as_object_mut() {
-                result.insert("vote_strength".into(), json!(selection.vote_strength));
-                result.insert("low_agreement".into(), json!(selection.low_agreement));
-                result.insert(
-                    "needs_manual_review".into(),
-                    json!(selection.needs_manual_review),
-                );
-            }
-            row["runtime"] = runtime_json(provenance, timing.clone());
-            self.writers
-                .trajectories
-                .append(&row)
-                .map_err(io_err(&self.dir))?;
-        }
-        Ok(())
-    }
-
-    /// A ticket without a verdict: its `failure_malformed` row (engine error or no valid
-    /// candidate), counted as a hard failure.
-    fn write_hard_failure(
-        &mut self,
-        at: &TicketAt<'_>,
-        job_error: Option<&JobFailure>,
-    ) -> Result<(), RunError> {
-        self.hard_failures += 1;
-        let ticket = at.ticket;
-        let row = json!({
-            "schema_version": SCHEMA_VERSION,
-            "ticket_key": ticket.key(), "group_id": ticket.group_id, "mission": ticket.mission,
-            "gt_label": ticket.label, "epoch": at.epoch, "global_step": self.global_step,
-            "epoch_step": at.epoch_step, "guidance_step": at.guidance_step,
-            "guidance_hash": self.guidance.head_hash(),
-            "reason": if job_error.is_some() { "engine_error" } else { "no_valid_candidates" },
-            "candidate_index": null, "decode_index": null, "violation": null, "raw_text": null,
-            "error": job_error.map(|f| json!({"code": f.code, "message": f.message})),
-        });
-        self.writers
-            .failures
-            .append(&row)
-            .map_err(io_err(&self.dir))
-    }
-}
-
-/// Where a ticket is decided: its place in the run and the config it runs under.
-struct TicketAt<'a> {
-    epoch: u32,
-    epoch_step: u64,
-    guidance_step: u64,
-    ticket: &'a Ticket,
-    cfg: &'a RunConfig,
-}
-
-/// One candidate's answer as the worker sent it.
-struct CandidateAnswer {
-    text: String,
-    completion_tokens: u32,
-    finish_reason: String,
-}
-
-/// A rollout job's result, unpacked: candidates by (decode, sample), timing, or the job error.
-struct RolloutAnswer {
-    texts: BTreeMap<(u32, u32), CandidateAnswer>,
-    timing: serde_json::Value,
-    job_error: Option<JobFailure>,
-}
-
-impl RolloutAnswer {
-    fn from_result(result: Result<JobOutput, JobFailure>) -> Self {
-        let mut answer = RolloutAnswer {
-            texts: BTreeMap::new(),
-            timing: json!({}),
-            job_error: None,
-        };
-        match result {
-            Ok(JobOutput::Rollout {
-                candidates,
-                prompt_tokens,
-                prefix_tokens,
-                prefill_us,
-                decode_us,
-            }) => {
-                answer.timing = json!({"prompt_tokens": prompt_tokens, "prefix_tokens": prefix_tokens,
-                                       "prefill_us": prefill_us, "decode_us": decode_us});
-                for c in candidates {
-                    answer.texts.insert(
-                        (c.decode_index, c.sample_index),
-                        CandidateAnswer {
-                            text: c.text,
-                            completion_tokens: c.completion_tokens,
-                            finish_reason: c.finish_reason,
-                        },
-                    );
-                }
-            }
-            Ok(JobOutput::Generate { .. }) => {
-                answer.job_error = Some(JobFailure {
-                    code: "WRONG_RESULT_KIND".into(),
-                    message: "a rollout returned a generation".into(),
-                })
-            }
-            Err(f) => answer.job_error = Some(f),
-        }
-        answer
-    }
-}
-
-/// The candidates of one ticket, judged by the contract parser.
-#[derive(Default)]
-struct JudgedCandidates {
-    vote: Vec<VoteCandidate>,
-    raw_texts: Vec<String>,
-    /// Trajectory rows, completed with the vote's signals before they are written.
-    rows: Vec<serde_json::Value>,
-}
-
-/// The `result` object of a selections row: the original's fields plus stageb's audit fields.
-fn selection_result_json(
-    selection: &Selection,
-    guidance_step: u64,
-    reflection_change: Option<String>,
-    reflection_cycle: u64,
-    ineligible_reason: Option<String>,
-) -> serde_json::Value {
-    let mut v = serde_json::to_value(selection).unwrap_or_else(|_| json!({}));
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("guidance_step".into(), json!(guidance_step));
-        obj.insert("reflection_change".into(), json!(reflection_change));
-        obj.insert("reflection_cycle".into(), json!(reflection_cycle));
-        obj.insert("eligible".into(), json!(ineligible_reason.is_none()));
-        obj.insert("ineligible_reason".into(), json!(ineligible_reason));
-    }
-    v
-}
-
-/// The rollout job of one ticket: prompt from the step's guidance, one seed per candidate.
-pub fn rollout_payload(
-    cfg: &RunConfig,
-    epoch: u32,
-    ticket: &Ticket,
-    guidance: &[(String, String)],
-) -> JobPayload {
-    let key = ticket.key();
-    let decodes = cfg
-        .sampler
-        .decode_specs()
-        .iter()
-        .enumerate()
-        .map(|(d, spec)| DecodeJob {
-            decode_index: d as u32,
-            temperature: spec.temperature,
-            top_p: spec.top_p,
-            repetition_penalty: spec.repetition_penalty,
-            max_new_tokens: spec.max_new_tokens,
-            seeds: (0..cfg.sampler.samples_per_decode)
-                .map(|s| candidate_seed(cfg.seed, epoch, key.as_str(), d as u32, s))
-                .collect(),
-        })
-        .collect();
-    JobPayload::Rollout {
-        messages: rollout_prompt::rollout_messages(&ticket.mission, guidance, &ticket.per_image),
-        decodes,
-        constrained: cfg.sampler.constrained,
     }
 }
 

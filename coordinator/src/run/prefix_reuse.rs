@@ -6,11 +6,12 @@
 //! prompt and guidance, and a worker reuses that head's KV. The numbers depend on which worker
 //! got which ticket, so they are runtime facts, outside every determinism comparison.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Totals over the rollouts workers computed in this attempt (answers replayed from the job
 /// journal prefilled nothing and are left out).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PrefixReuse {
     /// Rollout answers counted.
     pub rollouts: u64,

@@ -1,5 +1,6 @@
 //! The prompts rank 0 sends to workers: our own wording, built only from the mission, the
-//! guidance of the current step and the ticket's sanitized summaries.
+//! guidance of the current step and the ticket's sanitized summaries; and the rollout job
+//! that carries one ([`rollout_payload`]: the prompt, one seed per candidate).
 //!
 //! The human label never reaches a rollout prompt: [`rollout_messages`] does not take the
 //! label at all, so it cannot leak it (a test checks that both labels of a resubmitted group
@@ -7,8 +8,12 @@
 //! normalized, and Stage-A's own third-state markers (`需复核`) removed so the model is never
 //! shown the words it must not write (python-original §10 item 12).
 
-use stageb_shared::domain::ChatMessage;
+use stageb_shared::config::RunConfig;
+use stageb_shared::domain::{ChatMessage, Ticket};
+use stageb_shared::seed::candidate_seed;
 use stageb_shared::text;
+
+use crate::cluster::scheduler::{DecodeJob, JobPayload};
 
 /// Guidance as the prompt shows it: `(key, text)` pairs, scaffold `S*` first, then `G*`, each
 /// in numeric key order (G2 before G10).
@@ -70,6 +75,37 @@ pub fn rollout_messages(
     }
     user.push_str("请给出结论。");
     vec![ChatMessage::system(ROLLOUT_SYSTEM), ChatMessage::user(user)]
+}
+
+/// The rollout job of one ticket: prompt from the step's guidance, one seed per candidate.
+pub fn rollout_payload(
+    cfg: &RunConfig,
+    epoch: u32,
+    ticket: &Ticket,
+    guidance: &[(String, String)],
+) -> JobPayload {
+    let key = ticket.key();
+    let decodes = cfg
+        .sampler
+        .decode_specs()
+        .iter()
+        .enumerate()
+        .map(|(d, spec)| DecodeJob {
+            decode_index: d as u32,
+            temperature: spec.temperature,
+            top_p: spec.top_p,
+            repetition_penalty: spec.repetition_penalty,
+            max_new_tokens: spec.max_new_tokens,
+            seeds: (0..cfg.sampler.samples_per_decode)
+                .map(|s| candidate_seed(cfg.seed, epoch, key.as_str(), d as u32, s))
+                .collect(),
+        })
+        .collect();
+    JobPayload::Rollout {
+        messages: rollout_messages(&ticket.mission, guidance, &ticket.per_image),
+        decodes,
+        constrained: cfg.sampler.constrained,
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Specs of the run loop's pure helpers (run directory names, step sizes, payloads).
 
 use super::*;
+use crate::cluster::scheduler::JobPayload;
 use stageb_shared::domain::{SourceLocation, Verdict};
 
 const CONFIG: &str = "seed: 17\nstage_a_paths: [a.jsonl]\nmodel: {model_name_or_path: m.gguf}\n\

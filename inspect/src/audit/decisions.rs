@@ -1,27 +1,41 @@
 //! The per-ticket checks: one selection per ticket and epoch, one trajectory row per candidate
 //! with an honest parse, malformed candidates ↔ failure rows, and every selection re-derived
 //! from its candidates (vote counts, verdict, strength, `label_match`) and its signals
-//! (eligibility).
+//! (eligibility). The rows are read as rank 0's row types (`artifacts::rows`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use serde::Deserialize;
 use serde_json::Value;
 use stageb_coordinator::artifacts::files;
-use stageb_coordinator::decide::eligibility;
+use stageb_coordinator::artifacts::rows::{
+    CandidateResult, FailureRow, SelectionResult, SelectionRow, TicketHead, TrajectoryRow,
+    failure_reason,
+};
+use stageb_coordinator::decide::eligibility::{self, Eligibility};
 use stageb_shared::contract;
 use stageb_shared::domain::Verdict;
 
-use super::rows::for_each_row;
-use super::{AuditReport, RunFacts, verdict_of};
+use super::rows::{for_each_row, for_each_row_as};
+use super::{AuditReport, RunFacts};
 
 /// What the checks keep of a selection row.
 pub struct Selection {
     pub line: usize,
     pub group_id: Option<String>,
     pub gt: Option<Verdict>,
+    /// The row's `result` object as written: a [`SelectionResult`], read with
+    /// [`Selection::decision`] (kept as JSON for `learning.rs`, which reads its verdict).
     pub result: Value,
-    pub eligibility: Value,
+    pub eligibility: Eligibility,
+}
+
+impl Selection {
+    /// The row's `result`, typed (it was read as a [`SelectionRow`] already, so it reads).
+    pub fn decision(&self) -> SelectionResult {
+        SelectionResult::deserialize(&self.result).unwrap_or_default()
+    }
 }
 
 /// Selections by epoch, then ticket key.
@@ -40,15 +54,20 @@ pub struct Candidates {
 /// Reads `selections.jsonl`: one row per ticket per epoch, for every ticket in every epoch.
 pub fn read_selections(report: &mut AuditReport, dir: &Path, run: &RunFacts) -> Selections {
     let mut by_epoch = Selections::new();
-    report.selections = for_each_row(report, dir, files::SELECTIONS, |report, line, row| {
-        let epoch = row["epoch"].as_u64().unwrap_or(0);
-        let key = row["ticket_key"].as_str().unwrap_or("").to_string();
+    report.selections = for_each_row(report, dir, files::SELECTIONS, |report, line, mut row| {
+        let typed = match SelectionRow::deserialize(&row) {
+            Ok(typed) => typed,
+            Err(e) => {
+                return report.fail("jsonl_parse", files::SELECTIONS, Some(line), e.to_string());
+            }
+        };
+        let (epoch, key) = (u64::from(typed.ticket.epoch), typed.ticket.ticket_key);
         let selection = Selection {
             line,
-            group_id: row["group_id"].as_str().map(str::to_string),
-            gt: verdict_of(&row["gt_label"]),
-            result: row["result"].clone(),
-            eligibility: row["eligibility"].clone(),
+            group_id: Some(typed.ticket.group_id).filter(|g| !g.is_empty()),
+            gt: typed.ticket.gt_label,
+            result: row["result"].take(),
+            eligibility: typed.eligibility,
         };
         let epoch_rows = by_epoch.entry(epoch).or_default();
         if epoch_rows.insert(key.clone(), selection).is_some() {
@@ -81,17 +100,25 @@ pub fn read_selections(report: &mut AuditReport, dir: &Path, run: &RunFacts) -> 
 /// contract parser says of its raw text, and each candidate appears once.
 pub fn read_trajectories(report: &mut AuditReport, dir: &Path) -> Candidates {
     let mut out = Candidates::default();
-    report.trajectories = for_each_row(report, dir, files::TRAJECTORIES, |report, line, row| {
-        let epoch = row["epoch"].as_u64().unwrap_or(0);
-        let key = row["ticket_key"].as_str().unwrap_or("").to_string();
-        let r = &row["result"];
-        let idx = r["candidate_index"].as_u64().unwrap_or(u64::MAX);
-        check_parse(report, line, r);
-        if !r["format_ok"].as_bool().unwrap_or(false) {
+    let trajectories = files::TRAJECTORIES;
+    report.trajectories = for_each_row_as(report, dir, trajectories, |report, line, row| {
+        let TrajectoryRow {
+            ticket:
+                TicketHead {
+                    epoch,
+                    ticket_key: key,
+                    ..
+                },
+            result: r,
+            ..
+        } = row;
+        let (epoch, idx) = (u64::from(epoch), u64::from(r.candidate_index));
+        check_parse(report, line, &r);
+        if !r.format_ok {
             out.malformed.insert((epoch, key.clone(), idx));
         }
         let seen = out.votes.entry((epoch, key.clone())).or_default();
-        if seen.insert(idx, verdict_of(&r["verdict"])).is_some() {
+        if seen.insert(idx, r.verdict).is_some() {
             report.fail(
                 "one_row_per_candidate",
                 files::TRAJECTORIES,
@@ -104,9 +131,9 @@ pub fn read_trajectories(report: &mut AuditReport, dir: &Path) -> Candidates {
 }
 
 /// A trajectory's recorded parse equals the contract parser's verdict on its text.
-fn check_parse(report: &mut AuditReport, line: usize, r: &Value) {
-    let parsed = contract::parse(r["text"].as_str().unwrap_or(""));
-    let format_ok = r["format_ok"].as_bool().unwrap_or(false);
+fn check_parse(report: &mut AuditReport, line: usize, r: &CandidateResult) {
+    let parsed = contract::parse(&r.text);
+    let format_ok = r.format_ok;
     if parsed.is_ok() != format_ok {
         report.fail(
             "trajectory_parse",
@@ -119,8 +146,7 @@ fn check_parse(report: &mut AuditReport, line: usize, r: &Value) {
         );
     }
     if let Ok(p) = &parsed
-        && (verdict_of(&r["verdict"]) != Some(p.verdict)
-            || r["reason"].as_str() != Some(p.reason.as_str()))
+        && (r.verdict != Some(p.verdict) || r.reason != p.reason)
     {
         report.fail(
             "trajectory_parse",
@@ -141,10 +167,12 @@ pub fn rederive_selections(
     let per_ticket = run.config.candidates_per_ticket() as usize;
     for (epoch, by_key) in selections {
         for (key, sel) in by_key {
+            let decision = sel.decision();
             let Some(votes) = candidates.votes.get(&(*epoch, key.clone())) else {
-                if sel.result["ineligible_reason"]
-                    .as_str()
-                    .is_none_or(|r| !r.starts_with("engine_error"))
+                if decision
+                    .ineligible_reason
+                    .as_deref()
+                    .is_none_or(|r| !r.starts_with(failure_reason::ENGINE_ERROR))
                 {
                     report.fail(
                         "one_row_per_candidate",
@@ -168,18 +196,24 @@ pub fn rederive_selections(
             }
             let count = |v: Verdict| votes.values().filter(|x| **x == Some(v)).count() as u64;
             let (pass, fail) = (count(Verdict::Pass), count(Verdict::Fail));
-            check_vote(report, key, sel, pass, fail);
-            check_eligibility(report, key, sel, pass, fail);
+            check_vote(report, key, sel, &decision, (pass, fail));
+            check_eligibility(report, key, sel, &decision, (pass, fail));
         }
     }
 }
 
 /// Vote counts, the vote's verdict (majority, ties to fail) and its strength.
-fn check_vote(report: &mut AuditReport, key: &str, sel: &Selection, pass: u64, fail: u64) {
-    let r = &sel.result;
+fn check_vote(
+    report: &mut AuditReport,
+    key: &str,
+    sel: &Selection,
+    decision: &SelectionResult,
+    (pass, fail): (u64, u64),
+) {
+    let r = &decision.selection;
     let line = Some(sel.line);
-    let counts = &r["vote_counts"];
-    if counts["pass"].as_u64() != Some(pass) || counts["fail"].as_u64() != Some(fail) {
+    let counts = r.vote_counts;
+    if u64::from(counts.pass) != pass || u64::from(counts.fail) != fail {
         report.fail(
             "selection_rederived",
             files::SELECTIONS,
@@ -194,7 +228,7 @@ fn check_vote(report: &mut AuditReport, key: &str, sel: &Selection, pass: u64, f
     } else {
         Some(Verdict::Fail)
     };
-    if verdict_of(&r["vote_verdict"]) != vote_verdict {
+    if r.vote_verdict != vote_verdict {
         report.fail(
             "selection_rederived",
             files::SELECTIONS,
@@ -204,10 +238,7 @@ fn check_vote(report: &mut AuditReport, key: &str, sel: &Selection, pass: u64, f
     }
     if let Some(v) = vote_verdict {
         let strength = (if v == Verdict::Pass { pass } else { fail }) as f64 / (pass + fail) as f64;
-        if r["vote_strength"]
-            .as_f64()
-            .is_none_or(|s| (s - strength).abs() > 1e-9)
-        {
+        if r.vote_strength.is_none_or(|s| (s - strength).abs() > 1e-9) {
             report.fail(
                 "selection_rederived",
                 files::SELECTIONS,
@@ -216,8 +247,8 @@ fn check_vote(report: &mut AuditReport, key: &str, sel: &Selection, pass: u64, f
             );
         }
     }
-    let final_verdict = verdict_of(&r["verdict"]);
-    if final_verdict.is_some() && r["label_match"].as_bool() != Some(final_verdict == sel.gt) {
+    let final_verdict = r.verdict;
+    if final_verdict.is_some() && r.label_match != (final_verdict == sel.gt) {
         report.fail(
             "selection_rederived",
             files::SELECTIONS,
@@ -228,24 +259,28 @@ fn check_vote(report: &mut AuditReport, key: &str, sel: &Selection, pass: u64, f
 }
 
 /// Eligibility is a pure function of the row's own signals: recompute and compare.
-fn check_eligibility(report: &mut AuditReport, key: &str, sel: &Selection, pass: u64, fail: u64) {
+fn check_eligibility(
+    report: &mut AuditReport,
+    key: &str,
+    sel: &Selection,
+    decision: &SelectionResult,
+    (pass, fail): (u64, u64),
+) {
     let Some(gt) = sel.gt else {
         return;
     };
-    let r = &sel.result;
-    let flag = |k: &str| r[k].as_bool().unwrap_or(false);
+    let r = &decision.selection;
     let signals = eligibility::EligibilitySignals {
-        has_verdict: verdict_of(&r["verdict"]).is_some(),
-        label_match: flag("label_match"),
-        rollout_contradiction: flag("rollout_contradiction"),
-        low_agreement: flag("low_agreement"),
-        conflict_flag: flag("conflict_flag"),
-        needs_manual_review: flag("needs_manual_review"),
+        has_verdict: r.verdict.is_some(),
+        label_match: r.label_match,
+        rollout_contradiction: r.rollout_contradiction,
+        low_agreement: r.low_agreement,
+        conflict_flag: r.conflict_flag,
+        needs_manual_review: r.needs_manual_review,
         candidates_matching_gt: (if gt == Verdict::Pass { pass } else { fail }) as u32,
         valid_candidates: (pass + fail) as u32,
     };
-    let expected = serde_json::to_value(eligibility::assess_signals(&signals)).unwrap_or_default();
-    if sel.eligibility != expected {
+    if sel.eligibility != eligibility::assess_signals(&signals) {
         report.fail(
             "eligibility_rederived",
             files::SELECTIONS,
@@ -259,18 +294,18 @@ fn check_eligibility(report: &mut AuditReport, key: &str, sel: &Selection, pass:
 /// malformed candidate.
 pub fn check_failure_rows(report: &mut AuditReport, dir: &Path, candidates: &Candidates) {
     let mut logged = BTreeSet::new();
-    for_each_row(
+    for_each_row_as(
         report,
         dir,
         files::FAILURE_MALFORMED,
-        |report, line, row| {
-            if row["reason"] != "format_error" {
+        |report, line, row: FailureRow| {
+            if row.reason != failure_reason::FORMAT_ERROR {
                 return;
             }
             let id = (
-                row["epoch"].as_u64().unwrap_or(0),
-                row["ticket_key"].as_str().unwrap_or("").to_string(),
-                row["candidate_index"].as_u64().unwrap_or(u64::MAX),
+                u64::from(row.epoch),
+                row.ticket_key,
+                row.candidate_index.map_or(u64::MAX, u64::from),
             );
             if !candidates.malformed.contains(&id) {
                 report.fail(

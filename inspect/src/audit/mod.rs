@@ -18,8 +18,8 @@
 //! - the guidance hash chain verifies and `S*` rules are unchanged from the seed.
 
 //!
-//! The files are streamed row by row ([`rows`]) and only the facts the checks compare are kept
-//! ([`decisions`], [`learning`]), so a large run is audited in a fraction of its size in memory.
+//! The files are streamed row by row (`rows.rs`) and only the facts the checks compare are kept
+//! (`decisions.rs`, `learning.rs`), so a large run is audited in a fraction of its size in memory.
 
 mod decisions;
 mod learning;
@@ -30,6 +30,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use stageb_coordinator::artifacts::documents::Manifest;
 use stageb_coordinator::artifacts::files;
 use stageb_shared::config::RunConfig;
 use stageb_shared::domain::Verdict;
@@ -98,17 +99,14 @@ pub struct RunFacts {
 
 impl RunFacts {
     fn load(report: &mut AuditReport, dir: &Path) -> Option<RunFacts> {
-        let manifest: Option<Value> = fs::read(dir.join(files::MANIFEST))
+        let manifest: Option<Manifest> = fs::read(dir.join(files::MANIFEST))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let Some(manifest) = manifest else {
             report.fail("manifest", files::MANIFEST, None, "missing or not JSON");
             return None;
         };
-        let config = manifest
-            .get("config")
-            .and_then(|c| serde_json::from_value::<RunConfig>(c.clone()).ok());
-        let Some(config) = config else {
+        let Some(config) = manifest.run_config() else {
             report.fail(
                 "manifest",
                 files::MANIFEST,
@@ -118,8 +116,8 @@ impl RunFacts {
             return None;
         };
         Some(RunFacts {
-            tickets: manifest.get("tickets").and_then(Value::as_u64).unwrap_or(0) as usize,
-            mission: manifest["mission"].as_str().unwrap_or("").to_string(),
+            tickets: manifest.tickets,
+            mission: manifest.mission,
             config,
         })
     }

@@ -1,4 +1,6 @@
-//! Reading a JSONL artifact one row at a time, recording framing and parse violations.
+//! Reading a JSONL artifact one row at a time, recording framing and parse violations; the
+//! rows rank 0 writes per ticket are read as their types ([`for_each_row_as`],
+//! `stageb_coordinator::artifacts::rows`).
 //!
 //! Rows are streamed, never held as a whole file: the checks keep only the facts they compare
 //! (a vote per candidate, a selection's result), so auditing a 100,000-ticket run does not need
@@ -8,6 +10,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::AuditReport;
@@ -68,4 +71,24 @@ fn ends_with_newline(file: &mut File) -> bool {
     };
     let _ = file.seek(SeekFrom::Start(0));
     ok
+}
+
+/// [`for_each_row`] with each row read as a `T`: a row that is JSON but not a `T` (a value of
+/// the wrong type) is a `jsonl_parse` violation and is not visited; a missing key reads as its
+/// default. Returns how many rows were JSON.
+pub fn for_each_row_as<T: DeserializeOwned>(
+    report: &mut AuditReport,
+    dir: &Path,
+    name: &str,
+    mut visit: impl FnMut(&mut AuditReport, usize, T),
+) -> usize {
+    for_each_row(
+        report,
+        dir,
+        name,
+        |report, line, row| match serde_json::from_value::<T>(row) {
+            Ok(row) => visit(report, line, row),
+            Err(e) => report.fail("jsonl_parse", name, Some(line), e.to_string()),
+        },
+    )
 }

@@ -1,119 +1,57 @@
-//! The run's identity and totals: the parts of `manifest.json` and `summary.json` the report
-//! shows, read leniently (every field optional) so a manifest written at run start, before
-//! `finished_at` and the fingerprint are known, or a run that never wrote its summary, still
-//! has a header.
+//! The run's identity and totals: `manifest.json` and `summary.json`, read as rank 0's
+//! document types (`artifacts::documents`) and leniently (a missing key reads as its default),
+//! so a manifest written at run start, before `finished_at` and the fingerprint are known, or a
+//! run that never wrote its summary, still has a header. The views the page needs of them
+//! (a config knob, the short fingerprint, candidates per ticket) are the functions below.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
 use serde_json::Value;
+use stageb_coordinator::artifacts::documents::{Manifest, RunSummary};
 use stageb_coordinator::artifacts::files;
 
 use super::load::{FileStatus, read_json};
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Manifest {
-    pub stageb_version: Option<String>,
-    pub mission: Option<String>,
-    pub mode: Option<String>,
-    pub config_path: Option<String>,
-    pub config_sha256: Option<String>,
-    pub tickets: Option<u64>,
-    pub model: ManifestModel,
-    pub schedule: Schedule,
-    pub runtime: ManifestRuntime,
-    /// The resolved config; read with [`Manifest::config_f64`] for the few knobs shown.
-    pub config: Value,
+/// A number of the resolved config by JSON pointer (`/manual_review/min_verdict_agreement`).
+pub fn config_f64(m: &Manifest, pointer: &str) -> Option<f64> {
+    m.config.pointer(pointer).and_then(Value::as_f64)
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct ManifestModel {
-    pub path: Option<String>,
-    /// `weights-sha256|candle-<ver>|<dtype>|<device kind>`.
-    pub fingerprint: Option<String>,
+/// Candidates sampled per ticket: grid entries × samples per entry.
+pub fn candidates_per_ticket(m: &Manifest) -> Option<u64> {
+    let grid = m.config.pointer("/sampler/grid")?.as_array()?.len() as u64;
+    let samples = config_f64(m, "/sampler/samples_per_decode")? as u64;
+    Some(grid * samples)
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Schedule {
-    pub step_size: Option<u64>,
-    pub epochs: Option<u32>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct ManifestRuntime {
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    pub resumed: Option<bool>,
-    pub replayed_answers: Option<u64>,
-    pub live_workers: Option<u64>,
-}
-
-impl Manifest {
-    /// A number of the resolved config by JSON pointer (`/manual_review/min_verdict_agreement`).
-    pub fn config_f64(&self, pointer: &str) -> Option<f64> {
-        self.config.pointer(pointer).and_then(Value::as_f64)
-    }
-
-    /// Candidates sampled per ticket: grid entries × samples per entry.
-    pub fn candidates_per_ticket(&self) -> Option<u64> {
-        let grid = self.config.pointer("/sampler/grid")?.as_array()?.len() as u64;
-        let samples = self.config_f64("/sampler/samples_per_decode")? as u64;
-        Some(grid * samples)
-    }
-
-    /// The fingerprint with its weights digest cut to 12 hex digits: what a person compares.
-    pub fn fingerprint_short(&self) -> Option<String> {
-        let full = self.model.fingerprint.as_deref()?;
-        let mut parts = full.split('|');
-        let weights = parts.next().unwrap_or("");
-        let short: String = weights.chars().take(12).collect();
-        let rest: Vec<&str> = parts.collect();
-        Some(if rest.is_empty() {
-            short
-        } else {
-            format!("{short}…|{}", rest.join("|"))
-        })
+/// The summary's scheduler counters (`leases_issued`, `leases_expired`, …) by name.
+pub fn scheduler_counters(s: &RunSummary) -> BTreeMap<String, Value> {
+    match serde_json::to_value(s.runtime_facts().scheduler) {
+        Ok(Value::Object(counters)) => counters.into_iter().collect(),
+        _ => BTreeMap::new(),
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Summary {
-    pub tickets: Option<u64>,
-    pub epochs: Option<u32>,
-    pub candidates: Option<u64>,
-    pub malformed_candidates: Option<u64>,
-    pub hard_failures: Option<u64>,
-    pub need_review: Option<u64>,
-    pub reflection_cycles: Option<u64>,
-    pub guidance_step: Option<u64>,
-    pub guidance_hash: Option<String>,
-    pub warnings: Vec<String>,
-    /// The `epoch_end` metrics rows; kept loose so one odd row does not lose the summary.
-    pub epoch_accuracy: Vec<Value>,
-    pub runtime: SummaryRuntime,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct SummaryRuntime {
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    pub elapsed_seconds: Option<f64>,
-    /// Scheduler counters (`leases_issued`, `leases_expired`, …), shown as given.
-    pub scheduler: BTreeMap<String, Value>,
+/// The fingerprint with its weights digest cut to 12 hex digits: what a person compares.
+pub fn fingerprint_short(m: &Manifest) -> Option<String> {
+    let full = m.model.fingerprint.as_deref()?;
+    let mut parts = full.split('|');
+    let weights = parts.next().unwrap_or("");
+    let short: String = weights.chars().take(12).collect();
+    let rest: Vec<&str> = parts.collect();
+    Some(if rest.is_empty() {
+        short
+    } else {
+        format!("{short}…|{}", rest.join("|"))
+    })
 }
 
 /// The header's inputs.
 #[derive(Debug, Clone, Default)]
 pub struct Identity {
     pub manifest: Option<Manifest>,
-    pub summary: Option<Summary>,
+    pub summary: Option<RunSummary>,
     pub files: Vec<FileStatus>,
 }
 
@@ -122,14 +60,14 @@ impl Identity {
     pub fn epochs(&self) -> Option<u32> {
         self.manifest
             .as_ref()
-            .and_then(|m| m.schedule.epochs)
-            .or_else(|| self.summary.as_ref().and_then(|s| s.epochs))
+            .map(|m| m.schedule.epochs)
+            .or_else(|| self.summary.as_ref().map(|s| s.epochs))
     }
 }
 
 pub fn collect(dir: &Path) -> Identity {
     let (manifest, manifest_status) = read_json::<Manifest>(dir, files::MANIFEST);
-    let (summary, summary_status) = read_json::<Summary>(dir, files::SUMMARY);
+    let (summary, summary_status) = read_json::<RunSummary>(dir, files::SUMMARY);
     Identity {
         manifest,
         summary,

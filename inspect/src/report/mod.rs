@@ -5,12 +5,13 @@
 //! load. Text from artifacts is escaped (model output is untrusted).
 //!
 //! # Layout
-//! - [`load`]: tolerant readers (a missing or damaged artifact becomes a note, never an error).
-//! - [`identity`], [`outcomes`], [`reflection`], [`review`], [`guidance`], [`throughput`]:
-//!   one streaming pass per artifact, aggregated into per-epoch counters and capped lists, so
+//! - `load.rs`: tolerant readers (a missing or damaged artifact becomes a note, never an error).
+//! - `identity.rs`, `outcomes.rs`, `reflection.rs`, `review.rs`, `guidance.rs`,
+//!   `throughput.rs`: one streaming pass per artifact (rank 0's row types where it has them,
+//!   `stageb_coordinator::artifacts`), aggregated into per-epoch counters and capped lists, so
 //!   a run of 100k tickets gives a report of the same size as a run of 100.
-//! - [`charts`]: the SVG charts. [`html`]: escaping and page building blocks.
-//! - [`render`]: one function per section; each section has an `id` (`overview`, `accuracy`,
+//! - `charts.rs`: the SVG charts. `html.rs`: escaping and page building blocks.
+//! - `render/`: one function per section; each section has an `id` (`overview`, `accuracy`,
 //!   `votes`, `malformed`, `reflection`, `guidance`, `need-review`, `throughput`) so a
 //!   script can link to or screenshot it.
 //!

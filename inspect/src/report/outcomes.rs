@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 use stageb_coordinator::artifacts::files;
+use stageb_coordinator::artifacts::rows::{FailureRow, SelectionRow, failure_reason};
 
 use super::load::{FileStatus, stream_jsonl};
 
@@ -109,46 +110,6 @@ pub struct Outcomes {
     pub files: Vec<FileStatus>,
 }
 
-#[derive(Deserialize)]
-struct SelectionRow {
-    epoch: u32,
-    #[serde(default)]
-    result: SelectionResult,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct SelectionResult {
-    vote_strength: Option<f64>,
-    label_match: bool,
-    low_agreement: bool,
-    needs_manual_review: bool,
-    vote_counts: VoteCounts,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct VoteCounts {
-    pass: u64,
-    fail: u64,
-    malformed: u64,
-}
-
-#[derive(Deserialize)]
-struct FailureRow {
-    epoch: u32,
-    reason: String,
-    #[serde(default)]
-    violation: Option<CodeObject>,
-    #[serde(default)]
-    error: Option<CodeObject>,
-}
-
-#[derive(Deserialize)]
-struct CodeObject {
-    code: String,
-}
-
 /// Add one to `name`'s count, or to [`OTHER`]'s once `MAX_NAMES` names are known.
 pub fn bump(map: &mut BTreeMap<String, u64>, name: &str) {
     if let Some(n) = map.get_mut(name) {
@@ -201,15 +162,18 @@ pub fn collect(dir: &Path, summary_epoch_rows: &[Value]) -> Outcomes {
 
 fn count_selections(dir: &Path, epochs: &mut BTreeMap<u32, EpochOutcome>) -> FileStatus {
     stream_jsonl::<SelectionRow>(dir, files::SELECTIONS, |row| {
-        let e = epochs.entry(row.epoch).or_default();
-        let r = &row.result;
+        let e = epochs.entry(row.ticket.epoch).or_default();
+        let r = &row.result.selection;
         e.tickets += 1;
         e.correct += u64::from(r.label_match);
         e.low_agreement += u64::from(r.low_agreement);
         e.needs_manual_review += u64::from(r.needs_manual_review);
-        let votes = &r.vote_counts;
-        e.candidates += votes.pass + votes.fail + votes.malformed;
-        e.malformed += votes.malformed;
+        let votes = r.vote_counts;
+        e.candidates += [votes.pass, votes.fail, votes.malformed]
+            .into_iter()
+            .map(u64::from)
+            .sum::<u64>();
+        e.malformed += u64::from(votes.malformed);
         match r.vote_strength {
             Some(v) if v.is_finite() => {
                 let permille = (v.clamp(0.0, 1.0) * 1000.0).round() as u32;
@@ -224,14 +188,14 @@ fn count_failures(dir: &Path, epochs: &mut BTreeMap<u32, EpochOutcome>) -> FileS
     stream_jsonl::<FailureRow>(dir, files::FAILURE_MALFORMED, |row| {
         let e = epochs.entry(row.epoch).or_default();
         match row.reason.as_str() {
-            "format_error" => {
+            failure_reason::FORMAT_ERROR => {
                 let code = row.violation.map(|v| v.code);
                 bump(
                     &mut e.malformed_by_code,
                     code.as_deref().unwrap_or("(none)"),
                 );
             }
-            "engine_error" => {
+            failure_reason::ENGINE_ERROR => {
                 let code = row.error.map(|v| v.code).unwrap_or_default();
                 bump(&mut e.hard_failures, &format!("engine_error:{code}"));
             }

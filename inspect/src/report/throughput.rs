@@ -9,36 +9,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
 use stageb_coordinator::artifacts::files;
+use stageb_coordinator::artifacts::rows::TrajectoryRow;
 
 use super::load::{FileStatus, stream_jsonl};
 use super::outcomes::bump;
-
-#[derive(Deserialize)]
-struct TrajectoryRow {
-    epoch: u32,
-    #[serde(default)]
-    result: TrajectoryResult,
-    #[serde(default)]
-    runtime: Option<JobRuntime>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct TrajectoryResult {
-    candidate_index: u64,
-    completion_tokens: u64,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct JobRuntime {
-    worker_id: String,
-    prompt_tokens: u64,
-    prefill_us: u64,
-    decode_us: u64,
-}
 
 /// Model work of one epoch's rollouts. A job's `runtime` is repeated on each of its
 /// candidates' rows, so job-level sums count the row of candidate 0 only.
@@ -70,18 +45,20 @@ pub struct Compute {
 pub fn collect(dir: &Path) -> Compute {
     let mut out = Compute::default();
     out.file = stream_jsonl::<TrajectoryRow>(dir, files::TRAJECTORIES, |row| {
-        let e = out.per_epoch.entry(row.epoch).or_default();
+        let e = out.per_epoch.entry(row.ticket.epoch).or_default();
         e.candidates += 1;
-        e.completion_tokens += row.result.completion_tokens;
+        e.completion_tokens += u64::from(row.result.completion_tokens);
         if row.result.candidate_index != 0 {
             return;
         }
         e.jobs += 1;
-        if let Some(rt) = row.runtime {
-            e.prompt_tokens += rt.prompt_tokens;
-            e.prefill_us += rt.prefill_us;
-            e.decode_us += rt.decode_us;
-            bump(&mut out.jobs_by_worker, &rt.worker_id);
+        if let Some(timing) = row.runtime.rollout {
+            e.prompt_tokens += u64::from(timing.prompt_tokens);
+            e.prefill_us += timing.prefill_us;
+            e.decode_us += timing.decode_us;
+        }
+        if let Some(provenance) = row.runtime.provenance {
+            bump(&mut out.jobs_by_worker, &provenance.worker_id);
         }
     });
     out

@@ -65,15 +65,18 @@ pub enum JobOutput {
     },
 }
 
-/// A job that could not be run (after retries where retrying makes sense).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A job that could not be run (after retries where retrying makes sense). Also the `error`
+/// of a hard failure's `failure_malformed.jsonl` row.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct JobFailure {
     pub code: String,
     pub message: String,
 }
 
-/// Who produced a result: runtime provenance, excluded from determinism comparisons.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who produced a result: runtime provenance, excluded from determinism comparisons (the
+/// first keys of a row's `runtime`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Provenance {
     pub worker_id: String,
     pub lease_id: LeaseId,

@@ -23,12 +23,13 @@
 //! refuses workers with another model fingerprint. Failures are never journaled, so they are
 //! retried.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::{self, BufRead};
 use std::path::Path;
 use std::sync::Mutex;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use stageb_shared::digest;
 
 use super::job::{JobOutput, JobPayload};
@@ -38,7 +39,17 @@ use crate::artifacts::JsonlWriter;
 pub const JOURNAL_FILE: &str = "jobs.jsonl";
 
 /// Version of the row format (and of the payload digest): rows of another version are ignored.
-const JOURNAL_VERSION: u64 = 1;
+pub const JOURNAL_VERSION: u64 = 1;
+
+/// One row of the journal: an accepted answer and the digest of the job it answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalRow<'a> {
+    /// [`JOURNAL_VERSION`]; rows of another version are skipped on load.
+    pub journal_version: u64,
+    /// [`payload_digest`] of the job.
+    pub digest: Cow<'a, str>,
+    pub output: Cow<'a, JobOutput>,
+}
 
 /// `sha256:` of the canonical JSON of everything that determines a job's answer: the whole
 /// payload (messages, decode groups with their seeds, schema, sampling parameters).
@@ -65,19 +76,11 @@ impl ReplayCache {
         let mut skipped = 0usize;
         for line in io::BufReader::new(file).lines() {
             let line = line?;
-            let parsed = serde_json::from_str::<Value>(&line).ok().and_then(|row| {
-                if row.get("journal_version")?.as_u64()? != JOURNAL_VERSION {
-                    return None;
+            match serde_json::from_str::<JournalRow>(&line) {
+                Ok(row) if row.journal_version == JOURNAL_VERSION => {
+                    answers.insert(row.digest.into_owned(), row.output.into_owned());
                 }
-                let digest = row.get("digest")?.as_str()?.to_string();
-                let output = serde_json::from_value(row.get("output")?.clone()).ok()?;
-                Some((digest, output))
-            });
-            match parsed {
-                Some((digest, output)) => {
-                    answers.insert(digest, output);
-                }
-                None => skipped += 1,
+                _ => skipped += 1,
             }
         }
         if skipped > 0 {
@@ -126,11 +129,11 @@ impl Journal {
     /// Records an accepted answer. A failed write only costs a recomputation on resume, so it
     /// is logged, not fatal.
     pub fn record(&self, digest: &str, output: &JobOutput) {
-        let row = json!({
-            "journal_version": JOURNAL_VERSION,
-            "digest": digest,
-            "output": output,
-        });
+        let row = JournalRow {
+            journal_version: JOURNAL_VERSION,
+            digest: Cow::Borrowed(digest),
+            output: Cow::Borrowed(output),
+        };
         let mut w = self.writer();
         if let Err(e) = w.append(&row) {
             tracing::warn!(path = %w.path().display(), "cannot append to the job journal: {e}");
@@ -179,6 +182,16 @@ mod tests {
         }
     }
 
+    fn generated() -> JobOutput {
+        JobOutput::Generate {
+            text: "{}".into(),
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            finish_reason: "stop".into(),
+            latency_us: 4,
+        }
+    }
+
     #[test]
     fn the_digest_covers_every_field_that_changes_the_answer() {
         assert_eq!(payload_digest(&rollout(1)), payload_digest(&rollout(1)));
@@ -201,6 +214,24 @@ mod tests {
     }
 
     #[test]
+    fn a_row_is_its_version_digest_and_output_and_other_versions_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let generated = generated();
+        Journal::create(&path)
+            .unwrap()
+            .record("sha256:a", &generated);
+        let row = r#"{"journal_version":1,"digest":"sha256:a","output":{"kind":"generate","text":"{}","prompt_tokens":3,"completion_tokens":1,"finish_reason":"stop","latency_us":4}}"#;
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{row}\n"));
+        std::fs::write(
+            &path,
+            row.replace(r#""journal_version":1"#, r#""journal_version":2"#),
+        )
+        .unwrap();
+        assert!(ReplayCache::load(&path).unwrap().is_empty());
+    }
+
+    #[test]
     fn answers_round_trip_and_torn_rows_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(JOURNAL_FILE);
@@ -218,13 +249,7 @@ mod tests {
             prefill_us: 1,
             decode_us: 2,
         };
-        let generated = JobOutput::Generate {
-            text: "{}".into(),
-            prompt_tokens: 3,
-            completion_tokens: 1,
-            finish_reason: "stop".into(),
-            latency_us: 4,
-        };
+        let generated = generated();
         {
             let j = Journal::create(&path).unwrap();
             j.record("sha256:a", &answer);

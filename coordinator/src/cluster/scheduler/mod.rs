@@ -11,8 +11,13 @@
 //! The scheduler knows nothing about tickets: callers attach a [`JobId`] and receive
 //! [`Completion`]s on a channel, in whatever order workers finish. The run loop restores a
 //! deterministic order itself.
+//!
+//! Here: the table, leasing, heartbeats, the checklist of a submission and expiry. Beside it:
+//! [`job`] (what a job asks and answers), `sessions.rs` (worker sessions), [`result_check`]
+//! (an answer fits its job), [`speculation`] (second copies of stragglers), [`journal`]
+//! (accepted answers, for `--resume`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -22,6 +27,7 @@ use tokio::sync::{Notify, mpsc};
 pub mod job;
 pub mod journal;
 pub mod result_check;
+mod sessions;
 pub mod speculation;
 
 pub use job::{
@@ -30,6 +36,7 @@ pub use job::{
 };
 use journal::{Journal, ReplayCache, payload_digest};
 use result_check::validate_output;
+use sessions::SessionState;
 
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
@@ -120,6 +127,24 @@ fn kind_of(payload: &JobPayload) -> JobKind {
     }
 }
 
+/// What a submission needs of its lease once it is checked.
+struct LeaseFacts {
+    job: JobId,
+    attempt: u32,
+    issued: Instant,
+    speculative: bool,
+}
+
+/// Why a submission's lease may not be answered.
+enum LeaseRefusal {
+    /// The same session's answer was accepted already.
+    Duplicate,
+    /// Another session's answer was accepted, or the lease is unknown or foreign.
+    Fenced,
+    /// The lease was past its deadline and is expired now; these jobs failed for good.
+    Expired(Vec<JobId>),
+}
+
 #[derive(Debug)]
 struct LeaseState {
     job: JobId,
@@ -130,12 +155,6 @@ struct LeaseState {
     issued: Instant,
     /// A second copy of a straggling job.
     speculative: bool,
-}
-
-#[derive(Debug)]
-struct SessionState {
-    worker_id: String,
-    last_seen: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -154,8 +173,10 @@ struct Inner {
     times: JobTimes,
 }
 
-/// Counters for progress reporting and the run summary.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+/// Counters for progress reporting and the run summary (`summary.json` `runtime.scheduler`;
+/// a summary written before a counter existed reads it as 0).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SchedulerStats {
     pub leases_issued: u64,
     pub leases_expired: u64,
@@ -292,105 +313,6 @@ impl Scheduler {
             None => self.work_available.notify_waiters(),
         }
         id
-    }
-
-    /// A new session for a worker. Returns (worker id, session secret), or `Exhausted` when
-    /// `max_sessions` sessions are live.
-    pub fn register(&self) -> Result<(String, String), SubmitError> {
-        self.register_replacing("")
-            .map(|(worker, session, _)| (worker, session))
-    }
-
-    /// [`Scheduler::register`] for a worker that held `previous` (its old session secret,
-    /// which only that worker knows): the old session is retired first and its leases are
-    /// fenced at once, their jobs back at the front of the queue, instead of waiting out their
-    /// TTL. Whatever the worker was running under the old session it has dropped, or it would
-    /// not register again. Returns the ids of the fenced leases as the third element.
-    pub fn register_replacing(
-        &self,
-        previous: &str,
-    ) -> Result<(String, String, Vec<LeaseId>), SubmitError> {
-        let mut failed = Vec::new();
-        let mut g = self.lock();
-        let mut fenced: Vec<LeaseId> = Vec::new();
-        if !previous.is_empty() && g.sessions.remove(previous).is_some() {
-            fenced = g
-                .leases
-                .iter()
-                .filter(|(_, l)| l.session == previous)
-                .map(|(id, _)| *id)
-                .collect();
-            // Highest id first, each pushed to the front: the oldest lease's job leads.
-            fenced.sort_unstable_by(|a, b| b.cmp(a));
-            for id in &fenced {
-                self.expire_lease(&mut g, *id, &mut failed);
-            }
-            g.stats.leases_fenced_on_register += fenced.len() as u64;
-        }
-        let registered = self.register_locked(&mut g);
-        drop(g);
-        self.after_expiry(failed, !fenced.is_empty());
-        registered.map(|(worker, session)| (worker, session, fenced))
-    }
-
-    fn register_locked(&self, g: &mut Inner) -> Result<(String, String), SubmitError> {
-        if g.sessions.len() >= self.config.max_sessions {
-            self.forget_idle_sessions(g, Instant::now());
-            if g.sessions.len() >= self.config.max_sessions {
-                return Err(SubmitError::Exhausted(format!(
-                    "too many worker sessions ({}); retry later",
-                    g.sessions.len()
-                )));
-            }
-        }
-        let worker_id = format!("w{}", g.next_worker);
-        g.next_worker += 1;
-        let session = uuid::Uuid::new_v4().simple().to_string();
-        g.sessions.insert(
-            session.clone(),
-            SessionState {
-                worker_id: worker_id.clone(),
-                last_seen: Instant::now(),
-            },
-        );
-        Ok((worker_id, session))
-    }
-
-    /// Number of sessions held (live or idle but not yet forgotten).
-    pub fn sessions(&self) -> usize {
-        self.lock().sessions.len()
-    }
-
-    /// Forget sessions idle past `session_idle_ttl` that hold no lease.
-    fn forget_idle_sessions(&self, g: &mut Inner, now: Instant) {
-        let ttl = self.config.session_idle_ttl;
-        let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
-        let idle: Vec<String> = g
-            .sessions
-            .iter()
-            .filter(|(id, s)| {
-                now.saturating_duration_since(s.last_seen) >= ttl && !holding.contains(id.as_str())
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in idle {
-            g.sessions.remove(&id);
-            g.stats.sessions_expired += 1;
-        }
-    }
-
-    pub fn has_session(&self, session: &str) -> bool {
-        self.lock().sessions.contains_key(session)
-    }
-
-    /// Number of sessions seen within two lease TTLs.
-    pub fn live_workers(&self) -> usize {
-        let g = self.lock();
-        let horizon = self.config.lease_ttl * 2;
-        g.sessions
-            .values()
-            .filter(|s| s.last_seen.elapsed() < horizon)
-            .count()
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -571,119 +493,59 @@ impl Scheduler {
         outcome
     }
 
+    /// The checklist of a submission: the session is known; the lease was not answered yet,
+    /// is this session's and is live; the output fits its job. Then the lease is settled:
+    /// an answer completes the job, an error retries it or fails it for good.
     fn submit_checked(
         &self,
         session: &str,
         lease_id: LeaseId,
         result: Result<JobOutput, JobFailure>,
     ) -> Result<SubmitOutcome, SubmitError> {
-        let mut journal_digest = None;
-        let completion = {
-            let mut g = self.lock();
-            let worker_id = match g.sessions.get_mut(session) {
-                Some(s) => {
-                    s.last_seen = Instant::now();
-                    s.worker_id.clone()
-                }
-                None => return Err(SubmitError::UnknownSession),
-            };
-            if let Some(owner) = g.accepted.get(&lease_id) {
-                if owner == session {
-                    g.stats.submits_duplicate += 1;
-                    return Ok(SubmitOutcome::Duplicate);
-                }
-                g.stats.submits_fenced += 1;
-                return Ok(SubmitOutcome::Fenced);
+        let mut g = self.lock();
+        let worker_id = match g.sessions.get_mut(session) {
+            Some(s) => {
+                s.last_seen = Instant::now();
+                s.worker_id.clone()
             }
-            let Some(lease) = g.leases.get(&lease_id) else {
-                g.stats.submits_fenced += 1;
-                return Ok(SubmitOutcome::Fenced);
-            };
-            if lease.session != session {
-                g.stats.submits_fenced += 1;
-                return Ok(SubmitOutcome::Fenced);
-            }
-            if lease.deadline <= Instant::now() {
-                // Expired but not yet reaped: the deadline is the contract, not the reaper.
-                let mut failed = Vec::new();
-                self.expire_lease(&mut g, lease_id, &mut failed);
-                g.stats.submits_fenced += 1;
+            None => return Err(SubmitError::UnknownSession),
+        };
+        let lease = match self.check_lease(&mut g, session, lease_id) {
+            Ok(lease) => lease,
+            Err(LeaseRefusal::Duplicate) => return Ok(SubmitOutcome::Duplicate),
+            Err(LeaseRefusal::Fenced) => return Ok(SubmitOutcome::Fenced),
+            Err(LeaseRefusal::Expired(failed)) => {
                 drop(g);
                 self.after_expiry(failed, true);
                 return Ok(SubmitOutcome::Fenced);
             }
-            let job_id = lease.job;
-            let attempt = lease.attempt;
-            let job = g
-                .jobs
-                .get(&job_id)
-                .expect("a live lease always has its job");
-            if let (Ok(output), Some(payload)) = (&result, &job.payload) {
-                validate_output(payload, output, self.config.max_text_bytes)
-                    .map_err(SubmitError::Mismatch)?;
-            }
-            let kind = match job.kind() {
-                JobKind::Rollout => "rollout",
-                JobKind::Generate => "generate",
-            };
-            metrics::counter!(observe::JOBS_COMPLETED, "kind" => kind, "outcome" => if result.is_ok() { "ok" } else { "error" })
-                .increment(1);
-            let took = lease.issued.elapsed();
-            let speculative = lease.speculative;
-            metrics::histogram!(observe::JOB_LATENCY, "kind" => kind).record(took.as_secs_f64());
-            g.leases.remove(&lease_id);
-            g.accepted.insert(lease_id, session.to_string());
-            let job = g.jobs.get_mut(&job_id).expect("job exists");
-            job.live.retain(|id| *id != lease_id);
-            let job_kind = job.kind();
-            if result.is_ok() {
-                g.times.record(job_kind, took);
-            }
-            let provenance = Some(Provenance {
-                worker_id,
-                lease_id,
-                attempt,
-            });
-            match result {
-                Ok(output) => {
-                    let job = g.jobs.get_mut(&job_id).expect("job exists");
-                    job.finish();
-                    journal_digest = job.digest.clone();
-                    g.stats.submits_accepted += 1;
-                    g.stats.speculation_wins += u64::from(speculative);
-                    Self::fence_other_copies(&mut g, job_id);
-                    Completion {
-                        job: job_id,
-                        result: Ok(output),
-                        provenance,
-                    }
-                }
-                Err(failure) => {
-                    g.stats.job_errors += 1;
-                    let deterministic =
-                        failure.code == "PROMPT_TOO_LONG" || failure.code == "INVALID_REQUEST";
-                    let job = g.jobs.get_mut(&job_id).expect("job exists");
-                    job.errors += 1;
-                    if !deterministic && job.errors < self.config.max_attempts {
-                        // The other copy of a speculated job may still answer: no re-queue.
-                        if job.live.is_empty() {
-                            tracing::warn!(job = job_id, code = %failure.code, "worker reported an error; re-queueing");
-                            g.queue.push_front(job_id);
-                        }
-                        drop(g);
-                        self.work_available.notify_waiters();
-                        return Ok(SubmitOutcome::Accepted);
-                    }
-                    job.finish();
-                    Self::fence_other_copies(&mut g, job_id);
-                    Completion {
-                        job: job_id,
-                        result: Err(failure),
-                        provenance,
-                    }
-                }
-            }
         };
+        let job = g
+            .jobs
+            .get(&lease.job)
+            .expect("a live lease always has its job");
+        if let (Ok(output), Some(payload)) = (&result, &job.payload) {
+            validate_output(payload, output, self.config.max_text_bytes)
+                .map_err(SubmitError::Mismatch)?;
+        }
+        Self::take_lease(&mut g, session, lease_id, &lease, result.is_ok());
+        let provenance = Some(Provenance {
+            worker_id,
+            lease_id,
+            attempt: lease.attempt,
+        });
+        let (completion, journal_digest) = match result {
+            Ok(output) => Self::settle_answer(&mut g, &lease, output, provenance),
+            Err(failure) => match self.settle_failure(&mut g, lease.job, failure, provenance) {
+                Some(completion) => (completion, None),
+                None => {
+                    drop(g);
+                    self.work_available.notify_waiters();
+                    return Ok(SubmitOutcome::Accepted);
+                }
+            },
+        };
+        drop(g);
         // Journaled (outside the table's lock) before the run loop can act on the answer.
         if let (Some(journal), Some(digest), Ok(output)) =
             (&self.journal, &journal_digest, &completion.result)
@@ -692,6 +554,114 @@ impl Scheduler {
         }
         let _ = self.completions.send(completion);
         Ok(SubmitOutcome::Accepted)
+    }
+
+    /// Whether `lease_id` may be answered by `session`: not answered yet (else a repeat of
+    /// this session's answer is `Duplicate`, anyone else's `Fenced`), known, this session's
+    /// and live. An expired lease not yet reaped is expired here: the deadline is the
+    /// contract, not the reaper.
+    fn check_lease(
+        &self,
+        g: &mut Inner,
+        session: &str,
+        lease_id: LeaseId,
+    ) -> Result<LeaseFacts, LeaseRefusal> {
+        if let Some(owner) = g.accepted.get(&lease_id) {
+            if owner == session {
+                g.stats.submits_duplicate += 1;
+                return Err(LeaseRefusal::Duplicate);
+            }
+            g.stats.submits_fenced += 1;
+            return Err(LeaseRefusal::Fenced);
+        }
+        let Some(lease) = g.leases.get(&lease_id).filter(|l| l.session == session) else {
+            g.stats.submits_fenced += 1;
+            return Err(LeaseRefusal::Fenced);
+        };
+        if lease.deadline <= Instant::now() {
+            let mut failed = Vec::new();
+            self.expire_lease(g, lease_id, &mut failed);
+            g.stats.submits_fenced += 1;
+            return Err(LeaseRefusal::Expired(failed));
+        }
+        Ok(LeaseFacts {
+            job: lease.job,
+            attempt: lease.attempt,
+            issued: lease.issued,
+            speculative: lease.speculative,
+        })
+    }
+
+    /// The lease is answered: counted, timed, and no longer live.
+    fn take_lease(g: &mut Inner, session: &str, lease_id: LeaseId, lease: &LeaseFacts, ok: bool) {
+        let job = g.jobs.get_mut(&lease.job).expect("job exists");
+        let kind = match job.kind() {
+            JobKind::Rollout => "rollout",
+            JobKind::Generate => "generate",
+        };
+        metrics::counter!(observe::JOBS_COMPLETED, "kind" => kind, "outcome" => if ok { "ok" } else { "error" })
+            .increment(1);
+        let took = lease.issued.elapsed();
+        metrics::histogram!(observe::JOB_LATENCY, "kind" => kind).record(took.as_secs_f64());
+        job.live.retain(|id| *id != lease_id);
+        let job_kind = job.kind();
+        g.leases.remove(&lease_id);
+        g.accepted.insert(lease_id, session.to_string());
+        if ok {
+            g.times.record(job_kind, took);
+        }
+    }
+
+    /// An answer completes its job (the other copy of a speculated job is fenced). Returns the
+    /// completion and the digest to journal it under.
+    fn settle_answer(
+        g: &mut Inner,
+        lease: &LeaseFacts,
+        output: JobOutput,
+        provenance: Option<Provenance>,
+    ) -> (Completion, Option<String>) {
+        let job = g.jobs.get_mut(&lease.job).expect("job exists");
+        job.finish();
+        let digest = job.digest.clone();
+        g.stats.submits_accepted += 1;
+        g.stats.speculation_wins += u64::from(lease.speculative);
+        Self::fence_other_copies(g, lease.job);
+        let completion = Completion {
+            job: lease.job,
+            result: Ok(output),
+            provenance,
+        };
+        (completion, digest)
+    }
+
+    /// A worker's error: the job is re-queued while it has attempts left (unless the error is
+    /// deterministic), `None`; else it fails for good and its completion is returned.
+    fn settle_failure(
+        &self,
+        g: &mut Inner,
+        job_id: JobId,
+        failure: JobFailure,
+        provenance: Option<Provenance>,
+    ) -> Option<Completion> {
+        g.stats.job_errors += 1;
+        let deterministic = failure.code == "PROMPT_TOO_LONG" || failure.code == "INVALID_REQUEST";
+        let job = g.jobs.get_mut(&job_id).expect("job exists");
+        job.errors += 1;
+        if !deterministic && job.errors < self.config.max_attempts {
+            // The other copy of a speculated job may still answer: no re-queue.
+            if job.live.is_empty() {
+                tracing::warn!(job = job_id, code = %failure.code, "worker reported an error; re-queueing");
+                g.queue.push_front(job_id);
+            }
+            return None;
+        }
+        job.finish();
+        Self::fence_other_copies(g, job_id);
+        Some(Completion {
+            job: job_id,
+            result: Err(failure),
+            provenance,
+        })
     }
 
     /// The job is answered: the other copy of a speculated job loses its lease, so its worker

@@ -94,12 +94,14 @@ async fn a_lease_held_by_another_session_is_fenced_and_not_completed() {
 
 #[tokio::test]
 async fn an_expired_lease_is_fenced_and_its_job_re_leased() {
-    let (s, mut rx) = scheduler(20);
+    // The second lease must live until its submit: a 20 ms TTL let it expire first on a loaded
+    // machine. The sleep only has to exceed the TTL to expire the first lease.
+    let (s, mut rx) = scheduler(250);
     s.enqueue(rollout_job(vec![1]));
     let (_, dead) = s.register().unwrap();
     let (_, alive) = s.register().unwrap();
     let (first, _) = s.lease(&dead, 1, Duration::ZERO).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(40)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(s.reap_expired(), 1);
     let (second, _) = s.lease(&alive, 1, Duration::ZERO).await.unwrap();
     assert_eq!(second.len(), 1);
@@ -120,12 +122,14 @@ async fn an_expired_lease_is_fenced_and_its_job_re_leased() {
 
 #[tokio::test]
 async fn heartbeats_keep_a_lease_alive() {
-    let (s, _rx) = scheduler(60);
+    // Four beats half a TTL apart outlast two TTLs; a beat that wakes up to 150 ms late on a
+    // loaded machine still comes before the deadline (at 60/30 ms, 30 ms late was too late).
+    let (s, _rx) = scheduler(300);
     s.enqueue(rollout_job(vec![1]));
     let (_, w) = s.register().unwrap();
     let (leases, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
     for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
         let (invalid, _) = s.heartbeat(&w, &[leases[0].0]).unwrap();
         assert!(invalid.is_empty());
         assert_eq!(s.reap_expired(), 0);

@@ -32,7 +32,8 @@ pub fn page(data: &RunData) -> String {
         .identity
         .manifest
         .as_ref()
-        .and_then(|m| m.mission.clone())
+        .map(|m| m.mission.clone())
+        .filter(|m| !m.is_empty())
         .or_else(|| data.guidance.mission.clone())
         .unwrap_or_else(|| "(unknown mission)".into());
     let mut page = Page::new(

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::super::RunData;
 use super::super::charts::{self, BarChart, LineChart, Series};
 use super::super::html::{Cell, Page, pct, ratio};
+use super::super::identity::config_f64;
 use super::super::outcomes::{EpochAccuracy, EpochOutcome};
 use super::file_notes;
 
@@ -179,7 +180,7 @@ pub fn votes(page: &mut Page, data: &RunData) {
         .identity
         .manifest
         .as_ref()
-        .and_then(|m| m.config_f64("/manual_review/min_verdict_agreement"));
+        .and_then(|m| config_f64(m, "/manual_review/min_verdict_agreement"));
     page.explain(&format!(
         "A ticket's vote strength is the winning verdict's share among its format-ok \
          candidates, before overrides (selections.jsonl result.vote_strength). Below \

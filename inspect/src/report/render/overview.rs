@@ -3,22 +3,21 @@
 use std::collections::BTreeMap;
 
 use super::super::html::{Cell, Page, duration, esc};
-use super::super::identity::{Manifest, Summary};
+use super::super::identity::{candidates_per_ticket, fingerprint_short};
 use super::super::{AuditOutcome, RunData};
 use super::{file_notes, left_out_note, opt};
 use crate::report::{ROW_CAP, clip};
+use stageb_coordinator::artifacts::documents::{Manifest, RunSummary};
 use stageb_coordinator::artifacts::files;
 
 pub fn render(page: &mut Page, data: &RunData) {
     page.open_section("overview", "Overview");
     verdict(page, data);
-    let empty_manifest = Manifest::default();
-    let empty_summary = Summary::default();
-    let m = data.identity.manifest.as_ref().unwrap_or(&empty_manifest);
-    let s = data.identity.summary.as_ref().unwrap_or(&empty_summary);
+    let m = data.identity.manifest.as_ref();
+    let s = data.identity.summary.as_ref();
     identity(page, m, s);
     totals(page, m, s);
-    for w in &s.warnings {
+    for w in s.map_or(&[][..], |s| &s.warnings) {
         page.note(&format!("Run warning: {}", clip(w, 600)));
     }
     for status in &data.identity.files {
@@ -84,37 +83,47 @@ fn verdict(page: &mut Page, data: &RunData) {
     left_out_note(page, ROW_CAP, a.violations.len() as u64, "violations");
 }
 
-fn identity(page: &mut Page, m: &Manifest, s: &Summary) {
-    let text = |v: &Option<String>| Cell::text(v.as_deref().unwrap_or("—"));
-    let config = match (&m.config_path, &m.config_sha256) {
+/// A text a reader of a damaged document got as its default (empty) is unknown.
+fn known(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
+fn identity(page: &mut Page, m: Option<&Manifest>, s: Option<&RunSummary>) {
+    let text = |v: Option<&str>| Cell::text(v.unwrap_or("—"));
+    let path = m.map(|m| m.config_path.display().to_string());
+    let config = match (
+        path.as_deref().and_then(known),
+        m.and_then(|m| known(&m.config_sha256)),
+    ) {
         (Some(p), Some(sha)) => format!("{} (sha256 {})", p, clip(sha, 12)),
-        (Some(p), None) => p.clone(),
+        (Some(p), None) => p.to_string(),
         (None, Some(sha)) => format!("sha256 {}", clip(sha, 12)),
         (None, None) => "—".into(),
     };
-    let fingerprint = m.fingerprint_short();
+    let fingerprint = m.and_then(fingerprint_short);
+    let s_runtime = s.map(RunSummary::runtime_facts);
+    let s_runtime = s_runtime.as_ref();
     let started = m
-        .runtime
-        .started_at
-        .clone()
-        .or(s.runtime.started_at.clone());
+        .and_then(|m| known(&m.runtime.started_at))
+        .or(s_runtime.and_then(|r| known(&r.started_at)));
     let finished = m
-        .runtime
-        .finished_at
-        .clone()
-        .or(s.runtime.finished_at.clone());
-    let resumed = match (m.runtime.resumed, m.runtime.replayed_answers) {
-        (Some(true), n) => format!("yes ({} answers replayed)", opt(n)),
-        (Some(false), _) => "no".into(),
-        (None, _) => "—".into(),
+        .and_then(|m| m.runtime.finished_at.as_deref())
+        .or(s_runtime.and_then(|r| known(&r.finished_at)));
+    let resumed = match m.map(|m| &m.runtime) {
+        Some(r) if r.resumed => format!("yes ({} answers replayed)", r.replayed_answers),
+        Some(_) => "no".into(),
+        None => "—".into(),
     };
     page.heading("Run");
     page.facts(&[
-        ("mission", text(&m.mission).metric("mission")),
-        ("stageb", text(&m.stageb_version)),
+        (
+            "mission",
+            text(m.and_then(|m| known(&m.mission))).metric("mission"),
+        ),
+        ("stageb", text(m.and_then(|m| known(&m.stageb_version)))),
         ("config", Cell::text(&config).metric("config")),
-        ("mode", text(&m.mode)),
-        ("model", text(&m.model.path)),
+        ("mode", text(m.and_then(|m| known(&m.mode)))),
+        ("model", text(m.and_then(|m| known(&m.model.path)))),
         (
             "fingerprint",
             Cell::markup(format!(
@@ -123,59 +132,56 @@ fn identity(page: &mut Page, m: &Manifest, s: &Summary) {
             ))
             .metric("fingerprint"),
         ),
-        ("started", text(&started)),
-        ("finished", text(&finished).metric("finished")),
+        ("started", text(started)),
+        ("finished", text(finished).metric("finished")),
         (
             "elapsed",
-            Cell::text(&s.runtime.elapsed_seconds.map_or("—".into(), duration)),
+            Cell::text(&s_runtime.map_or("—".into(), |r| duration(r.elapsed_seconds))),
         ),
         ("resumed", Cell::text(&resumed)),
     ]);
 }
 
-fn totals(page: &mut Page, m: &Manifest, s: &Summary) {
-    let tickets = m.tickets.or(s.tickets);
-    let epochs = m.schedule.epochs.or(s.epochs);
+fn totals(page: &mut Page, m: Option<&Manifest>, s: Option<&RunSummary>) {
+    let tickets = m.map(|m| m.tickets).or(s.map(|s| s.tickets));
+    let epochs = m.map(|m| m.schedule.epochs).or(s.map(|s| s.epochs));
     page.heading("Totals (summary.json)");
     page.facts(&[
         ("tickets", Cell::num(opt(tickets)).metric("tickets")),
         ("epochs", Cell::num(opt(epochs)).metric("epochs")),
         (
             "candidates per ticket",
-            Cell::num(opt(m.candidates_per_ticket())),
+            Cell::num(opt(m.and_then(candidates_per_ticket))),
         ),
         (
             "candidates",
-            Cell::num(opt(s.candidates)).metric("candidates"),
+            Cell::num(opt(s.map(|s| s.candidates))).metric("candidates"),
         ),
         (
             "malformed candidates",
-            Cell::num(opt(s.malformed_candidates)).metric("malformed"),
+            Cell::num(opt(s.map(|s| s.malformed_candidates))).metric("malformed"),
         ),
         (
             "hard failures",
-            Cell::num(opt(s.hard_failures)).metric("hard_failures"),
+            Cell::num(opt(s.map(|s| s.hard_failures))).metric("hard_failures"),
         ),
         (
             "need-review rows",
-            Cell::num(opt(s.need_review)).metric("need_review"),
+            Cell::num(opt(s.map(|s| s.need_review))).metric("need_review"),
         ),
         (
             "reflection cycles",
-            Cell::num(opt(s.reflection_cycles)).metric("reflection_cycles"),
+            Cell::num(opt(s.map(|s| s.reflection_cycles))).metric("reflection_cycles"),
         ),
         (
             "guidance step",
-            Cell::num(opt(s.guidance_step)).metric("guidance_step"),
+            Cell::num(opt(s.map(|s| s.guidance_step))).metric("guidance_step"),
         ),
         (
             "guidance head",
             Cell::markup(format!(
                 "<span class=\"mono\">{}</span>",
-                esc(&s
-                    .guidance_hash
-                    .as_deref()
-                    .map_or("—".into(), |h| clip(h, 19)))
+                esc(&s.map_or("—".into(), |s| clip(&s.guidance_hash, 19)))
             )),
         ),
     ]);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::super::RunData;
 use super::super::charts::{self, LineChart, Series};
 use super::super::html::{Cell, Page, duration};
+use super::super::identity::{config_f64, scheduler_counters};
 use super::super::outcomes::TimingWindow;
 use super::super::throughput::EpochCompute;
 use super::{file_notes, opt};
@@ -31,12 +32,12 @@ pub fn render(page: &mut Page, data: &RunData) {
         .identity
         .manifest
         .as_ref()
-        .and_then(|m| m.config_f64("/runner/logging_steps"));
+        .and_then(|m| config_f64(m, "/runner/logging_steps"));
     let step = data
         .identity
         .manifest
         .as_ref()
-        .and_then(|m| m.schedule.step_size);
+        .map(|m| m.schedule.step_size);
     page.note(&format!(
         "Coarse: no artifact timestamps single tickets. The wall-clock points are the metrics \
          window rows, one every runner.logging_steps ({}) tickets, timed from the start of \
@@ -59,7 +60,7 @@ fn run_line(page: &mut Page, data: &RunData) {
         return;
     };
     let decided: u64 = data.outcomes.epochs.values().map(|e| e.tickets).sum();
-    let elapsed = summary.runtime.elapsed_seconds;
+    let elapsed = Some(summary.runtime_facts().elapsed_seconds);
     page.facts(&[
         (
             "run wall time",
@@ -74,9 +75,7 @@ fn run_line(page: &mut Page, data: &RunData) {
             Cell::num(elapsed.map_or("—".into(), |s| rate(decided as f64, s))),
         ),
     ]);
-    let counters: Vec<Vec<Cell>> = summary
-        .runtime
-        .scheduler
+    let counters: Vec<Vec<Cell>> = scheduler_counters(summary)
         .iter()
         .map(|(k, v)| vec![Cell::text(k), Cell::num(clip(&v.to_string(), 40))])
         .collect();

@@ -6,12 +6,19 @@
 //! - Whole files (`manifest.json`, `summary.json`, `guidance.json`, …) go through
 //!   [`write_atomic`]: a temp file in the same directory, fsync, rename, fsync of the directory.
 //!   Readers see the old file or the new one, never a mix.
+//!
+//! What the files hold: their names ([`files`]), the rows of the per-ticket JSONL files
+//! ([`rows`]) and the run's manifest and summary ([`documents`]), one type each, shared by
+//! rank 0 (the writer) and `stageb report`/`stageb audit` (the readers).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+
+pub mod documents;
+pub mod rows;
 
 /// An append-only JSONL file.
 pub struct JsonlWriter {

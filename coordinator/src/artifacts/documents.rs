@@ -1,0 +1,153 @@
+//! The run's two whole-file documents, one type each: `manifest.json` ([`Manifest`]: what the
+//! run is, written at its start and rewritten as it learns its model and ends) and
+//! `summary.json` ([`RunSummary`]: what it produced, written when it completes). Rank 0 writes
+//! them (`crate::run`); `stageb report`, `stageb audit` and `--resume` read them back.
+//!
+//! As for the rows ([`crate::artifacts::rows`]): keys come out in field order, which is part
+//! of the format; a reader takes a missing key as its default. The parts a reader must not lose
+//! the whole document over stay JSON values: the resolved config (read with
+//! [`Manifest::run_config`]), the config notices and input digests, the summary's epoch rows;
+//! so does the summary's `runtime`, which callers index.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use stageb_shared::config::RunConfig;
+use stageb_shared::limits::EffectiveLimits;
+
+use crate::cluster::scheduler::SchedulerStats;
+use crate::run::prefix_reuse::PrefixReuse;
+
+/// How a candidate's seed is derived, as the manifest states it.
+pub const CANDIDATE_SEED_RULE: &str =
+    "sha256(stageb/candidate-seed/v1, run seed, epoch, ticket key, decode index, sample index)";
+
+/// `manifest.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub stageb_version: String,
+    pub mission: String,
+    /// How the processes were started: `embedded` or `cluster`.
+    pub mode: String,
+    pub config_path: PathBuf,
+    pub config_sha256: String,
+    /// The resolved config, kept as written (the `effective_limits` are what ran).
+    pub config: serde_json::Value,
+    pub config_notices: Vec<serde_json::Value>,
+    pub input_digests: Vec<serde_json::Value>,
+    pub tickets_digest: String,
+    pub tickets: usize,
+    pub model: ManifestModel,
+    /// The lengths every call was planned with; `null` until the model's context is known.
+    pub effective_limits: Option<EffectiveLimits>,
+    pub seeds: ManifestSeeds,
+    pub schedule: ManifestSchedule,
+    pub guidance: ManifestGuidance,
+    pub runtime: ManifestRuntime,
+}
+
+impl Manifest {
+    /// The resolved config, when it reads as one.
+    pub fn run_config(&self) -> Option<RunConfig> {
+        serde_json::from_value(self.config.clone()).ok()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManifestModel {
+    /// `model.model_name_or_path` of the config.
+    pub path: String,
+    /// `weights-sha256|candle-<ver>|<dtype>|<device kind>`, once a worker has loaded it.
+    pub fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManifestSeeds {
+    pub run_seed: u64,
+    /// [`CANDIDATE_SEED_RULE`].
+    pub candidate_seed: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManifestSchedule {
+    /// Tickets per rollout step.
+    pub step_size: usize,
+    pub reference_ranks: u32,
+    pub epochs: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManifestGuidance {
+    /// The seed guidance file of the config.
+    pub source: PathBuf,
+    /// A previous run's guidance was continued (`guidance.reset_on_rerun: false`).
+    pub reused_from_previous_run: bool,
+    pub initial_hash: String,
+}
+
+/// Timing-dependent facts (workers come and go), hence under `runtime`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManifestRuntime {
+    pub started_at: String,
+    /// `null` until the run completes.
+    pub finished_at: Option<String>,
+    pub live_workers: usize,
+    /// This attempt continues an earlier one (`--resume`).
+    pub resumed: bool,
+    pub replayed_answers: u64,
+    /// Who pinned the model (`config`, `resumed_run`, `first_worker`): it differs between an
+    /// attempt and its resume.
+    pub model_pinned_by: String,
+}
+
+/// What a run produced, also written as `summary.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunSummary {
+    pub schema_version: u32,
+    pub mission: String,
+    pub run_dir: PathBuf,
+    pub tickets: usize,
+    pub epochs: u32,
+    pub candidates: u64,
+    pub malformed_candidates: u64,
+    pub hard_failures: u64,
+    /// The `epoch_end` rows of `metrics.jsonl`; kept as values so one odd row does not lose a
+    /// reader the summary.
+    pub epoch_accuracy: Vec<serde_json::Value>,
+    pub guidance_step: u64,
+    pub guidance_hash: String,
+    pub need_review: usize,
+    pub reflection_cycles: u64,
+    /// Run-level warnings a user must not miss (e.g. an epoch in which no decision pass
+    /// parsed: the guidance could not learn anything then).
+    pub warnings: Vec<String>,
+    /// A [`SummaryRuntime`] as JSON, which callers index (`summary.runtime["scheduler"]`);
+    /// typed: [`RunSummary::runtime_facts`].
+    pub runtime: serde_json::Value,
+}
+
+impl RunSummary {
+    /// The `runtime` object, typed (a missing key reads as its default).
+    pub fn runtime_facts(&self) -> SummaryRuntime {
+        SummaryRuntime::deserialize(&self.runtime).unwrap_or_default()
+    }
+}
+
+/// The run's timing and the cluster's counters: outside every determinism comparison.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SummaryRuntime {
+    pub started_at: String,
+    pub finished_at: String,
+    pub elapsed_seconds: f64,
+    pub scheduler: SchedulerStats,
+    pub prefix_cache: PrefixReuse,
+}

@@ -1,0 +1,115 @@
+//! Worker sessions: registering (and re-registering, which fences the old session's leases),
+//! forgetting idle ones, and counting the live ones.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use super::{Inner, LeaseId, Scheduler, SubmitError};
+
+/// A registered worker: its id and when it was last heard from.
+#[derive(Debug)]
+pub(super) struct SessionState {
+    pub(super) worker_id: String,
+    pub(super) last_seen: Instant,
+}
+
+impl Scheduler {
+    /// A new session for a worker. Returns (worker id, session secret), or `Exhausted` when
+    /// `max_sessions` sessions are live.
+    pub fn register(&self) -> Result<(String, String), SubmitError> {
+        self.register_replacing("")
+            .map(|(worker, session, _)| (worker, session))
+    }
+
+    /// [`Scheduler::register`] for a worker that held `previous` (its old session secret,
+    /// which only that worker knows): the old session is retired first and its leases are
+    /// fenced at once, their jobs back at the front of the queue, instead of waiting out their
+    /// TTL. Whatever the worker was running under the old session it has dropped, or it would
+    /// not register again. Returns the ids of the fenced leases as the third element.
+    pub fn register_replacing(
+        &self,
+        previous: &str,
+    ) -> Result<(String, String, Vec<LeaseId>), SubmitError> {
+        let mut failed = Vec::new();
+        let mut g = self.lock();
+        let mut fenced: Vec<LeaseId> = Vec::new();
+        if !previous.is_empty() && g.sessions.remove(previous).is_some() {
+            fenced = g
+                .leases
+                .iter()
+                .filter(|(_, l)| l.session == previous)
+                .map(|(id, _)| *id)
+                .collect();
+            // Highest id first, each pushed to the front: the oldest lease's job leads.
+            fenced.sort_unstable_by(|a, b| b.cmp(a));
+            for id in &fenced {
+                self.expire_lease(&mut g, *id, &mut failed);
+            }
+            g.stats.leases_fenced_on_register += fenced.len() as u64;
+        }
+        let registered = self.register_locked(&mut g);
+        drop(g);
+        self.after_expiry(failed, !fenced.is_empty());
+        registered.map(|(worker, session)| (worker, session, fenced))
+    }
+
+    pub(super) fn register_locked(&self, g: &mut Inner) -> Result<(String, String), SubmitError> {
+        if g.sessions.len() >= self.config.max_sessions {
+            self.forget_idle_sessions(g, Instant::now());
+            if g.sessions.len() >= self.config.max_sessions {
+                return Err(SubmitError::Exhausted(format!(
+                    "too many worker sessions ({}); retry later",
+                    g.sessions.len()
+                )));
+            }
+        }
+        let worker_id = format!("w{}", g.next_worker);
+        g.next_worker += 1;
+        let session = uuid::Uuid::new_v4().simple().to_string();
+        g.sessions.insert(
+            session.clone(),
+            SessionState {
+                worker_id: worker_id.clone(),
+                last_seen: Instant::now(),
+            },
+        );
+        Ok((worker_id, session))
+    }
+
+    /// Number of sessions held (live or idle but not yet forgotten).
+    pub fn sessions(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Forget sessions idle past `session_idle_ttl` that hold no lease.
+    pub(super) fn forget_idle_sessions(&self, g: &mut Inner, now: Instant) {
+        let ttl = self.config.session_idle_ttl;
+        let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
+        let idle: Vec<String> = g
+            .sessions
+            .iter()
+            .filter(|(id, s)| {
+                now.saturating_duration_since(s.last_seen) >= ttl && !holding.contains(id.as_str())
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            g.sessions.remove(&id);
+            g.stats.sessions_expired += 1;
+        }
+    }
+
+    pub fn has_session(&self, session: &str) -> bool {
+        self.lock().sessions.contains_key(session)
+    }
+
+    /// Number of sessions seen within two lease TTLs.
+    pub fn live_workers(&self) -> usize {
+        let g = self.lock();
+        let horizon = self.config.lease_ttl * 2;
+        g.sessions
+            .values()
+            .filter(|s| s.last_seen.elapsed() < horizon)
+            .count()
+    }
+}
