@@ -9,7 +9,8 @@
 //! - [`decide`]: selection, fail-first signals, eligibility, accuracy windows.
 //! - [`learn`]: two-pass reflection, op checks, rule text, feedback, need-review.
 //! - [`guidance`]: the per-run guidance repository (atomic, snapshotted, hash-chained).
-//! - [`artifacts`]: crash-safe JSONL appends, atomic whole-file writes, artifact file names.
+//! - [`artifacts`]: crash-safe JSONL appends, atomic whole-file writes, artifact file names,
+//!   and the typed rows and documents that rank 0 writes and `stageb-inspect` reads.
 
 pub mod artifacts;
 pub mod cluster;

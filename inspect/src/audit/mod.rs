@@ -2,7 +2,8 @@
 //! invariant the artifacts promise. Used by users after a run and by the end-to-end tests.
 //!
 //! Checks (each violation is reported with the file and, where there is one, the line):
-//! - every JSONL file parses line by line and ends with a newline; rows carry `schema_version`;
+//! - every JSONL file parses line by line and ends with a newline; rows carry `schema_version`
+//!   and read as rank 0's row types (a `reflection.jsonl` row as `ReflectionRow`);
 //! - exactly one selection row per ticket per epoch, for every ticket of the run;
 //! - one trajectory row per candidate (`candidates_per_ticket` per ticket per epoch), each one's
 //!   `format_ok`/`verdict`/`reason` equal to what the contract parser says of its raw `text`;
