@@ -529,6 +529,116 @@ fn write_safetensors_dir(
 }
 
 // ---------------------------------------------------------------------------------------------
+// The same qwen3 model as users' checkpoints store it.
+
+/// The qwen3 directory's tensors, read back.
+fn qwen3_tensors(dir: &Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn copy_tokenizer_files(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(from.join(f), to.join(f)).unwrap();
+    }
+}
+
+/// transformers 5 writes `rope_theta` inside `rope_parameters`.
+fn write_transformers5_config(qwen3: &Path, to: &Path) {
+    copy_tokenizer_files(qwen3, to);
+    std::fs::copy(
+        qwen3.join("model.safetensors"),
+        to.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(qwen3.join("config.json")).unwrap()).unwrap();
+    let theta = config
+        .as_object_mut()
+        .unwrap()
+        .remove("rope_theta")
+        .unwrap();
+    config.as_object_mut().unwrap().remove("rope_scaling");
+    config["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": theta});
+    std::fs::write(to.join("config.json"), config.to_string()).unwrap();
+}
+
+/// Qwen3-VL's layout: the text tower under `model.language_model.`, its settings under
+/// `text_config` (with the multimodal RoPE sections), an untied `lm_head`, a vision tower that
+/// must not be read, and two shards named by `model.safetensors.index.json`.
+fn write_qwen3_vl(qwen3: &Path, to: &Path) {
+    copy_tokenizer_files(qwen3, to);
+    let tensors = qwen3_tensors(qwen3);
+    let mut shards: [HashMap<String, Tensor>; 2] = [HashMap::new(), HashMap::new()];
+    let mut weight_map = serde_json::Map::new();
+    let mut put = |name: String, tensor: Tensor, shard: usize| {
+        weight_map.insert(
+            name.clone(),
+            format!("model-0000{}-of-00002.safetensors", shard + 1).into(),
+        );
+        shards[shard].insert(name, tensor);
+    };
+    for (name, tensor) in &tensors {
+        let shard = usize::from(name.contains("layers.1."));
+        let renamed = name.replacen("model.", "model.language_model.", 1);
+        put(renamed, tensor.clone(), shard);
+    }
+    put(
+        "lm_head.weight".into(),
+        tensors["model.embed_tokens.weight"].clone(),
+        1,
+    );
+    // A vision tower: the text loader must skip it.
+    let visual = Tensor::zeros((4, 4), candle_core::DType::U8, &Device::Cpu).unwrap();
+    put("model.visual.patch_embed.proj.weight".into(), visual, 0);
+    for (i, shard) in shards.iter().enumerate() {
+        let name = format!("model-0000{}-of-00002.safetensors", i + 1);
+        candle_core::safetensors::save(shard, to.join(name)).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(to.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(qwen3.join("config.json")).unwrap()).unwrap();
+    text["model_type"] = "qwen3_vl_text".into();
+    text["rope_scaling"] = serde_json::json!(
+        {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": true});
+    text["tie_word_embeddings"] = false.into();
+    let config = serde_json::json!({
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_vl", "depth": 1},
+        "image_token_id": 151655,
+        "tie_word_embeddings": false,
+    });
+    std::fs::write(to.join("config.json"), config.to_string()).unwrap();
+}
+
+/// A transformers-5 config and the Qwen3-VL text tower load as the same qwen3 model: the
+/// same logits as the reference. For text, Qwen3-VL's multimodal RoPE gives every token the
+/// same (t, h, w) position, so it is ordinary RoPE (see `safetensors::read_hf_config`).
+fn check_qwen3_variants(qwen3: &Path, tmp: &Path, tokens: &[u32], want: &[f32]) {
+    let t5 = tmp.join("qwen3-transformers5");
+    write_transformers5_config(qwen3, &t5);
+    let vl = tmp.join("qwen3-vl");
+    write_qwen3_vl(qwen3, &vl);
+    for (what, dir) in [
+        ("qwen3 transformers-5 config", &t5),
+        ("qwen3_vl text tower", &vl),
+    ] {
+        let options = EngineOptions {
+            device: stageb_worker::engine::DeviceSpec::Cpu,
+            ..EngineOptions::default()
+        };
+        let mut engine = CandleEngine::load(dir, &options)
+            .unwrap_or_else(|e| panic!("{what}: load failed: {e}"));
+        assert_eq!(engine.backend().config().architecture, "qwen3", "{what}");
+        let got = engine.prompt_logits(tokens).unwrap();
+        check_close(what, &got, want, 1e-5);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Comparison.
 
 /// Largest absolute logit difference, relative to the reference's largest |logit|.
@@ -605,6 +715,9 @@ fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
         write_gguf(&src, arch, &model, &gguf);
         let dir = tmp.path().join(format!("{}-hf", arch.name()));
         write_safetensors_dir(arch, &model, &tokenizer_json, &template, &dir);
+        if arch == Arch::Qwen3 {
+            check_qwen3_variants(&dir, tmp.path(), &tokens, &want);
+        }
 
         let paths: [(&str, &Path, WeightFormat, Numerics, f32); 5] = [
             (

@@ -1,14 +1,18 @@
-//! Loading an HF safetensors directory (llama, qwen2, qwen3) into our [`Transformer`].
+//! Loading an HF safetensors directory (llama, qwen2, qwen3, and the text tower of qwen3_vl)
+//! into our [`Transformer`].
 //!
 //! The directory holds `config.json`, `tokenizer.json`, optionally `tokenizer_config.json`
 //! (chat template, EOS) and `generation_config.json` (EOS ids), and `model.safetensors` or
-//! shards `model-*.safetensors`. Weights are converted to f32 (the compute dtype of the
-//! engine). HF checkpoints use the NEOX RoPE pairing. Unknown `model_type`s and RoPE scaling
-//! are refused with an error naming them.
+//! shards (the ones `model.safetensors.index.json` names, when it is there). The files are
+//! memory-mapped and each tensor is read and converted to f32 (the compute dtype of the
+//! engine) as it is taken, so the host never holds a second copy of the checkpoint and
+//! tensors the language model does not use are never read. HF checkpoints use the NEOX RoPE
+//! pairing. Unknown `model_type`s, RoPE scaling and a missing `rope_theta` are refused with an
+//! error naming the file and the key.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
@@ -16,10 +20,16 @@ use super::EngineError;
 use super::gguf::model_err;
 use super::transformer::{Layer, Linear, RopeStyle, Transformer, TransformerConfig};
 
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3_vl"];
 
-/// Weight files of a directory, in the fixed (sorted) order used for loading and hashing.
+/// Weight files of a directory, in the fixed (sorted) order used for loading and hashing:
+/// the shards `model.safetensors.index.json` names when it is there (each must exist), else
+/// every `*.safetensors` file.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        return indexed_files(dir, &index);
+    }
     let rd = std::fs::read_dir(dir).map_err(|e| model_err(dir, e))?;
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -35,6 +45,39 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, EngineError> {
     Ok(files)
 }
 
+/// The shards an index's `weight_map` names, sorted and once each.
+fn indexed_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    let json = read_json(index)?;
+    let map = json
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| model_err(index, "missing or invalid `weight_map`"))?;
+    let mut names = std::collections::BTreeSet::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .filter(|f| !f.contains(['/', '\\']))
+            .ok_or_else(|| model_err(index, format!("`weight_map.{tensor}` is not a file name")))?;
+        names.insert(file.to_string());
+    }
+    if names.is_empty() {
+        return Err(model_err(index, "`weight_map` names no shard"));
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let path = dir.join(&name);
+            match path.is_file() {
+                true => Ok(path),
+                false => Err(model_err(
+                    index,
+                    format!("shard `{name}` is named in `weight_map` but missing"),
+                )),
+            }
+        })
+        .collect()
+}
+
 pub fn read_json(path: &Path) -> Result<Value, EngineError> {
     let s = std::fs::read_to_string(path).map_err(|e| model_err(path, e))?;
     serde_json::from_str(&s).map_err(|e| model_err(path, e))
@@ -47,10 +90,31 @@ fn get_usize(cfg: &Value, key: &str, path: &Path) -> Result<usize, EngineError> 
         .ok_or_else(|| model_err(path, format!("config.json: missing or invalid `{key}`")))
 }
 
-pub fn read_config(dir: &Path) -> Result<(TransformerConfig, bool), EngineError> {
+/// What a checkpoint's `config.json` says about its language model, and where its tensors are.
+#[derive(Debug, Clone)]
+pub struct HfConfig {
+    pub config: TransformerConfig,
+    /// `tie_word_embeddings`: the output head is the embedding when `lm_head.weight` is absent.
+    pub tied: bool,
+    /// The language model's tensor names start with this (`model.` or, for Qwen3-VL,
+    /// `model.language_model.`); `lm_head.weight` is at the top level in both.
+    pub prefix: &'static str,
+}
+
+/// The language model's settings: the top level of `config.json`, or its `text_config` for
+/// a multimodal checkpoint (Qwen3-VL), whose text tower is a Qwen3 decoder.
+///
+/// Qwen3-VL rotates queries and keys with a multimodal RoPE whose position ids are
+/// (temporal, height, width) triples, and `mrope_section` splits each head's frequencies
+/// among the three. For text, transformers gives every token the same three ids (its text
+/// position), so each frequency band rotates by that position whatever section it is in:
+/// the interleaved or sectioned layout then equals ordinary 1-D RoPE (NEOX pairing) with the
+/// same theta. `qwen3_vl_text_tower_equals_qwen3` in the architecture tests checks it. Image
+/// or video placeholder tokens would need the 3-D ids, which this loader does not build.
+pub fn read_hf_config(dir: &Path) -> Result<HfConfig, EngineError> {
     let path = dir.join("config.json");
-    let cfg = read_json(&path)?;
-    let model_type = cfg
+    let top = read_json(&path)?;
+    let model_type = top
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or("")
@@ -62,31 +126,85 @@ pub fn read_config(dir: &Path) -> Result<(TransformerConfig, bool), EngineError>
             SUPPORTED_MODEL_TYPES.join(", ")
         )));
     }
-    if let Some(s) = cfg.get("rope_scaling")
-        && !s.is_null()
-    {
+    let (cfg, architecture, prefix) = if model_type == "qwen3_vl" {
+        let text = top
+            .get("text_config")
+            .filter(|t| t.is_object())
+            .ok_or_else(|| {
+                model_err(&path, "model_type `qwen3_vl` needs an object `text_config`")
+            })?;
+        (text, "qwen3".to_string(), "model.language_model.")
+    } else {
+        (&top, model_type, "model.")
+    };
+    let rope_theta = rope_theta(cfg, &path)?;
+    let config = transformer_config(cfg, architecture, rope_theta, &path)?;
+    let tied = cfg
+        .get("tie_word_embeddings")
+        .or_else(|| top.get("tie_word_embeddings"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(HfConfig {
+        config,
+        tied,
+        prefix,
+    })
+}
+
+/// `(config, tie_word_embeddings)`; see [`read_hf_config`].
+pub fn read_config(dir: &Path) -> Result<(TransformerConfig, bool), EngineError> {
+    read_hf_config(dir).map(|c| (c.config, c.tied))
+}
+
+/// RoPE's base: `rope_theta` at the config's top level (transformers 4) or inside
+/// `rope_parameters` (transformers 5). Missing is an error: a silent 10,000 is a different
+/// model. Scaling other than `default` (`rope_scaling` or `rope_parameters.rope_type`) is
+/// refused by name.
+fn rope_theta(cfg: &Value, path: &Path) -> Result<f64, EngineError> {
+    for key in ["rope_scaling", "rope_parameters"] {
+        let Some(s) = cfg.get(key).filter(|s| !s.is_null()) else {
+            continue;
+        };
         let kind = s
             .get("rope_type")
             .or_else(|| s.get("type"))
             .and_then(Value::as_str)
-            .unwrap_or("?");
+            .unwrap_or("<no rope_type>");
         if kind != "default" {
             return Err(model_err(
-                &path,
-                format!("unsupported: RoPE scaling `{kind}`"),
+                path,
+                format!("unsupported: RoPE scaling `{kind}` (`{key}.rope_type`)"),
             ));
         }
     }
-    let hidden = get_usize(&cfg, "hidden_size", &path)?;
-    let n_head = get_usize(&cfg, "num_attention_heads", &path)?;
+    cfg.get("rope_theta")
+        .or_else(|| cfg.get("rope_parameters").and_then(|p| p.get("rope_theta")))
+        .and_then(Value::as_f64)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .ok_or_else(|| {
+            model_err(
+                path,
+                "config.json: missing or invalid `rope_theta` (looked at the top level and in `rope_parameters`)",
+            )
+        })
+}
+
+fn transformer_config(
+    cfg: &Value,
+    architecture: String,
+    rope_theta: f64,
+    path: &Path,
+) -> Result<TransformerConfig, EngineError> {
+    let hidden = get_usize(cfg, "hidden_size", path)?;
+    let n_head = get_usize(cfg, "num_attention_heads", path)?;
     let n_kv_head = cfg
         .get("num_key_value_heads")
         .and_then(Value::as_u64)
         .map_or(n_head, |x| x as usize);
-    let n_layer = get_usize(&cfg, "num_hidden_layers", &path)?;
+    let n_layer = get_usize(cfg, "num_hidden_layers", path)?;
     if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
         return Err(model_err(
-            &path,
+            path,
             format!("invalid head counts {n_head}/{n_kv_head}"),
         ));
     }
@@ -94,57 +212,62 @@ pub fn read_config(dir: &Path) -> Result<(TransformerConfig, bool), EngineError>
         .get("head_dim")
         .and_then(Value::as_u64)
         .map_or(hidden / n_head, |x| x as usize);
-    let tied = cfg
-        .get("tie_word_embeddings")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    Ok((
-        TransformerConfig {
-            architecture: model_type,
-            n_layer,
-            n_head,
-            n_kv_head,
-            head_dim,
-            hidden,
-            vocab_size: get_usize(&cfg, "vocab_size", &path)?,
-            rms_eps: cfg
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
-            rope_theta: cfg
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .unwrap_or(10_000.0),
-            rope_style: RopeStyle::Neox,
-            rope_freq_factors: None,
-            trained_context: cfg
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .map(|x| x as usize),
-        },
-        tied,
-    ))
+    Ok(TransformerConfig {
+        architecture,
+        n_layer,
+        n_head,
+        n_kv_head,
+        head_dim,
+        hidden,
+        vocab_size: get_usize(cfg, "vocab_size", path)?,
+        rms_eps: cfg
+            .get("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-6),
+        rope_theta,
+        rope_style: RopeStyle::Neox,
+        rope_freq_factors: None,
+        trained_context: cfg
+            .get("max_position_embeddings")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize),
+    })
 }
 
+/// The checkpoint's tensors, memory-mapped: a tensor is read (and converted to f32 on the
+/// device) when it is taken, and tensors never taken (a Qwen3-VL vision tower) are never read.
 struct Weights {
-    map: HashMap<String, Tensor>,
+    files: MmapedSafetensors,
     dir: PathBuf,
     device: Device,
 }
 
 impl Weights {
+    fn open(dir: &Path, device: &Device) -> Result<Self, EngineError> {
+        let files = weight_files(dir)?;
+        // SAFETY: the mapping is read-only; stageb never writes model files, and a checkpoint
+        // changed under a running worker is outside what any loader can guard against (the
+        // fingerprint was computed from the same files).
+        let files = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| model_err(dir, e))?;
+        Ok(Weights {
+            files,
+            dir: dir.to_path_buf(),
+            device: device.clone(),
+        })
+    }
+
     fn take(&mut self, name: &str) -> Result<Tensor, EngineError> {
-        let t = self
-            .map
-            .remove(name)
-            .ok_or_else(|| model_err(&self.dir, format!("missing tensor {name}")))?;
-        t.to_dtype(DType::F32)
-            .and_then(|t| t.to_device(&self.device))
-            .map_err(|e| model_err(&self.dir, e))
+        let view = self
+            .files
+            .get(name)
+            .map_err(|_| model_err(&self.dir, format!("missing tensor {name}")))?;
+        view.load(&self.device)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(|e| model_err(&self.dir, format!("tensor {name}: {e}")))
     }
 
     fn take_opt(&mut self, name: &str) -> Result<Option<Tensor>, EngineError> {
-        if self.map.contains_key(name) {
+        if self.files.get(name).is_ok() {
             self.take(name).map(Some)
         } else {
             Ok(None)
@@ -159,21 +282,14 @@ impl Weights {
 }
 
 pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transformer, EngineError> {
-    let (config, tied) = read_config(dir)?;
-    let mut map = HashMap::new();
-    for f in weight_files(dir)? {
-        // Read to CPU first: dtype conversion happens per tensor as it is taken.
-        let part =
-            candle_core::safetensors::load(&f, &Device::Cpu).map_err(|e| model_err(&f, e))?;
-        map.extend(part);
-    }
-    let mut w = Weights {
-        map,
-        dir: dir.to_path_buf(),
-        device: device.clone(),
-    };
-    let embedding = w.take("model.embed_tokens.weight")?;
-    let final_norm = w.take("model.norm.weight")?;
+    let HfConfig {
+        config,
+        tied,
+        prefix,
+    } = read_hf_config(dir)?;
+    let mut w = Weights::open(dir, device)?;
+    let embedding = w.take(&format!("{prefix}embed_tokens.weight"))?;
+    let final_norm = w.take(&format!("{prefix}norm.weight"))?;
     let lm_head = match w.take_opt("lm_head.weight")? {
         Some(t) => Linear::dense(&t, None).map_err(|e| model_err(dir, e))?,
         None if tied => Linear::dense(&embedding, None).map_err(|e| model_err(dir, e))?,
@@ -187,7 +303,7 @@ pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transform
     let qk_norm = config.architecture == "qwen3";
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
-        let p = format!("model.layers.{i}");
+        let p = format!("{prefix}layers.{i}");
         layers.push(Layer {
             attn_norm: w.take(&format!("{p}.input_layernorm.weight"))?,
             wq: w.linear(&format!("{p}.self_attn.q_proj"))?,
@@ -269,4 +385,116 @@ pub fn declared_eos_ids(dir: &Path) -> Vec<u32> {
         }
     }
     ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir_with(config: serde_json::Value) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        dir
+    }
+
+    fn qwen3(extra: serde_json::Value) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 100,
+            "rms_norm_eps": 1e-6,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    }
+
+    fn error_of(config: serde_json::Value) -> String {
+        let dir = dir_with(config);
+        read_hf_config(dir.path()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn rope_theta_is_read_from_the_top_level_or_from_rope_parameters() {
+        let top = dir_with(qwen3(serde_json::json!({"rope_theta": 1e6})));
+        assert_eq!(read_hf_config(top.path()).unwrap().config.rope_theta, 1e6);
+        let t5 = dir_with(qwen3(serde_json::json!(
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 5e6}})));
+        assert_eq!(read_hf_config(t5.path()).unwrap().config.rope_theta, 5e6);
+    }
+
+    #[test]
+    fn a_missing_rope_theta_is_an_error_never_ten_thousand() {
+        let err = error_of(qwen3(
+            serde_json::json!({"rope_parameters": {"rope_type": "default"}}),
+        ));
+        assert!(
+            err.contains("config.json") && err.contains("`rope_theta`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rope_scaling_other_than_default_is_refused_by_name() {
+        let err = error_of(qwen3(serde_json::json!(
+            {"rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})));
+        assert!(
+            err.contains("`yarn`") && err.contains("rope_scaling"),
+            "{err}"
+        );
+        let err = error_of(qwen3(serde_json::json!(
+            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})));
+        assert!(
+            err.contains("`llama3`") && err.contains("rope_parameters"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn qwen3_vl_reads_its_text_config_and_names_its_tensors_under_language_model() {
+        let text = qwen3(
+            serde_json::json!({"model_type": "qwen3_vl_text", "rope_theta": 5e6,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20]}}),
+        );
+        let dir = dir_with(serde_json::json!(
+            {"model_type": "qwen3_vl", "text_config": text, "tie_word_embeddings": false}));
+        let hf = read_hf_config(dir.path()).unwrap();
+        assert_eq!(hf.config.architecture, "qwen3");
+        assert_eq!((hf.config.hidden, hf.config.n_layer), (64, 2));
+        assert_eq!(hf.prefix, "model.language_model.");
+        assert!(!hf.tied);
+        let err = error_of(serde_json::json!({"model_type": "qwen3_vl"}));
+        assert!(err.contains("text_config"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_model_type_is_refused_with_the_supported_list() {
+        let err = error_of(serde_json::json!({"model_type": "gemma3"}));
+        assert!(
+            err.contains("`gemma3`") && err.contains("qwen3_vl"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_shard_named_in_the_index_must_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = serde_json::json!({"weight_map": {
+            "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}});
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("model-00001-of-00002.safetensors"), b"").unwrap();
+        let err = weight_files(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("model-00002-of-00002.safetensors") && err.contains("missing"),
+            "{err}"
+        );
+        std::fs::write(dir.path().join("model-00002-of-00002.safetensors"), b"").unwrap();
+        std::fs::write(dir.path().join("stray.safetensors"), b"").unwrap();
+        let files = weight_files(dir.path()).unwrap();
+        assert_eq!(files.len(), 2, "only the indexed shards: {files:?}");
+    }
 }
