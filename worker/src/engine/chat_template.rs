@@ -1,9 +1,11 @@
 //! Rendering chat messages into a prompt with the model's own Jinja chat template.
 //!
 //! The template comes from the model (`tokenizer.chat_template` in GGUF metadata, or
-//! `chat_template` in `tokenizer_config.json`); ChatML is the fallback when a model has none.
+//! `chat_template.jinja`, `chat_template.json` or `chat_template` in `tokenizer_config.json`
+//! in that order); ChatML is the fallback when a model has none.
 //! Rendering follows HF `apply_chat_template`: `trim_blocks` and `lstrip_blocks` on,
-//! `add_generation_prompt = true`, `bos_token`/`eos_token` in the context, Python string methods
+//! `add_generation_prompt = true`, `enable_thinking = false` (as the Python original called
+//! it), `bos_token`/`eos_token` in the context, Python string methods
 //! through minijinja-contrib's `pycompat` (Qwen templates call `startswith`, `strip`, …).
 //! Nothing is stripped from the result: the prompt is exactly what the template writes.
 
@@ -77,9 +79,31 @@ impl ChatTemplate {
         tmpl.render(context! {
             messages => msgs,
             add_generation_prompt => true,
+            // As the Python original rendered its prompts: Qwen3 templates then open the
+            // answer with an empty think block instead of letting the model reason first.
+            enable_thinking => false,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
         })
         .map_err(|e| EngineError::InvalidRequest(format!("chat template failed to render: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The switch Qwen3's template reads (abridged from its end).
+    const THINKING_SWITCH: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+        {% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}";
+
+    #[test]
+    fn templates_are_rendered_with_thinking_off_as_the_original_did() {
+        let t = ChatTemplate::new(Some(THINKING_SWITCH), "", "<|im_end|>").unwrap();
+        let prompt = t.render(&[ChatMessage::user("q")]).unwrap();
+        assert!(
+            prompt.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{prompt:?}"
+        );
     }
 }

@@ -342,21 +342,14 @@ pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transform
 /// `tokenizer_config.json`, when present.
 pub fn tokenizer_config(dir: &Path) -> Result<(Option<String>, String, String), EngineError> {
     let path = dir.join("tokenizer_config.json");
-    if !path.exists() {
-        return Ok((None, String::new(), String::new()));
-    }
-    let v = read_json(&path)?;
-    let template = match v.get("chat_template") {
-        Some(Value::String(s)) => Some(s.clone()),
-        // A list of named templates: take "default" (HF's rule), else the first.
-        Some(Value::Array(list)) => list
-            .iter()
-            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-            .or_else(|| list.first())
-            .and_then(|t| t.get("template"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        _ => None,
+    let v = if path.exists() {
+        read_json(&path)?
+    } else {
+        Value::Null
+    };
+    let template = match separate_template(dir)? {
+        Some(t) => Some(t),
+        None => template_of(v.get("chat_template")),
     };
     let tok_str = |k: &str| match v.get(k) {
         Some(Value::String(s)) => s.clone(),
@@ -368,6 +361,42 @@ pub fn tokenizer_config(dir: &Path) -> Result<(Option<String>, String, String), 
         _ => String::new(),
     };
     Ok((template, tok_str("bos_token"), tok_str("eos_token")))
+}
+
+/// A template saved beside the tokenizer, as transformers 5 does: `chat_template.jinja`, else
+/// `chat_template.json` (`{"chat_template": …}`). transformers prefers it to the one in
+/// `tokenizer_config.json`, and so does stageb.
+fn separate_template(dir: &Path) -> Result<Option<String>, EngineError> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        return std::fs::read_to_string(&jinja)
+            .map(Some)
+            .map_err(|e| model_err(&jinja, e));
+    }
+    let json = dir.join("chat_template.json");
+    if json.exists() {
+        let v = read_json(&json)?;
+        return template_of(v.get("chat_template"))
+            .map(Some)
+            .ok_or_else(|| model_err(&json, "missing or invalid `chat_template`"));
+    }
+    Ok(None)
+}
+
+/// A `chat_template` value: a string, or a list of named templates ("default" by HF's rule,
+/// else the first).
+fn template_of(value: Option<&Value>) -> Option<String> {
+    match value {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
 }
 
 /// EOS ids declared in `config.json` / `generation_config.json` (int or list).
@@ -496,5 +525,31 @@ mod tests {
         std::fs::write(dir.path().join("stray.safetensors"), b"").unwrap();
         let files = weight_files(dir.path()).unwrap();
         assert_eq!(files.len(), 2, "only the indexed shards: {files:?}");
+    }
+
+    #[test]
+    fn a_chat_template_jinja_beside_the_tokenizer_wins_over_tokenizer_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = serde_json::json!({"chat_template": "old", "eos_token": "<|im_end|>"});
+        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        let (template, _, eos) = tokenizer_config(dir.path()).unwrap();
+        assert_eq!(
+            (template.as_deref(), eos.as_str()),
+            (Some("old"), "<|im_end|>")
+        );
+        std::fs::write(
+            dir.path().join("chat_template.json"),
+            r#"{"chat_template": "json"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            tokenizer_config(dir.path()).unwrap().0.as_deref(),
+            Some("json")
+        );
+        std::fs::write(dir.path().join("chat_template.jinja"), "jinja").unwrap();
+        assert_eq!(
+            tokenizer_config(dir.path()).unwrap().0.as_deref(),
+            Some("jinja")
+        );
     }
 }
