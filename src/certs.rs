@@ -147,6 +147,16 @@ fn create_private_dir(dir: &Path) -> Result<(), CertError> {
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
+    // A directory that is a link would have its target chmodded and filled: refuse it.
+    if std::fs::symlink_metadata(dir)
+        .map_err(io)?
+        .file_type()
+        .is_symlink()
+    {
+        return Err(io(std::io::Error::other(
+            "is a symbolic link; give tls-init a real directory",
+        )));
+    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -155,27 +165,32 @@ fn create_private_dir(dir: &Path) -> Result<(), CertError> {
     Ok(())
 }
 
-/// Write `bytes` to `path` readable by the owner only (the mode is set at creation, so the
-/// key is never readable by others, not even briefly).
+/// Write `bytes` to `path` readable by the owner only. The bytes go to a new file beside it
+/// (created exclusively, mode 0600 from the start, so the key is never readable by others,
+/// not even briefly), which is then renamed over `path`: whatever stood at `path`, a planted
+/// symbolic link included, is replaced, never followed.
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    // create_new: O_CREAT|O_EXCL, which fails on any existing entry, a link included.
+    options.write(true).create_new(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
-        let mut file = options.open(path)?;
-        // An existing file keeps its old mode through open(): tighten it.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        file.write_all(bytes)?;
-        file.sync_all()
     }
-    #[cfg(not(unix))]
-    {
-        let mut file = options.open(path)?;
+    let written = options.open(&tmp).and_then(|mut file| {
         file.write_all(bytes)?;
         file.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
 }
 
@@ -200,6 +215,56 @@ mod tests {
             }
         }
         assert!(!out.join("ca.key").exists(), "the CA key is never written");
+    }
+
+    /// Issue 26, item 7: a link planted at `DIR/node.key` received the private key and had
+    /// its target chmodded.
+    #[cfg(unix)]
+    #[test]
+    fn regression_tls_init_does_not_follow_a_planted_key_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("tls");
+        std::fs::create_dir(&out).unwrap();
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "untouched").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&victim, out.join(KEY_FILE)).unwrap();
+
+        write_job_certificates(&out, &["node-7".into()], 2).unwrap();
+
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "the link's target keeps its mode");
+        let key = std::fs::symlink_metadata(out.join(KEY_FILE)).unwrap();
+        assert!(
+            key.file_type().is_file(),
+            "node.key is a file of its own now"
+        );
+        assert_eq!(key.permissions().mode() & 0o777, 0o600);
+        let leftovers: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "no temporary file is left behind");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_that_is_a_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("tls");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let err = write_job_certificates(&link, &[], 2).unwrap_err();
+        assert!(format!("{err:#}").contains("cannot write"), "{err}");
+        assert_eq!(
+            std::fs::read_dir(&real).unwrap().count(),
+            0,
+            "nothing written through it"
+        );
     }
 
     #[test]
