@@ -30,6 +30,11 @@ pub const MAX_ERROR_CODE_BYTES: usize = 64;
 pub const MAX_ERROR_MESSAGE_CHARS: usize = 2000;
 /// Most lease ids one heartbeat may name.
 pub const MAX_HEARTBEAT_LEASES: usize = 1024;
+/// Most candidates one rollout job may ask for (all its decodes' seeds together): a ticket's
+/// `len(sampler.grid) × sampler.samples_per_decode`. `validate` and the run refuse a config
+/// above it, and a worker refuses a job above it before it allocates anything (the Python
+/// original sampled 8–16 per ticket).
+pub const MAX_CANDIDATES_PER_JOB: usize = 256;
 
 /// Refuse a string longer than `max` bytes, naming the field (never echoing the value).
 pub fn check_len(field: &str, value: &str, max: usize) -> Result<(), Status> {

@@ -204,6 +204,19 @@ fn zero_samples_per_decode_is_out_of_range() {
     );
 }
 
+/// Issue 26, item 5: `samples_per_decode: 100000` passed `validate`, then the run aborted on
+/// allocation. Candidates per ticket are capped (`wire::MAX_CANDIDATES_PER_JOB`).
+#[test]
+fn regression_samples_per_decode_100000_is_refused_at_its_line() {
+    edited_fails(
+        "  samples_per_decode: 2\n",
+        "  samples_per_decode: 100000\n",
+        InvalidConfigValue,
+        13,
+        &["candidates per ticket; at most 256"],
+    );
+}
+
 #[test]
 fn other_ranges_of_the_original() {
     let cases = [

@@ -22,6 +22,7 @@ use stageb_shared::domain::ChatMessage;
 use stageb_shared::observe;
 use stageb_shared::pb;
 use stageb_shared::tls::ClientTls;
+use stageb_shared::wire::MAX_CANDIDATES_PER_JOB;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -240,6 +241,16 @@ async fn run_job<E: Engine + 'static>(
         let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
         match kind {
             pb::job::Kind::Rollout(job) => {
+                let asked: usize = job.decodes.iter().map(|d| d.seeds.len()).sum();
+                if asked > MAX_CANDIDATES_PER_JOB {
+                    // Refused before the engine allocates a row per candidate (issue 26, item 5).
+                    return pb::submit_request::Result::Error(pb::JobError {
+                        code: "INVALID_REQUEST".into(),
+                        message: format!(
+                            "a rollout job asks for {asked} candidates; a worker decodes at most {MAX_CANDIDATES_PER_JOB} per job"
+                        ),
+                    });
+                }
                 let request = RolloutRequest {
                     messages: messages(job.messages),
                     decodes: job.decodes.into_iter().map(DecodeRequest::from).collect(),
@@ -662,5 +673,56 @@ async fn submit(
             shared.finished.fetch_add(1, Ordering::Relaxed);
         }
         Err(status) => tracing::warn!(lease = lease_id, "submit failed: {}", status.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{
+        EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
+    };
+
+    /// An engine that must never be reached.
+    struct Untouchable(ModelFingerprint);
+
+    impl Engine for Untouchable {
+        fn fingerprint(&self) -> &ModelFingerprint {
+            &self.0
+        }
+        fn rollout(&mut self, _: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
+            panic!("the engine was asked to decode an oversized job")
+        }
+        fn generate(&mut self, _: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
+            panic!("not a generate job")
+        }
+    }
+
+    /// Issue 26, item 5: a coordinator sending 100k seeds in one decode made the worker abort
+    /// on allocation. The job is refused with a coded error before the engine sees it.
+    #[tokio::test]
+    async fn regression_a_job_with_100k_seeds_is_refused_before_the_engine() {
+        let engine = Arc::new(Mutex::new(Untouchable(ModelFingerprint {
+            weights_sha256: String::new(),
+            candle_version: String::new(),
+            dtype: String::new(),
+            device: "cpu".into(),
+            architecture: "llama".into(),
+        })));
+        let job = pb::RolloutJob {
+            messages: vec![],
+            decodes: vec![pb::DecodeSpec {
+                seeds: (0..100_000).collect(),
+                ..Default::default()
+            }],
+            constrained: true,
+        };
+        match run_job(&engine, pb::job::Kind::Rollout(job)).await {
+            pb::submit_request::Result::Error(e) => {
+                assert_eq!(e.code, "INVALID_REQUEST");
+                assert!(e.message.contains("100000 candidates"), "{}", e.message);
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }

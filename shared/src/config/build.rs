@@ -214,16 +214,14 @@ fn build_sampler(doc: &Doc, sampler: &Section) -> Result<SamplerConfig, InputErr
         }
     };
     let samples_per_decode = sampler.req_u32(doc, "samples_per_decode", 1)?;
-    let total_fits = u32::try_from(grid.len())
-        .ok()
-        .and_then(|len| len.checked_mul(samples_per_decode))
-        .is_some();
-    if !total_fits {
+    let cap = crate::wire::MAX_CANDIDATES_PER_JOB;
+    let total = (grid.len() as u64).saturating_mul(u64::from(samples_per_decode));
+    if total > cap as u64 {
         return Err(sampler.invalid(
             doc,
             "samples_per_decode",
             format!(
-                "times {} grid entries is too many candidates per ticket",
+                "times {} grid entries is {total} candidates per ticket; at most {cap}",
                 grid.len()
             ),
         ));
