@@ -321,6 +321,20 @@ fn hostile_text_in_artifacts_is_escaped() {
     assert!(metric(&html, "audit").starts_with("Audit FAILED"));
 }
 
+/// The page names the run by `{run_name}/{mission}`, never by the absolute path it was
+/// rendered from (issue 26, item 11).
+#[test]
+fn the_page_does_not_show_the_absolute_run_path() {
+    let html = report::render(fixture()).unwrap();
+    let absolute = fixture().to_string_lossy().to_string();
+    assert!(
+        !html.contains(&absolute),
+        "the absolute path {absolute} is on the page"
+    );
+    let parent = fixture().parent().unwrap().to_string_lossy().to_string();
+    assert!(!html.contains(&parent), "nor its parent {parent}");
+}
+
 /// The page references nothing outside itself: no `src`, links only to its own sections,
 /// no `url(...)` or `@import` in the styles, no `http(s)://` besides the SVG namespace, and
 /// a Content-Security-Policy that forbids every load and script.

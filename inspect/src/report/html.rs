@@ -67,7 +67,10 @@ ul.ops { margin:0; padding-left:16px; } ul.ops li { margin:2px 0; overflow-wrap:
 .version { border-top:1px solid var(--line); padding-top:8px; margin-top:10px; }
 "#;
 
-/// Escape `s` for element content and quoted attribute values.
+/// Escape `s` for element content and quoted attribute values. Characters that change how
+/// text around them is displayed (bidirectional overrides and isolates, other control
+/// characters besides tab and newline) are shown as `[U+XXXX]`, never passed through: a
+/// reason or rule could otherwise make the page show text in an order it does not have.
 pub fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
@@ -77,10 +80,33 @@ pub fn esc(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if hides_text_order(c) => out.push_str(&format!("[U+{:04X}]", c as u32)),
             c => out.push(c),
         }
     }
     out
+}
+
+/// Bidirectional formatting characters (LRM/RLM/ALM, embeddings, overrides, isolates) and
+/// control characters other than tab and newline.
+fn hides_text_order(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+        || (c.is_control() && c != '\n' && c != '\t')
+}
+
+/// A run directory as the page names it: its last two components (`{run_name}/{mission}`),
+/// never the absolute path of the machine that rendered it.
+pub fn run_label(run_dir: &std::path::Path) -> String {
+    let parts: Vec<_> = run_dir
+        .components()
+        .rev()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(s) => Some(s.to_string_lossy()),
+            _ => None,
+        })
+        .take(2)
+        .collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
 /// A share as a percentage with one decimal.
@@ -302,5 +328,34 @@ impl Page {
             esc(footer)
         );
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 26, item 11: raw bidi controls reached report.html.
+    #[test]
+    fn regression_bidi_and_control_characters_are_shown_as_code_points() {
+        assert_eq!(esc("a\u{202E}cba\u{202C}"), "a[U+202E]cba[U+202C]");
+        assert_eq!(
+            esc("\u{2066}x\u{2069}\u{200F}"),
+            "[U+2066]x[U+2069][U+200F]"
+        );
+        assert_eq!(esc("bell\u{7}"), "bell[U+0007]");
+        assert_eq!(
+            esc("tab\tline\n通过"),
+            "tab\tline\n通过",
+            "ordinary text is kept"
+        );
+    }
+
+    /// Issue 26, item 11: the page showed the absolute path of the run directory.
+    #[test]
+    fn regression_the_run_is_named_without_its_absolute_path() {
+        let dir = std::path::Path::new("/home/alice/secret/runs/demo/挡风板安装检查");
+        assert_eq!(run_label(dir), "demo/挡风板安装检查");
+        assert_eq!(run_label(std::path::Path::new("only")), "only");
     }
 }

@@ -38,7 +38,7 @@ pub fn page(data: &RunData) -> String {
         .unwrap_or_else(|| "(unknown mission)".into());
     let mut page = Page::new(
         &format!("stageb run report: {mission}"),
-        &data.run_dir.display().to_string(),
+        &super::html::run_label(&data.run_dir),
         &SECTIONS,
     );
     overview::render(&mut page, data);
