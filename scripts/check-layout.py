@@ -7,9 +7,8 @@
 2. No function over 120 lines, except the documented checklists listed in CHECKLISTS below
    (their module docs number the steps).
 3. No import circle between the files of one crate: an edge A -> B means file A names an item
-   that file B defines (through `crate::…`, `super::…`, a `use` of a sibling module or a path
-   through a declared child). A `mod.rs` that only re-exports a child's item is not counted as
-   defining it. A module and the modules nested in it are one unit: uses between a parent and
+   that file B defines (through `crate::…`, `super::…` or a `use` of a sibling module). A
+   `mod.rs` that only re-exports a child's item is not counted as defining it. A module and the modules nested in it are one unit: uses between a parent and
    its descendants are not edges (a child sees its parent's private items by design); uses
    between siblings, or between cousins, are.
 
@@ -99,7 +98,7 @@ def strip_code(text):
 FN_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?(?:extern\s+\"C\"\s+)?fn\s+(\w+)")
 
 
-def long_functions(path, code, limit):
+def long_functions(code, limit):
     lines = code.split("\n")
     found = []
     test_depth = None
@@ -144,7 +143,6 @@ def module_path(crate, path):
 
 DEF_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?(?:async\s+)?(?:const\s+fn|fn|struct|enum|trait|type|const|static|mod|union|macro_rules!)\s+(\w+)", re.M)
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
-CHILD_RE = re.compile(r"(?<![:\w])(\w+)((?:::\w+)+)")
 USE_GROUP_RE = re.compile(r"\buse\s+(crate|super|self)((?:::\w+)*)::\{([^;]*)\};", re.S)
 
 
@@ -195,11 +193,6 @@ def circles(crate):
         refs = []
         for root, tail in PATH_RE.findall(texts[f]):
             refs.append((root, tail.strip(":").split("::")))
-        # Bare paths through a child module this file declares (`rows::Row`, `use x86::dots`).
-        children = {c[-1] for c in mods if c[:-1] == mp and len(c) == len(mp) + 1}
-        for name, tail in CHILD_RE.findall(texts[f]):
-            if name in children:
-                refs.append(("self", [name] + tail.strip(":").split("::")))
         for root, tail, group in USE_GROUP_RE.findall(texts[f]):
             for item in re.split(r"[,\s]+", group):
                 item = item.split("::")
@@ -280,7 +273,7 @@ def main(argv):
             n = text.count("\n")
             if n > max_file:
                 findings.append(f"file {rel}: {n} lines (limit {max_file})")
-            for name, line, length in long_functions(rel, strip_code(text), max_fn):
+            for name, line, length in long_functions(strip_code(text), max_fn):
                 if any(rel.endswith(s) and name == fn for s, fn in CHECKLISTS):
                     continue
                 findings.append(f"function {rel}:{line} {name}: {length} lines (limit {max_fn})")
