@@ -256,25 +256,22 @@ impl Weights {
         })
     }
 
-    fn take(&mut self, name: &str) -> Result<Tensor, EngineError> {
-        let view = self
-            .files
-            .get(name)
-            .map_err(|_| model_err(&self.dir, format!("missing tensor {name}")))?;
+    fn take(&self, name: &str) -> Result<Tensor, EngineError> {
+        self.take_opt(name)?
+            .ok_or_else(|| model_err(&self.dir, format!("missing tensor {name}")))
+    }
+
+    fn take_opt(&self, name: &str) -> Result<Option<Tensor>, EngineError> {
+        let Ok(view) = self.files.get(name) else {
+            return Ok(None);
+        };
         view.load(&self.device)
             .and_then(|t| t.to_dtype(DType::F32))
+            .map(Some)
             .map_err(|e| model_err(&self.dir, format!("tensor {name}: {e}")))
     }
 
-    fn take_opt(&mut self, name: &str) -> Result<Option<Tensor>, EngineError> {
-        if self.files.get(name).is_ok() {
-            self.take(name).map(Some)
-        } else {
-            Ok(None)
-        }
-    }
-
-    fn linear(&mut self, prefix: &str) -> Result<Linear, EngineError> {
+    fn linear(&self, prefix: &str) -> Result<Linear, EngineError> {
         let w = self.take(&format!("{prefix}.weight"))?;
         let bias = self.take_opt(&format!("{prefix}.bias"))?;
         Linear::dense(&w, bias).map_err(|e| model_err(&self.dir, e))
@@ -287,7 +284,7 @@ pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transform
         tied,
         prefix,
     } = read_hf_config(dir)?;
-    let mut w = Weights::open(dir, device)?;
+    let w = Weights::open(dir, device)?;
     let embedding = w.take(&format!("{prefix}embed_tokens.weight"))?;
     let final_norm = w.take(&format!("{prefix}norm.weight"))?;
     let lm_head = match w.take_opt("lm_head.weight")? {
