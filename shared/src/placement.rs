@@ -75,8 +75,8 @@ impl PlacementError {
     }
 }
 
-/// The variables that hold a process's rank on its node, first found wins (the same order
-/// `launch` reads them in).
+/// The variables that hold a process's rank on its node, first found wins (`launch` reads
+/// its local rank from them).
 pub const LOCAL_RANK_VARS: [&str; 4] = [
     "STAGEB_LOCAL_RANK",
     "LOCAL_RANK",
@@ -87,14 +87,6 @@ pub const LOCAL_RANK_VARS: [&str; 4] = [
 /// Whether the environment says GPUs were bound to each task (Slurm `--gpus-per-task`).
 pub fn bound_per_task(env: impl Fn(&str) -> Option<String>) -> bool {
     env("SLURM_GPUS_PER_TASK").is_some_and(|v| !v.trim().is_empty())
-}
-
-/// The local rank from the environment ([`LOCAL_RANK_VARS`]), 0 when none is set or parses.
-pub fn local_rank(env: impl Fn(&str) -> Option<String>) -> u32 {
-    LOCAL_RANK_VARS
-        .iter()
-        .find_map(|name| env(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0)
 }
 
 /// The rule of the module docs.
@@ -360,7 +352,7 @@ mod tests {
     }
 
     #[test]
-    fn the_local_rank_comes_from_the_first_launcher_variable_set() {
+    fn per_task_binding_is_read_from_slurm_gpus_per_task() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |name: &str| {
                 pairs
@@ -369,16 +361,6 @@ mod tests {
                     .map(|(_, v)| v.to_string())
             }
         };
-        assert_eq!(local_rank(env(&[("LOCAL_RANK", "5")])), 5);
-        assert_eq!(
-            local_rank(env(&[("SLURM_LOCALID", "2"), ("LOCAL_RANK", "4")])),
-            4
-        );
-        assert_eq!(
-            local_rank(env(&[("STAGEB_LOCAL_RANK", "1"), ("LOCAL_RANK", "4")])),
-            1
-        );
-        assert_eq!(local_rank(env(&[])), 0);
         assert!(bound_per_task(env(&[("SLURM_GPUS_PER_TASK", "1")])));
         assert!(!bound_per_task(env(&[("SLURM_LOCALID", "1")])));
     }

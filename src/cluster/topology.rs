@@ -55,16 +55,8 @@ pub fn topology_from(
         ],
     )
     .unwrap_or((0, "default (single process)".into()));
-    let (local_rank, _) = env_u32(
-        &env,
-        &[
-            "STAGEB_LOCAL_RANK",
-            "LOCAL_RANK",
-            "SLURM_LOCALID",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-        ],
-    )
-    .unwrap_or((0, String::new()));
+    let (local_rank, _) =
+        env_u32(&env, &stageb_shared::placement::LOCAL_RANK_VARS).unwrap_or((0, String::new()));
     let fallback_port = listen_port.unwrap_or(DEFAULT_LAUNCH_PORT);
     let (host, port, coordinator_source) = if let Some(c) = env("STAGEB_COORDINATOR") {
         let (host, port) = c
