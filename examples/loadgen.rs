@@ -205,6 +205,7 @@ fn generate_answer(job: &pb::GenerateJob) -> pb::submit_request::Result {
         completion_tokens: text.chars().count() as u32,
         text,
         prompt_tokens: 1,
+        prefix_tokens: 0,
         finish_reason: "stop".into(),
         latency_us: 0,
     })

@@ -60,50 +60,13 @@ fi
 [ -f "$MODEL" ] || { echo "model not found: $MODEL" >&2; exit 1; }
 mkdir -p "$CACHE"
 
-# ---- tools (idempotent) -------------------------------------------------------------------
-need_tools() {
-    command -v cmake >/dev/null && command -v ninja >/dev/null && command -v cc >/dev/null && command -v c++ >/dev/null
-}
-if [ "$SKIP_LLAMA" = 0 ] && ! need_tools; then
-    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-        apt-get update -qq && apt-get install -y -qq cmake ninja-build build-essential >/dev/null
-    else
-        python3 -m pip install --quiet cmake ninja
-    fi
-fi
-
-# ---- llama.cpp (built once per flavour) ---------------------------------------------------
-SRC="$CACHE/lcp-src"
-LLAMA_DIR="$CACHE/llama-build"
-LLAMA_FLAGS=(-DGGML_NATIVE=ON)
-if [ "$LLAMA_AVX2" = 1 ]; then
-    # The same source with AVX-512 (and AVX-VNNI) compiled out: llama.cpp's AVX2 kernels.
-    LLAMA_DIR="$CACHE/llama-build-avx2"
-    LLAMA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-                 -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
-fi
+# ---- llama.cpp (built once per flavour; scripts/lib/llama-build.sh) ------------------------
 LLAMA_TARGETS=(llama-batched-bench)
 [ "$DEMO" = 1 ] && LLAMA_TARGETS+=(llama-server)
+# shellcheck source=lib/llama-build.sh
+. "$ROOT/scripts/lib/llama-build.sh"
+[ "$SKIP_LLAMA" = 0 ] && build_llama "${LLAMA_TARGETS[@]}"
 LLAMA_BIN="$LLAMA_DIR/bin/llama-batched-bench"
-if [ "$SKIP_LLAMA" = 0 ]; then
-    missing=0
-    for t in "${LLAMA_TARGETS[@]}"; do [ -x "$LLAMA_DIR/bin/$t" ] || missing=1; done
-    if [ "$missing" = 1 ]; then
-        echo "== building llama.cpp (${LLAMA_TARGETS[*]}) from llama-cpp-python $LCP_VERSION into $LLAMA_DIR (one time, ~6-15 min on 2 cores)"
-        mkdir -p "$SRC"
-        if [ ! -d "$SRC/llama_cpp_python-$LCP_VERSION" ]; then
-            # `pip download` of an sdist reads its metadata, which needs the build backend.
-            python3 -c 'import scikit_build_core' 2>/dev/null || python3 -m pip install --quiet scikit-build-core
-            python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --no-build-isolation \
-                "llama-cpp-python==$LCP_VERSION" -d "$SRC"
-            tar xzf "$SRC/llama_cpp_python-$LCP_VERSION.tar.gz" -C "$SRC"
-        fi
-        cmake -S "$SRC/llama_cpp_python-$LCP_VERSION/vendor/llama.cpp" -B "$LLAMA_DIR" -G Ninja \
-            -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-            -DLLAMA_BUILD_TESTS=OFF "${LLAMA_FLAGS[@]}" >/dev/null
-        ninja -C "$LLAMA_DIR" -j"$(nproc)" "${LLAMA_TARGETS[@]}" >/dev/null
-    fi
-fi
 
 # ---- stageb -------------------------------------------------------------------------------
 if [ "$PROFILE" = release ]; then

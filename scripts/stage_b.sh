@@ -43,7 +43,8 @@ Environment:
                            stageb on PATH. If neither exists: cargo build --release.
   STAGEB_CARGO_FEATURES    Features for that build. Default: cuda when GPUs are given.
                            With gpus= and a CPU-only binary (stageb --version says
-                           "(cpu)"), the script warns and runs on the CPU.
+                           "(cpu; built without cuda)"), the script warns and runs on
+                           the CPU.
   STAGEB_TOKEN / STAGEB_TOKEN_FILE
                            Shared secret for a torchrun (multi-process) run. If neither is
                            set, a random token is generated for this run. It is never printed.
@@ -181,10 +182,11 @@ if ! bin="$(find_binary)"; then
 fi
 
 # GPUs asked for, but a binary built without CUDA: say so, then run anyway (on the CPU). The
-# binary names its backend in `stageb --version`: "stageb 0.1.0 (cpu)" or "(cuda)".
+# binary names its backend in `stageb --version`: "stageb 0.1.0 (cpu; built without cuda)" or
+# "(cuda 13.0, sm_90a)".
 if ((n_gpus > 0)) && [[ -x "$bin" ]]; then
   version="$("$bin" --version 2>/dev/null || true)"
-  if [[ "$version" == *"(cpu)"* ]]; then
+  if [[ "$version" == *"(cpu"* ]]; then
     {
       echo "stage_b.sh: WARNING: gpus=$gpus_arg, but $bin is a CPU-only build ($version)."
       echo "stage_b.sh: WARNING: every process will run on the CPU. For the GPUs, build a CUDA binary:"

@@ -260,6 +260,10 @@ if want_scenario a; then
   port=$((10000 + jid % 20000))
   grep -q "coordinator $node:$port," "$log" || { ok=0; echo "a: the log does not show the job-id port $port" >&2; }
   grep -q 'WARNING: GPUs are allocated' "$log" || { ok=0; echo "a: no CPU-build warning in the log" >&2; }
+  # Every rank logs the device its worker opened (the placement rule; a CPU build: cpu). Off a
+  # terminal the log is JSON (`"device":"cpu"`), on one it is text (`device=cpu`).
+  devices="$(grep -cE 'worker device.*(device=cpu|"device":"cpu")' "$log" || true)"
+  [[ "$devices" -ge 3 ]] || { ok=0; echo "a: $devices of 3 ranks logged their worker device" >&2; }
   secrets_gone "$jid" || ok=0
   lt_log "a: states seen: $(states_of "$jid")"
   ((ok)) && res=PASS || { res=FAIL; failures=$((failures + 1)); }

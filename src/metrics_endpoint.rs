@@ -42,6 +42,11 @@ pub fn recorder() -> Result<PrometheusHandle, MetricsError> {
                     observe::LATENCY_BUCKETS,
                 )
                 .map_err(|e| e.to_string())?
+                .set_buckets_for_metric(
+                    Matcher::Prefix("stageb_worker_step_".into()),
+                    observe::STEP_ROW_BUCKETS,
+                )
+                .map_err(|e| e.to_string())?
                 .install_recorder()
                 .map_err(|e| e.to_string())?;
             observe::describe_all();

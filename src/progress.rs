@@ -1,12 +1,14 @@
-//! Rank 0's progress display: a bar when stderr is a terminal (tickets done/total,
-//! candidates/s, ETA, live workers), one log line every few seconds otherwise (Slurm and
-//! Kubernetes logs need liveness evidence, not carriage returns).
+//! Rank 0's progress display: a bar when stderr is a terminal (tickets done/total, the phase,
+//! candidates/s, live workers, ETA), one log line every few seconds otherwise (Slurm and
+//! Kubernetes logs need liveness evidence, not carriage returns). The phase and the ETA come
+//! from [`ProgressSnapshot`]: the ETA counts the reflection still to run, not only the tickets
+//! (indicatif's own ETA, by tickets alone, read 0 through the last reflection rounds).
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use stageb_coordinator::run::ProgressHandle;
+use stageb_coordinator::run::{ProgressHandle, ProgressSnapshot};
 
 /// Report progress until `stop` resolves.
 pub async fn report(
@@ -20,7 +22,7 @@ pub async fn report(
         let b = ProgressBar::new(0);
         b.set_style(
             ProgressStyle::with_template(
-                "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} tickets {msg} ETA {eta}",
+                "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} tickets {msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
@@ -39,23 +41,23 @@ pub async fn report(
         }
         let p = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let rate = p.candidates as f64 / start.elapsed().as_secs_f64().max(1e-3);
+        let eta = eta_text(&p);
         match &bar {
             Some(b) => {
                 b.set_length(p.total);
                 b.set_position(p.done);
                 b.set_prefix(format!("{}/{}", p.epoch, p.epochs));
-                b.set_message(format!("{rate:.1} cand/s, {} workers", p.live_workers));
+                b.set_message(format!(
+                    "{}, {rate:.1} cand/s, {} workers, ETA {eta}",
+                    p.phase_text(),
+                    p.live_workers
+                ));
             }
             None if p.total > 0 => {
-                let eta = if p.done > 0 {
-                    let per = start.elapsed().as_secs_f64() / p.done as f64;
-                    format!("{:.0}s", per * (p.total - p.done) as f64)
-                } else {
-                    "?".into()
-                };
                 tracing::info!(
-                    epoch = p.epoch, done = p.done, total = p.total, candidates_per_s = format!("{rate:.2}"),
-                    live_workers = p.live_workers, eta = %eta, "progress"
+                    epoch = p.epoch, phase = %p.phase_text(), done = p.done, total = p.total,
+                    candidates_per_s = format!("{rate:.2}"), live_workers = p.live_workers,
+                    eta = %eta, "progress"
                 );
             }
             None => {}
@@ -63,5 +65,13 @@ pub async fn report(
     }
     if let Some(b) = bar {
         b.finish_and_clear();
+    }
+}
+
+/// The ETA as shown: whole seconds, or `?` before anything was measured.
+fn eta_text(p: &ProgressSnapshot) -> String {
+    match p.eta(Instant::now()) {
+        Some(d) => format!("{:.0}s", d.as_secs_f64()),
+        None => "?".into(),
     }
 }

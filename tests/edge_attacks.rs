@@ -100,6 +100,7 @@ fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
             name: "legit\nlevel=ERROR forged by a worker name \u{1b}[31m".into(),
             connect_timeout: Duration::from_secs(90),
             reconnect_timeout: stageb_worker::client::DEFAULT_RECONNECT_TIMEOUT,
+            limits: Default::default(),
             ..worker_options(addr.to_string())
         };
         tokio::time::timeout(

@@ -82,13 +82,27 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
     assert!(sample(&body, "stageb_worker_prefill_tokens_total") > 0.0);
     // Prefix reuse (issue 13 item 2): the scripted engine reports each rollout's common
     // prefix with the one before, as the real engine's prefix cache does.
-    let lookups = sample(&body, "stageb_worker_prefix_cache_lookups_total");
-    let hits = sample(&body, "stageb_worker_prefix_cache_hits_total");
-    assert!(
-        lookups >= decided && hits > 0.0 && hits <= lookups,
-        "{hits} of {lookups}"
-    );
-    assert!(sample(&body, "stageb_worker_prefill_tokens_saved_total") > 0.0);
+    // Rollouts and reflection calls (issue 23 item 2) are counted apart, by `kind`.
+    for (kind, least) in [("rollout", decided), ("generate", 1.0)] {
+        let lookups = sample(
+            &body,
+            &format!("stageb_worker_prefix_cache_lookups_total{{kind=\"{kind}\"}}"),
+        );
+        let hits = sample(
+            &body,
+            &format!("stageb_worker_prefix_cache_hits_total{{kind=\"{kind}\"}}"),
+        );
+        assert!(
+            lookups >= least && hits > 0.0 && hits <= lookups,
+            "{kind}: {hits} of {lookups}"
+        );
+        let saved = format!("stageb_worker_prefill_tokens_saved_total{{kind=\"{kind}\"}}");
+        assert!(sample(&body, &saved) > 0.0, "{kind}");
+    }
+    // The phase (issue 23 item 4): a finished run is `done`, and nothing else.
+    assert_eq!(sample(&body, "stageb_phase{phase=\"done\"}"), 1.0);
+    assert_eq!(sample(&body, "stageb_phase{phase=\"rollouts\"}"), 0.0);
+    assert!(sample(&body, "stageb_rollout_step") >= 1.0);
     assert!(sample(&body, "stageb_worker_prefix_cache_bytes") > 0.0);
     let reuse = &summary.runtime["prefix_cache"];
     assert_eq!(reuse["rollouts"].as_f64(), Some(decided), "{reuse}");
@@ -105,9 +119,11 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
 
     // Conventions: every family described and typed, counters end in _total, and labels come
     // from small closed sets (never a ticket key, a group id or any text of the run).
-    let allowed: BTreeSet<&str> = ["kind", "outcome", "pass", "code", "epoch", "review", "le"]
-        .into_iter()
-        .collect();
+    let allowed: BTreeSet<&str> = [
+        "kind", "outcome", "pass", "code", "epoch", "review", "phase", "le",
+    ]
+    .into_iter()
+    .collect();
     for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
         let mut parts = line.split_whitespace().skip(2);
         let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());

@@ -1,4 +1,5 @@
-//! The progress display's numbers are real while a step is still running (issue 8, item 10).
+//! The progress display's numbers are real while a step is still running (issue 8, item 10),
+//! and it names the phase the run is in (issue 23, item 4).
 //!
 //! Regression: the progress line read `candidates_per_s: 0.00` for the first half minute of the
 //! demo, because candidates were counted only when their step was decided, and a step waits for
@@ -12,12 +13,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stageb::cluster;
+use stageb_coordinator::progress::{Phase, ProgressSnapshot, ReflectPass};
 use stageb_coordinator::run::{ProgressHandle, files};
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
     RolloutRequest,
 };
-use support::{Behaviour, Script, ScriptedEngine, copy_demo_mission, write_config};
+use support::{
+    Behaviour, Script, ScriptedEngine, copy_demo_mission, read_jsonl, write_config,
+    write_toy_mission,
+};
 
 /// A gate the held worker waits on (false = closed).
 type Gate = Arc<(Mutex<bool>, Condvar)>;
@@ -145,4 +150,70 @@ fn candidates_count_as_results_arrive_regression_zero_rate_until_a_step_is_decid
     assert_eq!(summary.tickets, 48);
     let p = progress.lock().unwrap().clone();
     assert_eq!(p.candidates, summary.candidates);
+}
+
+/// Issue 23, item 4: the progress state names every phase as the run enters it. A toy run of
+/// one epoch in two steps of 8 tickets goes: rollouts of step 1, the reflection cycles due at
+/// its boundary, rollouts of step 2, the cycles due then and those the epoch end drains, then
+/// writing and done; and the reflection phases are exactly the calls of `reflection.jsonl`,
+/// cycle by cycle and pass by pass (a JSON retry stays in its pass).
+#[test]
+fn the_phase_names_each_step_and_each_reflection_call_in_run_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let config = write_config(dir.path(), json!({}));
+    let progress: ProgressHandle = Arc::new(Mutex::new(ProgressSnapshot {
+        phase_log: Some(Vec::new()),
+        ..ProgressSnapshot::default()
+    }));
+    let script = Script::new(Behaviour::default());
+    let summary = support::try_run_watched(
+        &config,
+        1,
+        move |_| ScriptedEngine::new(script.clone()),
+        cluster::StartMode::Fresh,
+        std::future::pending(),
+        Some(progress.clone()),
+    )
+    .expect("the run completes");
+    let log = progress.lock().unwrap().phase_log.clone().unwrap();
+
+    let rollouts = |step| Phase::Rollouts { step, steps: 2 };
+    let at = |phase: Phase| log.iter().position(|p| *p == phase).unwrap();
+    assert_eq!(log.first(), Some(&rollouts(1)), "{log:?}");
+    assert_eq!(
+        log[log.len() - 2..],
+        [Phase::Writing, Phase::Done],
+        "{log:?}"
+    );
+    assert!(at(rollouts(1)) < at(rollouts(2)), "{log:?}");
+
+    let reflecting: Vec<Phase> = log
+        .iter()
+        .copied()
+        .filter(|p| matches!(p, Phase::Reflecting { .. }))
+        .collect();
+    let mut calls: Vec<Phase> = Vec::new();
+    for row in read_jsonl(&summary.run_dir, files::REFLECTION) {
+        let cycle = row["reflection_cycle"].as_u64().unwrap();
+        for call in row["calls"].as_array().unwrap() {
+            let pass = match call["pass"].as_str().unwrap() {
+                "decision" => ReflectPass::Decision,
+                "ops" => ReflectPass::Ops,
+                _ => ReflectPass::Revision,
+            };
+            let phase = Phase::Reflecting { cycle, pass };
+            if calls.last() != Some(&phase) {
+                calls.push(phase);
+            }
+        }
+    }
+    assert!(!calls.is_empty(), "the toy run reflects");
+    assert_eq!(reflecting, calls, "one phase per call, in run order");
+    let shown: Vec<String> = log.iter().map(ToString::to_string).collect();
+    assert_eq!(shown[0], "rollouts step 1/2");
+    assert!(
+        shown.contains(&"reflecting cycle 0 (decision)".to_string()),
+        "{shown:?}"
+    );
 }

@@ -378,6 +378,53 @@ fn a_revision_round_applies_every_op_once() {
     assert_audit_ok(&run_dir);
 }
 
+/// Reflection reuses its prefixes (issue 23, item 2): every prompt puts what the run's calls
+/// share (mission, guidance) before what changes from cycle to cycle, and the cases before what
+/// one call alone adds, so the revision round is the ops prompt plus its rejected ops; the
+/// summary counts the prefill the workers' prefix caches saved on reflection calls.
+#[test]
+fn reflection_prompts_put_their_shared_head_first_and_the_summary_counts_its_reuse() {
+    let ScriptedRun {
+        summary,
+        run_dir,
+        script,
+    } = ScriptedMission::toy()
+        .third_state_op_then_revise()
+        .run(json!({}));
+
+    let calls = script.calls();
+    for c in &calls {
+        let at = |s: &str| {
+            c.user
+                .find(s)
+                .unwrap_or_else(|| panic!("{s} in {}", c.user))
+        };
+        assert!(at("当前规则") < at("反思周期"), "{}", c.user);
+        assert!(at("反思周期") < at("第1组"), "{}", c.user);
+    }
+    let ops = calls.iter().position(|c| c.pass == Pass::Ops).unwrap();
+    let (ops, revision) = (&calls[ops], &calls[ops + 1]);
+    let head = ops.user.strip_suffix("\n请输出 JSON。").unwrap();
+    assert!(
+        revision.system == ops.system && revision.user.starts_with(head),
+        "the revision round extends the ops prompt:\n{}\n---\n{}",
+        ops.user,
+        revision.user
+    );
+
+    let answered: usize = read_jsonl(&run_dir, files::REFLECTION)
+        .iter()
+        .map(|r| r["calls"].as_array().unwrap().len())
+        .sum();
+    let reuse = &summary.runtime["prefix_cache"]["reflection"];
+    assert_eq!(reuse["calls"].as_u64(), Some(answered as u64), "{reuse}");
+    let saved = reuse["prefill_tokens_saved"].as_u64().unwrap();
+    assert!(
+        saved > 0 && saved < reuse["prompt_tokens"].as_u64().unwrap(),
+        "{reuse}"
+    );
+}
+
 /// Budgets are charged for what happened (issue 8, item 5): cases the token budget drops
 /// before any model saw them are re-batched without being charged a reflection retry. With a
 /// budget that fits one case per prompt, every case is reflected on at attempt 0, nothing is

@@ -625,6 +625,7 @@ fn generated(prompt_tokens: u32, finish_reason: String) -> Option<pb::submit_req
     Some(pb::submit_request::Result::Generate(pb::GenerateResult {
         text: "{}".into(),
         prompt_tokens,
+        prefix_tokens: 0,
         completion_tokens: 2,
         finish_reason,
         latency_us: 10,

@@ -41,6 +41,7 @@ async fn a_registered_worker_exits_within_its_reconnect_window_once_rank_0_is_go
     let opts = WorkerOptions {
         connect_timeout: Duration::from_secs(600),
         reconnect_timeout: Duration::from_secs(2),
+        limits: Default::default(),
         ..worker_options(server.addr.to_string())
     };
     let worker = tokio::spawn(run_worker(engine, opts, std::future::pending()));

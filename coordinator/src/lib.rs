@@ -9,6 +9,8 @@
 //! - [`decide`]: selection, fail-first signals, eligibility, accuracy windows.
 //! - [`learn`]: two-pass reflection, op checks, rule text, feedback, need-review.
 //! - [`guidance`]: the per-run guidance repository (atomic, snapshotted, hash-chained).
+//! - [`progress`]: what rank 0 is doing now (its phase) and the ETA, for the progress display
+//!   and the `stageb_phase` metric; written by the run loop and reflection alike.
 //! - [`artifacts`]: crash-safe JSONL appends, atomic whole-file writes, artifact file names,
 //!   and the typed rows and documents that rank 0 writes and `stageb-inspect` reads.
 
@@ -17,4 +19,5 @@ pub mod cluster;
 pub mod decide;
 pub mod guidance;
 pub mod learn;
+pub mod progress;
 pub mod run;

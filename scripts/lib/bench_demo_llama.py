@@ -3,6 +3,7 @@
 `scripts/bench-engine.sh --demo`.
 
 usage: bench_demo_llama.py JOBS.jsonl --server BIN --model GGUF [--threads 2] [--port 18080]
+                           [--parallel K]
 
 JOBS.jsonl is `cargo run --example rollout_jobs -- CONFIG` (the epoch-1 rollout jobs exactly as
 rank 0 builds them). The server runs with one slot per candidate of a ticket (`-np`), prompt
@@ -13,6 +14,10 @@ top-p, repetition penalty, max_new_tokens and seed, plain top-p sampling (top-k 
 and for constrained jobs a GBNF grammar of the two-line contract. Prints one JSON line:
 tickets, seconds (sum of per-ticket wall times, server already warm), tickets_per_min, and the
 token counts the server reported.
+
+--parallel K (the baseline of `scripts/bench-batching.sh`): K tickets in flight at once, the
+server with K times the slots (its continuous batching decodes every slot's row together);
+seconds is then the wall time of all tickets, server warm.
 """
 
 import argparse
@@ -82,6 +87,37 @@ def run_ticket(port, job):
     return results
 
 
+def run_all(port, jobs, parallel):
+    """Every ticket: one after the other (summed wall times) or `parallel` at once (the wall
+    time of all of them). Returns (seconds, per-ticket results)."""
+    results = [None] * len(jobs)
+    if parallel == 1:
+        total = 0.0
+        for i, job in enumerate(jobs):
+            t0 = time.perf_counter()
+            results[i] = run_ticket(port, job)
+            total += time.perf_counter() - t0
+        return total, results
+    lock = threading.Lock()
+    todo = list(range(len(jobs)))
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop(0)
+            results[i] = run_ticket(port, jobs[i])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(parallel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, results
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("jobs")
@@ -89,9 +125,10 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--port", type=int, default=18080)
+    ap.add_argument("--parallel", type=int, default=1)
     a = ap.parse_args()
     jobs = [json.loads(line) for line in open(a.jobs, encoding="utf-8") if line.strip()]
-    slots = max(sum(len(d["seeds"]) for d in j["decodes"]) for j in jobs)
+    slots = max(sum(len(d["seeds"]) for d in j["decodes"]) for j in jobs) * a.parallel
     ctx_per_slot = 2048
     proc = subprocess.Popen([a.server, "-m", a.model, "-t", str(a.threads), "-tb", str(a.threads),
                              "-np", str(slots), "-c", str(slots * ctx_per_slot), "--port", str(a.port),
@@ -101,17 +138,15 @@ def main():
         wait_ready(a.port, proc)
         # Warm-up (not timed): one ticket, so every engine starts with the model in memory.
         run_ticket(a.port, jobs[0])
-        total = 0.0
+        total, results = run_all(a.port, jobs, a.parallel)
         prompt_n = predicted_n = 0
-        for job in jobs:
-            t0 = time.perf_counter()
-            res = run_ticket(a.port, job)
-            total += time.perf_counter() - t0
+        for res in results:
             for r in res:
                 t = r.get("timings", {})
                 prompt_n += t.get("prompt_n", 0)
                 predicted_n += t.get("predicted_n", 0)
-        print(json.dumps({"engine": "llama.cpp server", "tickets": len(jobs), "seconds": total,
+        name = "llama.cpp server" if a.parallel == 1 else f"llama.cpp server x{a.parallel}"
+        print(json.dumps({"engine": name, "tickets": len(jobs), "seconds": total,
                           "tickets_per_min": 60 * len(jobs) / total, "slots": slots,
                           "prompt_tokens_computed": prompt_n, "tokens_generated": predicted_n}))
     finally:

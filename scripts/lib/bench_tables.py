@@ -4,6 +4,9 @@
 usage: bench_tables.py ticket STAGEB.txt LLAMA.jsonl   # workload 1: the rollout ticket
        bench_tables.py demo-run RUNS_DIR T0 T1          # one `stageb run` of the demo → JSON line
        bench_tables.py demo RESULTS.jsonl               # workload 2: the demo mission
+       bench_tables.py batching-run WORKLOAD NAME RUN_DIR RUSAGE.json LOG SAME
+                                                        # one run of scripts/bench-batching.sh
+       bench_tables.py batching RESULTS.jsonl           # scripts/bench-batching.sh's tables
 """
 
 import json
@@ -82,6 +85,60 @@ def demo(results_jsonl):
     print(" warm. `run wall s` is the whole `stageb run`: model load, rank 0, one reflection call, artifacts.)")
 
 
+def batching_run(workload, name, run_dir, rusage_json, log, same):
+    """One `stageb run` of scripts/bench-batching.sh → one JSON line: wall time, tickets/min,
+    peak RSS, the reflection calls' model time, and whether its artifacts match the first run."""
+    run = pathlib.Path(run_dir)
+    usage = json.loads(pathlib.Path(rusage_json).read_text())
+    tickets = {json.loads(line)["ticket_key"] for line in open(run / "trajectories.jsonl", encoding="utf-8")}
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    refl_s, calls = 0.0, 0
+    refl = run / "reflection.jsonl"
+    if refl.exists():
+        for line in open(refl, encoding="utf-8"):
+            for c in json.loads(line).get("calls") or []:
+                lat = (c.get("runtime") or {}).get("latency_us")
+                if lat:
+                    refl_s += lat / 1e6
+                    calls += 1
+    epochs = summary.get("epochs") or 1
+    print(json.dumps({"workload": workload, "engine": f"stageb {name}", "tickets": len(tickets) * epochs,
+                      "wall_s": usage["wall_s"], "seconds": usage["wall_s"],
+                      "tickets_per_min": 60 * len(tickets) * epochs / usage["wall_s"],
+                      "max_rss_mib": usage["max_rss_kib"] / 1024, "reflection_calls": calls,
+                      "reflection_s": refl_s, "artifacts": same, "rc": usage["rc"]}))
+
+
+def batching(results_jsonl):
+    rows = [json.loads(line) for line in open(results_jsonl) if line.strip()]
+    for workload, title in (("rollouts", "rollouts (demo, 1 epoch, 1 reflection call)"),
+                            ("demo", "the README demo (2 epochs, reflection on)")):
+        rs = [r for r in rows if r.get("workload", "rollouts") == workload]
+        if not rs:
+            continue
+        by = {}
+        for r in rs:
+            by.setdefault(r["engine"], []).append(r)
+        base_name = "stageb K=1"
+        base = med(r["tickets_per_min"] for r in by[base_name]) if base_name in by else None
+        print()
+        print(f'{title:46} {"tickets/min":>11} {"spread":>15} {"wall s":>8} {"refl s":>7} '
+              f'{"peak RSS MiB":>12} {"vs K=1":>7} {"artifacts":>10}')
+        for name, group in by.items():
+            tpm = [r["tickets_per_min"] for r in group]
+            m = med(tpm)
+            wall = med(r["seconds"] for r in group)
+            refl = f'{med(r["reflection_s"] for r in group):7.1f}' if "reflection_s" in group[0] else f'{"-":>7}'
+            rss = f'{max(r["max_rss_mib"] for r in group):12.0f}' if "max_rss_mib" in group[0] else f'{"-":>12}'
+            ratio = f"{m / base:.2f}x" if base else "-"
+            same = ",".join(sorted({r.get("artifacts", "-") for r in group}))
+            print(f"{name:46} {m:11.1f} {min(tpm):7.1f}-{max(tpm):<7.1f} {wall:8.1f} {refl} {rss} "
+                  f"{ratio:>7} {same:>10}")
+    print("\n(stageb: tickets/min over the whole `stageb run` wall time, model load and reflection")
+    print(" included; llama.cpp server xK: K tickets in flight, requests' wall time, server warm.")
+    print(" `refl s`: the reflection calls' model time; `artifacts`: each run against the first.)")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "ticket":
@@ -90,5 +147,9 @@ if __name__ == "__main__":
         demo_run(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "demo":
         demo(sys.argv[2])
+    elif cmd == "batching-run":
+        batching_run(*sys.argv[2:8])
+    elif cmd == "batching":
+        batching(sys.argv[2])
     else:
         sys.exit(__doc__)

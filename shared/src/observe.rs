@@ -29,6 +29,9 @@ pub const REFLECTION_OPS: &str = "stageb_reflection_ops_total";
 pub const GUIDANCE_STEP: &str = "stageb_guidance_step";
 pub const EPOCH: &str = "stageb_epoch";
 pub const EPOCH_ACCURACY: &str = "stageb_epoch_accuracy_ratio";
+pub const PHASE: &str = "stageb_phase";
+pub const ROLLOUT_STEP: &str = "stageb_rollout_step";
+pub const REFLECTION_CYCLE: &str = "stageb_reflection_cycle";
 
 // Workers.
 pub const WORKER_JOBS: &str = "stageb_worker_jobs_total";
@@ -42,6 +45,12 @@ pub const WORKER_PREFIX_LOOKUPS: &str = "stageb_worker_prefix_cache_lookups_tota
 pub const WORKER_PREFIX_HITS: &str = "stageb_worker_prefix_cache_hits_total";
 pub const WORKER_PREFILL_SAVED: &str = "stageb_worker_prefill_tokens_saved_total";
 pub const WORKER_PREFIX_CACHE: &str = "stageb_worker_prefix_cache_bytes";
+pub const WORKER_JOBS_IN_HAND: &str = "stageb_worker_jobs_in_hand";
+pub const WORKER_STEP_ROWS: &str = "stageb_worker_step_rows";
+pub const WORKER_STEP_JOBS: &str = "stageb_worker_step_jobs";
+
+/// Bucket bounds for rows (and jobs) per decode step of a continuous batch.
+pub const STEP_ROW_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// Bucket bounds (seconds) for the latency histograms: a lease wait is milliseconds when work
 /// is queued, a real job seconds to minutes.
@@ -101,6 +110,18 @@ pub fn describe_all() {
         EPOCH_ACCURACY,
         "Accuracy of a finished epoch, need-review counted wrong (review=included) or left out (review=excluded)."
     );
+    describe_gauge!(
+        PHASE,
+        "What rank 0 is doing: 1 for the current phase (starting, rollouts, decision, ops, revision, writing, draining, done), 0 for the others."
+    );
+    describe_gauge!(
+        ROLLOUT_STEP,
+        "The step of the epoch whose rollouts ran last (1-based)."
+    );
+    describe_gauge!(
+        REFLECTION_CYCLE,
+        "The reflection cycle whose call ran last (the run's cycle counter)."
+    );
     describe_counter!(
         WORKER_JOBS,
         "Jobs a worker ran, by kind and outcome (ok, error, cancelled)."
@@ -125,20 +146,32 @@ pub fn describe_all() {
     );
     describe_counter!(
         WORKER_PREFIX_LOOKUPS,
-        "Rollouts that looked their prompt up in the worker's prefix cache."
+        "Jobs that looked their prompt up in the worker's prefix cache, by kind (rollout, generate)."
     );
     describe_counter!(
         WORKER_PREFIX_HITS,
-        "Rollouts whose prefill started from a reused prompt prefix."
+        "Jobs whose prefill started from a reused prompt prefix, by kind (rollout, generate)."
     );
     describe_counter!(
         WORKER_PREFILL_SAVED,
-        "Prompt tokens whose KV was reused from the prefix cache instead of prefilled."
+        "Prompt tokens whose KV was reused from the prefix cache instead of prefilled, by kind."
     );
     describe_gauge!(
         WORKER_PREFIX_CACHE,
         Unit::Bytes,
-        "Bytes of prompt KV the worker's prefix cache holds."
+        "Bytes of prompt KV the worker's prefix caches (rollouts' and generations') hold."
+    );
+    describe_gauge!(
+        WORKER_JOBS_IN_HAND,
+        "Jobs the worker holds (leased, not yet submitted), running in one batch."
+    );
+    describe_histogram!(
+        WORKER_STEP_ROWS,
+        "Rows (candidate tokens and prefill chunks) per forward call of the worker's batch."
+    );
+    describe_histogram!(
+        WORKER_STEP_JOBS,
+        "Jobs sharing a forward call of the worker's batch."
     );
     describe_histogram!(
         WORKER_JOB_DURATION,

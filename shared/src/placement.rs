@@ -55,6 +55,10 @@ pub struct Placement {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
     #[error(
+        "--device cuda:{asked} asks for a GPU, but this stageb was built without the `cuda` feature (scripts/build-cuda.sh builds one); pass --device cpu or auto"
+    )]
+    NotBuiltWithCuda { asked: u32 },
+    #[error(
         "no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES={visible}); run on a GPU node, fix CUDA_VISIBLE_DEVICES, or pass --device cpu"
     )]
     NoDevice { visible: String },

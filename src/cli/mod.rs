@@ -9,6 +9,7 @@
 //! - `worker.rs`: a worker's flags ([`ModelArgs`]: device, threads, context, numerics, in
 //!   `run`, `worker`, `launch` and `generate`) and its TLS toward rank 0.
 //! - `tools.rs`: the one-shot commands (`tls-init`, `validate`, `generate`, `audit`, `report`).
+//! - `probe.rs`: the hidden diagnostics `stageb probe` (the GPU check's measurements).
 //!
 //! Every flag a launcher may set reads a `STAGEB_*` variable when it is not given (README.md,
 //! "Flags and environment variables", lists them). Three read none on purpose: `--resume` and
@@ -27,21 +28,26 @@ use stageb::cluster::{self, ClusterError};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::telemetry::LogFormat;
 
+mod probe;
 mod rank0;
 mod tools;
 mod worker;
 
+pub(crate) use probe::{Probe, ProbeArgs, ProbeIdsArgs, ProbeLogitsArgs, ProbeRolloutArgs};
 pub(crate) use rank0::{EdgeArgs, Rank0Args, ReportArgs, ServerTlsArgs};
 pub(crate) use tools::{AuditArgs, GenerateArgs, ReportCommandArgs, TlsInitArgs, ValidateArgs};
 pub(crate) use worker::{LaunchTlsArgs, ModelArgs, WorkerTlsArgs};
 
 /// `stageb --version`: the version and the compute backend this binary was built with, so a
-/// launcher can tell a CPU-only build before it asks for GPUs (`scripts/stage_b.sh` does).
-pub(crate) const VERSION: &str = if cfg!(feature = "cuda") {
-    concat!(env!("CARGO_PKG_VERSION"), " (cuda)")
-} else {
-    concat!(env!("CARGO_PKG_VERSION"), " (cpu)")
-};
+/// launcher can tell a CPU-only build before it asks for GPUs (`scripts/stage_b.sh` does):
+/// `0.1.0 (cpu; built without cuda)` or `0.1.0 (cuda 13.0, sm_90a)` (`build.rs` writes the part
+/// in parentheses).
+pub(crate) const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("STAGEB_BUILD_BACKEND"),
+    ")"
+);
 
 /// Stage-B training-free verdict loop on a cluster of workers.
 #[derive(Parser)]
@@ -79,6 +85,10 @@ pub(crate) enum Command {
     /// audit's verdict, accuracy, votes, malformed candidates, reflection, guidance history,
     /// need-review and throughput.
     Report(ReportCommandArgs),
+    /// Diagnostics for the GPU check (docs/GPU-TEST.md): prompt ids, logits and greedy tokens,
+    /// the timed rollout workload. Not part of a run.
+    #[command(hide = true)]
+    Probe(ProbeArgs),
 }
 
 /// `stageb run`.

@@ -8,6 +8,7 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use stageb::cluster;
 use stageb_shared::tls::ClientTls;
+use stageb_worker::client::{DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_JOBS, JobLimits};
 use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
 
 use super::ServerTlsArgs;
@@ -26,10 +27,13 @@ pub(crate) struct ModelArgs {
     /// refuses a worker that holds less than the run plans with.
     #[arg(long, env = "STAGEB_MAX_MODEL_LEN")]
     pub(crate) max_model_len: Option<u32>,
-    /// Matmul arithmetic on the CPU: int8 (activations rounded to 8 bits per block of 32,
-    /// integer dot products; fast) or f32 (exact weights, f32 activations). Part of the model
-    /// fingerprint: every worker of a run must use the same.
-    #[arg(long, env = "STAGEB_NUMERICS", default_value = "int8")]
+    /// Arithmetic: auto (int8 on the CPU fast path, bf16 on CUDA, f32 for a safetensors model
+    /// on the CPU), int8 (GGUF on the CPU: activations rounded to 8 bits per block of 32,
+    /// integer dot products; fast), f32 (exact weights, f32 activations and KV) or bf16 (bf16
+    /// weights, activations and KV; norms, softmax and logits in f32; on the CPU it runs
+    /// through candle, slowly). Part of the model fingerprint: every worker of a run must use
+    /// the same.
+    #[arg(long, env = "STAGEB_NUMERICS", default_value = "auto")]
     pub(crate) numerics: Numerics,
     /// CPU kernels: auto (the best this CPU has) or at most avx512vnni, avx512bw, avx2 or
     /// scalar. Every choice computes the same bits; for benchmarks and diagnosis.
@@ -40,12 +44,42 @@ pub(crate) struct ModelArgs {
     /// the same bits either way.
     #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]
     pub(crate) prefix_cache_mib: usize,
+    /// Jobs a worker holds at once, run in one continuous batch: rollouts and reflection
+    /// calls decode together, each joining at the next step (1 = one job at a time, the old
+    /// behaviour). Results are the same bits either way.
+    #[arg(long, env = "STAGEB_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub(crate) max_jobs: u64,
+    /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
+    /// peak, bounded from above): no job is leased past it, except one when none is in hand.
+    #[arg(long, env = "STAGEB_KV_CACHE_MIB", default_value_t = DEFAULT_KV_CACHE_BYTES >> 20)]
+    pub(crate) kv_cache_mib: u64,
 }
 
 impl ModelArgs {
-    /// The engine options these flags ask for (the CPU kernels are chosen process-wide here).
+    /// How many jobs each worker holds at once (`--max-jobs`, `--kv-cache-mib`).
+    pub(crate) fn job_limits(&self) -> JobLimits {
+        JobLimits {
+            max_jobs: self.max_jobs as usize,
+            kv_cache_bytes: self.kv_cache_mib.saturating_mul(1 << 20),
+        }
+    }
+
+    /// The engine options of a process's only worker ([`ModelArgs::engine_options_for`]).
     pub(crate) fn engine_options(&self) -> Result<EngineOptions> {
-        let device: DeviceSpec = self.device.parse().map_err(|e| anyhow!("{e}"))?;
+        self.engine_options_for(0, 1)
+    }
+
+    /// The engine options of worker `local_worker` of the `per_process` this process runs:
+    /// its device placed by the one rule ([`cluster::place_device`]: an ordinal that does not
+    /// exist is an error here, before any lease), the CPU kernels chosen process-wide.
+    pub(crate) fn engine_options_for(
+        &self,
+        local_worker: u32,
+        per_process: u32,
+    ) -> Result<EngineOptions> {
+        let asked: DeviceSpec = self.device.parse().map_err(|e| anyhow!("{e}"))?;
+        let device = cluster::place_device(asked, local_worker, per_process)?;
         stageb_worker::engine::int8::choose(self.kernels);
         Ok(EngineOptions {
             device,

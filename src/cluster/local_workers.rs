@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use stageb_shared::auth::AuthToken;
 use stageb_shared::tls::ClientTls;
-use stageb_worker::client::{WorkerOptions, WorkerSummary, run_worker};
+use stageb_worker::client::{JobLimits, WorkerOptions, WorkerSummary, run_worker};
 use stageb_worker::engine::Engine;
 use tokio::task::JoinHandle;
 
@@ -34,6 +34,7 @@ pub fn spawn_local_workers<E, F>(
     addr: SocketAddr,
     token: Option<AuthToken>,
     tls: Option<ClientTls>,
+    limits: JobLimits,
     make_engine: F,
 ) -> LocalWorkers
 where
@@ -59,6 +60,7 @@ where
                     run_id: String::new(),
                     connect_timeout: Duration::from_secs(30),
                     reconnect_timeout: stageb_worker::client::DEFAULT_RECONNECT_TIMEOUT,
+                    limits,
                 };
                 run_worker(engine, opts, std::future::pending())
                     .await

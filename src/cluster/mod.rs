@@ -15,6 +15,7 @@
 //! - `local_workers.rs`: workers started in this process ([`spawn_local_workers`],
 //!   [`worker_name`]).
 //! - `topology.rs`: a process's place in a launched job ([`resolve_topology`]).
+//! - `device.rs`: the device each worker of this process opens ([`place_device`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,12 +30,14 @@ use stageb_shared::auth::AuthToken;
 use stageb_shared::error::InputError;
 use stageb_shared::tls::ServerTls;
 
+mod device;
 mod inputs;
 mod local_workers;
 mod model;
 mod rank0;
 mod topology;
 
+pub use device::place_device;
 pub use inputs::{model_path_of, prepare_inputs};
 pub use local_workers::{LocalWorkers, spawn_local_workers, worker_name};
 pub use model::{declared_context, load_model, run_context};

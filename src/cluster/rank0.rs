@@ -89,6 +89,7 @@ pub async fn run_coordinator_until(
     }));
     let workers = spawn_local(addr, settings.token.clone());
     let (progress, progress_display) = ProgressDisplay::start(&settings);
+    let shown = progress.clone();
 
     let result = async {
         let run = RunLoop::prepare(
@@ -112,6 +113,10 @@ pub async fn run_coordinator_until(
             r = &mut run => return r.map_err(ClusterError::from),
             _ = interrupt => {}
         }
+        shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start_draining();
         drain(&scheduler, run, settings.drain_timeout, &run_dir).await
     }
     .await;

@@ -9,7 +9,7 @@ use anyhow::Result;
 use stageb::cluster::{self, CoordinatorSettings, LaunchTopology};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::tls::ClientTls;
-use stageb_worker::client::WorkerOptions;
+use stageb_worker::client::{JobLimits, WorkerOptions};
 use stageb_worker::engine::CandleEngine;
 
 use super::coordinator::serve;
@@ -17,7 +17,7 @@ use super::shutdown_signal;
 use super::worker::work;
 use crate::cli::LaunchArgs;
 
-pub(crate) async fn run(mut args: LaunchArgs) -> Result<u8> {
+pub(crate) async fn run(args: LaunchArgs) -> Result<u8> {
     let interrupt = shutdown_signal();
     let topo = cluster::resolve_topology(args.listen_port)?;
     let client_tls = args.tls.client()?;
@@ -25,14 +25,12 @@ pub(crate) async fn run(mut args: LaunchArgs) -> Result<u8> {
                    coordinator = %topo.coordinator, coordinator_from = %topo.coordinator_source, "launch topology");
     let token = args.token.load()?;
     args.rank0.metrics.start(topo.local_rank).await?;
-    if args.model.device == "auto" && cfg!(feature = "cuda") {
-        args.model.device = format!("cuda:{}", topo.local_rank);
-    }
     if topo.rank == 0 {
         serve_rank0(args, token, client_tls, interrupt, topo.listen_port).await
     } else {
         let model_path = cluster::model_path_of(&args.rank0.config)?;
-        let options = worker_options(topo, token, client_tls, args.reconnect_timeout_s);
+        let limits = args.model.job_limits();
+        let options = worker_options(topo, token, client_tls, args.reconnect_timeout_s, limits);
         work(model_path, args.model, options, interrupt).await
     }
 }
@@ -56,9 +54,10 @@ async fn serve_rank0(
         ..args.rank0.settings(listen)
     };
     let options = args.model.engine_options()?;
+    let limits = args.model.job_limits();
     let spawn_local = move |addr: SocketAddr, token| {
         let local: SocketAddr = ([127, 0, 0, 1], addr.port()).into();
-        cluster::spawn_local_workers(1, local, token, client_tls, move |_| {
+        cluster::spawn_local_workers(1, local, token, client_tls, limits, move |_| {
             CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
         })
     };
@@ -72,6 +71,7 @@ fn worker_options(
     token: Option<AuthToken>,
     tls: Option<ClientTls>,
     reconnect_timeout_s: u64,
+    limits: JobLimits,
 ) -> WorkerOptions {
     WorkerOptions {
         coordinator: topo.coordinator,
@@ -82,5 +82,6 @@ fn worker_options(
         run_id: String::new(),
         connect_timeout: cluster::LAUNCH_CONNECT_TIMEOUT,
         reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
+        limits,
     }
 }

@@ -6,6 +6,7 @@
 //!   or a worker's from the environment and reuses the other two's steps).
 //! - `tls_init.rs`, `validate.rs`, `generate.rs`, `audit.rs`, `report.rs`: the one-shot
 //!   commands.
+//! - `probe.rs`: the hidden diagnostics of the GPU check.
 //! - `outcome.rs`: the closing line and exit code of a run or a worker.
 //! - this file: [`dispatch`] and [`shutdown_signal`].
 
@@ -18,6 +19,7 @@ mod coordinator;
 mod generate;
 mod launch;
 mod outcome;
+mod probe;
 mod report;
 mod run;
 mod tls_init;
@@ -38,6 +40,7 @@ pub(crate) async fn dispatch(command: Command) -> Result<u8> {
         Command::Generate(args) => generate::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Report(args) => report::run(args).await,
+        Command::Probe(args) => probe::run(args),
     }
 }
 

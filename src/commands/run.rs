@@ -25,9 +25,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let inputs = cluster::prepare_inputs(&args.rank0.config, "embedded")?;
     args.rank0.metrics.start(0).await?;
     let model_path = PathBuf::from(&inputs.config.model.model_name_or_path);
-    // Fail on a bad model before starting anything.
-    let options = args.model.engine_options()?;
-    let first = cluster::load_model(&model_path, &options)?;
+    // Every worker's device is placed (a missing GPU is an error) and the model checked
+    // before anything starts.
+    let n = u32::try_from(args.workers).unwrap_or(u32::MAX);
+    let options = (0..n)
+        .map(|i| args.model.engine_options_for(i, n))
+        .collect::<Result<Vec<_>>>()?;
+    let first = cluster::load_model(&model_path, &options[0])?;
     let fingerprint = first.fingerprint().id();
     start::check_resume_model(&inputs, args.rank0.start.mode(), &model_path, &fingerprint)
         .map_err(ClusterError::Input)?;
@@ -38,17 +42,19 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         ..args.rank0.settings(args.listen)
     };
     let (workers, engines) = (args.workers, engines(first, model_path, options));
-    let spawn_local =
-        move |addr, token| cluster::spawn_local_workers(workers, addr, token, None, engines);
+    let limits = args.model.job_limits();
+    let spawn_local = move |addr, token| {
+        cluster::spawn_local_workers(workers, addr, token, None, limits, engines)
+    };
     serve(inputs, settings, spawn_local, interrupt, args.rank0.report).await
 }
 
 /// The engine of local worker `i`: worker 0 takes the one loaded to check the model, the
-/// others load their own.
+/// others load their own with their options (`options[i]`: their device).
 fn engines(
     first: CandleEngine,
     model: PathBuf,
-    options: EngineOptions,
+    options: Vec<EngineOptions>,
 ) -> impl Fn(usize) -> Result<CandleEngine, String> + Send + Sync + 'static {
     let first = Mutex::new(Some(first));
     move |i| {
@@ -60,6 +66,7 @@ fn engines(
         {
             return Ok(engine);
         }
-        CandleEngine::load(&model, &options).map_err(|e| e.to_string())
+        let options = options.get(i).ok_or("no options for this worker")?;
+        CandleEngine::load(&model, options).map_err(|e| e.to_string())
     }
 }

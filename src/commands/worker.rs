@@ -26,6 +26,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<u8> {
         run_id: String::new(),
         connect_timeout: Duration::from_secs(args.connect_timeout_s),
         reconnect_timeout: Duration::from_secs(args.reconnect_timeout_s),
+        limits: args.model_args.job_limits(),
     };
     work(args.model, args.model_args, options, interrupt).await
 }

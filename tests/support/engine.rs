@@ -76,6 +76,22 @@ pub struct ScriptedEngine {
     /// The previous rollout's user prompt: its common prefix with the next one is reported as
     /// reused, the way the real engine's prefix cache reports (a runtime field only).
     last_prompt: String,
+    /// The same for generations (system prompt, then user prompt), which the real engine keeps
+    /// in a store of their own.
+    last_generate_prompt: String,
+}
+
+/// Characters `prompt` shares with `last` from the start, at most all but its last one (the
+/// real engine always prefills the last prompt token); `last` becomes `prompt`.
+fn reused_prefix(last: &mut String, prompt: &str) -> u32 {
+    let n = prompt.chars().count();
+    let shared = prompt
+        .chars()
+        .zip(last.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    *last = prompt.to_string();
+    shared.min(n.saturating_sub(1)) as u32
 }
 
 impl ScriptedEngine {
@@ -90,6 +106,7 @@ impl ScriptedEngine {
                 architecture: "scripted".into(),
             },
             last_prompt: String::new(),
+            last_generate_prompt: String::new(),
         }
     }
 }
@@ -171,16 +188,11 @@ impl Engine for ScriptedEngine {
             }
         }
         let prompt_tokens = user.chars().count();
-        let shared = user
-            .chars()
-            .zip(self.last_prompt.chars())
-            .take_while(|(a, b)| a == b)
-            .count();
-        self.last_prompt = user.to_string();
+        let prefix_tokens = reused_prefix(&mut self.last_prompt, user);
         Ok(RolloutOutput {
             candidates,
             prompt_tokens: prompt_tokens as u32,
-            prefix_tokens: shared.min(prompt_tokens.saturating_sub(1)) as u32,
+            prefix_tokens,
             prefill_us: 0,
             decode_us: 0,
         })
@@ -195,12 +207,15 @@ impl Engine for ScriptedEngine {
         state.log.push(LoggedCall {
             pass,
             seed: request.seed,
-            system,
+            system: system.clone(),
             user: user.clone(),
             output: output.clone(),
         });
+        let prompt = format!("{system}{user}");
+        let prefix_tokens = reused_prefix(&mut self.last_generate_prompt, &prompt);
         Ok(GenerateOutput {
-            prompt_tokens: user.chars().count() as u32,
+            prompt_tokens: prompt.chars().count() as u32,
+            prefix_tokens,
             completion_tokens: output.chars().count() as u32,
             text: output,
             finish: FinishReason::Stop,

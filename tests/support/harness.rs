@@ -94,7 +94,9 @@ where
         inputs,
         settings,
         move |addr, token| {
-            cluster::spawn_local_workers(workers, addr, token, None, move |i| Ok(make_engine(i)))
+            cluster::spawn_local_workers(workers, addr, token, None, Default::default(), move |i| {
+                Ok(make_engine(i))
+            })
         },
         interrupt,
     ))
@@ -424,6 +426,7 @@ pub fn worker_options(coordinator: String) -> WorkerOptions {
         run_id: String::new(),
         connect_timeout: Duration::from_secs(30),
         reconnect_timeout: Duration::from_secs(5),
+        limits: Default::default(),
     }
 }
 

@@ -11,22 +11,22 @@
 //! leases it fenced (another worker has the job: abandon it at the next decode step). How a
 //! worker ended ([`WorkerEnd`]) decides its exit code.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stageb_shared::auth::{AUTH_HEADER, AuthToken};
-use stageb_shared::domain::ChatMessage;
 use stageb_shared::observe;
 use stageb_shared::pb;
 use stageb_shared::tls::ClientTls;
-use stageb_shared::wire::MAX_CANDIDATES_PER_JOB;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
-use crate::engine::{CancelFlag, DecodeRequest, Engine, GenerateRequest, RolloutRequest};
+use crate::engine::{CancelFlag, Engine, EngineError, Job};
+use crate::job_codec::{job_from_pb, result_to_pb};
+use crate::runner::{self, Incoming, Outgoing};
 
 /// How a worker reaches its coordinator.
 #[derive(Debug, Clone)]
@@ -49,7 +49,35 @@ pub struct WorkerOptions {
     /// (crashed, preempted, or done), so a worker must give its GPU back soon rather than hold
     /// the allocation for the whole first-contact window.
     pub reconnect_timeout: Duration,
+    /// How many jobs the worker holds at once.
+    pub limits: JobLimits,
 }
+
+/// How many jobs a worker holds at once (leased and not yet submitted): they run in one
+/// continuous batch on an engine that batches, one after another otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobLimits {
+    /// The most jobs in hand.
+    pub max_jobs: usize,
+    /// KV-cache bytes the jobs in hand may take together (an upper bound per job, see
+    /// `job_kv_bound`): no job is leased past it, except one when nothing is in hand.
+    pub kv_cache_bytes: u64,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        JobLimits {
+            max_jobs: DEFAULT_MAX_JOBS,
+            kv_cache_bytes: DEFAULT_KV_CACHE_BYTES,
+        }
+    }
+}
+
+/// Default [`WorkerOptions::max_jobs`].
+pub const DEFAULT_MAX_JOBS: usize = 8;
+/// Default [`WorkerOptions::kv_cache_bytes`] (the CPU default; a GPU worker's comes from its
+/// device memory, see `--kv-cache-mib`).
+pub const DEFAULT_KV_CACHE_BYTES: u64 = 2 << 30;
 
 /// Default [`WorkerOptions::reconnect_timeout`].
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -222,113 +250,6 @@ async fn register(
     })
 }
 
-fn messages(ms: Vec<pb::ChatMessage>) -> Vec<ChatMessage> {
-    ms.into_iter()
-        .map(|m| ChatMessage {
-            role: m.role,
-            content: m.content,
-        })
-        .collect()
-}
-
-/// Run one job on the engine (on a blocking thread) and encode its result.
-async fn run_job<E: Engine + 'static>(
-    engine: &Arc<Mutex<E>>,
-    kind: pb::job::Kind,
-) -> pb::submit_request::Result {
-    let engine = engine.clone();
-    let joined = tokio::task::spawn_blocking(move || {
-        let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
-        match kind {
-            pb::job::Kind::Rollout(job) => {
-                let asked: usize = job.decodes.iter().map(|d| d.seeds.len()).sum();
-                if asked > MAX_CANDIDATES_PER_JOB {
-                    // Refused before the engine allocates a row per candidate (issue 26, item 5).
-                    return pb::submit_request::Result::Error(pb::JobError {
-                        code: "INVALID_REQUEST".into(),
-                        message: format!(
-                            "a rollout job asks for {asked} candidates; a worker decodes at most {MAX_CANDIDATES_PER_JOB} per job"
-                        ),
-                    });
-                }
-                let request = RolloutRequest {
-                    messages: messages(job.messages),
-                    decodes: job.decodes.into_iter().map(DecodeRequest::from).collect(),
-                    constrained: job.constrained,
-                };
-                match engine.rollout(&request) {
-                    Ok(out) => pb::submit_request::Result::Rollout(pb::RolloutResult {
-                        candidates: out
-                            .candidates
-                            .into_iter()
-                            .map(|c| pb::Candidate {
-                                decode_index: c.decode_index,
-                                sample_index: c.sample_index,
-                                seed: c.seed,
-                                text: c.text,
-                                completion_tokens: c.completion_tokens,
-                                finish_reason: c.finish.as_str().to_string(),
-                            })
-                            .collect(),
-                        prompt_tokens: out.prompt_tokens,
-                        prefix_tokens: out.prefix_tokens,
-                        prefill_us: out.prefill_us,
-                        decode_us: out.decode_us,
-                    }),
-                    Err(e) => pb::submit_request::Result::Error(pb::JobError {
-                        code: e.code().into(),
-                        message: e.to_string(),
-                    }),
-                }
-            }
-            pb::job::Kind::Generate(job) => {
-                let json_schema = if job.json_schema.is_empty() {
-                    None
-                } else {
-                    match serde_json::from_str(&job.json_schema) {
-                        Ok(v) => Some(v),
-                        Err(e) => {
-                            return pb::submit_request::Result::Error(pb::JobError {
-                                code: "INVALID_REQUEST".into(),
-                                message: format!("json_schema is not JSON: {e}"),
-                            });
-                        }
-                    }
-                };
-                let request = GenerateRequest {
-                    messages: messages(job.messages),
-                    json_schema,
-                    seed: job.seed,
-                    temperature: job.temperature,
-                    top_p: job.top_p,
-                    repetition_penalty: job.repetition_penalty,
-                    max_new_tokens: job.max_new_tokens,
-                };
-                match engine.generate(&request) {
-                    Ok(out) => pb::submit_request::Result::Generate(pb::GenerateResult {
-                        text: out.text,
-                        prompt_tokens: out.prompt_tokens,
-                        completion_tokens: out.completion_tokens,
-                        finish_reason: out.finish.as_str().to_string(),
-                        latency_us: out.latency_us,
-                    }),
-                    Err(e) => pb::submit_request::Result::Error(pb::JobError {
-                        code: e.code().into(),
-                        message: e.to_string(),
-                    }),
-                }
-            }
-        }
-    })
-    .await;
-    joined.unwrap_or_else(|e| {
-        pb::submit_request::Result::Error(pb::JobError {
-            code: "ENGINE_ERROR".into(),
-            message: format!("engine panicked: {e}"),
-        })
-    })
-}
-
 /// Why a worker's loop ended.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerEnd {
@@ -351,8 +272,8 @@ enum SessionEnd {
 
 /// What the job loop and the heartbeat task of one session share.
 struct SessionShared {
-    /// Leases in hand, reported with every heartbeat.
-    held: Mutex<BTreeSet<u64>>,
+    /// Leases in hand, reported with every heartbeat, each with its job's cancel flag.
+    held: Mutex<BTreeMap<u64, CancelFlag>>,
     /// Jobs finished by this worker: the progress counter rank 0 sees with every heartbeat.
     finished: AtomicU64,
     /// The strongest control rank 0 sent in a heartbeat: 0 continue, 1 drain, 2 stop.
@@ -360,7 +281,7 @@ struct SessionShared {
 }
 
 impl SessionShared {
-    fn held(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancelFlag>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -387,14 +308,12 @@ impl SessionShared {
 /// hand is finished and submitted first), or the coordinator stays unreachable past the
 /// connect window.
 pub async fn run_worker<E: Engine + 'static>(
-    mut engine: E,
+    engine: E,
     opts: WorkerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, WorkerError> {
     let fingerprint = engine.fingerprint().id();
     let max_context = engine.max_context();
-    let cancel = CancelFlag::default();
-    engine.set_cancel(cancel.clone());
     let engine = Arc::new(Mutex::new(engine));
     let mut summary = WorkerSummary::default();
     let mut previous_session = String::new();
@@ -452,7 +371,7 @@ pub async fn run_worker<E: Engine + 'static>(
             &client,
             &session,
             &engine,
-            &cancel,
+            &opts,
             &mut summary,
             &mut shutdown,
         )
@@ -471,13 +390,12 @@ pub async fn run_worker<E: Engine + 'static>(
 }
 
 /// Heartbeats beside the job loop: they keep the leases in hand alive, and carry rank 0's
-/// word back: a fenced lease cancels its job at the next decode step, `STOP` cancels whatever
-/// runs, `DRAIN` lets it finish.
+/// word back: a fenced lease cancels its job at the next decode step, `STOP` cancels every
+/// job in hand, `DRAIN` lets them finish.
 fn spawn_heartbeat(
     mut client: Client,
     session: &Session,
     shared: Arc<SessionShared>,
-    cancel: CancelFlag,
 ) -> tokio::task::JoinHandle<()> {
     let session_id = session.id.clone();
     let every = session.heartbeat;
@@ -485,7 +403,7 @@ fn spawn_heartbeat(
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            let lease_ids: Vec<u64> = shared.held().iter().copied().collect();
+            let lease_ids: Vec<u64> = shared.held().keys().copied().collect();
             let response = client
                 .heartbeat(pb::HeartbeatRequest {
                     session: session_id.clone(),
@@ -498,26 +416,50 @@ fn spawn_heartbeat(
             };
             let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
             shared.note_control(control);
-            let fenced_in_hand = {
-                let held = shared.held();
-                response.fenced_lease_ids.iter().any(|id| held.contains(id))
-            };
-            if fenced_in_hand {
-                tracing::warn!(fenced = ?response.fenced_lease_ids, "rank 0 fenced a lease in hand: abandoning its job");
-                cancel.cancel();
-            } else if control == pb::Control::Stop {
-                cancel.cancel();
+            let held = shared.held();
+            for id in &response.fenced_lease_ids {
+                if let Some(flag) = held.get(id) {
+                    tracing::warn!(
+                        lease = id,
+                        "rank 0 fenced a lease in hand: abandoning its job"
+                    );
+                    flag.cancel();
+                }
+            }
+            if control == pb::Control::Stop {
+                held.values().for_each(CancelFlag::cancel);
             }
         }
     })
 }
 
-/// Lease, run and submit jobs under one session until it ends.
+/// The jobs a session holds: what the engine thread runs, and the KV bytes each one takes.
+struct InHand {
+    to_engine: Option<std::sync::mpsc::Sender<Incoming>>,
+    kv: BTreeMap<u64, u64>,
+    /// The engine's KV bytes per position.
+    per_position: u64,
+}
+
+impl InHand {
+    fn count(&self) -> usize {
+        self.kv.len()
+    }
+
+    fn kv_bytes(&self) -> u64 {
+        self.kv.values().sum()
+    }
+}
+
+/// Lease, run and submit jobs under one session until it ends. Up to `opts.max_jobs` jobs are
+/// held at once, within `opts.kv_cache_bytes`; each result is submitted as its job ends. A
+/// session that ends with jobs in hand cancels them (lost) or finishes them first (drained,
+/// interrupted, stopped after the engine noticed).
 async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     client: &Client,
     session: &Session,
     engine: &Arc<Mutex<E>>,
-    cancel: &CancelFlag,
+    opts: &WorkerOptions,
     summary: &mut WorkerSummary,
     shutdown: &mut std::pin::Pin<&mut F>,
 ) -> SessionEnd {
@@ -527,59 +469,192 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         finished: AtomicU64::new(summary.jobs_done + summary.jobs_failed),
         directive: AtomicU8::new(0),
     });
-    let heartbeat = spawn_heartbeat(client.clone(), session, shared.clone(), cancel.clone());
-    let ended = loop {
-        if let Some(end) = shared.asked_end() {
-            break SessionEnd::Finished(end);
-        }
-        let lease = pb::LeaseRequest {
-            session: session.id.clone(),
-            max_jobs: 1,
-            wait_ms: 5_000,
-        };
-        let response = tokio::select! {
-            r = client.lease(lease) => r,
-            _ = shutdown.as_mut() => break SessionEnd::Finished(WorkerEnd::Interrupted),
-        };
-        let response = match response {
-            Ok(r) => r.into_inner(),
-            Err(status) => {
-                if status.code() != Code::Unauthenticated {
-                    tracing::warn!(code = ?status.code(), "lease failed: {}", status.message());
-                }
-                break SessionEnd::Lost;
-            }
-        };
-        let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
-        shared.note_control(control);
-        for job in response.jobs {
-            let Some(kind) = job.kind else { continue };
-            shared.held().insert(job.lease_id);
-            cancel.reset();
-            tracing::debug!(lease = job.lease_id, "job leased");
-            let started = Instant::now();
-            let result = run_job(engine, kind).await;
-            let (kv_bytes, prefix_bytes) = {
-                let e = engine.lock().unwrap_or_else(|e| e.into_inner());
-                (e.last_kv_cache_bytes(), e.prefix_cache_bytes())
-            };
-            record_job_metrics(&result, started.elapsed(), kv_bytes, prefix_bytes);
-            let cancelled =
-                matches!(&result, pb::submit_request::Result::Error(e) if e.code == "CANCELLED");
-            if cancelled {
-                shared.held().remove(&job.lease_id);
-                summary.jobs_cancelled += 1;
-                tracing::info!(
-                    lease = job.lease_id,
-                    "job cancelled before it finished; not submitted"
-                );
-                continue;
-            }
-            submit(&mut client, session, job.lease_id, result, summary, &shared).await;
-        }
+    let heartbeat = spawn_heartbeat(client.clone(), session, shared.clone());
+    let (to_engine, inbox) = std::sync::mpsc::channel();
+    let (outbox, mut from_engine) = tokio::sync::mpsc::unbounded_channel();
+    // An engine that runs one job at a time holds one: a queue here would keep jobs from
+    // idle workers.
+    let (per_position, batches) = {
+        let e = engine.lock().unwrap_or_else(|e| e.into_inner());
+        (e.kv_bytes_per_position(), e.batches())
     };
+    let eng = engine.clone();
+    let thread = tokio::task::spawn_blocking(move || runner::run_engine(eng, inbox, outbox));
+    let mut hand = InHand {
+        to_engine: Some(to_engine),
+        kv: BTreeMap::new(),
+        per_position,
+    };
+    let max_jobs = if batches {
+        opts.limits.max_jobs.max(1)
+    } else {
+        1
+    };
+    let budget = opts.limits.kv_cache_bytes;
+    let mut ending: Option<SessionEnd> = None;
+    let mut interrupted = false;
+    loop {
+        if ending.is_none() {
+            ending = shared.asked_end().map(SessionEnd::Finished);
+        }
+        while let Ok(out) = from_engine.try_recv() {
+            finish_job(&mut client, session, out, &mut hand, summary, &shared).await;
+        }
+        if ending.is_some() && hand.count() == 0 {
+            break;
+        }
+        let room = hand.count() < max_jobs && (hand.count() == 0 || hand.kv_bytes() < budget);
+        if ending.is_none() && room {
+            let lease = pb::LeaseRequest {
+                session: session.id.clone(),
+                max_jobs: (max_jobs - hand.count()) as u32,
+                // Long-poll only with nothing in hand: results must not wait for the lease.
+                wait_ms: if hand.count() == 0 { 5_000 } else { 0 },
+            };
+            let response = tokio::select! {
+                r = client.lease(lease) => r,
+                _ = shutdown.as_mut(), if !interrupted => {
+                    interrupted = true;
+                    ending = Some(SessionEnd::Finished(WorkerEnd::Interrupted));
+                    continue;
+                }
+            };
+            match response {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    shared.note_control(
+                        pb::Control::try_from(r.control).unwrap_or(pb::Control::Continue),
+                    );
+                    let took_some = !r.jobs.is_empty();
+                    hand_over(r.jobs, &mut hand, &shared, budget);
+                    if took_some || hand.count() == 0 {
+                        continue;
+                    }
+                }
+                Err(status) => {
+                    if status.code() != Code::Unauthenticated {
+                        tracing::warn!(code = ?status.code(), "lease failed: {}", status.message());
+                    }
+                    // The session is gone: its jobs' results could not be submitted.
+                    shared.held().values().for_each(CancelFlag::cancel);
+                    ending = Some(SessionEnd::Lost);
+                    continue;
+                }
+            }
+        }
+        // Jobs in hand and no room (or nothing to lease): wait for one to end.
+        tokio::select! {
+            out = from_engine.recv() => match out {
+                Some(out) => finish_job(&mut client, session, out, &mut hand, summary, &shared).await,
+                None => break,
+            },
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = shutdown.as_mut(), if !interrupted => {
+                interrupted = true;
+                ending = Some(SessionEnd::Finished(WorkerEnd::Interrupted));
+            }
+        }
+    }
+    hand.to_engine = None;
+    let _ = thread.await;
     heartbeat.abort();
-    ended
+    ending.unwrap_or(SessionEnd::Lost)
+}
+
+/// Hands leased jobs to the engine thread, each under its lease id with its own cancel flag.
+fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budget: u64) {
+    for job in jobs {
+        let Some(kind) = job.kind else { continue };
+        let cancel = CancelFlag::default();
+        shared.held().insert(job.lease_id, cancel.clone());
+        let job_or_refusal = job_from_pb(kind);
+        let kv = job_or_refusal
+            .as_ref()
+            .map_or(0, |j| job_kv_bound(j, hand.per_position));
+        if hand.count() > 0 && hand.kv_bytes() + kv > budget {
+            tracing::debug!(
+                lease = job.lease_id,
+                kv,
+                "job over the KV budget: runs after others end"
+            );
+        }
+        hand.kv.insert(job.lease_id, kv);
+        tracing::debug!(lease = job.lease_id, "job leased");
+        let sent = hand.to_engine.as_ref().is_some_and(|tx| {
+            tx.send(Incoming {
+                key: job.lease_id,
+                job: job_or_refusal,
+                cancel,
+            })
+            .is_ok()
+        });
+        if !sent {
+            tracing::warn!(lease = job.lease_id, "the engine thread is gone");
+        }
+    }
+}
+
+/// A job ended: metrics, then its result submitted (a cancelled job's is not).
+async fn finish_job(
+    client: &mut Client,
+    session: &Session,
+    out: Outgoing,
+    hand: &mut InHand,
+    summary: &mut WorkerSummary,
+    shared: &SessionShared,
+) {
+    let Some(kv) = hand.kv.remove(&out.key) else {
+        return;
+    };
+    let cancelled = matches!(out.result, Err(EngineError::Cancelled));
+    let result = result_to_pb(out.result);
+    record_job_metrics(
+        &result,
+        out.took,
+        kv + hand.kv_bytes(),
+        out.prefix_bytes,
+        hand.count() + 1,
+    );
+    if cancelled {
+        shared.held().remove(&out.key);
+        summary.jobs_cancelled += 1;
+        tracing::info!(
+            lease = out.key,
+            "job cancelled before it finished; not submitted"
+        );
+        return;
+    }
+    submit(client, session, out.key, result, summary, shared).await;
+}
+
+/// An upper bound of the KV bytes `job` takes at its peak, without tokenizing (the engine
+/// thread holds the tokenizer): a byte-level tokenizer makes at most one token per byte, and
+/// a chat template adds a few per message.
+fn job_kv_bound(job: &Job, per_position: u64) -> u64 {
+    let (messages, rows, max_new) = match job {
+        Job::Rollout(r) => (
+            &r.messages,
+            r.decodes.iter().map(|d| d.seeds.len() as u64).sum(),
+            r.decodes
+                .iter()
+                .map(|d| d.max_new_tokens as u64)
+                .max()
+                .unwrap_or(0),
+        ),
+        Job::Generate(g) => (&g.messages, 1, g.max_new_tokens as u64),
+    };
+    let prompt: u64 = messages.iter().map(|m| m.content.len() as u64 + 16).sum();
+    per_position * (prompt + rows * max_new)
+}
+
+/// One prefix-store lookup of a `kind` job (`rollout`, `generate`) that reused `prefix_tokens`.
+fn record_prefix_reuse(kind: &'static str, prefix_tokens: u32) {
+    metrics::counter!(observe::WORKER_PREFIX_LOOKUPS, "kind" => kind).increment(1);
+    if prefix_tokens > 0 {
+        metrics::counter!(observe::WORKER_PREFIX_HITS, "kind" => kind).increment(1);
+    }
+    metrics::counter!(observe::WORKER_PREFILL_SAVED, "kind" => kind)
+        .increment(u64::from(prefix_tokens));
 }
 
 /// The worker's Prometheus metrics for one job (see [`stageb_shared::observe`]).
@@ -589,8 +664,10 @@ fn record_job_metrics(
     took: Duration,
     kv_bytes: u64,
     prefix_bytes: Option<u64>,
+    in_hand: usize,
 ) {
     use pb::submit_request::Result as R;
+    metrics::gauge!(observe::WORKER_JOBS_IN_HAND).set(in_hand as f64);
     let (kind, outcome) = match result {
         R::Rollout(_) => ("rollout", "ok"),
         R::Generate(_) => ("generate", "ok"),
@@ -612,12 +689,7 @@ fn record_job_metrics(
             metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(prefilled);
             metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(decoded);
             if prefix_bytes.is_some() {
-                metrics::counter!(observe::WORKER_PREFIX_LOOKUPS).increment(1);
-                if r.prefix_tokens > 0 {
-                    metrics::counter!(observe::WORKER_PREFIX_HITS).increment(1);
-                }
-                metrics::counter!(observe::WORKER_PREFILL_SAVED)
-                    .increment(u64::from(r.prefix_tokens));
+                record_prefix_reuse(kind, r.prefix_tokens);
             }
             if let Some(v) = rate(prefilled, r.prefill_us) {
                 metrics::gauge!(observe::WORKER_PREFILL_RATE).set(v);
@@ -627,8 +699,12 @@ fn record_job_metrics(
             }
         }
         R::Generate(g) => {
-            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(g.prompt_tokens as u64);
+            let prefilled = u64::from(g.prompt_tokens.saturating_sub(g.prefix_tokens));
+            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(prefilled);
             metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(g.completion_tokens as u64);
+            if prefix_bytes.is_some() {
+                record_prefix_reuse(kind, g.prefix_tokens);
+            }
         }
         R::Error(_) => {}
     }
@@ -673,56 +749,5 @@ async fn submit(
             shared.finished.fetch_add(1, Ordering::Relaxed);
         }
         Err(status) => tracing::warn!(lease = lease_id, "submit failed: {}", status.message()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::{
-        EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
-    };
-
-    /// An engine that must never be reached.
-    struct Untouchable(ModelFingerprint);
-
-    impl Engine for Untouchable {
-        fn fingerprint(&self) -> &ModelFingerprint {
-            &self.0
-        }
-        fn rollout(&mut self, _: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
-            panic!("the engine was asked to decode an oversized job")
-        }
-        fn generate(&mut self, _: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
-            panic!("not a generate job")
-        }
-    }
-
-    /// Issue 26, item 5: a coordinator sending 100k seeds in one decode made the worker abort
-    /// on allocation. The job is refused with a coded error before the engine sees it.
-    #[tokio::test]
-    async fn regression_a_job_with_100k_seeds_is_refused_before_the_engine() {
-        let engine = Arc::new(Mutex::new(Untouchable(ModelFingerprint {
-            weights_sha256: String::new(),
-            candle_version: String::new(),
-            dtype: String::new(),
-            device: "cpu".into(),
-            architecture: "llama".into(),
-        })));
-        let job = pb::RolloutJob {
-            messages: vec![],
-            decodes: vec![pb::DecodeSpec {
-                seeds: (0..100_000).collect(),
-                ..Default::default()
-            }],
-            constrained: true,
-        };
-        match run_job(&engine, pb::job::Kind::Rollout(job)).await {
-            pb::submit_request::Result::Error(e) => {
-                assert_eq!(e.code, "INVALID_REQUEST");
-                assert!(e.message.contains("100000 candidates"), "{}", e.message);
-            }
-            other => panic!("expected a refusal, got {other:?}"),
-        }
     }
 }

@@ -69,13 +69,11 @@ fn smollm2_template_renders_chatml() {
 }
 
 #[test]
-fn chatml_fallback_and_unsupported_files() {
+fn no_chatml_fallback_and_unsupported_files_are_refused() {
     use stageb_worker::engine::chat_template::ChatTemplate;
-    let t = ChatTemplate::new(None, "", "").unwrap();
-    assert_eq!(
-        t.render(&[ChatMessage::user("a")]).unwrap(),
-        "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n"
-    );
+    // A model without a template is refused, never prompted in a guessed format.
+    let err = ChatTemplate::new(None, "", "").unwrap_err();
+    assert!(err.to_string().contains("no chat template"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let bogus = dir.path().join("model.bin");
     std::fs::write(&bogus, b"not a model").unwrap();

@@ -5,14 +5,16 @@
 //! prefix ends past a chunk boundary) and differ in their user message: a short one (fewer
 //! than 16 tokens left to prefill, the matmul's small-batch path), and a long one (more than
 //! 512 tokens left, crossing the next chunk boundary). One engine serves every case, with the
-//! store off for the references and on for the rest.
+//! store off for the references and on for the rest. Generations (reflection calls) do the
+//! same from a store of their own.
 
 mod common;
 use common::model_path;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
-    CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DecodeRequest, Engine, EngineOptions, RolloutRequest,
+    CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DecodeRequest, Engine, EngineOptions,
+    GenerateRequest, RolloutRequest,
 };
 
 /// A system prompt of ~540 tokens: mission, rules and format, as rank 0 sends them.
@@ -130,4 +132,59 @@ fn a_prefix_from_the_store_changes_no_bit_of_logits_or_candidates() {
         held > 0 && held <= DEFAULT_PREFIX_CACHE_BYTES as u64,
         "{held}"
     );
+}
+
+fn generation(user: &str) -> GenerateRequest {
+    GenerateRequest {
+        messages: messages(user),
+        json_schema: None,
+        seed: 11,
+        temperature: 0.7,
+        top_p: 0.9,
+        repetition_penalty: 1.05,
+        max_new_tokens: 12,
+    }
+}
+
+/// Issue 23 item 2: reflection calls (generations) reuse the head they share (system prompt,
+/// guidance, cases) from a store of their own, bit for bit, and without evicting the rollouts'.
+#[test]
+fn generations_reuse_their_shared_head_bit_for_bit_and_leave_the_rollouts_store_alone() {
+    let mut engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    // A decision-like call, then a revision-like one: the same head, a longer tail.
+    let first = long_user();
+    let second = format!("{first}以下操作被拒绝，请修正：- add G3 → not_a_rule\n");
+    engine.set_prefix_cache_bytes(0);
+    let reference: Vec<_> = [&first, &second]
+        .iter()
+        .map(|u| engine.generate(&generation(u)).unwrap())
+        .collect();
+    assert!(reference.iter().all(|g| g.prefix_tokens == 0), "store off");
+
+    engine.set_prefix_cache_bytes(DEFAULT_PREFIX_CACHE_BYTES);
+    let warm_rollout = engine.rollout(&rollout("无")).unwrap();
+    assert_eq!(warm_rollout.prefix_tokens, 0, "an empty store");
+    let out: Vec<_> = [&first, &second]
+        .iter()
+        .map(|u| engine.generate(&generation(u)).unwrap())
+        .collect();
+    assert!(
+        out[0].prefix_tokens == 0,
+        "the generations' store starts empty"
+    );
+    assert!(
+        out[1].prefix_tokens as usize > first.len() / 4,
+        "the second call reused the first one's head: {}",
+        out[1].prefix_tokens
+    );
+    for (i, (o, r)) in out.iter().zip(&reference).enumerate() {
+        assert_eq!(
+            (&o.text, o.completion_tokens, o.prompt_tokens),
+            (&r.text, r.completion_tokens, r.prompt_tokens),
+            "generation {i}: the same text with the store on and off"
+        );
+    }
+    // The rollouts' store still holds their head: the generations did not go there.
+    let next = engine.rollout(&rollout("1. 挡风板已安装.")).unwrap();
+    assert!(next.prefix_tokens > 512, "{}", next.prefix_tokens);
 }

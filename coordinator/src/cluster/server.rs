@@ -167,6 +167,7 @@ fn decode_result(
         Some(pb::submit_request::Result::Generate(g)) => Ok(Ok(JobOutput::Generate {
             text: g.text,
             prompt_tokens: g.prompt_tokens,
+            prefix_tokens: g.prefix_tokens,
             completion_tokens: g.completion_tokens,
             finish_reason: g.finish_reason,
             latency_us: g.latency_us,

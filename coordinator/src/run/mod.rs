@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stageb_shared::config::{ConfigNotice, RunConfig};
@@ -42,6 +42,7 @@ use crate::cluster::scheduler::{Completion, JobId, JobOutput, Scheduler};
 use crate::decide::accuracy;
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
 use crate::learn::reflection::{GradientRecord, ReflectionError, Reflector};
+use crate::progress::Phase;
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
@@ -147,19 +148,7 @@ pub struct RunInputs {
     pub mode: String,
 }
 
-/// Live view for the progress display.
-#[derive(Debug, Clone, Default)]
-pub struct ProgressSnapshot {
-    pub epoch: u32,
-    pub epochs: u32,
-    pub done: u64,
-    pub total: u64,
-    pub candidates: u64,
-    pub live_workers: usize,
-}
-
-/// Shared with the progress reporter.
-pub type ProgressHandle = Arc<Mutex<ProgressSnapshot>>;
+pub use crate::progress::{ProgressHandle, ProgressSnapshot};
 
 /// The Prometheus gauges of a finished epoch's accuracy (need-review counted wrong, and left
 /// out), labelled by epoch: a run has few epochs, so the label set stays small.
@@ -300,6 +289,7 @@ impl RunLoop {
         })
         .map(|mut r| {
             r.reflector.set_guidance_reused(reuse);
+            r.reflector.set_progress(r.progress.clone());
             r
         })
     }
@@ -325,11 +315,6 @@ impl RunLoop {
         let cfg = limits.apply(&self.inputs.config);
         let tickets = self.inputs.ingested.tickets.clone();
         let total = tickets.len() as u64 * cfg.runner.epochs as u64;
-        {
-            let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-            p.total = total;
-            p.epochs = cfg.runner.epochs;
-        }
         let mut at = EpochStart::default();
         if let Some(checkpoint) = self.resume_from.take() {
             self.restore_counters(&checkpoint.counters);
@@ -340,6 +325,7 @@ impl RunLoop {
                 window: checkpoint.window,
             };
         }
+        self.plan_progress(&cfg, total, &at);
         for epoch in at.epoch..=cfg.runner.epochs {
             let start = std::mem::take(&mut at);
             let row = self.run_epoch(epoch, &tickets, &cfg, start).await?;
@@ -351,10 +337,30 @@ impl RunLoop {
             };
             self.checkpoint_at(next, None)?;
         }
+        crate::progress::enter(&self.progress, Phase::Writing);
         self.reflector.finish_run()?;
         let finished_at = now_iso();
         self.write_manifest(&started_at, Some(&finished_at))?;
-        self.write_summary(cfg.runner.epochs, started, started_at, finished_at)
+        let summary = self.write_summary(cfg.runner.epochs, started, started_at, finished_at);
+        crate::progress::enter(&self.progress, Phase::Done);
+        summary
+    }
+
+    /// The progress display's totals: tickets and reflection rounds of the whole run, and
+    /// what a resumed run finished before its checkpoint (`at`).
+    fn plan_progress(&self, cfg: &RunConfig, total: u64, at: &EpochStart) {
+        let steps = self.steps_per_epoch(cfg);
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        p.total = total;
+        p.epochs = cfg.runner.epochs;
+        p.done = self.global_step;
+        p.timing.rounds_total = u64::from(cfg.runner.epochs) * (steps + 1);
+        p.timing.rounds_done = u64::from(at.epoch.saturating_sub(1)) * (steps + 1) + at.steps_done;
+    }
+
+    /// Rollout steps of one epoch.
+    fn steps_per_epoch(&self, cfg: &RunConfig) -> u64 {
+        self.inputs.ingested.tickets.len().div_ceil(step_size(cfg)) as u64
     }
 
     /// Wait for the run's model and context, fit the config's lengths into the context and
@@ -426,8 +432,14 @@ impl RunLoop {
             epoch_step: start.epoch_step,
         };
         let skip = usize::try_from(start.steps_done).unwrap_or(usize::MAX);
+        let n_steps = self.steps_per_epoch(cfg);
         let steps = order.chunks(step_size(cfg)).skip(skip);
         for (steps_done, step) in (start.steps_done + 1..).zip(steps) {
+            let phase = Phase::Rollouts {
+                step: steps_done,
+                steps: n_steps,
+            };
+            crate::progress::enter(&self.progress, phase);
             self.run_step(&mut run, step).await?;
             let here = Position {
                 epoch,
@@ -459,7 +471,9 @@ impl RunLoop {
             })
             .collect();
         let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
+        self.lock_progress().begin_rollouts(Instant::now());
         let mut done = self.await_jobs(&ids).await?;
+        self.lock_progress().end_rollouts(Instant::now());
         for (job, ti) in jobs {
             let completion = done
                 .remove(&job)
@@ -469,18 +483,32 @@ impl RunLoop {
         // Step boundary: make the step durable before guidance may change.
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
-        self.reflector
+        self.reflection_round(run.epoch, false).await?;
+        ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
+        Ok(())
+    }
+
+    /// One reflection round: every cycle due at a step boundary, or (`drain`) every cycle left
+    /// at the epoch's end; timed for the ETA.
+    async fn reflection_round(&mut self, epoch: u32, drain: bool) -> Result<(), RunError> {
+        self.lock_progress().begin_round(Instant::now());
+        let r = self
+            .reflector
             .on_step_end(
-                run.epoch,
+                epoch,
                 self.global_step,
                 &mut self.guidance,
                 &self.scheduler,
                 &mut self.completions,
-                false,
+                drain,
             )
-            .await?;
-        ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
-        Ok(())
+            .await;
+        self.lock_progress().end_round(Instant::now());
+        Ok(r?)
+    }
+
+    fn lock_progress(&self) -> std::sync::MutexGuard<'_, ProgressSnapshot> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Decides ticket `ti` of the step and feeds its outcome to the epoch's metrics window
@@ -535,16 +563,8 @@ impl RunLoop {
             started,
             ..
         } = run;
-        self.reflector
-            .on_step_end(
-                epoch,
-                self.global_step,
-                &mut self.guidance,
-                &self.scheduler,
-                &mut self.completions,
-                true,
-            )
-            .await?;
+        self.reflection_round(epoch, true).await?;
+        crate::progress::enter(&self.progress, Phase::Writing);
         let routed = self.reflector.need_review_keys(epoch);
         window.mark_need_review(&routed);
         if let Some(row) = window.partial_row(self.global_step, started.elapsed()) {
@@ -577,8 +597,8 @@ impl RunLoop {
                 self.worker_grace,
             )
             .await?;
-            let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-            p.done += 1;
+            let mut p = self.lock_progress();
+            p.ticket_answered();
             // Counted as results arrive, not when the step is decided (a whole step later),
             // so the displayed rate is real from the first result on.
             if let Ok(JobOutput::Rollout { candidates, .. }) = &next.result {

@@ -10,6 +10,7 @@ use serde::Serialize;
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::digest;
 
+use super::prefix_reuse::PrefixReuse;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
     CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,
@@ -130,7 +131,10 @@ impl RunLoop {
             finished_at,
             elapsed_seconds: started.elapsed().as_secs_f64(),
             scheduler: self.scheduler.stats(),
-            prefix_cache: self.prefix_reuse.clone(),
+            prefix_cache: PrefixReuse {
+                reflection: self.reflector.prefix_reuse().clone(),
+                ..self.prefix_reuse.clone()
+            },
         };
         let runtime =
             serde_json::to_value(runtime).map_err(|e| io_err(&path)(io::Error::other(e)))?;

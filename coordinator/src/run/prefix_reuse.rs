@@ -1,5 +1,6 @@
 //! How much prompt prefill the workers' prefix caches saved, summed over a run's rollouts for
-//! `summary.json` `runtime.prefix_cache`.
+//! `summary.json` `runtime.prefix_cache` (its `reflection` part is counted by the reflector,
+//! [`CallPrefixReuse`]).
 //!
 //! Rank 0 keeps a step's rollouts together (one step's jobs are queued at once, in step
 //! order, all with the same guidance), so consecutive rollouts on a worker share their system
@@ -7,6 +8,8 @@
 //! got which ticket, so they are runtime facts, outside every determinism comparison.
 
 use serde::{Deserialize, Serialize};
+
+use crate::learn::reflection::CallPrefixReuse;
 
 /// Totals over the rollouts workers computed in this attempt (answers replayed from the job
 /// journal prefilled nothing and are left out).
@@ -23,6 +26,8 @@ pub struct PrefixReuse {
     pub prompt_tokens: u64,
     /// Prompt tokens whose KV was reused instead of prefilled.
     pub prefill_tokens_saved: u64,
+    /// The same for the reflection calls (the generations' own prefix store).
+    pub reflection: CallPrefixReuse,
 }
 
 impl PrefixReuse {
@@ -57,6 +62,7 @@ mod tests {
                 hit_rate: 0.75,
                 prompt_tokens: 2420,
                 prefill_tokens_saved: 1560,
+                reflection: CallPrefixReuse::default(),
             }
         );
     }

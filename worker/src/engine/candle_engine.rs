@@ -5,7 +5,8 @@
 //! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0 (on the
 //!    candle backend chunk boundaries change logits, so they are fixed, never derived from other
 //!    work; on the CPU fast path a position's logits depend only on the tokens up to it, so a
-//!    rollout may start after a prefix kept from an earlier prompt, [`super::prefix_cache`]);
+//!    job may start after a prefix kept from an earlier prompt of its kind, [`super::prefix_cache`]:
+//!    rollouts and generations keep separate stores, see [`Reuse`]);
 //! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
 //!    decode them as one batch; a finished row leaves the batch (CPU path) or keeps being fed a
 //!    pad token whose output is ignored (candle's lockstep path);
@@ -24,6 +25,7 @@
 //! an engine), `prefill.rs` (step 2, with the prefix store), `rows.rs` (steps 4 and 5 for one
 //! row, and its text). The decode loop (step 3) is here.
 
+mod batch;
 mod load;
 mod prefill;
 mod rows;
@@ -43,10 +45,10 @@ use super::prefix_cache::PrefixStore;
 use super::sampler::{SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
-    CancelFlag, CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput,
-    GenerateRequest, ModelFingerprint, RolloutOutput, RolloutRequest,
+    CancelFlag, DecodeRequest, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
+    Job, JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
 };
-use crate::constraint::{ConstraintFactory, ConstraintSpec, Vocabulary};
+use crate::constraint::{ConstraintFactory, Vocabulary};
 pub use load::declared_context;
 pub(crate) use load::sha256_files;
 use rows::Row;
@@ -93,6 +95,21 @@ impl Backend {
     }
 }
 
+/// Which prefix store a job's prefill looks its prompt up in, and keeps it in afterwards.
+///
+/// Rollouts and generations (reflection calls) keep separate stores of the same budget: a
+/// reflection prompt shares its system prompt, guidance and cases with the cycle's other calls
+/// (JSON retries, the revision round, the next cycle's call of the same pass) but nothing past
+/// the chat template's first tokens with a rollout, and it is several times as long, so in one
+/// LRU store it would evict the rollouts' shared heads without ever serving a rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reuse {
+    /// Neither looked up nor kept (reference computations).
+    Off,
+    Rollouts,
+    Generations,
+}
+
 /// The attention state of one job.
 enum DecodeCache {
     /// Lockstep rows (`None` until expanded).
@@ -126,6 +143,14 @@ pub struct CandleEngine {
     last_kv_bytes: u64,
     /// Recent rollout prompts' KV (CPU fast path; empty budget elsewhere).
     prefix: PrefixStore<CpuCache>,
+    /// Recent generation (reflection) prompts' KV, kept apart from the rollouts' ([`Reuse`]).
+    generate_prefix: PrefixStore<CpuCache>,
+    /// The tokenizer's image/video placeholder tokens, which a prompt may not hold.
+    media_placeholders: Vec<(u32, String)>,
+    /// The running batch ([`CandleEngine::admit_job`]; CPU fast path).
+    live: Vec<batch::Live>,
+    /// Positions and jobs of the batch's last forward call.
+    last_step: (usize, usize),
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -138,13 +163,24 @@ impl std::fmt::Debug for CandleEngine {
 }
 
 impl CandleEngine {
-    /// Replaces the prompt-prefix store with an empty one of `bytes` (0 = off). Only the CPU
-    /// fast path reuses prefixes: on the candle backend chunk boundaries change logits, and
-    /// reusing only at [`PREFILL_CHUNK`] multiples would rarely hit prompts of a few hundred
-    /// tokens, so it keeps none.
+    /// Replaces both prompt-prefix stores (rollouts', generations') with empty ones of `bytes`
+    /// each (0 = off). Only the CPU fast path reuses prefixes: on the candle backend chunk
+    /// boundaries change logits, and reusing only at [`PREFILL_CHUNK`] multiples would rarely
+    /// hit prompts of a few hundred tokens, so it keeps none.
     pub fn set_prefix_cache_bytes(&mut self, bytes: usize) {
         let on = matches!(self.model, Backend::Cpu(_));
         self.prefix = PrefixStore::new(if on { bytes } else { 0 });
+        self.generate_prefix = PrefixStore::new(if on { bytes } else { 0 });
+    }
+
+    /// The store a job of kind `reuse` uses (`None` for [`Reuse::Off`] or a store turned off).
+    fn store(&mut self, reuse: Reuse) -> Option<&mut PrefixStore<CpuCache>> {
+        let store = match reuse {
+            Reuse::Off => return None,
+            Reuse::Rollouts => &mut self.prefix,
+            Reuse::Generations => &mut self.generate_prefix,
+        };
+        store.enabled().then_some(store)
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -189,6 +225,23 @@ impl CandleEngine {
         self.template.render(messages)
     }
 
+    /// The prompt's token ids for `messages`: rendered, tokenized, and refused when it holds
+    /// an image or video placeholder token (the text tower has no pixels and no 3-D positions
+    /// for them; see [`tokenizer::MEDIA_PLACEHOLDERS`](super::tokenizer::MEDIA_PLACEHOLDERS)).
+    pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let ids = self.encode(&self.render_prompt(messages)?)?;
+        if let Some((_, name)) = self
+            .media_placeholders
+            .iter()
+            .find(|(id, _)| ids.contains(id))
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt holds the image/video placeholder token `{name}`: stageb runs the model's text tower on text only"
+            )));
+        }
+        Ok(ids)
+    }
+
     /// Token ids of `text` exactly as the prompt path tokenizes it (special tokens parsed, none
     /// added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
@@ -219,7 +272,7 @@ impl CandleEngine {
     /// compare the loaders and both compute paths against an independent reference forward.
     #[doc(hidden)]
     pub fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.run_pooled(|eng| eng.prefill(prompt, false).map(|(logits, ..)| logits))
+        self.run_pooled(|eng| eng.prefill(prompt, Reuse::Off).map(|(logits, ..)| logits))
     }
 
     /// The same logits through the prefix store, as a rollout's prefill: the store's longest
@@ -230,9 +283,9 @@ impl CandleEngine {
         prompt: &[u32],
     ) -> Result<(Vec<f32>, usize), EngineError> {
         self.run_pooled(|eng| {
-            let (logits, cache, reused) = eng.prefill(prompt, true)?;
-            if let DecodeCache::Cpu(c) = cache {
-                prefill::keep(&mut eng.prefix, prompt, c);
+            let (logits, cache, reused) = eng.prefill(prompt, Reuse::Rollouts)?;
+            if let (DecodeCache::Cpu(c), Some(store)) = (cache, eng.store(Reuse::Rollouts)) {
+                prefill::keep(store, prompt, c);
             }
             Ok((logits, reused))
         })
@@ -335,32 +388,20 @@ impl CandleEngine {
     }
 
     /// Prefills `prompt` once and decodes every row in one lockstep batch. Returns the prefill
-    /// and decode times (µs) and the prompt positions reused from the prefix store (`reuse`:
-    /// look the prompt up there, and keep it there afterwards).
+    /// and decode times (µs) and the prompt positions reused from the prefix store `reuse`
+    /// names (the prompt is looked up there, and kept there afterwards).
     fn run_rows(
         &mut self,
         prompt: &[u32],
         rows: &mut [Row],
-        reuse: bool,
+        reuse: Reuse,
     ) -> Result<(u64, u64, usize), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         // The prompt's positions once, then each row's own (f32 keys and values per layer).
         let c = self.model.config();
         let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * 4) as u64;
         self.last_kv_bytes = per_position * (prompt.len() + rows.len() * max_new) as u64;
-        let limit = self.context_limit;
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest(
-                "the rendered prompt is empty".into(),
-            ));
-        }
-        if prompt.len() + max_new > limit {
-            return Err(EngineError::PromptTooLong {
-                tokens: prompt.len(),
-                max_new,
-                context: limit,
-            });
-        }
+        self.check_fits(prompt, max_new)?;
         let t0 = Instant::now();
         let (first_logits, mut cache, reused) = self.prefill(prompt, reuse)?;
         let prefill_us = t0.elapsed().as_micros() as u64;
@@ -417,8 +458,8 @@ impl CandleEngine {
                 r.finish = Some(FinishReason::Length);
             }
         }
-        if let (true, DecodeCache::Cpu(c)) = (reuse, cache) {
-            prefill::keep(&mut self.prefix, prompt, c);
+        if let (DecodeCache::Cpu(c), Some(store)) = (cache, self.store(reuse)) {
+            prefill::keep(store, prompt, c);
         }
         Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }
@@ -481,113 +522,75 @@ impl Engine for CandleEngine {
     }
 
     fn prefix_cache_bytes(&self) -> Option<u64> {
-        self.prefix.enabled().then_some(self.prefix.bytes() as u64)
+        let bytes = self.prefix.bytes() + self.generate_prefix.bytes();
+        self.prefix.enabled().then_some(bytes as u64)
+    }
+
+    fn batches(&self) -> bool {
+        CandleEngine::batches(self)
+    }
+
+    fn admit(&mut self, key: u64, job: &Job, cancel: CancelFlag) -> Result<(), EngineError> {
+        self.admit_job(key, job, cancel)
+    }
+
+    fn step(&mut self) -> Vec<(u64, Result<JobOutput, EngineError>)> {
+        self.step_batch()
+    }
+
+    fn last_step_size(&self) -> (usize, usize) {
+        self.last_step
+    }
+
+    fn kv_bytes_per_position(&self) -> u64 {
+        self.kv_bytes(1, 0, 0)
     }
 }
 
 impl CandleEngine {
     fn rollout_inner(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
-        let prompt = self.encode(&self.render_prompt(&request.messages)?)?;
-        let base = if request.constrained {
-            let spec = ConstraintSpec::Contract {
-                max_reason_chars: stageb_shared::contract::MAX_REASON_CHARS,
-            };
-            Some(self.constraint_factory()?.build(&spec)?)
-        } else {
-            None
-        };
-        let mut rows = Vec::new();
-        let mut ids = Vec::new();
-        for d in &request.decodes {
-            let params = check_params(d.temperature, d.top_p, d.repetition_penalty)?;
-            if d.max_new_tokens == 0 {
-                return Err(EngineError::InvalidRequest(format!(
-                    "decode {}: max_new_tokens is 0",
-                    d.decode_index
-                )));
-            }
-            if request.constrained && d.max_new_tokens < MIN_CONSTRAINED_NEW_TOKENS {
-                return Err(EngineError::InvalidRequest(format!(
-                    "decode {}: max_new_tokens {} is below {MIN_CONSTRAINED_NEW_TOKENS}, the \
-                     minimum for a complete constrained verdict",
-                    d.decode_index, d.max_new_tokens
-                )));
-            }
-            for (i, &seed) in d.seeds.iter().enumerate() {
-                rows.push(Row {
-                    params,
-                    seed,
-                    max_new: d.max_new_tokens as usize,
-                    constraint: base.as_ref().map(|c| c.fork()),
-                    seen: None,
-                    tokens: Vec::new(),
-                    finish: None,
-                    next_allowed: None,
-                });
-                ids.push((d.decode_index, i as u32));
-            }
-        }
+        let prompt = self.prompt_ids(&request.messages)?;
+        let (out, _) = self.rollout_prompt(&prompt, &request.decodes, request.constrained)?;
+        Ok(out)
+    }
+
+    /// Diagnostics (`stageb probe`): a rollout of `prompt`, token ids used as they are (no chat
+    /// template, no placeholder check), in the same schedule as [`Engine::rollout`]; also
+    /// returns each candidate's token ids, in the output's order. With
+    /// [`set_ignore_eos`](Self::set_ignore_eos) unconstrained rows run to `max_new_tokens`.
+    #[doc(hidden)]
+    pub fn rollout_ids(
+        &mut self,
+        prompt: &[u32],
+        decodes: &[DecodeRequest],
+        constrained: bool,
+    ) -> Result<(RolloutOutput, Vec<Vec<u32>>), EngineError> {
+        self.run_pooled(|eng| eng.rollout_prompt(prompt, decodes, constrained))
+    }
+
+    fn rollout_prompt(
+        &mut self,
+        prompt: &[u32],
+        decodes: &[DecodeRequest],
+        constrained: bool,
+    ) -> Result<(RolloutOutput, Vec<Vec<u32>>), EngineError> {
+        let (mut rows, ids) = self.rollout_rows(decodes, constrained)?;
         // Rollouts of a step share their head (system prompt, mission, guidance): reuse it.
-        let (prefill_us, decode_us, reused) = self.run_rows(&prompt, &mut rows, true)?;
-        let mut candidates = Vec::with_capacity(rows.len());
-        for (row, (decode_index, sample_index)) in rows.iter().zip(ids) {
-            candidates.push(CandidateOutput {
-                decode_index,
-                sample_index,
-                seed: row.seed,
-                text: self.row_text(row)?,
-                completion_tokens: row.tokens.len() as u32,
-                finish: row.finish.unwrap_or(FinishReason::Length),
-            });
-        }
-        Ok(RolloutOutput {
-            candidates,
-            prompt_tokens: prompt.len() as u32,
-            prefix_tokens: reused as u32,
-            prefill_us,
-            decode_us,
-        })
+        let (prefill_us, decode_us, reused) = self.run_rows(prompt, &mut rows, Reuse::Rollouts)?;
+        let out = self.rollout_output(&rows, &ids, prompt.len(), reused, prefill_us, decode_us)?;
+        let tokens = rows.into_iter().map(|r| r.tokens).collect();
+        Ok((out, tokens))
     }
 
     fn generate_inner(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
         let t0 = Instant::now();
-        let prompt = self.encode(&self.render_prompt(&request.messages)?)?;
-        let params = check_params(
-            request.temperature,
-            request.top_p,
-            request.repetition_penalty,
-        )?;
-        if request.max_new_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_new_tokens is 0".into()));
-        }
-        let constraint = match &request.json_schema {
-            Some(s) => Some(
-                self.constraint_factory()?
-                    .build(&ConstraintSpec::JsonSchema(s.clone()))?,
-            ),
-            None => None,
-        };
-        let mut rows = vec![Row {
-            params,
-            seed: request.seed,
-            max_new: request.max_new_tokens as usize,
-            constraint,
-            seen: None,
-            tokens: Vec::new(),
-            finish: None,
-            next_allowed: None,
-        }];
-        // Reflection prompts are long and rare: kept out of the store, they would evict the
-        // rollouts' shared heads.
-        self.run_rows(&prompt, &mut rows, false)?;
-        let row = &rows[0];
-        Ok(GenerateOutput {
-            text: self.row_text(row)?,
-            prompt_tokens: prompt.len() as u32,
-            completion_tokens: row.tokens.len() as u32,
-            finish: row.finish.unwrap_or(FinishReason::Length),
-            latency_us: t0.elapsed().as_micros() as u64,
-        })
+        let prompt = self.prompt_ids(&request.messages)?;
+        let mut rows = vec![self.generate_row(request)?];
+        // A cycle's calls share their head (system prompt, guidance, cases): reuse it, from a
+        // store of their own so the rollouts' heads stay.
+        let (.., reused) = self.run_rows(&prompt, &mut rows, Reuse::Generations)?;
+        let latency_us = t0.elapsed().as_micros() as u64;
+        self.generate_output(&rows[0], prompt.len(), reused, latency_us)
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! The template comes from the model (`tokenizer.chat_template` in GGUF metadata, or
 //! `chat_template.jinja`, `chat_template.json` or `chat_template` in `tokenizer_config.json`
-//! in that order); ChatML is the fallback when a model has none.
+//! in that order). A model without one is refused at load: guessing a format (ChatML, say)
+//! would prompt it in a language it was not trained on, silently.
 //! Rendering follows HF `apply_chat_template`: `trim_blocks` and `lstrip_blocks` on,
 //! `add_generation_prompt = true`, `enable_thinking = false` (as the Python original called
 //! it), `bos_token`/`eos_token` in the context, Python string methods
@@ -13,11 +14,6 @@ use minijinja::{Environment, ErrorKind, context};
 use stageb_shared::domain::ChatMessage;
 
 use super::EngineError;
-
-/// ChatML, used when the model carries no template.
-pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
-     message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ \
-     '<|im_start|>assistant\\n' }}{% endif %}";
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -40,13 +36,19 @@ fn raise_exception(msg: String) -> Result<String, minijinja::Error> {
 }
 
 impl ChatTemplate {
-    /// Compiles `source` (or ChatML when `None`).
+    /// Compiles `source`, the model's template; `None` (the model has none) is an error.
     pub fn new(
         source: Option<&str>,
         bos_token: &str,
         eos_token: &str,
     ) -> Result<Self, EngineError> {
-        let source = source.unwrap_or(CHATML_TEMPLATE).to_string();
+        let source = source
+            .ok_or_else(|| {
+                EngineError::Model(
+                    "the model has no chat template (GGUF `tokenizer.chat_template`; for a safetensors directory `chat_template.jinja`, `chat_template.json` or `chat_template` in `tokenizer_config.json`): stageb renders prompts only with the model's own template".into(),
+                )
+            })?
+            .to_string();
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -105,5 +107,14 @@ mod tests {
             prompt.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
             "{prompt:?}"
         );
+    }
+
+    #[test]
+    fn a_model_without_a_chat_template_is_refused_never_given_chatml() {
+        let err = ChatTemplate::new(None, "<s>", "</s>")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("the model has no chat template"), "{err}");
+        assert!(err.contains("chat_template.jinja"), "{err}");
     }
 }

@@ -162,6 +162,8 @@ struct Reader<'a> {
     path: &'a Path,
     device: &'a Device,
     dequantize: bool,
+    /// The dtype dense projections and the embedding are converted to (norms stay f32).
+    dtype: DType,
 }
 
 impl Reader<'_> {
@@ -185,6 +187,14 @@ impl Reader<'_> {
             .map_err(|e| model_err(self.path, format!("tensor {name}: {e}")))
     }
 
+    /// A dense tensor in the compute dtype (the embedding, a bias, a dequantized matrix).
+    fn compute(&mut self, name: &str) -> Result<Tensor, EngineError> {
+        let dtype = self.dtype;
+        self.dense(name)?
+            .to_dtype(dtype)
+            .map_err(|e| model_err(self.path, format!("tensor {name}: {e}")))
+    }
+
     fn linear(&mut self, name: &str, bias: Option<&str>) -> Result<Linear, EngineError> {
         let transposed = |t: Tensor, path: &Path| {
             t.t()
@@ -192,7 +202,7 @@ impl Reader<'_> {
                 .map_err(|e| model_err(path, format!("tensor {name}: {e}")))
         };
         let weight = if self.dequantize {
-            LinearWeight::Dense(transposed(self.dense(name)?, self.path)?)
+            LinearWeight::Dense(transposed(self.compute(name)?, self.path)?)
         } else {
             // Built directly (not `QMatMul::from_qtensor`) so the CANDLE_DEQUANTIZE_ALL env
             // variables cannot silently change the numerics behind the fingerprint.
@@ -210,7 +220,7 @@ impl Reader<'_> {
             }
         };
         let bias = match bias {
-            Some(b) if self.has(b) => Some(self.dense(b)?),
+            Some(b) if self.has(b) => Some(self.compute(b)?),
             _ => None,
         };
         Ok(Linear { weight, bias })
@@ -225,18 +235,27 @@ fn dequantized_bytes(ct: &gguf_file::Content) -> u64 {
         .sum()
 }
 
+/// Loads a GGUF file into candle's transformer computing in `dtype`. Quantized matrices
+/// compute with f32 activations, so a bf16 model dequantizes them (a `quantized` format with
+/// bf16 is refused).
 pub fn load(
     path: &Path,
     file: &mut File,
     ct: &gguf_file::Content,
     device: &Device,
-    format: WeightFormat,
+    (format, dtype): (WeightFormat, DType),
     max_context: usize,
 ) -> Result<GgufModel, EngineError> {
     let mut config = read_config(ct, path)?;
     let dequantize = match format {
         WeightFormat::Dequantized => true,
+        WeightFormat::Quantized if dtype != DType::F32 => {
+            return Err(EngineError::InvalidRequest(format!(
+                "quantized GGUF weights compute with f32 activations, not {dtype:?}: use the dequantized weight format or f32 numerics"
+            )));
+        }
         WeightFormat::Quantized => false,
+        WeightFormat::Auto if dtype != DType::F32 => true,
         WeightFormat::Auto => device.is_cpu() && dequantized_bytes(ct) <= AUTO_DEQUANTIZE_MAX_BYTES,
     };
     let mut r = Reader {
@@ -245,6 +264,7 @@ pub fn load(
         path,
         device,
         dequantize,
+        dtype,
     };
     if r.has("rope_freqs.weight") {
         let f = r.dense("rope_freqs.weight")?;
@@ -254,7 +274,7 @@ pub fn load(
                 .map_err(|e| model_err(path, e))?,
         );
     }
-    let embedding = r.dense("token_embd.weight")?;
+    let embedding = r.compute("token_embd.weight")?;
     let final_norm = r.dense("output_norm.weight")?;
     let lm_head = if r.has("output.weight") {
         r.linear("output.weight", None)?
@@ -323,6 +343,7 @@ pub fn load_cpu(
         path,
         device: &device,
         dequantize: false,
+        dtype: DType::F32,
     };
     let vec = |r: &mut Reader, name: &str| -> Result<Vec<f32>, EngineError> {
         r.dense(name)?

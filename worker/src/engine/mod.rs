@@ -43,8 +43,9 @@ pub use candle_engine::{
     CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
 };
 pub use cpu::isa::KernelChoice;
-pub use cpu::model::Numerics;
+pub use cpu::model::CpuNumerics;
 pub use gguf::WeightFormat;
+pub use options::Numerics;
 
 /// The kernel choice at its old path (`engine::int8::choose`), which the root package's CLI
 /// still names; it lives in [`cpu::isa`].
@@ -122,9 +123,25 @@ pub struct GenerateRequest {
 pub struct GenerateOutput {
     pub text: String,
     pub prompt_tokens: u32,
+    /// Leading prompt tokens whose KV came from the generations' prefix store.
+    pub prefix_tokens: u32,
     pub completion_tokens: u32,
     pub finish: FinishReason,
     pub latency_us: u64,
+}
+
+/// One job of a worker: a rollout or a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Job {
+    Rollout(RolloutRequest),
+    Generate(GenerateRequest),
+}
+
+/// What a [`Job`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobOutput {
+    Rollout(RolloutOutput),
+    Generate(GenerateOutput),
 }
 
 /// Identity of the model a worker runs: results are only comparable under the same one.
@@ -243,5 +260,29 @@ pub trait Engine: Send {
     /// backend without prefix reuse): a metric.
     fn prefix_cache_bytes(&self) -> Option<u64> {
         None
+    }
+    /// Whether [`admit`](Engine::admit) and [`step`](Engine::step) run many jobs in one
+    /// continuous batch. Engines that do not run jobs one at a time through
+    /// [`rollout`](Engine::rollout) and [`generate`](Engine::generate).
+    fn batches(&self) -> bool {
+        false
+    }
+    /// Adds `job` to the running batch under `key` (a batching engine); it is cancelled when
+    /// `cancel` is raised. Refused at once when it cannot run.
+    fn admit(&mut self, _key: u64, _job: &Job, _cancel: CancelFlag) -> Result<(), EngineError> {
+        Err(EngineError::Model("this engine does not batch jobs".into()))
+    }
+    /// Rows and jobs the last [`step`](Engine::step)'s forward call took (a metric).
+    fn last_step_size(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    /// One step of the running batch: the jobs that ended, with their outputs.
+    fn step(&mut self) -> Vec<(u64, Result<JobOutput, EngineError>)> {
+        Vec::new()
+    }
+    /// Bytes of KV cache one position takes (every layer's keys and values), so the worker can
+    /// bound what its jobs in hand take; 0 where unknown.
+    fn kv_bytes_per_position(&self) -> u64 {
+        0
     }
 }

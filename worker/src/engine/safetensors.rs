@@ -4,8 +4,8 @@
 //! The directory holds `config.json`, `tokenizer.json`, optionally `tokenizer_config.json`
 //! (chat template, EOS) and `generation_config.json` (EOS ids), and `model.safetensors` or
 //! shards (the ones `model.safetensors.index.json` names, when it is there). The files are
-//! memory-mapped and each tensor is read and converted to f32 (the compute dtype of the
-//! engine) as it is taken, so the host never holds a second copy of the checkpoint and
+//! memory-mapped and each tensor is read, checked and converted to the compute dtype (f32 or
+//! bf16; norm weights f32) on the device as it is taken, so the host never holds a second copy of the checkpoint and
 //! tensors the language model does not use are never read. HF checkpoints use the NEOX RoPE
 //! pairing. Unknown `model_type`s, RoPE scaling and a missing `rope_theta` are refused with an
 //! error naming the file and the key.
@@ -138,6 +138,7 @@ pub fn read_hf_config(dir: &Path) -> Result<HfConfig, EngineError> {
         (&top, model_type, "model.")
     };
     let rope_theta = rope_theta(cfg, &path)?;
+    refuse_unsupported_settings(cfg, &path)?;
     let config = transformer_config(cfg, architecture, rope_theta, &path)?;
     let tied = cfg
         .get("tie_word_embeddings")
@@ -189,6 +190,28 @@ fn rope_theta(cfg: &Value, path: &Path) -> Result<f64, EngineError> {
         })
 }
 
+/// Settings that change the model's maths and that the transformer does not implement: an
+/// activation other than SiLU, sliding-window attention. Refused by key, never ignored.
+fn refuse_unsupported_settings(cfg: &Value, path: &Path) -> Result<(), EngineError> {
+    let act = cfg
+        .get("hidden_act")
+        .and_then(Value::as_str)
+        .unwrap_or("silu");
+    if act != "silu" {
+        return Err(model_err(
+            path,
+            format!("unsupported: `hidden_act` is `{act}` (the transformer implements silu)"),
+        ));
+    }
+    if cfg.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        return Err(model_err(
+            path,
+            "unsupported: `use_sliding_window` is true (the transformer attends over the whole context)",
+        ));
+    }
+    Ok(())
+}
+
 fn transformer_config(
     cfg: &Value,
     architecture: String,
@@ -234,16 +257,19 @@ fn transformer_config(
     })
 }
 
-/// The checkpoint's tensors, memory-mapped: a tensor is read (and converted to f32 on the
-/// device) when it is taken, and tensors never taken (a Qwen3-VL vision tower) are never read.
+/// The checkpoint's tensors, memory-mapped: a tensor is read, checked (shape, a float dtype)
+/// and converted on the device when it is taken (to the compute dtype, or f32 for norm
+/// weights), so the host never holds more than the tensor being taken, and tensors never taken
+/// (a Qwen3-VL vision tower) are never read.
 struct Weights {
     files: MmapedSafetensors,
     dir: PathBuf,
     device: Device,
+    dtype: DType,
 }
 
 impl Weights {
-    fn open(dir: &Path, device: &Device) -> Result<Self, EngineError> {
+    fn open(dir: &Path, device: &Device, dtype: DType) -> Result<Self, EngineError> {
         let files = weight_files(dir)?;
         // SAFETY: the mapping is read-only; stageb never writes model files, and a checkpoint
         // changed under a running worker is outside what any loader can guard against (the
@@ -253,41 +279,113 @@ impl Weights {
             files,
             dir: dir.to_path_buf(),
             device: device.clone(),
+            dtype,
         })
     }
 
-    fn take(&self, name: &str) -> Result<Tensor, EngineError> {
-        self.take_opt(name)?
+    /// The tensor `name`, which must have `shape`, in `dtype`.
+    fn take(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, EngineError> {
+        self.take_opt(name, shape, dtype)?
             .ok_or_else(|| model_err(&self.dir, format!("missing tensor {name}")))
     }
 
-    fn take_opt(&self, name: &str) -> Result<Option<Tensor>, EngineError> {
+    fn take_opt(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Option<Tensor>, EngineError> {
         let Ok(view) = self.files.get(name) else {
             return Ok(None);
         };
-        view.load(&self.device)
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map(Some)
-            .map_err(|e| model_err(&self.dir, format!("tensor {name}: {e}")))
+        let bad = |what: String| model_err(&self.dir, format!("tensor {name}: {what}"));
+        if view.shape() != shape {
+            return Err(bad(format!(
+                "shape {:?}, expected {shape:?} from config.json",
+                view.shape()
+            )));
+        }
+        let t = view.load(&self.device).map_err(|e| bad(e.to_string()))?;
+        release_pages(view.data());
+        if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+            return Err(bad(format!(
+                "dtype {:?}, expected F32, F16 or BF16",
+                t.dtype()
+            )));
+        }
+        t.to_dtype(dtype).map(Some).map_err(|e| bad(e.to_string()))
     }
 
-    fn linear(&self, prefix: &str) -> Result<Linear, EngineError> {
-        let w = self.take(&format!("{prefix}.weight"))?;
-        let bias = self.take_opt(&format!("{prefix}.bias"))?;
+    /// A norm weight: `(n,)`, kept in f32.
+    fn norm(&self, name: &str, n: usize) -> Result<Tensor, EngineError> {
+        self.take(name, &[n], DType::F32)
+    }
+
+    /// A projection `prefix.weight` of `(out, inp)`, with its `(out,)` bias when present.
+    fn linear(&self, prefix: &str, out: usize, inp: usize) -> Result<Linear, EngineError> {
+        let w = self.take(&format!("{prefix}.weight"), &[out, inp], self.dtype)?;
+        let bias = self.take_opt(&format!("{prefix}.bias"), &[out], self.dtype)?;
         Linear::dense(&w, bias).map_err(|e| model_err(&self.dir, e))
+    }
+
+    /// The first dimension of `name` (the MLP's width, which the loader does not take from
+    /// `config.json`), or an error naming the missing tensor.
+    fn rows_of(&self, name: &str) -> Result<usize, EngineError> {
+        let view = self
+            .files
+            .get(name)
+            .map_err(|_| model_err(&self.dir, format!("missing tensor {name}")))?;
+        Ok(view.shape().first().copied().unwrap_or(0))
     }
 }
 
-pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transformer, EngineError> {
+/// Drops the mapped pages of `bytes` (a tensor already copied out of the file) from this
+/// process's resident set, so loading holds one tensor of the checkpoint at a time, not all
+/// of it: the host keeps only what the model itself is made of (nothing, on a GPU). The
+/// mapping stays valid: a later read faults the pages back in from the file.
+fn release_pages(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = (bytes.as_ptr() as usize).div_ceil(PAGE) * PAGE;
+        let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: [start, end) lies inside a read-only file mapping that outlives this
+            // call; MADV_DONTNEED on it discards no data (the pages are clean and are read
+            // from the file again on the next access). Pages shared with a neighbouring
+            // tensor (the unaligned ends) are left alone. Failure only means they stay.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
+}
+
+/// Loads the language model of an HF directory to compute in `dtype` (f32 or bf16; see
+/// [`Transformer`]'s module docs for what stays f32). Every tensor is checked against the
+/// shape `config.json` implies.
+pub fn load(
+    dir: &Path,
+    device: &Device,
+    max_context: usize,
+    dtype: DType,
+) -> Result<Transformer, EngineError> {
     let HfConfig {
         config,
         tied,
         prefix,
     } = read_hf_config(dir)?;
-    let w = Weights::open(dir, device)?;
-    let embedding = w.take(&format!("{prefix}embed_tokens.weight"))?;
-    let final_norm = w.take(&format!("{prefix}norm.weight"))?;
-    let lm_head = match w.take_opt("lm_head.weight")? {
+    let w = Weights::open(dir, device, dtype)?;
+    let (hidden, vocab) = (config.hidden, config.vocab_size);
+    let embedding = w.take(
+        &format!("{prefix}embed_tokens.weight"),
+        &[vocab, hidden],
+        dtype,
+    )?;
+    let final_norm = w.norm(&format!("{prefix}norm.weight"), hidden)?;
+    let lm_head = match w.take_opt("lm_head.weight", &[vocab, hidden], dtype)? {
         Some(t) => Linear::dense(&t, None).map_err(|e| model_err(dir, e))?,
         None if tied => Linear::dense(&embedding, None).map_err(|e| model_err(dir, e))?,
         None => {
@@ -297,31 +395,9 @@ pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transform
             ));
         }
     };
-    let qk_norm = config.architecture == "qwen3";
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
-        let p = format!("{prefix}layers.{i}");
-        layers.push(Layer {
-            attn_norm: w.take(&format!("{p}.input_layernorm.weight"))?,
-            wq: w.linear(&format!("{p}.self_attn.q_proj"))?,
-            wk: w.linear(&format!("{p}.self_attn.k_proj"))?,
-            wv: w.linear(&format!("{p}.self_attn.v_proj"))?,
-            wo: w.linear(&format!("{p}.self_attn.o_proj"))?,
-            q_norm: if qk_norm {
-                Some(w.take(&format!("{p}.self_attn.q_norm.weight"))?)
-            } else {
-                None
-            },
-            k_norm: if qk_norm {
-                Some(w.take(&format!("{p}.self_attn.k_norm.weight"))?)
-            } else {
-                None
-            },
-            ffn_norm: w.take(&format!("{p}.post_attention_layernorm.weight"))?,
-            w_gate: w.linear(&format!("{p}.mlp.gate_proj"))?,
-            w_up: w.linear(&format!("{p}.mlp.up_proj"))?,
-            w_down: w.linear(&format!("{p}.mlp.down_proj"))?,
-        });
+        layers.push(load_layer(&w, &config, &format!("{prefix}layers.{i}"))?);
     }
     Transformer::new(
         config,
@@ -333,6 +409,35 @@ pub fn load(dir: &Path, device: &Device, max_context: usize) -> Result<Transform
         device,
     )
     .map_err(|e| model_err(dir, e))
+}
+
+/// Decoder block `p` (`model.layers.N` or `model.language_model.layers.N`).
+fn load_layer(w: &Weights, config: &TransformerConfig, p: &str) -> Result<Layer, EngineError> {
+    let (hidden, d) = (config.hidden, config.head_dim);
+    let (q_out, kv_out) = (config.n_head * d, config.n_kv_head * d);
+    let inter = w.rows_of(&format!("{p}.mlp.gate_proj.weight"))?;
+    let qk_norm = config.architecture == "qwen3";
+    let head_norm = |which: &str| -> Result<Option<Tensor>, EngineError> {
+        match qk_norm {
+            true => w
+                .norm(&format!("{p}.self_attn.{which}.weight"), d)
+                .map(Some),
+            false => Ok(None),
+        }
+    };
+    Ok(Layer {
+        attn_norm: w.norm(&format!("{p}.input_layernorm.weight"), hidden)?,
+        wq: w.linear(&format!("{p}.self_attn.q_proj"), q_out, hidden)?,
+        wk: w.linear(&format!("{p}.self_attn.k_proj"), kv_out, hidden)?,
+        wv: w.linear(&format!("{p}.self_attn.v_proj"), kv_out, hidden)?,
+        wo: w.linear(&format!("{p}.self_attn.o_proj"), hidden, q_out)?,
+        q_norm: head_norm("q_norm")?,
+        k_norm: head_norm("k_norm")?,
+        ffn_norm: w.norm(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
+        w_gate: w.linear(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
+        w_up: w.linear(&format!("{p}.mlp.up_proj"), inter, hidden)?,
+        w_down: w.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?,
+    })
 }
 
 /// `(chat_template, bos_token, eos_token, declared stop token strings)` from
@@ -474,6 +579,52 @@ mod tests {
             err.contains("`llama3`") && err.contains("rope_parameters"),
             "{err}"
         );
+    }
+
+    /// The error of loading `config` with one tensor, the embedding, given as `embedding`.
+    fn load_error_with_embedding(embedding: Tensor) -> String {
+        let dir = dir_with(qwen3(serde_json::json!({"rope_theta": 1e6})));
+        let tensors = [("model.embed_tokens.weight", embedding)];
+        candle_core::safetensors::save(
+            &tensors.into_iter().collect(),
+            dir.path().join("model.safetensors"),
+        )
+        .unwrap();
+        load(dir.path(), &Device::Cpu, 64, DType::F32)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_tensor_of_the_wrong_shape_or_dtype_is_refused_by_name() {
+        let err =
+            load_error_with_embedding(Tensor::zeros((100, 63), DType::F32, &Device::Cpu).unwrap());
+        assert!(
+            err.contains("tensor model.embed_tokens.weight: shape [100, 63], expected [100, 64]"),
+            "{err}"
+        );
+        let err =
+            load_error_with_embedding(Tensor::zeros((100, 64), DType::U32, &Device::Cpu).unwrap());
+        assert!(
+            err.contains("tensor model.embed_tokens.weight: dtype U32, expected F32, F16 or BF16"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn settings_that_change_the_maths_are_refused_by_key_never_ignored() {
+        let err = error_of(qwen3(
+            serde_json::json!({"rope_theta": 1e6, "hidden_act": "gelu"}),
+        ));
+        assert!(err.contains("`hidden_act` is `gelu`"), "{err}");
+        let err = error_of(qwen3(
+            serde_json::json!({"rope_theta": 1e6, "use_sliding_window": true}),
+        ));
+        assert!(err.contains("`use_sliding_window`"), "{err}");
+        // Their defaults (and an explicit silu / false) are what the transformer computes.
+        let dir = dir_with(qwen3(serde_json::json!(
+            {"rope_theta": 1e6, "hidden_act": "silu", "use_sliding_window": false})));
+        assert!(read_hf_config(dir.path()).is_ok());
     }
 
     #[test]

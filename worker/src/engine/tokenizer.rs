@@ -77,3 +77,59 @@ pub fn gguf_declared_stops(ct: &gguf_file::Content) -> Vec<u32> {
     .filter_map(|k| ct.metadata.get(*k).and_then(|v| v.to_u32().ok()))
     .collect()
 }
+
+/// Special tokens that stand for an image or video in multimodal chat templates (Qwen-VL,
+/// LLaVA-style). stageb runs a model's text tower only, with 1-D positions: a prompt holding
+/// one would be computed as text and silently wrong, so it is refused.
+pub const MEDIA_PLACEHOLDERS: &[&str] = &[
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image|>",
+    "<|video|>",
+    "<image>",
+    "<video>",
+];
+
+/// The ids of this tokenizer's added (special) tokens that are [`MEDIA_PLACEHOLDERS`], with
+/// their text.
+pub fn media_placeholder_ids(tok: &Tokenizer) -> Vec<(u32, String)> {
+    let mut ids: Vec<(u32, String)> = tok
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| MEDIA_PLACEHOLDERS.contains(&t.content.as_str()))
+        .map(|(id, t)| (id, t.content))
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::{AddedToken, Tokenizer};
+
+    use super::media_placeholder_ids;
+
+    #[test]
+    fn media_placeholders_are_found_among_added_tokens_only() {
+        let vocab = [("<image>".to_string(), 0u32), ("a".to_string(), 1)]
+            .into_iter()
+            .collect();
+        let model = WordLevel::builder().vocab(vocab).build().unwrap();
+        let mut tok = Tokenizer::new(model);
+        tok.add_special_tokens(
+            ["<|im_start|>", "<|image_pad|>", "<|vision_start|>"]
+                .map(|t| AddedToken::from(t, true)),
+        )
+        .unwrap();
+        let names: Vec<String> = media_placeholder_ids(&tok)
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        // `<image>` is an ordinary vocabulary entry here, not an added token: text, not media.
+        assert_eq!(names, ["<|image_pad|>", "<|vision_start|>"]);
+    }
+}

@@ -14,6 +14,16 @@
 //!
 //! Weights are either kept quantized (`QMatMul`) or dequantized once at load to dense tensors
 //! (exact for GGUF block formats: dequantization is the format's definition of the weight).
+//!
+//! # Compute dtype
+//!
+//! A model computes in f32 or bf16 ([`Transformer::dtype`]): the embedding, the dense
+//! projections, the activations and the KV cache are in that dtype. Whatever it is, the norm
+//! statistics (every RMS norm runs on f32 with f32 weights), the attention softmax (scores
+//! upcast, the causal mask added in f32) and the returned logits are f32, as transformers'
+//! bf16 models compute them (`Qwen3RMSNorm` upcasts, eager attention's softmax runs in f32,
+//! `generate` samples from float logits). RoPE tables are computed in f32 and cast to the
+//! compute dtype, as transformers casts `cos`/`sin`.
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
@@ -134,14 +144,15 @@ impl KvCache {
         config: &TransformerConfig,
         batch: usize,
         capacity: usize,
+        dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
         let shape = (batch, config.n_kv_head, capacity, config.head_dim);
         let mut layers = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             layers.push((
-                Tensor::zeros(shape, DType::F32, device)?,
-                Tensor::zeros(shape, DType::F32, device)?,
+                Tensor::zeros(shape, dtype, device)?,
+                Tensor::zeros(shape, dtype, device)?,
             ));
         }
         Ok(KvCache {
@@ -182,8 +193,8 @@ impl KvCache {
         for (k, v) in &self.layers {
             let (_, h, _, d) = k.dims4()?;
             let shape = (n, h, capacity, d);
-            let k2 = Tensor::zeros(shape, DType::F32, k.device())?;
-            let v2 = Tensor::zeros(shape, DType::F32, v.device())?;
+            let k2 = Tensor::zeros(shape, k.dtype(), k.device())?;
+            let v2 = Tensor::zeros(shape, v.dtype(), v.device())?;
             if self.len > 0 {
                 let ks = k
                     .narrow(0, 0, 1)?
@@ -225,11 +236,67 @@ impl KvCache {
     }
 }
 
+/// RMS norm with f32 statistics and an f32 weight, returned in `x`'s dtype.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)
+    let xf = x.to_dtype(DType::F32)?.contiguous()?;
+    candle_nn::ops::rms_norm(&xf, w, eps as f32)?.to_dtype(x.dtype())
+}
+
+/// Checks that the weights are in the dtypes [`Transformer::forward`] computes with: norms in
+/// f32, the embedding and dense projections (and their biases) in `dtype`, quantized
+/// projections only with f32 activations.
+fn check_dtypes(
+    dtype: DType,
+    embedding: &Tensor,
+    layers: &[Layer],
+    final_norm: &Tensor,
+    lm_head: &Linear,
+) -> candle_core::Result<()> {
+    let want = |t: &Tensor, d: DType, what: &str| match t.dtype() == d {
+        true => Ok(()),
+        false => Err(candle_core::Error::Msg(format!(
+            "{what} is {:?}, expected {d:?}",
+            t.dtype()
+        ))),
+    };
+    let linear = |l: &Linear, what: &str| -> candle_core::Result<()> {
+        match &l.weight {
+            LinearWeight::Dense(w) => want(w, dtype, what)?,
+            LinearWeight::Quantized(_) if dtype != DType::F32 => candle_core::bail!(
+                "{what} is quantized, which computes with f32 activations, not {dtype:?}"
+            ),
+            LinearWeight::Quantized(_) => {}
+        }
+        l.bias.as_ref().map_or(Ok(()), |b| want(b, dtype, what))
+    };
+    want(embedding, dtype, "the embedding")?;
+    want(final_norm, DType::F32, "the final norm")?;
+    linear(lm_head, "the output head")?;
+    for (i, l) in layers.iter().enumerate() {
+        for (n, what) in [(&l.attn_norm, "attn_norm"), (&l.ffn_norm, "ffn_norm")] {
+            want(n, DType::F32, &format!("layer {i} {what}"))?;
+        }
+        for n in l.q_norm.iter().chain(&l.k_norm) {
+            want(n, DType::F32, &format!("layer {i} q/k norm"))?;
+        }
+        for (p, what) in [
+            (&l.wq, "q"),
+            (&l.wk, "k"),
+            (&l.wv, "v"),
+            (&l.wo, "o"),
+            (&l.w_gate, "gate"),
+            (&l.w_up, "up"),
+            (&l.w_down, "down"),
+        ] {
+            linear(p, &format!("layer {i} {what} projection"))?;
+        }
+    }
+    Ok(())
 }
 
 impl Transformer {
+    /// A model computing in `embedding`'s dtype (f32 or bf16; see the module docs), whose
+    /// weights must already be in the dtypes it computes with.
     pub fn new(
         config: TransformerConfig,
         embedding: Tensor,
@@ -239,6 +306,11 @@ impl Transformer {
         max_context: usize,
         device: &Device,
     ) -> candle_core::Result<Self> {
+        let dtype = embedding.dtype();
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            candle_core::bail!("compute dtype {dtype:?} is not supported (f32, bf16)")
+        }
+        check_dtypes(dtype, &embedding, &layers, &final_norm, &lm_head)?;
         let rot = config.head_dim;
         let half = rot / 2;
         let mut inv_freq: Vec<f32> = (0..half)
@@ -258,8 +330,8 @@ impl Transformer {
             .reshape((max_context, 1))?;
         let freqs = pos.matmul(&inv_freq)?;
         Ok(Transformer {
-            cos: freqs.cos()?,
-            sin: freqs.sin()?,
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            sin: freqs.sin()?.to_dtype(dtype)?,
             config,
             embedding,
             layers,
@@ -278,12 +350,18 @@ impl Transformer {
         &self.device
     }
 
+    /// The compute dtype (f32 or bf16): activations, dense weights and the KV cache.
+    pub fn dtype(&self) -> DType {
+        self.embedding.dtype()
+    }
+
     /// A fresh cache of `batch` rows with room for `capacity` tokens.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> candle_core::Result<KvCache> {
         KvCache::new(
             &self.config,
             batch,
             capacity.min(self.max_context),
+            self.dtype(),
             &self.device,
         )
     }
@@ -364,7 +442,8 @@ impl Transformer {
             // are adjacent in `q`, so `(b, n_head, t, d)` → `(b, n_kv, n_rep*t, d)` is a free
             // reshape and every KV head is read once per step.
             let q = q.reshape((b, cfg.n_kv_head, n_rep * t, cfg.head_dim))?;
-            let att = (q.matmul(&kc.t()?)? * scale)?;
+            // Scores in the compute dtype, then softmax (and the mask) in f32.
+            let att = (q.matmul(&kc.t()?)? * scale)?.to_dtype(DType::F32)?;
             let att = match &mask {
                 Some(m) => att
                     .reshape((b, cfg.n_kv_head, n_rep, t, kv_len))?
@@ -372,7 +451,7 @@ impl Transformer {
                     .reshape((b, cfg.n_kv_head, n_rep * t, kv_len))?,
                 None => att,
             };
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let att = candle_nn::ops::softmax_last_dim(&att)?.to_dtype(vc.dtype())?;
             let y = att.matmul(&vc)?; // (b, n_kv, n_rep*t, d)
             let y = y
                 .reshape((b, cfg.n_head, t, cfg.head_dim))?

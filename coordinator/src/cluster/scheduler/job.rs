@@ -59,6 +59,10 @@ pub enum JobOutput {
     Generate {
         text: String,
         prompt_tokens: u32,
+        /// Prompt tokens the worker reused from its generations' prefix cache (journals and
+        /// workers from before the field existed: 0).
+        #[serde(default)]
+        prefix_tokens: u32,
         completion_tokens: u32,
         finish_reason: String,
         latency_us: u64,

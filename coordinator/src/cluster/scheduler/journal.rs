@@ -186,6 +186,7 @@ mod tests {
         JobOutput::Generate {
             text: "{}".into(),
             prompt_tokens: 3,
+            prefix_tokens: 2,
             completion_tokens: 1,
             finish_reason: "stop".into(),
             latency_us: 4,
@@ -211,6 +212,13 @@ mod tests {
             JobOutput::Rollout { prefix_tokens, .. } => assert_eq!(prefix_tokens, 0),
             other => panic!("{other:?}"),
         }
+        let old = serde_json::json!({"kind": "generate", "text": "{}", "prompt_tokens": 3,
+                                     "completion_tokens": 1, "finish_reason": "stop",
+                                     "latency_us": 4});
+        match serde_json::from_value::<JobOutput>(old).unwrap() {
+            JobOutput::Generate { prefix_tokens, .. } => assert_eq!(prefix_tokens, 0),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -221,7 +229,7 @@ mod tests {
         Journal::create(&path)
             .unwrap()
             .record("sha256:a", &generated);
-        let row = r#"{"journal_version":1,"digest":"sha256:a","output":{"kind":"generate","text":"{}","prompt_tokens":3,"completion_tokens":1,"finish_reason":"stop","latency_us":4}}"#;
+        let row = r#"{"journal_version":1,"digest":"sha256:a","output":{"kind":"generate","text":"{}","prompt_tokens":3,"prefix_tokens":2,"completion_tokens":1,"finish_reason":"stop","latency_us":4}}"#;
         assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{row}\n"));
         std::fs::write(
             &path,

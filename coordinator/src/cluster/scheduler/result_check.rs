@@ -112,12 +112,7 @@ fn check_counters(output: &JobOutput) -> Result<(), String> {
             decode_us,
         } => {
             tokens("prompt_tokens", *prompt_tokens)?;
-            // A reused prefix always leaves the last prompt token to prefill.
-            if *prefix_tokens > 0 && *prefix_tokens >= *prompt_tokens {
-                return Err(format!(
-                    "prefix_tokens {prefix_tokens} is not below prompt_tokens {prompt_tokens}"
-                ));
-            }
+            reused_prefix(*prefix_tokens, *prompt_tokens)?;
             micros("prefill_us", *prefill_us)?;
             micros("decode_us", *decode_us)?;
             for c in candidates {
@@ -127,16 +122,29 @@ fn check_counters(output: &JobOutput) -> Result<(), String> {
         }
         JobOutput::Generate {
             prompt_tokens,
+            prefix_tokens,
             completion_tokens,
             finish_reason,
             latency_us,
             ..
         } => {
             tokens("prompt_tokens", *prompt_tokens)?;
+            reused_prefix(*prefix_tokens, *prompt_tokens)?;
             tokens("completion_tokens", *completion_tokens)?;
             micros("latency_us", *latency_us)?;
             finish(finish_reason)?;
         }
+    }
+    Ok(())
+}
+
+/// A reused prefix always leaves the last prompt token to prefill (its logits start the
+/// decode), so `prefix_tokens` is below `prompt_tokens` unless it is 0.
+fn reused_prefix(prefix_tokens: u32, prompt_tokens: u32) -> Result<(), String> {
+    if prefix_tokens > 0 && prefix_tokens >= prompt_tokens {
+        return Err(format!(
+            "prefix_tokens {prefix_tokens} is not below prompt_tokens {prompt_tokens}"
+        ));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! One reflection model call: a JSON-mode generation leased to a worker, retried with a new
 //! seed while its output does not parse, each attempt logged in the row as a [`CallRecord`].
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::observe;
@@ -11,13 +12,53 @@ use tokio::sync::mpsc;
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
 use super::{JSON_RETRIES, ReflectionError, Reflector};
 use crate::cluster::completions::await_completions;
-use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, Scheduler};
+use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER, Scheduler};
+use crate::progress::{Phase, ReflectPass};
 
 /// Where reflection calls go: the scheduler that leases them to workers, and the channel their
 /// answers come back on.
 pub(super) struct Workers<'a> {
     pub(super) scheduler: &'a Scheduler,
     pub(super) completions: &'a mut mpsc::UnboundedReceiver<Completion>,
+}
+
+/// How much prompt prefill the workers' generation prefix caches saved on the reflection calls
+/// they answered in this attempt (`summary.json` `runtime.prefix_cache.reflection`; answers
+/// replayed from the job journal prefilled nothing and are left out). A cycle's calls share
+/// their system prompt, guidance and cases (the prompts put them first), so a worker that
+/// answered the call before reuses that head. Which worker got which call decides the numbers:
+/// runtime facts, outside every determinism comparison.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CallPrefixReuse {
+    /// Reflection calls a worker answered with a generation.
+    pub calls: u64,
+    /// Those whose prefill started from a reused prefix.
+    pub calls_with_hit: u64,
+    /// `calls_with_hit / calls` (0 without calls).
+    pub hit_rate: f64,
+    /// Prompt tokens of those calls.
+    pub prompt_tokens: u64,
+    /// Prompt tokens whose KV was reused instead of prefilled.
+    pub prefill_tokens_saved: u64,
+}
+
+impl CallPrefixReuse {
+    /// Counts one attempt's record when a worker (not the journal) produced its generation.
+    pub(super) fn count(&mut self, record: &CallRecord) {
+        let r = &record.runtime;
+        let Some(prefix) = r.prefix_tokens else {
+            return;
+        };
+        if r.worker_id.as_deref() == Some(REPLAY_WORKER) {
+            return;
+        }
+        self.calls += 1;
+        self.calls_with_hit += u64::from(prefix > 0);
+        self.prompt_tokens += u64::from(record.prompt_tokens);
+        self.prefill_tokens_saved += u64::from(prefix.min(record.prompt_tokens));
+        self.hit_rate = self.calls_with_hit as f64 / self.calls as f64;
+    }
 }
 
 /// What one attempt came to.
@@ -47,6 +88,7 @@ impl Reflector {
                 return Ok(None);
             }
             self.state.calls_epoch += 1;
+            self.show_call(row.reflection_cycle, pass);
             let seed = derived_seed(
                 self.run_seed,
                 "reflection-call",
@@ -59,6 +101,7 @@ impl Reflector {
             );
             let completion = self.generate(&messages, schema, seed, workers).await?;
             let (record, outcome) = judge(pass, attempt, seed, completion, &parse);
+            self.prefix_reuse.count(&record);
             row.calls.push(record);
             match outcome {
                 Attempt::Parsed(v) => return Ok(Some(v)),
@@ -67,6 +110,18 @@ impl Reflector {
             }
         }
         Ok(None)
+    }
+
+    /// The progress state names the call's cycle and pass.
+    fn show_call(&self, cycle: u64, pass: CallPass) {
+        let pass = match pass {
+            CallPass::Decision => ReflectPass::Decision,
+            CallPass::Ops => ReflectPass::Ops,
+            CallPass::OpsRevision => ReflectPass::Revision,
+        };
+        if let Some(progress) = &self.progress {
+            crate::progress::enter(progress, Phase::Reflecting { cycle, pass });
+        }
     }
 
     /// Lease one generation and wait for its answer.
@@ -111,6 +166,7 @@ fn judge<T>(
             lease_id: Some(p.lease_id),
             attempt: Some(p.attempt),
             latency_us: None,
+            prefix_tokens: None,
         },
         None => CallRuntime::default(),
     };
@@ -119,6 +175,7 @@ fn judge<T>(
         Ok(JobOutput::Generate {
             text,
             prompt_tokens,
+            prefix_tokens,
             completion_tokens,
             finish_reason,
             latency_us,
@@ -142,6 +199,7 @@ fn judge<T>(
                 finish_reason,
                 runtime: CallRuntime {
                     latency_us: Some(latency_us),
+                    prefix_tokens: Some(prefix_tokens),
                     ..empty.runtime
                 },
                 ..empty

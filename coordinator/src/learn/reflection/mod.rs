@@ -44,6 +44,7 @@ use crate::cluster::completions::WaitError;
 use crate::cluster::scheduler::{Completion, Scheduler};
 use crate::guidance::{GuidanceError, GuidanceRepo};
 use crate::learn::need_review::{self, NeedReviewRow};
+use crate::progress::ProgressHandle;
 
 mod call;
 mod cycle;
@@ -53,6 +54,7 @@ mod queue;
 mod record;
 pub mod row;
 mod state;
+pub use call::CallPrefixReuse;
 use call::Workers;
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
@@ -116,6 +118,11 @@ pub struct Reflector {
     run_groups: BTreeSet<String>,
     /// `runner.epochs`: the epoch whose routing `need_review.json` shows as the final view.
     final_epoch: u32,
+    /// Prefill the workers' prefix caches saved on this attempt's calls (runtime only: not in
+    /// [`ReflectorState`], a resumed attempt counts its own).
+    prefix_reuse: CallPrefixReuse,
+    /// Where each call's cycle and pass are shown (the run's progress state), when set.
+    progress: Option<ProgressHandle>,
 }
 
 impl Reflector {
@@ -169,6 +176,8 @@ impl Reflector {
             worker_grace: Duration::from_secs(600),
             run_groups: BTreeSet::new(),
             final_epoch: run.runner.epochs,
+            prefix_reuse: CallPrefixReuse::default(),
+            progress: None,
         })
     }
 
@@ -190,6 +199,11 @@ impl Reflector {
         self.run_groups = groups;
     }
 
+    /// Shows each call's cycle and pass in `progress` (`reflecting cycle 2 (decision)`).
+    pub fn set_progress(&mut self, progress: ProgressHandle) {
+        self.progress = Some(progress);
+    }
+
     pub fn set_guidance_reused(&mut self, reused: bool) {
         self.guidance_reused = reused;
     }
@@ -206,6 +220,11 @@ impl Reflector {
     /// The id of the last reflection that changed guidance.
     pub fn last_applied_reflection(&self) -> Option<String> {
         self.state.last_applied.clone()
+    }
+
+    /// Prefill the workers' prefix caches saved on this attempt's reflection calls.
+    pub fn prefix_reuse(&self) -> &CallPrefixReuse {
+        &self.prefix_reuse
     }
 
     pub fn need_review_count(&self) -> usize {

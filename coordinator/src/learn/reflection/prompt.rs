@@ -27,16 +27,18 @@ pub fn estimate_tokens(text: &str) -> usize {
     text.len() + TEMPLATE_TOKENS
 }
 
+/// The user message's head: mission, guidance step and rules, then what changes from cycle to
+/// cycle (its number and the batch's size). Everything the calls of a run share comes before
+/// anything one call alone has, so a worker's prefix cache reuses it: a call's JSON retries,
+/// the ops pass's revision round (which appends the rejected ops after the cases) and the next
+/// cycle's call of the same pass under unchanged guidance all start with the same tokens.
 pub(super) fn header_text(mission: &str, guidance: &GuidanceRepo, cycle: u64, n: usize) -> String {
-    let mut s = format!(
-        "任务: {mission}\n反思周期: {cycle}\n指导步骤: {}\n",
-        guidance.step()
-    );
+    let mut s = format!("任务: {mission}\n指导步骤: {}\n", guidance.step());
     s.push_str("当前规则:\n");
     for (k, t) in guidance.render_for_prompt() {
         s.push_str(&format!("[{k}]. {}\n", text::normalize(&t)));
     }
-    s.push_str(&format!("批次: {n} 组\n"));
+    s.push_str(&format!("反思周期: {cycle}\n批次: {n} 组\n"));
     s
 }
 

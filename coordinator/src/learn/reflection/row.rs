@@ -232,6 +232,9 @@ pub struct CallRuntime {
     /// Only for completed generations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_us: Option<u64>,
+    /// Leading prompt tokens the worker's prefix cache supplied (completed generations only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_tokens: Option<u32>,
 }
 
 /// The opening of a row: everything a cycle knows before its first phase.
@@ -354,6 +357,7 @@ mod tests {
                 lease_id: Some(7),
                 attempt: Some(1),
                 latency_us: Some(2711159),
+                prefix_tokens: None,
             },
         }
     }

@@ -7,8 +7,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use candle_core::Device;
 use candle_core::quantized::gguf_file;
+use candle_core::{DType, Device};
 use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 
@@ -16,7 +16,7 @@ use super::{Backend, CANDLE_VERSION, CandleEngine, EngineOptions};
 use crate::engine::chat_template::ChatTemplate;
 use crate::engine::cpu::model::Workspace;
 use crate::engine::gguf::{self, WeightFormat, model_err};
-use crate::engine::options::select_device;
+use crate::engine::options::{candle_fingerprint_dtype, select_device};
 use crate::engine::prefix_cache::PrefixStore;
 use crate::engine::safetensors;
 use crate::engine::sampler::Scratch;
@@ -145,26 +145,24 @@ impl CandleEngine {
             &crate::engine::tokenizer::gguf_declared_stops(&ct),
             Some(template.source()),
         );
-        let (model, dtype) = if device.is_cpu() && options.weight_format == WeightFormat::Auto {
-            let mut m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
-            m.set_numerics(options.numerics);
-            let dtype = options.numerics.fingerprint_dtype().to_string();
-            (Backend::Cpu(m), dtype)
-        } else {
-            let loaded = gguf::load(
-                path,
-                &mut file,
-                &ct,
-                device,
-                options.weight_format,
-                max_context,
-            )?;
-            let dtype = if loaded.dequantized {
-                "f32-dequantized"
-            } else {
-                "gguf-quantized"
-            };
-            (Backend::Candle(loaded.transformer), dtype.to_string())
+        let fast_path = options.numerics.cpu_fast_path();
+        let (model, dtype) = match fast_path {
+            Some(numerics) if device.is_cpu() && options.weight_format == WeightFormat::Auto => {
+                let mut m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
+                m.set_numerics(numerics);
+                (Backend::Cpu(m), numerics.fingerprint_dtype().to_string())
+            }
+            _ => {
+                let compute = options.numerics.candle_dtype(device)?;
+                let format = (options.weight_format, compute);
+                let loaded = gguf::load(path, &mut file, &ct, device, format, max_context)?;
+                let dtype = match (loaded.dequantized, compute) {
+                    (_, DType::BF16) => candle_fingerprint_dtype(device, compute),
+                    (true, _) => "f32-dequantized".to_string(),
+                    (false, _) => "gguf-quantized".to_string(),
+                };
+                (Backend::Candle(loaded.transformer), dtype)
+            }
         };
         let fingerprint = ModelFingerprint {
             weights_sha256: sha256_files(&[path.to_path_buf()])?,
@@ -195,11 +193,12 @@ impl CandleEngine {
             Some(template.source()),
         );
         let files = safetensors::weight_files(dir)?;
-        let model = safetensors::load(dir, device, max_context)?;
+        let compute = options.numerics.candle_dtype(device)?;
+        let model = safetensors::load(dir, device, max_context, compute)?;
         let fingerprint = ModelFingerprint {
             weights_sha256: sha256_files(&files)?,
             candle_version: CANDLE_VERSION.to_string(),
-            dtype: "f32".into(),
+            dtype: candle_fingerprint_dtype(device, compute),
             device: device_kind.to_string(),
             architecture: model.config.architecture.clone(),
         };
@@ -225,6 +224,9 @@ impl CandleEngine {
             ));
         }
         Ok(CandleEngine {
+            media_placeholders: crate::engine::tokenizer::media_placeholder_ids(&tokenizer),
+            live: Vec::new(),
+            last_step: (0, 0),
             context_limit: model.max_context(),
             cancel: CancelFlag::default(),
             last_kv_bytes: 0,
@@ -241,6 +243,7 @@ impl CandleEngine {
             fast_forward: true,
             forced_tokens: 0,
             prefix: PrefixStore::new(0),
+            generate_prefix: PrefixStore::new(0),
         })
     }
 }

@@ -1,12 +1,13 @@
 //! The prefill of a job's prompt in the fixed schedule (chunks of [`PREFILL_CHUNK`] from
 //! position 0, the candle backend's and the CPU fast path's), and on the CPU path the prompt
-//! prefix store around it: a prefill starts after the longest prefix kept from an earlier
-//! prompt, and a finished rollout's prompt is kept. Split from `candle_engine.rs`, whose
+//! prefix stores around it: a prefill starts after the longest prefix kept from an earlier
+//! prompt of its kind, and a finished job's prompt is kept (rollouts and generations in stores
+//! of their own, [`Reuse`]). Split from `candle_engine.rs`, whose
 //! fields it uses.
 
 use candle_core::Tensor;
 
-use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK};
+use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use crate::engine::prefix_cache::PrefixStore;
@@ -14,11 +15,11 @@ use crate::engine::prefix_cache::PrefixStore;
 impl CandleEngine {
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
     /// [`PREFILL_CHUNK`] from position 0), the prompt's cache, and the leading positions
-    /// copied from the prefix store (`reuse`: rollouts on the CPU fast path).
+    /// copied from the prefix store `reuse` names (on the CPU fast path).
     pub(super) fn prefill(
         &mut self,
         prompt: &[u32],
-        reuse: bool,
+        reuse: Reuse,
     ) -> Result<(Vec<f32>, DecodeCache, usize), EngineError> {
         let me = |e: candle_core::Error| EngineError::Model(e.to_string());
         if prompt.is_empty() {
@@ -42,7 +43,13 @@ impl CandleEngine {
                 Ok((v, DecodeCache::Candle(Some(cache)), 0))
             }
             Backend::Cpu(model) => {
-                let store = (reuse && self.prefix.enabled()).then_some(&mut self.prefix);
+                // Disjoint fields: the model is read while the job's store is written.
+                let store = match reuse {
+                    Reuse::Off => None,
+                    Reuse::Rollouts => Some(&mut self.prefix),
+                    Reuse::Generations => Some(&mut self.generate_prefix),
+                };
+                let store = store.filter(|s| s.enabled());
                 let (logits, cache, reused) =
                     cpu_prefill(model, prompt, store, &mut self.workspace)
                         .map_err(EngineError::Model)?;

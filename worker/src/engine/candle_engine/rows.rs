@@ -24,6 +24,27 @@ pub(super) struct Row {
     pub(super) next_allowed: Option<AllowedTokens>,
 }
 
+impl Row {
+    /// A row that has produced nothing yet.
+    pub(super) fn new(
+        params: SamplingParams,
+        seed: u64,
+        max_new: usize,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Row {
+        Row {
+            params,
+            seed,
+            max_new,
+            constraint,
+            seen: None,
+            tokens: Vec::new(),
+            finish: None,
+            next_allowed: None,
+        }
+    }
+}
+
 impl CandleEngine {
     /// Samples one token for `row` and advances its state. `None` when the row ended without
     /// producing a token. The draw is `uniform_at(seed, token index)`.

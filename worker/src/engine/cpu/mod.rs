@@ -3,6 +3,8 @@
 //!
 //! - [`model`]: the transformer (llama, qwen2, qwen3), its KV cache (the prompt once, a suffix
 //!   per candidate row) and the matmul [`model::Numerics`].
+//! - [`cache`]: a job's KV cache (the prompt once, a suffix per candidate row) and the slots
+//!   a forward call's positions go to.
 //! - [`weights`]: the weight matrices: GGUF Q4_1/Q8_0 blocks, f32, and the interleaved copy the
 //!   integer kernels read; parsing, stacking and exact dequantization.
 //! - [`kernels`]: f32 kernels: matmul, RMS norm, SiLU, `exp`, softmax sums (the AVX2 matmul
@@ -12,10 +14,11 @@
 //! - [`attention`]: attention over the transposed KV cache, many queries of one KV head per call.
 //! - [`isa`]: the instruction sets the kernels run with, chosen once per process (`--kernels`).
 //!
-//! Imports run one way: `model` → `attention` → `kernels`; `model`, `kernels` and `int8` →
+//! Imports run one way: `model` → `cache`, `attention` → `kernels`; `model`, `kernels` and `int8` →
 //! `weights` and `isa`, which import neither.
 
 pub mod attention;
+pub mod cache;
 pub mod int8;
 pub mod isa;
 pub mod kernels;

@@ -18,6 +18,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
 use super::attention::{self, KvRun};
+pub use super::cache::{CpuCache, Slot};
 use super::int8::{self, Int8Workspace};
 use super::kernels;
 use super::weights::{Interleaved, PackedMatrix};
@@ -29,7 +30,7 @@ const PREFILL_ATTENTION_BLOCK: usize = 16;
 
 /// The arithmetic of the matmuls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Numerics {
+pub enum CpuNumerics {
     /// Activations quantized to 8 bits per block, integer dot products with Q4_1/Q8_0 weights
     /// ([`int8`]); f32 weights keep the f32 path.
     #[default]
@@ -38,25 +39,13 @@ pub enum Numerics {
     F32,
 }
 
-impl Numerics {
+impl CpuNumerics {
     /// The fingerprint's dtype: the numerics change every logit, so workers that differ in
     /// them must not serve one run.
     pub fn fingerprint_dtype(self) -> &'static str {
         match self {
-            Numerics::Int8 => "cpu-q8-fixed-order",
-            Numerics::F32 => "cpu-f32-fixed-order",
-        }
-    }
-}
-
-impl std::str::FromStr for Numerics {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "int8" => Ok(Numerics::Int8),
-            "f32" => Ok(Numerics::F32),
-            _ => Err(format!("unknown numerics `{s}` (int8, f32)")),
+            CpuNumerics::Int8 => "cpu-q8-fixed-order",
+            CpuNumerics::F32 => "cpu-f32-fixed-order",
         }
     }
 }
@@ -90,7 +79,7 @@ pub struct CpuModel {
     cos: Vec<f32>,
     sin: Vec<f32>,
     max_context: usize,
-    numerics: Numerics,
+    numerics: CpuNumerics,
 }
 
 /// A weight from GGUF: Q4_1 and Q8_0 stay in their blocks, anything else becomes f32 (exact).
@@ -116,24 +105,6 @@ pub fn pack(q: &QTensor) -> candle_core::Result<PackedMatrix> {
     }
 }
 
-/// Per-layer keys/values of one run of positions.
-#[derive(Debug)]
-struct Seg {
-    /// `n_kv × d × cap`.
-    kt: Vec<f32>,
-    /// `n_kv × cap × d`.
-    v: Vec<f32>,
-}
-
-/// Where a position of a forward call goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot {
-    /// The next prompt position (shared by every row).
-    Shared,
-    /// The next position of candidate row `r`.
-    Row(usize),
-}
-
 /// Where the slots of one forward call go ([`CpuModel::forward_at`]).
 #[derive(Debug)]
 struct Placement {
@@ -147,95 +118,13 @@ struct Placement {
     shared_after: usize,
 }
 
-/// The attention state of one ticket: the prompt once, then one suffix per candidate row.
-#[derive(Debug)]
-pub struct CpuCache {
-    shared: Vec<Seg>,
-    shared_len: usize,
-    shared_cap: usize,
-    rows: Vec<Vec<Seg>>,
-    row_len: Vec<usize>,
-    row_cap: usize,
-}
-
-impl CpuCache {
-    /// Prompt positions cached.
-    pub fn shared_len(&self) -> usize {
-        self.shared_len
-    }
-
-    /// Adds `n` candidate rows with room for `cap` positions each (after the prompt).
-    pub fn add_rows(&mut self, cfg: &TransformerConfig, n: usize, cap: usize) {
-        self.row_cap = cap;
-        let sz = cfg.n_kv_head * cfg.head_dim * cap;
-        self.rows = (0..n)
-            .map(|_| {
-                (0..cfg.n_layer)
-                    .map(|_| Seg {
-                        kt: vec![0.0; sz],
-                        v: vec![0.0; sz],
-                    })
-                    .collect()
-            })
-            .collect();
-        self.row_len = vec![0; n];
-    }
-
-    /// Bytes of the prompt's keys and values (what a stored prefix holds).
-    pub fn shared_bytes(&self) -> usize {
-        let floats: usize = self.shared.iter().map(|s| s.kt.len() + s.v.len()).sum();
-        floats * std::mem::size_of::<f32>()
-    }
-
-    /// The prompt part alone: the candidate rows are dropped (a finished job's cache kept for
-    /// prefix reuse needs only the prompt's positions).
-    pub fn into_prompt(mut self) -> CpuCache {
-        self.rows = Vec::new();
-        self.row_len = Vec::new();
-        self.row_cap = 0;
-        self
-    }
-
-    /// Starts this empty cache with the first `len` prompt positions of `src`, so the next
-    /// forward call continues at position `len`. The copied keys and values are the bits a
-    /// prefill of the same tokens computes (a position's KV depends only on the tokens up to
-    /// it), so what follows is computed exactly as without the copy. Keys are stored
-    /// transposed: the first `len` columns of every `d`-row of `kt`, the first `len` rows of
-    /// every KV head's `v`.
-    pub fn load_prefix(
-        &mut self,
-        cfg: &TransformerConfig,
-        src: &CpuCache,
-        len: usize,
-    ) -> Result<(), String> {
-        let (d, nkv) = (cfg.head_dim, cfg.n_kv_head);
-        let (dc, sc) = (self.shared_cap, src.shared_cap);
-        if self.shared_len != 0 || !self.rows.is_empty() {
-            return Err("load_prefix: the cache is not empty".into());
-        }
-        if len > src.shared_len || len > dc || src.shared.len() != self.shared.len() {
-            return Err("load_prefix: the prefix does not fit".into());
-        }
-        let shape_ok = |c: &CpuCache| {
-            c.shared
-                .iter()
-                .all(|s| s.kt.len() == nkv * d * c.shared_cap)
-        };
-        if !shape_ok(self) || !shape_ok(src) {
-            return Err("load_prefix: caches of another model".into());
-        }
-        for (dst, from) in self.shared.iter_mut().zip(&src.shared) {
-            for r in 0..nkv * d {
-                dst.kt[r * dc..r * dc + len].copy_from_slice(&from.kt[r * sc..r * sc + len]);
-            }
-            for g in 0..nkv {
-                dst.v[g * dc * d..(g * dc + len) * d]
-                    .copy_from_slice(&from.v[g * sc * d..(g * sc + len) * d]);
-            }
-        }
-        self.shared_len = len;
-        Ok(())
-    }
+/// One job's share of a batched forward call ([`CpuModel::forward_parts`]): its tokens (one
+/// per slot), where they go in its cache, and which of them need logits (ascending).
+pub struct Part<'a> {
+    pub tokens: &'a [u32],
+    pub slots: &'a [Slot],
+    pub cache: &'a mut CpuCache,
+    pub logits_at: &'a [usize],
 }
 
 /// Reusable activation buffers (one per engine), so steps do not allocate.
@@ -310,7 +199,7 @@ impl CpuModel {
             cos,
             sin,
             max_context,
-            numerics: Numerics::default(),
+            numerics: CpuNumerics::default(),
         })
     }
 
@@ -318,15 +207,15 @@ impl CpuModel {
         self.max_context
     }
 
-    pub fn numerics(&self) -> Numerics {
+    pub fn numerics(&self) -> CpuNumerics {
         self.numerics
     }
 
-    /// Chooses the matmul arithmetic; [`Numerics::Int8`] interleaves the Q4_1/Q8_0 matrices
+    /// Chooses the matmul arithmetic; [`CpuNumerics::Int8`] interleaves the Q4_1/Q8_0 matrices
     /// (the embedding too when the head is tied to it: lookups read the same values).
-    pub fn set_numerics(&mut self, numerics: Numerics) {
+    pub fn set_numerics(&mut self, numerics: CpuNumerics) {
         self.numerics = numerics;
-        if numerics != Numerics::Int8 {
+        if numerics != CpuNumerics::Int8 {
             return;
         }
         let interleave = |w: &mut PackedMatrix| {
@@ -344,7 +233,7 @@ impl CpuModel {
 
     /// `y = x · wᵀ` with this model's numerics.
     fn matmul(&self, x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut MatmulBuffers) {
-        if self.numerics == Numerics::Int8 && int8::supports(w) {
+        if self.numerics == CpuNumerics::Int8 && int8::supports(w) {
             int8::matmul(x, m, w, y, &mut ws.int8);
         } else {
             kernels::matmul(x, m, w, y, &mut ws.yt);
@@ -363,21 +252,7 @@ impl CpuModel {
 
     /// An empty cache with room for `prompt_cap` prompt positions.
     pub fn new_cache(&self, prompt_cap: usize) -> CpuCache {
-        let c = &self.config;
-        let sz = c.n_kv_head * c.head_dim * prompt_cap;
-        CpuCache {
-            shared: (0..c.n_layer)
-                .map(|_| Seg {
-                    kt: vec![0.0; sz],
-                    v: vec![0.0; sz],
-                })
-                .collect(),
-            shared_len: 0,
-            shared_cap: prompt_cap,
-            rows: Vec::new(),
-            row_len: Vec::new(),
-            row_cap: 0,
-        }
+        CpuCache::new(&self.config, prompt_cap)
     }
 
     fn rope(&self, x: &mut [f32], pos: usize) {
@@ -505,7 +380,7 @@ impl CpuModel {
     /// A forward call either extends the prompt (all [`Slot::Shared`], before any row exists)
     /// or advances rows; a row may take several consecutive positions in one call (forced
     /// tokens), its occurrences in order. Every position's arithmetic is the same as if it
-    /// were fed alone.
+    /// were fed alone. One [`Part`] of [`CpuModel::forward_parts`].
     pub fn forward_at(
         &self,
         tokens: &[u32],
@@ -514,25 +389,66 @@ impl CpuModel {
         logits_at: &[usize],
         ws: &mut Workspace,
     ) -> Result<Vec<f32>, String> {
-        let m = tokens.len();
-        if m == 0
-            || slots.len() != m
-            || logits_at.is_empty()
-            || logits_at.windows(2).any(|w| w[0] >= w[1])
-            || logits_at.last().is_some_and(|&p| p >= m)
-        {
-            return Err("forward: empty input, bad slots or bad logit positions".into());
+        let mut parts = [Part {
+            tokens,
+            slots,
+            cache,
+            logits_at,
+        }];
+        let mut out = self.forward_parts(&mut parts, ws)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// One forward call over several jobs' caches at once (continuous batching): each
+    /// [`Part`] is what [`forward_at`](Self::forward_at) takes for one cache. The matmuls run
+    /// over every position of every part together (each weight read once per step, whatever
+    /// the number of jobs); keys and values are stored, and attention reads, per part. Every
+    /// position's arithmetic is the same as if its part were run alone: which parts share a
+    /// call, and in which order, changes no bit. Returns each part's logits, in order.
+    pub fn forward_parts(
+        &self,
+        parts: &mut [Part<'_>],
+        ws: &mut Workspace,
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let mut places = Vec::with_capacity(parts.len());
+        let (mut tokens, mut at) = (Vec::new(), Vec::new());
+        for p in parts.iter() {
+            let m = p.tokens.len();
+            if m == 0
+                || p.slots.len() != m
+                || p.logits_at.is_empty()
+                || p.logits_at.windows(2).any(|w| w[0] >= w[1])
+                || p.logits_at.last().is_some_and(|&i| i >= m)
+            {
+                return Err("forward: empty input, bad slots or bad logit positions".into());
+            }
+            places.push(self.place(p.slots, p.cache)?);
+            at.extend(p.logits_at.iter().map(|&i| tokens.len() + i));
+            tokens.extend_from_slice(p.tokens);
         }
-        let place = self.place(slots, cache)?;
-        self.embed(tokens, ws)?;
+        if parts.is_empty() {
+            return Err("forward: no input".into());
+        }
+        self.embed(&tokens, ws)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            self.block(li, layer, slots, &place, cache, ws);
+            self.block(li, layer, parts, &places, ws);
         }
-        cache.shared_len = place.shared_after;
-        for (len, n) in cache.row_len.iter_mut().zip(place.fed) {
-            *len += n;
+        for (p, place) in parts.iter_mut().zip(places) {
+            p.cache.shared_len = place.shared_after;
+            for (len, n) in p.cache.row_len.iter_mut().zip(place.fed) {
+                *len += n;
+            }
         }
-        Ok(self.head_logits(&ws.x, logits_at, &mut ws.mm))
+        let logits = self.head_logits(&ws.x, &at, &mut ws.mm);
+        let vocab = logits.len() / at.len();
+        let mut out = Vec::with_capacity(parts.len());
+        let mut from = 0;
+        for p in parts.iter() {
+            let n = p.logits_at.len() * vocab;
+            out.push(logits[from..from + n].to_vec());
+            from += n;
+        }
+        Ok(out)
     }
 
     /// Where each slot of a forward call goes (see [`Placement`]), or why it cannot: prompt
@@ -600,19 +516,23 @@ impl CpuModel {
     }
 
     /// Layer `li` over every position of a forward call, on the residual stream `ws.x`:
-    /// attention (the positions' keys and values stored in `cache` first), then the MLP,
-    /// each added to the stream.
+    /// attention (each part's keys and values stored in its cache first, then read from it),
+    /// then the MLP, each added to the stream. The matmuls take every part's positions at once.
     fn block(
         &self,
         li: usize,
         layer: &CpuLayer,
-        slots: &[Slot],
-        place: &Placement,
-        cache: &mut CpuCache,
+        parts: &mut [Part<'_>],
+        places: &[Placement],
         ws: &mut Workspace,
     ) {
-        let eps = self.config.rms_eps as f32;
-        let m = slots.len();
+        let cfg = &self.config;
+        let eps = cfg.rms_eps as f32;
+        let (qkv_n, att_n) = (
+            (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim,
+            cfg.n_head * cfg.head_dim,
+        );
+        let m: usize = parts.iter().map(|p| p.slots.len()).sum();
         let Workspace {
             x,
             h,
@@ -625,17 +545,23 @@ impl CpuModel {
         } = ws;
         kernels::rms_norm(x, &layer.attn_norm, eps, h);
         self.matmul(h, m, &layer.qkv, qkv, mm);
-        self.store_kv(li, layer, slots, place, qkv, cache);
-        self.attention(
-            li,
-            cache,
-            qkv,
-            slots,
-            &place.positions,
-            &place.row_pos,
-            place.shared_after,
-            att,
-        );
+        let mut o = 0;
+        for (p, place) in parts.iter_mut().zip(places) {
+            let mi = p.slots.len();
+            let q = &mut qkv[o * qkv_n..(o + mi) * qkv_n];
+            self.store_kv(li, layer, p.slots, place, q, p.cache);
+            self.attention(
+                li,
+                p.cache,
+                q,
+                p.slots,
+                &place.positions,
+                &place.row_pos,
+                place.shared_after,
+                &mut att[o * att_n..(o + mi) * att_n],
+            );
+            o += mi;
+        }
         self.matmul(att, m, &layer.wo, tmp, mm);
         for (a, b) in x.iter_mut().zip(tmp.iter()) {
             *a += *b;

@@ -1,0 +1,505 @@
+//! Continuous batching on the CPU fast path: many jobs (rollouts and generations) in one
+//! decode loop. Jobs join with [`CandleEngine::admit_job`]; every [`CandleEngine::step_batch`]
+//! runs one forward call that holds a chunk of at most one joining job's prompt (so a long
+//! prompt never stalls running rows for more than one chunk) and the next token of every live
+//! row of every running job; a job leaves, with its output, the step its last row ends.
+//!
+//! A row's tokens never depend on what shares its steps: its logits come from its own prompt
+//! and tokens ([`CpuModel::forward_parts`] keeps every position's arithmetic what it is alone),
+//! its draw is `uniform_at(seed, token index)`, and the prompt's prefill follows the fixed
+//! chunk schedule whatever step it runs in. `tests/engine_batching.rs` checks it on the real
+//! model. Also here: building a job's rows from its request and its output from its rows,
+//! which the one-job path ([`Engine::rollout`], [`Engine::generate`]) shares.
+
+use std::time::Instant;
+
+use super::rows::Row;
+use super::{
+    Backend, CandleEngine, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse, check_params,
+};
+use crate::constraint::ConstraintSpec;
+use crate::engine::cpu::model::{CpuCache, Part, Slot};
+use crate::engine::sampler::SeenTokens;
+use crate::engine::{
+    CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason, GenerateOutput,
+    GenerateRequest, Job, JobOutput, RolloutOutput,
+};
+
+/// A job in the running batch.
+pub(super) struct Live {
+    key: u64,
+    /// `Some((decode_index, sample_index))` per row for a rollout; `None` for a generation.
+    ids: Option<RowIds>,
+    prompt: Vec<u32>,
+    rows: Vec<Row>,
+    cache: CpuCache,
+    /// Each row's logits for its next token (valid once the prompt is prefilled).
+    logits: Vec<Vec<f32>>,
+    /// Prompt positions in the cache.
+    prefilled: usize,
+    /// Leading positions copied from the prefix store.
+    reused: usize,
+    /// The prefix store the job's prompt came from and goes back to when it ends.
+    keep: Reuse,
+    cancel: CancelFlag,
+    admitted: Instant,
+    prefill_us: u64,
+    decode_from: Option<Instant>,
+}
+
+impl Live {
+    fn decoding(&self) -> bool {
+        self.prefilled == self.prompt.len()
+    }
+}
+
+/// One job's share of a forward call.
+struct Input {
+    /// Its index in the running batch.
+    job: usize,
+    tokens: Vec<u32>,
+    slots: Vec<Slot>,
+    logits_at: Vec<usize>,
+    /// The row of each logit; `None` for a prefill chunk (one logit: the chunk's last).
+    rows: Option<Vec<usize>>,
+}
+
+/// What one forward call takes: the next prefill chunk of the earliest job still prefilling
+/// (the fixed schedule: chunks end at multiples of [`PREFILL_CHUNK`]), and every fed row's
+/// tokens (a row's forced run in order), job by job.
+fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>]) -> Vec<Input> {
+    let filling = live.iter().position(|j| !j.decoding());
+    let mut inputs = Vec::new();
+    for (ji, (j, f)) in live.iter().zip(feeds).enumerate() {
+        if Some(ji) == filling {
+            let end = ((j.prefilled / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(j.prompt.len());
+            let tokens = j.prompt[j.prefilled..end].to_vec();
+            let n = tokens.len();
+            inputs.push(Input {
+                job: ji,
+                tokens,
+                slots: vec![Slot::Shared; n],
+                logits_at: vec![n - 1],
+                rows: None,
+            });
+        } else if f.iter().any(|r| !r.is_empty()) {
+            let mut input = Input {
+                job: ji,
+                tokens: Vec::new(),
+                slots: Vec::new(),
+                logits_at: Vec::new(),
+                rows: Some(Vec::new()),
+            };
+            for (r, feed) in f.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
+                input.tokens.extend_from_slice(feed);
+                input
+                    .slots
+                    .extend(std::iter::repeat_n(Slot::Row(r), feed.len()));
+                input.logits_at.push(input.tokens.len() - 1);
+                input.rows.get_or_insert_default().push(r);
+            }
+            inputs.push(input);
+        }
+    }
+    inputs
+}
+
+/// Each row's `(decode_index, sample_index)` in a rollout.
+pub(super) type RowIds = Vec<(u32, u32)>;
+
+/// A finished job: its key and its output or error.
+pub type Finished = (u64, Result<JobOutput, EngineError>);
+
+impl CandleEngine {
+    /// Whether this engine runs jobs in one continuous batch ([`Self::admit_job`]): the CPU fast
+    /// path does; the candle backend's lockstep cache cannot hold rows of different prompts, so
+    /// there jobs run one at a time.
+    pub fn batches(&self) -> bool {
+        matches!(self.model, Backend::Cpu(_))
+    }
+
+    /// Jobs in the running batch.
+    pub fn jobs_in_batch(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Bytes of KV cache `prompt_len` prompt tokens and `rows` rows of `max_new` tokens take
+    /// (f32 keys and values, every layer): what a job holds at its peak.
+    pub fn kv_bytes(&self, prompt_len: usize, rows: usize, max_new: usize) -> u64 {
+        let c = self.model.config();
+        let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * 4) as u64;
+        per_position * (prompt_len + rows * max_new) as u64
+    }
+
+    /// Adds `job` to the running batch under `key`; it starts at the next step. A job that
+    /// cannot run (bad request, prompt too long) is refused here, before it holds memory.
+    pub fn admit_job(
+        &mut self,
+        key: u64,
+        job: &Job,
+        cancel: CancelFlag,
+    ) -> Result<(), EngineError> {
+        let Backend::Cpu(model) = &self.model else {
+            return Err(EngineError::Model(
+                "this backend does not batch jobs".into(),
+            ));
+        };
+        let (messages, rows, ids, keep) = match job {
+            Job::Rollout(r) => {
+                let (rows, ids) = self.rollout_rows(&r.decodes, r.constrained)?;
+                (&r.messages, rows, Some(ids), Reuse::Rollouts)
+            }
+            Job::Generate(g) => (
+                &g.messages,
+                vec![self.generate_row(g)?],
+                None,
+                Reuse::Generations,
+            ),
+        };
+        let prompt = self.prompt_ids(messages)?;
+        let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
+        self.check_fits(&prompt, max_new)?;
+        let mut cache = model.new_cache(prompt.len());
+        let mut reused = 0;
+        // Disjoint fields: the model is read while the job's store is looked up.
+        let store = match keep {
+            Reuse::Rollouts => &mut self.prefix,
+            _ => &mut self.generate_prefix,
+        };
+        if store.enabled()
+            && let Some(hit) = store.lookup(&prompt)
+        {
+            cache
+                .load_prefix(&model.config, hit.value, hit.len)
+                .map_err(EngineError::Model)?;
+            reused = hit.len;
+        }
+        let n = rows.len();
+        self.live.push(Live {
+            key,
+            ids,
+            prompt,
+            rows,
+            cache,
+            logits: vec![Vec::new(); n],
+            prefilled: reused,
+            reused,
+            keep,
+            cancel,
+            admitted: Instant::now(),
+            prefill_us: 0,
+            decode_from: None,
+        });
+        Ok(())
+    }
+
+    /// One step of the running batch: jobs whose flag was raised leave cancelled; every live
+    /// row samples its next token; one forward call takes those tokens and the next prefill
+    /// chunk of the earliest joining job. Returns the jobs that ended.
+    pub fn step_batch(&mut self) -> Vec<Finished> {
+        self.run_pooled(|eng| eng.step_inner())
+    }
+
+    fn step_inner(&mut self) -> Vec<Finished> {
+        let mut done = Vec::new();
+        let mut live = std::mem::take(&mut self.live);
+        live.retain(|j| {
+            let gone = j.cancel.is_cancelled();
+            if gone {
+                done.push((j.key, Err(EngineError::Cancelled)));
+            }
+            !gone
+        });
+        // Sample every decoding row; a job whose rows all ended leaves.
+        let mut feeds: Vec<Vec<Vec<u32>>> = Vec::with_capacity(live.len());
+        let mut keep_live = Vec::with_capacity(live.len());
+        for mut j in live {
+            let key = j.key;
+            match self.sample_job(&mut j) {
+                Ok(f) if j.decoding() && f.iter().all(|r| r.is_empty()) => {
+                    let out = self.finish_job(j);
+                    done.push((key, out));
+                }
+                Ok(f) => {
+                    feeds.push(f);
+                    keep_live.push(j);
+                }
+                Err(e) => done.push((j.key, Err(e))),
+            }
+        }
+        let mut live = keep_live;
+        if let Err(e) = self.forward_batch(&mut live, &feeds) {
+            // A failed forward leaves caches half-written: every job in it fails.
+            let msg = e.to_string();
+            done.extend(
+                live.drain(..)
+                    .map(|j| (j.key, Err(EngineError::Model(msg.clone())))),
+            );
+        }
+        self.live = live;
+        done
+    }
+
+    /// The next tokens of `job`'s live rows (forced runs included), or nothing while it is
+    /// still prefilling.
+    fn sample_job(&mut self, job: &mut Live) -> Result<Vec<Vec<u32>>, EngineError> {
+        let mut feeds = vec![Vec::new(); job.rows.len()];
+        if !job.decoding() {
+            return Ok(feeds);
+        }
+        job.decode_from.get_or_insert_with(Instant::now);
+        for (i, row) in job.rows.iter_mut().enumerate() {
+            if row.finish.is_some() {
+                continue;
+            }
+            let tok = self.step_row(row, &job.logits[i])?;
+            if let Some(tok) = tok.filter(|_| row.finish.is_none()) {
+                feeds[i].push(tok);
+                if self.fast_forward {
+                    self.forced_run(row, &mut feeds[i])?;
+                }
+            }
+        }
+        Ok(feeds)
+    }
+
+    /// One forward call: the rows' tokens in `feeds` (one entry per job of `live`) and one
+    /// prefill chunk of the earliest job still prefilling; then each fed row's logits, and a
+    /// job whose prompt is complete gets its rows.
+    fn forward_batch(
+        &mut self,
+        live: &mut [Live],
+        feeds: &[Vec<Vec<u32>>],
+    ) -> Result<(), EngineError> {
+        let inputs = gather(live, feeds);
+        self.last_step = (inputs.iter().map(|i| i.tokens.len()).sum(), inputs.len());
+        let Backend::Cpu(model) = &self.model else {
+            return Ok(());
+        };
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let out = {
+            let mut caches: Vec<Option<&mut CpuCache>> =
+                live.iter_mut().map(|j| Some(&mut j.cache)).collect();
+            let mut parts = Vec::with_capacity(inputs.len());
+            for i in &inputs {
+                let cache = caches[i.job].take().ok_or_else(|| {
+                    EngineError::Model("a job appears twice in one forward call".into())
+                })?;
+                parts.push(Part {
+                    tokens: &i.tokens,
+                    slots: &i.slots,
+                    cache,
+                    logits_at: &i.logits_at,
+                });
+            }
+            model
+                .forward_parts(&mut parts, &mut self.workspace)
+                .map_err(EngineError::Model)?
+        };
+        let vocab = model.config.vocab_size;
+        for (i, logits) in inputs.iter().zip(out) {
+            let j = &mut live[i.job];
+            match &i.rows {
+                None => {
+                    j.prefilled += i.tokens.len();
+                    j.prefill_us += t0.elapsed().as_micros() as u64;
+                    if j.decoding() {
+                        self.start_rows(j, logits);
+                    }
+                }
+                Some(rows) => {
+                    for (r, l) in rows.iter().zip(logits.chunks_exact(vocab)) {
+                        j.logits[*r].clear();
+                        j.logits[*r].extend_from_slice(l);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A job whose prompt is prefilled: every row starts from the prompt's last logits, with
+    /// room for its tokens and (with a repetition penalty) the prompt's tokens seen.
+    fn start_rows(&self, job: &mut Live, first: Vec<f32>) {
+        let max_new = job.rows.iter().map(|r| r.max_new).max().unwrap_or(0);
+        let vocab = self.model.config().vocab_size;
+        if job.rows.iter().any(|r| r.params.repetition_penalty != 1.0) {
+            let mut seen = SeenTokens::new(vocab);
+            for &t in &job.prompt {
+                seen.insert(t);
+            }
+            for r in job.rows.iter_mut() {
+                if r.params.repetition_penalty != 1.0 {
+                    r.seen = Some(seen.clone());
+                }
+            }
+        }
+        job.cache
+            .add_rows(self.model.config(), job.rows.len(), max_new);
+        job.logits = vec![first; job.rows.len()];
+    }
+
+    /// The output of a job whose rows all ended; its prompt goes to its prefix store.
+    fn finish_job(&mut self, job: Live) -> Result<JobOutput, EngineError> {
+        let decode_us = job
+            .decode_from
+            .map_or(0, |t| t.elapsed().as_micros() as u64);
+        let out = match &job.ids {
+            Some(ids) => JobOutput::Rollout(self.rollout_output(
+                &job.rows,
+                ids,
+                job.prompt.len(),
+                job.reused,
+                job.prefill_us,
+                decode_us,
+            )?),
+            None => JobOutput::Generate(self.generate_output(
+                &job.rows[0],
+                job.prompt.len(),
+                job.reused,
+                job.admitted.elapsed().as_micros() as u64,
+            )?),
+        };
+        if let Some(store) = self.store(job.keep) {
+            super::prefill::keep(store, &job.prompt, job.cache);
+        }
+        Ok(out)
+    }
+
+    /// A prompt of `prompt` tokens with `max_new` to generate must fit the context.
+    pub(super) fn check_fits(&self, prompt: &[u32], max_new: usize) -> Result<(), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the rendered prompt is empty".into(),
+            ));
+        }
+        if prompt.len() + max_new > self.context_limit {
+            return Err(EngineError::PromptTooLong {
+                tokens: prompt.len(),
+                max_new,
+                context: self.context_limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// A rollout's rows, decode by decode and seed by seed, with each row's
+    /// `(decode_index, sample_index)`.
+    pub(super) fn rollout_rows(
+        &self,
+        decodes: &[DecodeRequest],
+        constrained: bool,
+    ) -> Result<(Vec<Row>, RowIds), EngineError> {
+        let base = if constrained {
+            let spec = ConstraintSpec::Contract {
+                max_reason_chars: stageb_shared::contract::MAX_REASON_CHARS,
+            };
+            Some(self.constraint_factory()?.build(&spec)?)
+        } else {
+            None
+        };
+        let (mut rows, mut ids) = (Vec::new(), Vec::new());
+        for d in decodes {
+            let params = check_params(d.temperature, d.top_p, d.repetition_penalty)?;
+            if d.max_new_tokens == 0 {
+                return Err(EngineError::InvalidRequest(format!(
+                    "decode {}: max_new_tokens is 0",
+                    d.decode_index
+                )));
+            }
+            if constrained && d.max_new_tokens < MIN_CONSTRAINED_NEW_TOKENS {
+                return Err(EngineError::InvalidRequest(format!(
+                    "decode {}: max_new_tokens {} is below {MIN_CONSTRAINED_NEW_TOKENS}, the \
+                     minimum for a complete constrained verdict",
+                    d.decode_index, d.max_new_tokens
+                )));
+            }
+            for (i, &seed) in d.seeds.iter().enumerate() {
+                rows.push(Row::new(
+                    params,
+                    seed,
+                    d.max_new_tokens as usize,
+                    base.as_ref().map(|c| c.fork()),
+                ));
+                ids.push((d.decode_index, i as u32));
+            }
+        }
+        Ok((rows, ids))
+    }
+
+    /// A generation's one row.
+    pub(super) fn generate_row(&self, request: &GenerateRequest) -> Result<Row, EngineError> {
+        let params = check_params(
+            request.temperature,
+            request.top_p,
+            request.repetition_penalty,
+        )?;
+        if request.max_new_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_new_tokens is 0".into()));
+        }
+        let constraint = match &request.json_schema {
+            Some(s) => Some(
+                self.constraint_factory()?
+                    .build(&ConstraintSpec::JsonSchema(s.clone()))?,
+            ),
+            None => None,
+        };
+        Ok(Row::new(
+            params,
+            request.seed,
+            request.max_new_tokens as usize,
+            constraint,
+        ))
+    }
+
+    /// A rollout's output from its ended rows.
+    pub(super) fn rollout_output(
+        &self,
+        rows: &[Row],
+        ids: &[(u32, u32)],
+        prompt_len: usize,
+        reused: usize,
+        prefill_us: u64,
+        decode_us: u64,
+    ) -> Result<RolloutOutput, EngineError> {
+        let mut candidates = Vec::with_capacity(rows.len());
+        for (row, &(decode_index, sample_index)) in rows.iter().zip(ids) {
+            candidates.push(CandidateOutput {
+                decode_index,
+                sample_index,
+                seed: row.seed,
+                text: self.row_text(row)?,
+                completion_tokens: row.tokens.len() as u32,
+                finish: row.finish.unwrap_or(FinishReason::Length),
+            });
+        }
+        Ok(RolloutOutput {
+            candidates,
+            prompt_tokens: prompt_len as u32,
+            prefix_tokens: reused as u32,
+            prefill_us,
+            decode_us,
+        })
+    }
+
+    /// A generation's output from its ended row.
+    pub(super) fn generate_output(
+        &self,
+        row: &Row,
+        prompt_len: usize,
+        reused: usize,
+        latency_us: u64,
+    ) -> Result<GenerateOutput, EngineError> {
+        Ok(GenerateOutput {
+            text: self.row_text(row)?,
+            prompt_tokens: prompt_len as u32,
+            prefix_tokens: reused as u32,
+            completion_tokens: row.tokens.len() as u32,
+            finish: row.finish.unwrap_or(FinishReason::Length),
+            latency_us,
+        })
+    }
+}

@@ -1,0 +1,385 @@
+//! Diagnostics behind the hidden `stageb probe` command: the measurements a GPU check compares
+//! with another engine (transformers, `scripts/gpu_check/`), run through the real
+//! [`CandleEngine`] on token ids, so both sides see exactly the same input.
+//!
+//! - [`ticket_prompts`]: prompts of exact token lengths, cut from built-in ticket-like text
+//!   (mixed Chinese and English, different for every ticket), tokenized with the model's own
+//!   tokenizer ([`load_tokenizer`], no weights loaded).
+//! - [`logits`]: the next-token logits after one prompt (the rollout prefill) and its greedy
+//!   continuation through the engine's decode path (temperature 0: the highest logit, ties to
+//!   the lowest id, as `torch.argmax`; stop tokens do not stop it).
+//! - [`rollout`]: the rollout workload, ticket after ticket as a worker runs them: every ticket
+//!   prefilled once, its candidates decoded together to a fixed length (stop tokens ignored,
+//!   unconstrained), timed per ticket, repeated, with an optional time budget.
+//!
+//! Nothing here is used by a run.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::gguf_file;
+use serde::Serialize;
+use tokenizers::Tokenizer;
+
+use crate::engine::gguf::model_err;
+use crate::engine::{CandleEngine, DecodeRequest, EngineError, tokenizer};
+
+/// The tokenizer of a model (a GGUF file or a safetensors directory), without its weights.
+pub fn load_tokenizer(model: &Path) -> Result<Tokenizer, EngineError> {
+    if model.is_dir() {
+        return tokenizer::from_file(&model.join("tokenizer.json"));
+    }
+    let mut file = std::fs::File::open(model).map_err(|e| model_err(model, e))?;
+    let ct = gguf_file::Content::read(&mut file)
+        .map_err(|e| model_err(model, format!("not a readable GGUF file: {e}")))?;
+    tokenizer::from_gguf(&ct, model)
+}
+
+/// Line `n` of the built-in ticket text (deterministic, varied by `n`).
+fn ticket_line(n: usize) -> String {
+    format!(
+        "Ticket {n}: 挡风板安装检查, photo {} shows the panel with {} clips; 螺丝齐全, gap {}.{} mm at 2024-03-{:02}. Summary: 卡扣{}, label {}.\n",
+        n % 7 + 1,
+        3 + n % 2,
+        n % 4,
+        n % 10,
+        n % 28 + 1,
+        if n.is_multiple_of(3) {
+            "未卡紧"
+        } else {
+            "全部卡紧"
+        },
+        if n.is_multiple_of(5) { "fail" } else { "pass" },
+    )
+}
+
+/// `tickets` prompts of token ids; prompt `i` holds exactly `tokens - (i * 37) % (jitter + 1)`
+/// ids (so `jitter` 0 makes them all `tokens` long), encoded line by line from the built-in
+/// text starting at line `1000 * i` (no two prompts share a prefix), without special tokens.
+pub fn ticket_prompts(
+    tok: &Tokenizer,
+    tickets: usize,
+    tokens: usize,
+    jitter: usize,
+) -> Result<Vec<Vec<u32>>, EngineError> {
+    if tokens == 0 || jitter >= tokens {
+        return Err(EngineError::InvalidRequest(format!(
+            "prompt length {tokens} with jitter {jitter}: need 0 <= jitter < length"
+        )));
+    }
+    let mut prompts = Vec::with_capacity(tickets);
+    for i in 0..tickets {
+        let want = tokens - (i * 37) % (jitter + 1);
+        let mut ids: Vec<u32> = Vec::with_capacity(want + 64);
+        let mut line = 1000 * i;
+        while ids.len() < want {
+            let enc = tok
+                .encode(ticket_line(line), false)
+                .map_err(|e| EngineError::InvalidRequest(format!("tokenize: {e}")))?;
+            if enc.get_ids().is_empty() {
+                return Err(EngineError::Model(
+                    "the tokenizer encodes text to nothing".into(),
+                ));
+            }
+            ids.extend_from_slice(enc.get_ids());
+            line += 1;
+        }
+        ids.truncate(want);
+        prompts.push(ids);
+    }
+    Ok(prompts)
+}
+
+/// What [`logits`] measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogitsProbe {
+    pub prompt_tokens: usize,
+    /// Next-token logits after the prompt (f32, the whole vocabulary).
+    pub logits: Vec<f32>,
+    /// The greedy continuation (its first token is the argmax of `logits`).
+    pub greedy: Vec<u32>,
+    /// Seconds of the prefill that gave `logits` (the first call also compiles kernels).
+    pub prefill_s: f64,
+    /// Seconds of the greedy rollout (prefill again, then `greedy.len()` decode steps).
+    pub greedy_s: f64,
+}
+
+/// Next-token logits after `ids` and `steps` greedy tokens (0: none).
+pub fn logits(
+    engine: &mut CandleEngine,
+    ids: &[u32],
+    steps: u32,
+) -> Result<LogitsProbe, EngineError> {
+    let t = Instant::now();
+    let logits = engine.prompt_logits(ids)?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let greedy = if steps == 0 {
+        Vec::new()
+    } else {
+        engine.set_ignore_eos(true);
+        let decode = DecodeRequest {
+            decode_index: 0,
+            temperature: 0.0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            max_new_tokens: steps,
+            seeds: vec![0],
+        };
+        let (_, mut tokens) = engine.rollout_ids(ids, &[decode], false)?;
+        tokens.pop().unwrap_or_default()
+    };
+    Ok(LogitsProbe {
+        prompt_tokens: ids.len(),
+        logits,
+        greedy,
+        prefill_s,
+        greedy_s: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// How [`rollout`] samples and how long it may take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutSpec {
+    /// Candidates per ticket (rows decoded together).
+    pub candidates: u32,
+    /// New tokens per candidate, exactly (stop tokens are ignored).
+    pub new_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Timed passes over all tickets (after one untimed warm-up ticket).
+    pub reps: u32,
+    /// No ticket starts after this much time in the timed passes; the pass it cuts is marked
+    /// incomplete and its figures cover the tickets it finished.
+    pub budget: Option<Duration>,
+    /// New tokens of the warm-up ticket (CUDA compiles its kernels on their first use).
+    pub warmup_tokens: u32,
+}
+
+/// One ticket of a pass.
+#[derive(Debug, Clone, Serialize)]
+pub struct TicketTiming {
+    pub prompt_tokens: u32,
+    pub generated_tokens: u32,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub wall_s: f64,
+}
+
+/// One pass over the tickets.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassReport {
+    pub tickets_done: usize,
+    /// Every ticket ran (the budget did not cut this pass).
+    pub complete: bool,
+    pub wall_s: f64,
+    pub tickets_per_min: f64,
+    /// Prompt tokens per second of prefill time.
+    pub prefill_tok_s: f64,
+    /// Generated tokens per second of decode time (all rows of a ticket together).
+    pub decode_tok_s: f64,
+    /// Generated tokens per second of wall time.
+    pub generated_tok_s: f64,
+    /// Decode time per lockstep step: a ticket of `n` new tokens runs `n - 1` forward passes
+    /// after its prefill (the first token comes from the prefill's logits).
+    pub decode_step_ms: f64,
+    pub tickets: Vec<TicketTiming>,
+}
+
+/// What [`rollout`] measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutProbe {
+    pub tickets: usize,
+    pub candidates: u32,
+    pub new_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub warmup_s: f64,
+    pub passes: Vec<PassReport>,
+    /// Index in `passes` of the best pass (most tickets per minute, complete passes first).
+    pub best: Option<usize>,
+    /// KV-cache bytes a ticket held at its peak, as the engine counts them (f32 keys and
+    /// values per layer).
+    pub kv_cache_bytes: u64,
+    /// The time budget stopped a pass early.
+    pub budget_exhausted: bool,
+    /// The first candidate's text of the last ticket run (at most 200 characters).
+    pub sample_text: String,
+}
+
+/// Runs the rollout workload over `prompts` ([`RolloutSpec`]): one untimed warm-up ticket,
+/// then `reps` timed passes over every prompt, one ticket at a time.
+pub fn rollout(
+    engine: &mut CandleEngine,
+    prompts: &[Vec<u32>],
+    spec: &RolloutSpec,
+) -> Result<RolloutProbe, EngineError> {
+    let Some(first) = prompts.first() else {
+        return Err(EngineError::InvalidRequest("no prompt to run".into()));
+    };
+    if spec.candidates == 0 || spec.new_tokens == 0 {
+        return Err(EngineError::InvalidRequest(
+            "candidates and new tokens must be at least 1".into(),
+        ));
+    }
+    engine.set_ignore_eos(true);
+    // Candidate `c` of ticket `i` draws with seed `1000 * i + c`; the warm-up with its own.
+    let decode = |seed_base: u64, max_new: u32| DecodeRequest {
+        decode_index: 0,
+        temperature: spec.temperature,
+        top_p: spec.top_p,
+        repetition_penalty: 1.0,
+        max_new_tokens: max_new,
+        seeds: (0..u64::from(spec.candidates))
+            .map(|c| seed_base + c)
+            .collect(),
+    };
+    let t = Instant::now();
+    let warmup = spec.warmup_tokens.clamp(1, spec.new_tokens);
+    engine.rollout_ids(first, &[decode(u64::MAX / 2, warmup)], false)?;
+    let warmup_s = t.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let mut passes = Vec::new();
+    let mut budget_exhausted = false;
+    let mut sample_text = String::new();
+    for _ in 0..spec.reps {
+        let mut tickets = Vec::new();
+        let pass_start = Instant::now();
+        for (i, ids) in prompts.iter().enumerate() {
+            if spec.budget.is_some_and(|b| started.elapsed() >= b) {
+                budget_exhausted = true;
+                break;
+            }
+            let t = Instant::now();
+            let seed_base = i as u64 * 1000;
+            let (out, _) = engine.rollout_ids(ids, &[decode(seed_base, spec.new_tokens)], false)?;
+            let wall_s = t.elapsed().as_secs_f64();
+            sample_text = out
+                .candidates
+                .first()
+                .map(|c| c.text.chars().take(200).collect())
+                .unwrap_or_default();
+            tickets.push(TicketTiming {
+                prompt_tokens: out.prompt_tokens,
+                generated_tokens: out.candidates.iter().map(|c| c.completion_tokens).sum(),
+                prefill_s: out.prefill_us as f64 / 1e6,
+                decode_s: out.decode_us as f64 / 1e6,
+                wall_s,
+            });
+        }
+        if tickets.is_empty() {
+            break;
+        }
+        let complete = tickets.len() == prompts.len();
+        passes.push(pass_report(
+            tickets,
+            complete,
+            pass_start.elapsed().as_secs_f64(),
+            spec.new_tokens,
+        ));
+        if !complete {
+            break;
+        }
+    }
+    let best = best_pass(&passes);
+    Ok(RolloutProbe {
+        tickets: prompts.len(),
+        candidates: spec.candidates,
+        new_tokens: spec.new_tokens,
+        temperature: spec.temperature,
+        top_p: spec.top_p,
+        warmup_s,
+        passes,
+        best,
+        kv_cache_bytes: crate::engine::Engine::last_kv_cache_bytes(engine),
+        budget_exhausted,
+        sample_text,
+    })
+}
+
+fn pass_report(
+    tickets: Vec<TicketTiming>,
+    complete: bool,
+    wall_s: f64,
+    new_tokens: u32,
+) -> PassReport {
+    let sum = |f: fn(&TicketTiming) -> f64| tickets.iter().map(f).sum::<f64>();
+    let prompt = sum(|t| f64::from(t.prompt_tokens));
+    let generated = sum(|t| f64::from(t.generated_tokens));
+    let (prefill, decode) = (sum(|t| t.prefill_s), sum(|t| t.decode_s));
+    let per = |n: f64, d: f64| if d > 0.0 { n / d } else { 0.0 };
+    let steps = tickets.len() as f64 * f64::from(new_tokens.saturating_sub(1).max(1));
+    PassReport {
+        tickets_done: tickets.len(),
+        complete,
+        wall_s,
+        tickets_per_min: per(tickets.len() as f64 * 60.0, wall_s),
+        prefill_tok_s: per(prompt, prefill),
+        decode_tok_s: per(generated, decode),
+        generated_tok_s: per(generated, wall_s),
+        decode_step_ms: per(decode * 1e3, steps),
+        tickets,
+    }
+}
+
+/// The pass with the most tickets per minute, complete passes first.
+fn best_pass(passes: &[PassReport]) -> Option<usize> {
+    let pick = |complete: bool| {
+        passes
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.complete == complete)
+            .max_by(|a, b| a.1.tickets_per_min.total_cmp(&b.1.tickets_per_min))
+            .map(|(i, _)| i)
+    };
+    pick(true).or_else(|| pick(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass(done: usize, complete: bool, rate: f64) -> PassReport {
+        PassReport {
+            tickets_done: done,
+            complete,
+            wall_s: 1.0,
+            tickets_per_min: rate,
+            prefill_tok_s: 0.0,
+            decode_tok_s: 0.0,
+            generated_tok_s: 0.0,
+            decode_step_ms: 0.0,
+            tickets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn best_pass_prefers_complete_passes() {
+        let passes = [
+            pass(4, true, 10.0),
+            pass(4, true, 12.0),
+            pass(1, false, 30.0),
+        ];
+        assert_eq!(best_pass(&passes), Some(1));
+        assert_eq!(best_pass(&passes[2..]), Some(0));
+        assert_eq!(best_pass(&[]), None);
+    }
+
+    #[test]
+    fn pass_report_rates() {
+        let t = TicketTiming {
+            prompt_tokens: 100,
+            generated_tokens: 40,
+            prefill_s: 0.5,
+            decode_s: 1.5,
+            wall_s: 2.0,
+        };
+        let p = pass_report(vec![t.clone(), t], true, 4.0, 5);
+        assert_eq!(p.tickets_per_min, 30.0);
+        assert_eq!(p.prefill_tok_s, 200.0);
+        assert!((p.decode_tok_s - 80.0 / 3.0).abs() < 1e-9);
+        assert_eq!(p.generated_tok_s, 20.0);
+        // 2 tickets x 4 forward passes in 3 s of decode.
+        assert_eq!(p.decode_step_ms, 375.0);
+    }
+}
