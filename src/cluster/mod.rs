@@ -95,6 +95,9 @@ pub struct CoordinatorSettings {
     /// On SIGTERM/SIGINT: how long to wait for the jobs in flight before exiting (below
     /// Slurm's `--signal=TERM@120` and Kubernetes' grace period).
     pub drain_timeout: Duration,
+    /// Workers the run was started with (`run --workers N`, the launcher's world size; 0 when
+    /// unknown): no worker leases more than its share of the work among this many.
+    pub expected_workers: usize,
 }
 
 impl From<StartError> for ClusterError {
@@ -135,7 +138,8 @@ pub const LAUNCH_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
 impl CoordinatorSettings {
     /// Serve on `listen` with the defaults: no token and no TLS (loopback only, see
     /// `stageb_shared::auth`), the edge's default limits, [`DEFAULT_WORKER_GRACE`], progress
-    /// shown every [`DEFAULT_PROGRESS_EVERY`], a fresh start, [`DEFAULT_DRAIN_TIMEOUT`].
+    /// shown every [`DEFAULT_PROGRESS_EVERY`], a fresh start, [`DEFAULT_DRAIN_TIMEOUT`], no
+    /// expected worker count.
     pub fn new(listen: SocketAddr) -> Self {
         CoordinatorSettings {
             listen,
@@ -148,6 +152,7 @@ impl CoordinatorSettings {
             progress: None,
             start: StartMode::Fresh,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            expected_workers: 0,
         }
     }
 }

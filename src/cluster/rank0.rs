@@ -68,7 +68,8 @@ pub async fn run_coordinator_until(
     // Before anything is written: a second process on this directory must not truncate it.
     let _run_lock = start::lock_run_dir(&plan.dir)?;
     let journal = plan.open_journal()?;
-    let (scheduler, completions) = scheduler(&inputs.config.runner, journal, plan.replay);
+    let (scheduler, completions) =
+        scheduler(&inputs.config.runner, &settings, journal, plan.replay);
     let service = server::build_service(
         scheduler.clone(),
         &ServiceConfig {
@@ -152,10 +153,11 @@ async fn bind(
     Ok((listener, edge))
 }
 
-/// The lease table of a run (the config's `runner.*` timings), journaling every answer and
-/// replaying `replay`'s.
+/// The lease table of a run (the config's `runner.*` timings, the settings' expected workers),
+/// journaling every answer and replaying `replay`'s.
 fn scheduler(
     runner: &RunnerConfig,
+    settings: &CoordinatorSettings,
     journal: Journal,
     replay: ReplayCache,
 ) -> (Arc<Scheduler>, UnboundedReceiver<Completion>) {
@@ -164,6 +166,7 @@ fn scheduler(
             multiple: runner.speculation_multiple,
             min_age: Duration::from_millis(runner.speculation_min_ms),
         },
+        expected_workers: settings.expected_workers,
         ..SchedulerConfig::with_lease_ttl(Duration::from_secs(runner.lease_ttl_s.max(1)))
     });
     (

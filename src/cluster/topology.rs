@@ -15,6 +15,9 @@ pub struct LaunchTopology {
     /// The port rank 0 listens on: always the port of `coordinator`, so rank 0 listens where
     /// the other ranks dial whichever variable named the address.
     pub listen_port: u16,
+    /// Ranks in the job, when the launcher says (`STAGEB_WORLD_SIZE`, `WORLD_SIZE`,
+    /// `SLURM_NTASKS`, `OMPI_COMM_WORLD_SIZE`): the workers rank 0 shares the work among.
+    pub world_size: Option<u32>,
 }
 
 fn env_u32(env: &impl Fn(&str) -> Option<String>, names: &[&str]) -> Option<(u32, String)> {
@@ -88,6 +91,17 @@ pub fn topology_from(
     {
         tracing::warn!(asked, port, from = %coordinator_source, "--listen-port differs from the port the other ranks dial: rank 0 listens on the dialed port");
     }
+    let world_size = env_u32(
+        &env,
+        &[
+            "STAGEB_WORLD_SIZE",
+            "WORLD_SIZE",
+            "SLURM_NTASKS",
+            "OMPI_COMM_WORLD_SIZE",
+        ],
+    )
+    .map(|(n, _)| n)
+    .filter(|&n| n > 0);
     Ok(LaunchTopology {
         rank,
         rank_source,
@@ -95,6 +109,7 @@ pub fn topology_from(
         coordinator: format!("{host}:{port}"),
         coordinator_source,
         listen_port: port,
+        world_size,
     })
 }
 
@@ -128,6 +143,7 @@ mod tests {
         assert_eq!(rank0.listen_port, 29501);
         assert_eq!(rank3.coordinator, "node-a:29501");
         assert_eq!(rank3.rank, 3);
+        assert_eq!(rank0.world_size, Some(4));
         // An explicit coordinator wins over torchrun's variables, and rank 0 serves its port.
         let explicit = [("STAGEB_COORDINATOR", "head:7000"), ("RANK", "0")];
         let t = topology(&[env.as_slice(), &explicit].concat(), Some(50051));

@@ -26,7 +26,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<u8> {
     let token = args.token.load()?;
     args.rank0.metrics.start(topo.local_rank).await?;
     if topo.rank == 0 {
-        serve_rank0(args, token, client_tls, interrupt, topo.listen_port).await
+        serve_rank0(args, token, client_tls, interrupt, &topo).await
     } else {
         let model_path = cluster::model_path_of(&args.rank0.config)?;
         let limits = args.model.job_limits();
@@ -42,13 +42,14 @@ async fn serve_rank0(
     token: Option<AuthToken>,
     client_tls: Option<ClientTls>,
     interrupt: impl std::future::Future<Output = ()>,
-    port: u16,
+    topo: &LaunchTopology,
 ) -> Result<u8> {
     let model_path = cluster::model_path_of(&args.rank0.config)?;
     let inputs = cluster::prepare_inputs(&args.rank0.config, "cluster")?;
-    let listen: SocketAddr = ([0, 0, 0, 0], port).into();
+    let listen: SocketAddr = ([0, 0, 0, 0], topo.listen_port).into();
     let settings = CoordinatorSettings {
         token,
+        expected_workers: topo.world_size.map_or(0, |n| n as usize),
         tls: args.tls.server.load()?,
         edge_limits: args.edge.limits(),
         ..args.rank0.settings(listen)

@@ -39,6 +39,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         // The embedded run makes its own token: loopback today, but never unauthenticated.
         token: Some(AuthToken::generate()),
         worker_grace: cluster::EMBEDDED_WORKER_GRACE,
+        expected_workers: args.workers,
         ..args.rank0.settings(args.listen)
     };
     let (workers, engines) = (args.workers, engines(first, model_path, options));

@@ -47,6 +47,7 @@ pub fn coordinator_settings(start: cluster::StartMode) -> CoordinatorSettings {
         progress: None,
         start,
         drain_timeout: Duration::from_secs(10),
+        expected_workers: 0,
     }
 }
 
@@ -83,6 +84,7 @@ where
     let inputs = cluster::prepare_inputs(config_path, "embedded")?;
     let settings = CoordinatorSettings {
         progress,
+        expected_workers: workers,
         ..coordinator_settings(start)
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

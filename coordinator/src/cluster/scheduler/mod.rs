@@ -59,6 +59,11 @@ pub struct SchedulerConfig {
     pub max_sessions: usize,
     /// Straggler speculation (see [`crate::cluster::scheduler::speculation`]).
     pub speculation: SpeculationConfig,
+    /// Workers the run was started with (`run --workers N`, the launcher's world size; 0 when
+    /// unknown). A lease is capped at a fair share of the work among at least this many
+    /// workers, so the first worker to register does not take a whole step that its peers,
+    /// still loading their model, would have shared.
+    pub expected_workers: usize,
 }
 
 impl SchedulerConfig {
@@ -83,6 +88,7 @@ impl Default for SchedulerConfig {
             session_idle_ttl: Duration::from_secs(180),
             max_sessions: 16_384,
             speculation: SpeculationConfig::default(),
+            expected_workers: 0,
         }
     }
 }
@@ -334,6 +340,7 @@ impl Scheduler {
     }
 
     /// Take up to `max_jobs` queued jobs for `session`, waiting up to `wait` for one to appear.
+    /// A session takes no more than its [`fair share`](Self::fair_share) of the work.
     pub async fn lease(
         &self,
         session: &str,
@@ -357,7 +364,8 @@ impl Scheduler {
                     return Ok((Vec::new(), control));
                 }
                 let mut out = Vec::new();
-                while out.len() < max_jobs.max(1) {
+                let take = max_jobs.max(1).min(self.fair_share(&g, session, now));
+                while out.len() < take {
                     let Some(job_id) = g.queue.pop_front() else {
                         break;
                     };
@@ -699,12 +707,7 @@ impl Scheduler {
             self.forget_idle_sessions(&mut g, now);
             metrics::gauge!(observe::QUEUE_DEPTH).set(g.queue.len() as f64);
             metrics::gauge!(observe::JOBS_IN_FLIGHT).set(g.leases.len() as f64);
-            let horizon = self.config.lease_ttl * 2;
-            let live = g
-                .sessions
-                .values()
-                .filter(|s| now.saturating_duration_since(s.last_seen) < horizon)
-                .count();
+            let live = self.live_count(&g, now);
             metrics::gauge!(observe::LIVE_WORKERS).set(live as f64);
             // Stragglers appear with time, not with an enqueue: wake the idle `Lease` calls
             // when one has (they would otherwise sleep through it until new work arrives).

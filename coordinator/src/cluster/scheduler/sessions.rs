@@ -1,5 +1,5 @@
 //! Worker sessions: registering (and re-registering, which fences the old session's leases),
-//! forgetting idle ones, and counting the live ones.
+//! forgetting idle ones, counting the live ones, and each one's fair share of the work.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -105,11 +105,33 @@ impl Scheduler {
 
     /// Number of sessions seen within two lease TTLs.
     pub fn live_workers(&self) -> usize {
-        let g = self.lock();
+        self.live_count(&self.lock(), Instant::now())
+    }
+
+    /// Sessions heard from within two lease TTLs of `now`.
+    pub(super) fn live_count(&self, g: &Inner, now: Instant) -> usize {
         let horizon = self.config.lease_ttl * 2;
         g.sessions
             .values()
-            .filter(|s| s.last_seen.elapsed() < horizon)
+            .filter(|s| now.saturating_duration_since(s.last_seen) < horizon)
             .count()
+    }
+
+    /// How many more jobs `session` may lease now: the work outstanding (queued and leased)
+    /// split evenly among the live workers, at least [`super::SchedulerConfig::expected_workers`],
+    /// less what the session holds; one when it holds nothing, so no worker idles while
+    /// work is queued. A worker batching many jobs then never takes the work of its peers.
+    pub(super) fn fair_share(&self, g: &Inner, session: &str, now: Instant) -> usize {
+        let workers = self
+            .live_count(g, now)
+            .max(self.config.expected_workers)
+            .max(1);
+        let share = (g.queue.len() + g.leases.len()).div_ceil(workers);
+        let held = g.leases.values().filter(|l| l.session == session).count();
+        if held == 0 {
+            share.max(1)
+        } else {
+            share.saturating_sub(held)
+        }
     }
 }

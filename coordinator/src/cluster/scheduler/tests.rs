@@ -293,3 +293,58 @@ async fn counters_past_their_bounds_are_refused_regression_u32_max_prompt_tokens
     ));
     assert!(rx.try_recv().is_err());
 }
+
+/// Regression: with batching workers (`--max-jobs 8`) the first of three torchrun ranks to
+/// register leased all six tickets of the small demo, and the other two ranks did nothing.
+#[tokio::test]
+async fn a_batching_worker_takes_only_its_share_while_peers_are_expected() {
+    let (s, _rx) = Scheduler::new(SchedulerConfig {
+        expected_workers: 3,
+        ..Default::default()
+    });
+    for i in 0..6 {
+        s.enqueue(rollout_job(vec![i]));
+    }
+    let (_, first) = s.register().unwrap();
+    let (mine, _) = s.lease(&first, 8, Duration::ZERO).await.unwrap();
+    assert_eq!(mine.len(), 2, "6 jobs among 3 expected workers");
+    let (more, _) = s.lease(&first, 8, Duration::ZERO).await.unwrap();
+    assert!(more.is_empty(), "a worker holding its share waits");
+    for _ in 0..2 {
+        let (_, peer) = s.register().unwrap();
+        assert_eq!(s.lease(&peer, 8, Duration::ZERO).await.unwrap().0.len(), 2);
+    }
+    assert_eq!(s.in_flight(), 6);
+}
+
+#[tokio::test]
+async fn the_share_follows_the_live_workers_and_an_idle_worker_always_gets_one() {
+    let (s, _rx) = scheduler(10_000);
+    for i in 0..10 {
+        s.enqueue(rollout_job(vec![i]));
+    }
+    let (_, a) = s.register().unwrap();
+    let (_, b) = s.register().unwrap();
+    let (held, _) = s.lease(&a, 8, Duration::ZERO).await.unwrap();
+    assert_eq!(held.len(), 5, "10 jobs between 2 live workers");
+    // `a` finishes one: 9 outstanding, its share is 5 and it holds 4, so it takes one more.
+    let (lease, _) = held[0];
+    s.submit(&a, lease, Ok(output_for(&[0]))).unwrap();
+    assert_eq!(s.lease(&a, 8, Duration::ZERO).await.unwrap().0.len(), 1);
+    assert_eq!(s.lease(&b, 8, Duration::ZERO).await.unwrap().0.len(), 4);
+    // Everything is leased: a third worker holding nothing is not given a job that is not
+    // there, and nothing is taken twice.
+    let (_, c) = s.register().unwrap();
+    assert!(s.lease(&c, 8, Duration::ZERO).await.unwrap().0.is_empty());
+}
+
+#[tokio::test]
+async fn a_lone_worker_batches_up_to_what_it_asks() {
+    let (s, _rx) = scheduler(10_000);
+    for i in 0..12 {
+        s.enqueue(rollout_job(vec![i]));
+    }
+    let (_, only) = s.register().unwrap();
+    assert_eq!(s.lease(&only, 8, Duration::ZERO).await.unwrap().0.len(), 8);
+    assert_eq!(s.lease(&only, 8, Duration::ZERO).await.unwrap().0.len(), 4);
+}
