@@ -208,6 +208,7 @@ fn generate_answer(job: &pb::GenerateJob) -> pb::submit_request::Result {
         prefix_tokens: 0,
         finish_reason: "stop".into(),
         latency_us: 0,
+        ..Default::default()
     })
 }
 

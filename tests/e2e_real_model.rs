@@ -187,6 +187,13 @@ fn real_model_run_is_complete_audited_and_world_size_invariant() {
         assert!(dir_one.join(f).exists(), "missing artifact {f}");
     }
     assert_eq!(one.tickets, 3);
+    // One worker batches the three tickets (two rows each): summary.json says how full its
+    // steps were.
+    let batching = one.runtime_facts().batching;
+    assert!(
+        batching.job_steps > 0 && batching.mean_rows_per_step > 1.0,
+        "runtime.batching: {batching:?}"
+    );
     let selections = rows_without_runtime(&dir_one.join("selections.jsonl"));
     let trajectories = rows_without_runtime(&dir_one.join("trajectories.jsonl"));
     assert_eq!(selections.len(), 3, "one selection per ticket");

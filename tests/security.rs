@@ -195,6 +195,7 @@ async fn a_submit_for_a_lease_the_worker_does_not_hold_is_refused_and_not_writte
         prefix_tokens: 0,
         prefill_us: 1,
         decode_us: 1,
+        ..Default::default()
     };
     let submit = |session: String, lease_id: u64| pb::SubmitRequest {
         session,
@@ -629,6 +630,7 @@ fn generated(prompt_tokens: u32, finish_reason: String) -> Option<pb::submit_req
         completion_tokens: 2,
         finish_reason,
         latency_us: 10,
+        ..Default::default()
     }))
 }
 

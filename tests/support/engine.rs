@@ -195,6 +195,7 @@ impl Engine for ScriptedEngine {
             prefix_tokens,
             prefill_us: 0,
             decode_us: 0,
+            batch: Default::default(),
         })
     }
 
@@ -220,6 +221,7 @@ impl Engine for ScriptedEngine {
             text: output,
             finish: FinishReason::Stop,
             latency_us: 0,
+            batch: Default::default(),
         })
     }
 }

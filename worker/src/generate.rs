@@ -186,6 +186,7 @@ mod tests {
                 prefix_tokens: 0,
                 prefill_us: 1_500_000,
                 decode_us: 250_000,
+                batch: Default::default(),
             })
         }
         fn generate(&mut self, _: &GenerateRequest) -> Result<GenerateOutput, EngineError> {

@@ -76,6 +76,8 @@ pub fn result_to_pb(result: Result<JobOutput, EngineError>) -> pb::submit_reques
             prefix_tokens: out.prefix_tokens,
             prefill_us: out.prefill_us,
             decode_us: out.decode_us,
+            batch_steps: out.batch.steps,
+            batch_rows: out.batch.rows,
         }),
         Ok(JobOutput::Generate(out)) => pb::submit_request::Result::Generate(pb::GenerateResult {
             text: out.text,
@@ -84,6 +86,8 @@ pub fn result_to_pb(result: Result<JobOutput, EngineError>) -> pb::submit_reques
             completion_tokens: out.completion_tokens,
             finish_reason: out.finish.as_str().to_string(),
             latency_us: out.latency_us,
+            batch_steps: out.batch.steps,
+            batch_rows: out.batch.rows,
         }),
         Err(e) => pb::submit_request::Result::Error(pb::JobError {
             code: e.code().into(),

@@ -1,15 +1,18 @@
 //! Continuous batching on the real demo model (SmolLM2-135M-Instruct Q4_1): a job's output
 //! does not depend on what else shares its steps. The same rollouts and generations run one
 //! at a time, all together, in another arrival order, and joining a batch mid-decode give the
-//! same candidates and texts, bit for bit; a cancelled job leaves the others untouched.
+//! same candidates and texts, bit for bit; a cancelled job leaves the others untouched. A
+//! proptest draws arrival schedules (order and join step of each job) at random and checks the
+//! same property (`PROPTEST_CASES` sets how many; 6 by default, each a few seconds).
 
 mod common;
 use common::model_path;
 
+use proptest::prelude::*;
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
-    CancelFlag, CandleEngine, DecodeRequest, Engine, EngineError, EngineOptions, GenerateRequest,
-    Job, JobOutput, RolloutRequest,
+    BatchShare, CancelFlag, CandleEngine, DecodeRequest, Engine, EngineError, EngineOptions,
+    GenerateRequest, Job, JobOutput, RolloutRequest,
 };
 
 const SYSTEM: &str =
@@ -76,17 +79,26 @@ fn jobs() -> Vec<Job> {
     ]
 }
 
-/// An output without its timing and prefix-reuse fields (runtime provenance, not results).
+/// An output without its timing, prefix-reuse and batching fields (runtime facts, not results).
 fn result_of(out: JobOutput) -> JobOutput {
     match out {
         JobOutput::Rollout(mut r) => {
             (r.prefill_us, r.decode_us, r.prefix_tokens) = (0, 0, 0);
+            r.batch = Default::default();
             JobOutput::Rollout(r)
         }
         JobOutput::Generate(mut g) => {
             (g.latency_us, g.prefix_tokens) = (0, 0);
+            g.batch = Default::default();
             JobOutput::Generate(g)
         }
+    }
+}
+
+fn batch_of(out: &JobOutput) -> BatchShare {
+    match out {
+        JobOutput::Rollout(r) => r.batch,
+        JobOutput::Generate(g) => g.batch,
     }
 }
 
@@ -101,7 +113,7 @@ fn alone(engine: &mut CandleEngine, job: &Job) -> JobOutput {
 /// Checks that at some step every job was in the batch at once when all join at step 0.
 fn batched(engine: &mut CandleEngine, jobs: &[Job], joins: &[usize]) -> Vec<JobOutput> {
     let mut out: Vec<Option<JobOutput>> = vec![None; jobs.len()];
-    let (mut step, mut most) = (0, 0);
+    let (mut step, mut most, mut shared_steps) = (0, 0, false);
     while out.iter().any(Option::is_none) {
         for (i, job) in jobs.iter().enumerate() {
             if joins[i] == step {
@@ -112,13 +124,24 @@ fn batched(engine: &mut CandleEngine, jobs: &[Job], joins: &[usize]) -> Vec<JobO
         }
         most = most.max(engine.jobs_in_batch());
         for (key, res) in engine.step() {
-            out[key as usize] = Some(result_of(res.expect("job")));
+            let res = res.expect("job");
+            let share = batch_of(&res);
+            assert!(
+                share.steps > 0 && share.rows >= u64::from(share.steps),
+                "{share:?}"
+            );
+            shared_steps |= share.rows > u64::from(share.steps);
+            out[key as usize] = Some(result_of(res));
         }
         step += 1;
         assert!(step < 10_000, "the batch never drained");
     }
     if joins.iter().all(|&j| j == 0) {
         assert_eq!(most, jobs.len(), "all jobs shared the batch");
+        assert!(
+            shared_steps,
+            "the outputs report steps shared with other rows"
+        );
     }
     out.into_iter().map(Option::unwrap).collect()
 }
@@ -198,4 +221,58 @@ fn a_job_that_cannot_run_is_refused_at_admission() {
         .unwrap_err();
     assert_eq!(err.code(), "INVALID_REQUEST");
     assert!(eng.step().is_empty(), "nothing was admitted");
+}
+
+/// Short jobs for the schedule proptest: two rollouts (one constrained, at the 20 tokens a
+/// constrained verdict needs), two generations.
+fn short_jobs() -> Vec<Job> {
+    let shorten = |mut job: Job| {
+        match &mut job {
+            Job::Rollout(r) => r.decodes.iter_mut().for_each(|d| d.max_new_tokens = 20),
+            Job::Generate(g) => g.max_new_tokens = 12,
+        }
+        job
+    };
+    vec![
+        shorten(rollout("挡风板: 已安装.", true, vec![1, 2])),
+        shorten(rollout("Ticket B: panel missing.", false, vec![3])),
+        shorten(generate("Summarize: the panel is installed.", true, 11)),
+        shorten(generate("One sentence about bolts.", false, 12)),
+    ]
+}
+
+/// A schedule: the order jobs are admitted in, and the step each joins at.
+fn schedules() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+    let n = short_jobs().len();
+    (
+        Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
+        proptest::collection::vec(0usize..12, n),
+    )
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6)
+}
+
+#[test]
+fn any_arrival_schedule_gives_each_job_its_output_alone() {
+    let jobs = short_jobs();
+    let mut eng = engine();
+    let reference: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut eng, j)).collect();
+    let eng = std::cell::RefCell::new(engine());
+    let config = ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |((order, joins) in schedules())| {
+        let arrived: Vec<Job> = order.iter().map(|&i| jobs[i].clone()).collect();
+        let got = batched(&mut eng.borrow_mut(), &arrived, &joins);
+        for (slot, &i) in order.iter().enumerate() {
+            prop_assert_eq!(&got[slot], &reference[i], "job {} joining at step {}", i, joins[slot]);
+        }
+    });
 }

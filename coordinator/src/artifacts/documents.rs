@@ -150,4 +150,34 @@ pub struct SummaryRuntime {
     pub elapsed_seconds: f64,
     pub scheduler: SchedulerStats,
     pub prefix_cache: PrefixReuse,
+    pub batching: Batching,
+}
+
+/// How full the workers' forward steps were, as the jobs computed in this attempt saw them
+/// (`summary.json` `runtime.batching`; workers that do not batch report nothing).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Batching {
+    /// Forward steps summed over jobs (a step shared by three jobs counts three times).
+    pub job_steps: u64,
+    /// The rows (decoding sequences and prefill chunks) of those steps.
+    pub rows: u64,
+    /// `rows / job_steps`: the rows a job's step computed on average, its own and other
+    /// jobs' (0 when no job reported).
+    pub mean_rows_per_step: f64,
+}
+
+impl Batching {
+    pub fn from_stats(stats: &SchedulerStats) -> Self {
+        let (job_steps, rows) = (stats.batch_job_steps, stats.batch_rows);
+        Batching {
+            job_steps,
+            rows,
+            mean_rows_per_step: if job_steps == 0 {
+                0.0
+            } else {
+                rows as f64 / job_steps as f64
+            },
+        }
+    }
 }

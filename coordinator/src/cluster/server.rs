@@ -140,6 +140,16 @@ fn payload_to_pb(lease_id: u64, payload: JobPayload) -> pb::Job {
     }
 }
 
+/// The batching statistics a submission reports (`batch_steps`, `batch_rows`; zero for an
+/// error): runtime facts for `summary.json`, never part of the answer.
+fn batch_share(result: &Option<pb::submit_request::Result>) -> (u32, u64) {
+    match result {
+        Some(pb::submit_request::Result::Rollout(r)) => (r.batch_steps, r.batch_rows),
+        Some(pb::submit_request::Result::Generate(g)) => (g.batch_steps, g.batch_rows),
+        _ => (0, 0),
+    }
+}
+
 /// Decode a submission at the edge. The worker's identity claims are ignored: only the lease
 /// id is used, and the scheduler maps it to the job itself.
 fn decode_result(
@@ -289,11 +299,15 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let req = request.into_inner();
         wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
+        let (steps, rows) = batch_share(&req.result);
         let result = decode_result(req.result)?;
         let outcome = self
             .scheduler
             .submit(&req.session, req.lease_id, result)
             .map_err(session_error)?;
+        if outcome == SubmitOutcome::Accepted {
+            self.scheduler.note_batching(steps, rows);
+        }
         let status = match outcome {
             SubmitOutcome::Accepted => pb::SubmitStatus::Accepted,
             SubmitOutcome::Duplicate => pb::SubmitStatus::Duplicate,

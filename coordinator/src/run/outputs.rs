@@ -13,7 +13,7 @@ use stageb_shared::digest;
 use super::prefix_reuse::PrefixReuse;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
-    CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,
+    Batching, CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,
     ManifestSchedule, ManifestSeeds, RunSummary, SummaryRuntime,
 };
 use crate::artifacts::{JsonlWriter, write_json_atomic};
@@ -126,11 +126,13 @@ impl RunLoop {
         finished_at: String,
     ) -> Result<RunSummary, RunError> {
         let path = self.dir.join(files::SUMMARY);
+        let scheduler = self.scheduler.stats();
         let runtime = SummaryRuntime {
             started_at,
             finished_at,
             elapsed_seconds: started.elapsed().as_secs_f64(),
-            scheduler: self.scheduler.stats(),
+            batching: Batching::from_stats(&scheduler),
+            scheduler,
             prefix_cache: PrefixReuse {
                 reflection: self.reflector.prefix_reuse().clone(),
                 ..self.prefix_reuse.clone()

@@ -104,6 +104,24 @@ pub struct RolloutOutput {
     pub prefix_tokens: u32,
     pub prefill_us: u64,
     pub decode_us: u64,
+    pub batch: BatchShare,
+}
+
+/// How much a job shared its forward steps: the steps it took part in and the rows (decoding
+/// sequences and prefill chunks, its own and other jobs') those steps computed in all. A
+/// runtime statistic, never part of a result; zero on the one-job path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchShare {
+    pub steps: u32,
+    pub rows: u64,
+}
+
+impl BatchShare {
+    /// Counts one forward step of `rows` rows.
+    pub fn add_step(&mut self, rows: usize) {
+        self.steps = self.steps.saturating_add(1);
+        self.rows = self.rows.saturating_add(rows as u64);
+    }
 }
 
 /// One free generation (reflection passes).
@@ -128,6 +146,7 @@ pub struct GenerateOutput {
     pub completion_tokens: u32,
     pub finish: FinishReason,
     pub latency_us: u64,
+    pub batch: BatchShare,
 }
 
 /// One job of a worker: a rollout or a generation.
@@ -142,6 +161,17 @@ pub enum Job {
 pub enum JobOutput {
     Rollout(RolloutOutput),
     Generate(GenerateOutput),
+}
+
+impl JobOutput {
+    /// The output with `batch` as its batching statistics.
+    pub fn with_batch(mut self, batch: BatchShare) -> Self {
+        match &mut self {
+            JobOutput::Rollout(r) => r.batch = batch,
+            JobOutput::Generate(g) => g.batch = batch,
+        }
+        self
+    }
 }
 
 /// Identity of the model a worker runs: results are only comparable under the same one.

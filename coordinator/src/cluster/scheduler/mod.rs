@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use stageb_shared::observe;
+use stageb_shared::{observe, wire};
 use tokio::sync::{Notify, mpsc};
 
 pub mod job;
@@ -202,6 +202,10 @@ pub struct SchedulerStats {
     pub speculation_wins: u64,
     /// Leases fenced because the other copy of their job answered first.
     pub leases_fenced_by_speculation: u64,
+    /// Continuous batching, summed over accepted answers: the forward steps each job took
+    /// part in, and the rows those steps computed (see [`Scheduler::note_batching`]).
+    pub batch_job_steps: u64,
+    pub batch_rows: u64,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -332,6 +336,19 @@ impl Scheduler {
 
     pub fn control(&self) -> ControlSignal {
         self.lock().control.unwrap_or(ControlSignal::Continue)
+    }
+
+    /// Counts an accepted answer's batching statistics: `steps` forward steps that computed
+    /// `rows` rows in all. A worker's claim, so one past what a step can hold (16 jobs of
+    /// [`wire::MAX_CANDIDATES_PER_JOB`] rows) is left out rather than skewing the mean.
+    pub fn note_batching(&self, steps: u32, rows: u64) {
+        let most = u64::from(steps) * 16 * wire::MAX_CANDIDATES_PER_JOB as u64;
+        if steps == 0 || rows < u64::from(steps) || rows > most {
+            return;
+        }
+        let mut g = self.lock();
+        g.stats.batch_job_steps += u64::from(steps);
+        g.stats.batch_rows += rows;
     }
 
     /// Leases issued and not yet answered, expired or fenced: the jobs workers are running.

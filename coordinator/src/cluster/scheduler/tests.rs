@@ -348,3 +348,15 @@ async fn a_lone_worker_batches_up_to_what_it_asks() {
     assert_eq!(s.lease(&only, 8, Duration::ZERO).await.unwrap().0.len(), 8);
     assert_eq!(s.lease(&only, 8, Duration::ZERO).await.unwrap().0.len(), 4);
 }
+
+#[test]
+fn batching_claims_are_summed_and_impossible_ones_left_out() {
+    let (s, _rx) = scheduler(10_000);
+    s.note_batching(10, 45);
+    s.note_batching(5, 5);
+    s.note_batching(0, 0); // a worker that does not batch
+    s.note_batching(3, 2); // fewer rows than steps
+    s.note_batching(1, 1 << 40); // more rows than 16 jobs of 256 rows can make
+    let stats = s.stats();
+    assert_eq!((stats.batch_job_steps, stats.batch_rows), (15, 50));
+}

@@ -21,8 +21,8 @@ use crate::constraint::ConstraintSpec;
 use crate::engine::cpu::model::{CpuCache, Part, Slot};
 use crate::engine::sampler::SeenTokens;
 use crate::engine::{
-    CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason, GenerateOutput,
-    GenerateRequest, Job, JobOutput, RolloutOutput,
+    BatchShare, CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason,
+    GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
 };
 
 /// A job in the running batch.
@@ -45,6 +45,7 @@ pub(super) struct Live {
     admitted: Instant,
     prefill_us: u64,
     decode_from: Option<Instant>,
+    batch: BatchShare,
 }
 
 impl Live {
@@ -189,6 +190,7 @@ impl CandleEngine {
             admitted: Instant::now(),
             prefill_us: 0,
             decode_from: None,
+            batch: BatchShare::default(),
         });
         Ok(())
     }
@@ -273,6 +275,13 @@ impl CandleEngine {
     ) -> Result<(), EngineError> {
         let inputs = gather(live, feeds);
         self.last_step = (inputs.iter().map(|i| i.tokens.len()).sum(), inputs.len());
+        let rows: usize = inputs
+            .iter()
+            .map(|i| i.rows.as_ref().map_or(1, Vec::len))
+            .sum();
+        for i in &inputs {
+            live[i.job].batch.add_step(rows);
+        }
         let Backend::Cpu(model) = &self.model else {
             return Ok(());
         };
@@ -363,6 +372,7 @@ impl CandleEngine {
                 job.admitted.elapsed().as_micros() as u64,
             )?),
         };
+        let out = out.with_batch(job.batch);
         if let Some(store) = self.store(job.keep) {
             super::prefill::keep(store, &job.prompt, job.cache);
         }
@@ -482,6 +492,7 @@ impl CandleEngine {
             prefix_tokens: reused as u32,
             prefill_us,
             decode_us,
+            batch: BatchShare::default(),
         })
     }
 
@@ -500,6 +511,7 @@ impl CandleEngine {
             completion_tokens: row.tokens.len() as u32,
             finish: row.finish.unwrap_or(FinishReason::Length),
             latency_us,
+            batch: BatchShare::default(),
         })
     }
 }
