@@ -26,6 +26,7 @@ use tonic::{Code, Request, Status};
 
 use crate::engine::{CancelFlag, Engine, EngineError, Job};
 use crate::job_codec::{job_from_pb, result_to_pb};
+use crate::pace::Pace;
 use crate::runner::{self, Incoming, Outgoing};
 
 /// How a worker reaches its coordinator.
@@ -214,6 +215,8 @@ struct Session {
     id: String,
     worker_id: String,
     heartbeat: Duration,
+    /// Rank 0's lease TTL (zero from a coordinator that does not say).
+    lease_ttl: Duration,
     /// The run's context in tokens (0 from a coordinator that does not say).
     max_context: u32,
 }
@@ -246,6 +249,7 @@ async fn register(
         id: resp.session,
         worker_id: resp.worker_id,
         heartbeat: Duration::from_millis(resp.heartbeat_interval_ms.max(100) as u64),
+        lease_ttl: Duration::from_millis(resp.lease_ttl_ms.into()),
         max_context: resp.max_context,
     })
 }
@@ -439,6 +443,8 @@ struct InHand {
     kv: BTreeMap<u64, u64>,
     /// The engine's KV bytes per position.
     per_position: u64,
+    /// How many jobs finish within the lease TTL at this worker's pace.
+    pace: Pace,
 }
 
 impl InHand {
@@ -484,6 +490,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         to_engine: Some(to_engine),
         kv: BTreeMap::new(),
         per_position,
+        pace: Pace::new(session.lease_ttl),
     };
     let max_jobs = if batches {
         opts.limits.max_jobs.max(1)
@@ -503,11 +510,12 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         if ending.is_some() && hand.count() == 0 {
             break;
         }
-        let room = hand.count() < max_jobs && (hand.count() == 0 || hand.kv_bytes() < budget);
+        let limit = max_jobs.min(hand.pace.limit());
+        let room = hand.count() < limit && (hand.count() == 0 || hand.kv_bytes() < budget);
         if ending.is_none() && room {
             let lease = pb::LeaseRequest {
                 session: session.id.clone(),
-                max_jobs: (max_jobs - hand.count()) as u32,
+                max_jobs: (limit - hand.count()) as u32,
                 // Long-poll only with nothing in hand: results must not wait for the lease.
                 wait_ms: if hand.count() == 0 { 5_000 } else { 0 },
             };
@@ -563,6 +571,9 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
 
 /// Hands leased jobs to the engine thread, each under its lease id with its own cancel flag.
 fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budget: u64) {
+    if !jobs.is_empty() {
+        hand.pace.busy(Instant::now());
+    }
     for job in jobs {
         let Some(kind) = job.kind else { continue };
         let cancel = CancelFlag::default();
@@ -607,6 +618,11 @@ async fn finish_job(
         return;
     };
     let cancelled = matches!(out.result, Err(EngineError::Cancelled));
+    if cancelled {
+        hand.pace.job_dropped(hand.count());
+    } else {
+        hand.pace.job_ended(Instant::now(), hand.count());
+    }
     let result = result_to_pb(out.result);
     record_job_metrics(
         &result,

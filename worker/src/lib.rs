@@ -10,6 +10,8 @@
 //! - [`runner`]: the engine thread: the jobs in hand in one continuous batch (or one at a
 //!   time on an engine that does not batch), each ending on its own.
 //! - [`job_codec`]: leased jobs into engine jobs, engine results into submissions.
+//! - `pace.rs`: the measured pace that caps the jobs in hand to what finishes within the
+//!   lease TTL.
 //! - [`generate`]: `stageb generate`, one prompt run like a rollout job, each candidate read
 //!   back against the contract.
 //! - [`probe`]: the hidden `stageb probe` diagnostics (logits, greedy tokens and the timed
@@ -20,5 +22,6 @@ pub mod constraint;
 pub mod engine;
 pub mod generate;
 pub mod job_codec;
+mod pace;
 pub mod probe;
 pub mod runner;
