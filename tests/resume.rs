@@ -74,11 +74,18 @@ impl Counters {
 
 /// Two epochs of the 48-ticket demo mission, steps of 8 tickets, reflection after each step.
 fn config(dir: &Path, run_name: &str) -> PathBuf {
+    config_piped(dir, run_name, 0)
+}
+
+/// [`config`] with `runner.pipeline_steps` (0: every job computed is used, so the specs can
+/// count them; 1: the next step is queued ahead while reflection runs).
+fn config_piped(dir: &Path, run_name: &str, pipeline_steps: u32) -> PathBuf {
     support::write_config(
         dir,
         json!({
             "output": {"root": dir.join("runs"), "run_name": run_name},
-            "runner": {"epochs": 2, "per_rank_rollout_batch_size": 1, "logging_steps": 16},
+            "runner": {"epochs": 2, "per_rank_rollout_batch_size": 1, "logging_steps": 16,
+                       "pipeline_steps": pipeline_steps},
             "reflection": {
                 "batch_size": 8, "max_operations": 3, "max_new_tokens": 384,
                 "retry_budget_per_group_per_epoch": 2, "max_calls_per_epoch": 12,
@@ -110,18 +117,30 @@ async fn stop_after(counters: Counters, at: StopAfter) {
 #[test]
 fn a_run_stopped_mid_epoch_and_resumed_equals_the_uninterrupted_run() {
     // Inside the second step of epoch 2, after several reflection cycles.
-    stop_and_resume(StopAfter::Rollouts(60));
+    stop_and_resume(StopAfter::Rollouts(60), 0);
 }
 
 #[test]
 fn a_run_stopped_inside_a_reflection_cycle_and_resumed_equals_the_uninterrupted_run() {
     // Between the passes (or retries) of an epoch-1 reflection cycle.
-    stop_and_resume(StopAfter::Generations(5));
+    stop_and_resume(StopAfter::Generations(5), 0);
 }
 
-fn stop_and_resume(at: StopAfter) {
+/// Issue 23, item 5: stopped while reflection ran and the next step's rollouts were queued
+/// ahead (some computed, some in flight, some under a guidance the cycle then changed).
+#[test]
+fn a_run_stopped_while_a_step_was_queued_ahead_resumes_to_the_uninterrupted_artifacts() {
+    stop_and_resume(StopAfter::Generations(5), 1);
+    stop_and_resume(StopAfter::Rollouts(30), 1);
+}
+
+/// Stops a run at `at`, resumes it, and checks it equals an uninterrupted run; with
+/// `pipeline_steps` 0 also that no job was computed twice (queued-ahead jobs whose guidance
+/// changed are computed and discarded by design, so the count is checked without them).
+fn stop_and_resume(at: StopAfter, pipeline_steps: u32) {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
+    let config = |dir: &Path, name: &str| config_piped(dir, name, pipeline_steps);
 
     // The reference: one uninterrupted run.
     let reference = Counters::default();
@@ -167,6 +186,9 @@ fn stop_and_resume(at: StopAfter) {
     assert_eq!(resumed.epoch_accuracy, whole.epoch_accuracy);
     assert_eq!(resumed.guidance_hash, whole.guidance_hash);
     assert_audit_ok(resumed_dir);
+    if pipeline_steps > 0 {
+        return;
+    }
 
     // And the workers only computed what the first attempt had not finished.
     let replayed = resumed.runtime["scheduler"]["replayed"].as_u64().unwrap() as usize;

@@ -16,6 +16,7 @@ use stageb_shared::config::RunConfig;
 use stageb_shared::limits::EffectiveLimits;
 
 use crate::cluster::scheduler::SchedulerStats;
+use crate::run::pipeline::PipelineStats;
 use crate::run::prefix_reuse::PrefixReuse;
 
 /// How a candidate's seed is derived, as the manifest states it.
@@ -151,6 +152,7 @@ pub struct SummaryRuntime {
     pub scheduler: SchedulerStats,
     pub prefix_cache: PrefixReuse,
     pub batching: Batching,
+    pub pipeline: PipelineStats,
 }
 
 /// How full the workers' forward steps were, as the jobs computed in this attempt saw them

@@ -3,7 +3,8 @@
 //!
 //! Both give up the same way when no worker has been alive for the run's worker grace, so the
 //! wait lives here rather than in either of them (reflection must not depend on the run loop
-//! that drives it).
+//! that drives it). Results of jobs queued ahead of their turn (the next step's rollouts,
+//! leased while reflection runs) are kept until they are asked for: [`Completions::expect`].
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,11 +22,59 @@ pub enum WaitError {
     SchedulerClosed,
 }
 
-/// Wait for every job in `ids`. Completions of other jobs are unexpected here and dropped with
-/// a warning. Gives up when no worker has been alive for `grace`.
+/// The scheduler's completion channel, and the results that arrived before anyone waited for
+/// them (only of jobs announced with [`Completions::expect`]; others are dropped with a
+/// warning, as nobody will ask for them).
+pub struct Completions {
+    rx: mpsc::UnboundedReceiver<Completion>,
+    expected: HashSet<JobId>,
+    early: HashMap<JobId, Completion>,
+}
+
+impl Completions {
+    pub fn new(rx: mpsc::UnboundedReceiver<Completion>) -> Self {
+        Completions {
+            rx,
+            expected: HashSet::new(),
+            early: HashMap::new(),
+        }
+    }
+
+    /// Keep the results of `ids` until they are waited for.
+    pub fn expect(&mut self, ids: impl IntoIterator<Item = JobId>) {
+        self.expected.extend(ids);
+    }
+
+    /// Nobody will wait for `ids` any more: drop what arrived of them, and what will.
+    pub fn forget(&mut self, ids: &[JobId]) {
+        for id in ids {
+            self.expected.remove(id);
+            self.early.remove(id);
+        }
+    }
+
+    /// An early result among `ids`, taken out.
+    fn take_early(&mut self, ids: &HashSet<JobId>) -> Option<Completion> {
+        let id = *self.early.keys().find(|id| ids.contains(id))?;
+        self.expected.remove(&id);
+        self.early.remove(&id)
+    }
+
+    /// A result nobody is waiting for now: kept if it was expected, else dropped.
+    fn arrived_early(&mut self, c: Completion) {
+        if self.expected.contains(&c.job) {
+            self.early.insert(c.job, c);
+        } else {
+            tracing::warn!(job = c.job, "completion of a job nobody waits for; dropped");
+        }
+    }
+}
+
+/// Wait for every job in `ids`. Completions of other jobs are kept if expected, else dropped
+/// with a warning. Gives up when no worker has been alive for `grace`.
 pub async fn await_completions(
     scheduler: &Scheduler,
-    completions: &mut mpsc::UnboundedReceiver<Completion>,
+    completions: &mut Completions,
     ids: &[JobId],
     grace: Duration,
 ) -> Result<HashMap<JobId, Completion>, WaitError> {
@@ -39,22 +88,26 @@ pub async fn await_completions(
     Ok(out)
 }
 
-/// The next completion among `ids` (a set: a large step asks once per completion). Completions
-/// of other jobs are unexpected here and dropped with a warning. Gives up when no worker has
-/// been alive for `grace`.
+/// The next completion among `ids` (a set: a large step asks once per completion), early
+/// ones first. Completions of other jobs are kept if expected, else dropped with a warning.
+/// Gives up when no worker has been alive for `grace`.
 pub(crate) async fn await_any(
     scheduler: &Scheduler,
-    completions: &mut mpsc::UnboundedReceiver<Completion>,
+    completions: &mut Completions,
     ids: &HashSet<JobId>,
     grace: Duration,
 ) -> Result<Completion, WaitError> {
+    if let Some(c) = completions.take_early(ids) {
+        return Ok(c);
+    }
     let mut lonely_since: Option<Instant> = None;
     loop {
-        match tokio::time::timeout(Duration::from_secs(1), completions.recv()).await {
-            Ok(Some(c)) if ids.contains(&c.job) => return Ok(c),
-            Ok(Some(c)) => {
-                tracing::warn!(job = c.job, "completion of a job nobody waits for; dropped")
+        match tokio::time::timeout(Duration::from_secs(1), completions.rx.recv()).await {
+            Ok(Some(c)) if ids.contains(&c.job) => {
+                completions.expected.remove(&c.job);
+                return Ok(c);
             }
+            Ok(Some(c)) => completions.arrived_early(c),
             Ok(None) => return Err(WaitError::SchedulerClosed),
             Err(_) => {
                 if scheduler.live_workers() == 0 {

@@ -37,7 +37,7 @@ use stageb_shared::observe;
 use stageb_shared::seed::{derived_seed, shuffled_indices};
 use tokio::sync::mpsc;
 
-use crate::cluster::completions::{WaitError, await_any};
+use crate::cluster::completions::{Completions, WaitError, await_any};
 use crate::cluster::scheduler::{Completion, JobId, JobOutput, Scheduler};
 use crate::decide::accuracy;
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
@@ -47,12 +47,14 @@ use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
 mod outputs;
+pub mod pipeline;
 pub mod prefix_reuse;
 pub mod rollout_prompt;
 pub mod start;
 mod ticket;
 pub use crate::artifacts::documents::RunSummary;
 use outputs::Writers;
+use pipeline::PipelineStats;
 use prefix_reuse::PrefixReuse;
 pub use rollout_prompt::rollout_payload;
 use ticket::TicketAt;
@@ -182,7 +184,7 @@ pub struct RunLoop {
     inputs: RunInputs,
     dir: PathBuf,
     scheduler: Arc<Scheduler>,
-    completions: mpsc::UnboundedReceiver<Completion>,
+    completions: Completions,
     model: crate::cluster::server::ModelPinHandle,
     progress: ProgressHandle,
     guidance: GuidanceRepo,
@@ -201,6 +203,10 @@ pub struct RunLoop {
     hard_failures: u64,
     /// Prompt prefill the workers' prefix caches saved (`runtime.prefix_cache`).
     prefix_reuse: PrefixReuse,
+    /// The next step's rollouts, queued ahead while this step's reflection runs.
+    ahead: Option<pipeline::Ahead>,
+    /// What was queued ahead and what became of it (`runtime.pipeline`).
+    pipeline: PipelineStats,
     /// The token limits the run plans with, once its context is known.
     limits: Option<EffectiveLimits>,
     /// Epoch rows of the finished epochs (the summary's `epoch_accuracy`).
@@ -266,7 +272,7 @@ impl RunLoop {
         Ok(RunLoop {
             dir,
             scheduler,
-            completions,
+            completions: Completions::new(completions),
             model,
             progress,
             guidance,
@@ -281,6 +287,8 @@ impl RunLoop {
             malformed: 0,
             hard_failures: 0,
             prefix_reuse: PrefixReuse::default(),
+            ahead: None,
+            pipeline: PipelineStats::default(),
             limits: None,
             epoch_rows: Vec::new(),
             resume_from,
@@ -433,14 +441,15 @@ impl RunLoop {
         };
         let skip = usize::try_from(start.steps_done).unwrap_or(usize::MAX);
         let n_steps = self.steps_per_epoch(cfg);
-        let steps = order.chunks(step_size(cfg)).skip(skip);
-        for (steps_done, step) in (start.steps_done + 1..).zip(steps) {
+        let steps: Vec<&[usize]> = order.chunks(step_size(cfg)).skip(skip).collect();
+        for (i, (steps_done, step)) in (start.steps_done + 1..).zip(&steps).enumerate() {
             let phase = Phase::Rollouts {
                 step: steps_done,
                 steps: n_steps,
             };
             crate::progress::enter(&self.progress, phase);
-            self.run_step(&mut run, step).await?;
+            self.run_step(&mut run, step, steps.get(i + 1).copied())
+                .await?;
             let here = Position {
                 epoch,
                 steps_done,
@@ -451,25 +460,23 @@ impl RunLoop {
         self.close_epoch(run).await
     }
 
-    /// One step: its rollouts queued under the step's guidance, its tickets decided in step
-    /// order once all have answered, then the step made durable and handed to reflection.
-    async fn run_step(&mut self, run: &mut EpochRun<'_>, step: &[usize]) -> Result<(), RunError> {
+    /// One step: its rollouts queued under the step's guidance (or taken from those queued
+    /// ahead), its tickets decided in step order once all have answered, then the step made
+    /// durable, the `next` step's rollouts queued ahead, and the step handed to reflection.
+    async fn run_step(
+        &mut self,
+        run: &mut EpochRun<'_>,
+        step: &[usize],
+        next: Option<&[usize]>,
+    ) -> Result<(), RunError> {
         self.schedule_step += 1;
         self.progress
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .epoch = run.epoch;
-        let guidance_lines = self.guidance.render_for_prompt();
         let guidance_step = self.guidance.step();
         let g0 = self.guidance.current().g0().to_string();
-        let jobs: Vec<(JobId, usize)> = step
-            .iter()
-            .map(|&ti| {
-                let payload =
-                    rollout_payload(run.cfg, run.epoch, &run.tickets[ti], &guidance_lines);
-                (self.scheduler.enqueue(payload), ti)
-            })
-            .collect();
+        let jobs = self.queue_step(run, step);
         let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
         self.lock_progress().begin_rollouts(Instant::now());
         let mut done = self.await_jobs(&ids).await?;
@@ -483,6 +490,9 @@ impl RunLoop {
         // Step boundary: make the step durable before guidance may change.
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
+        if let Some(next) = next {
+            self.queue_ahead(run, next);
+        }
         self.reflection_round(run.epoch, false).await?;
         ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
         Ok(())

@@ -132,6 +132,7 @@ impl RunLoop {
             finished_at,
             elapsed_seconds: started.elapsed().as_secs_f64(),
             batching: Batching::from_stats(&scheduler),
+            pipeline: self.pipeline.clone(),
             scheduler,
             prefix_cache: PrefixReuse {
                 reflection: self.reflector.prefix_reuse().clone(),

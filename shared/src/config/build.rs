@@ -6,8 +6,8 @@ use super::section::{FloatRule, Section, describe};
 use super::types::{
     GridEntry, GuidanceConfig, LifecycleConfig, MIN_CONSTRAINED_NEW_TOKENS, MIN_MODEL_LEN,
     ManualReviewConfig, ModelConfig, OutputConfig, ReflectionConfig, RunConfig, RunnerConfig,
-    SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak, default_speculation_min_ms,
-    default_speculation_multiple,
+    SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak, default_pipeline_steps,
+    default_speculation_min_ms, default_speculation_multiple,
 };
 use crate::error::{ErrorCode, InputError};
 use serde_norway::Value;
@@ -317,7 +317,18 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
             default_speculation_min_ms(),
             0,
         )?,
+        pipeline_steps: runner.opt_u32(doc, "pipeline_steps", default_pipeline_steps(), 0)?,
     };
+    if config.pipeline_steps > 1 {
+        return Err(runner.invalid(
+            doc,
+            "pipeline_steps",
+            format!(
+                "must be 0 or 1 (steps queued ahead while reflection runs), got {}",
+                config.pipeline_steps
+            ),
+        ));
+    }
     if config.heartbeat_interval_s >= config.lease_ttl_s {
         // Point at whichever of the two the user wrote (the heartbeat if both).
         let key = if runner.get("heartbeat_interval_s").is_some() {

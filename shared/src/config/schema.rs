@@ -148,6 +148,7 @@ const RUNNER_SCHEMA: SectionSchema = SectionSchema {
         "heartbeat_interval_s",
         "speculation_multiple",
         "speculation_min_ms",
+        "pipeline_steps",
     ],
     ignored: &[],
 };

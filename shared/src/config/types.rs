@@ -182,6 +182,16 @@ pub struct RunnerConfig {
     /// fast the median job. Default 2000.
     #[serde(default = "default_speculation_min_ms")]
     pub speculation_min_ms: u64,
+    /// stageb addition: steps whose rollouts are queued ahead, under the guidance of the
+    /// moment, while the current step's reflection runs (0 or 1). An answer is used only if
+    /// its step's guidance is still the one it ran under, so artifacts never depend on it.
+    /// Default 1.
+    #[serde(default = "default_pipeline_steps")]
+    pub pipeline_steps: u32,
+}
+
+pub(super) fn default_pipeline_steps() -> u32 {
+    1
 }
 
 pub(super) fn default_speculation_multiple() -> u32 {

@@ -15,20 +15,23 @@
 //! Here: the table, leasing, heartbeats, the checklist of a submission and expiry. Beside it:
 //! [`job`] (what a job asks and answers), `sessions.rs` (worker sessions), [`result_check`]
 //! (an answer fits its job), [`speculation`] (second copies of stragglers), [`journal`]
-//! (accepted answers, for `--resume`).
+//! (accepted answers, for `--resume`), `stats.rs` (the counters), `ahead.rs` (jobs queued ahead of their turn: leased
+//! after all others, withdrawn when their answer is no longer wanted).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use stageb_shared::{observe, wire};
+use stageb_shared::observe;
 use tokio::sync::{Notify, mpsc};
 
+mod ahead;
 pub mod job;
 pub mod journal;
 pub mod result_check;
 mod sessions;
 pub mod speculation;
+mod stats;
 
 pub use job::{
     CandidateText, Completion, ControlSignal, DecodeJob, JobFailure, JobId, JobOutput, JobPayload,
@@ -40,6 +43,7 @@ use sessions::SessionState;
 
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
+pub use stats::SchedulerStats;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -169,6 +173,8 @@ struct Inner {
     next_lease: LeaseId,
     next_worker: u64,
     queue: VecDeque<JobId>,
+    /// Jobs queued ahead of their turn, leased only when `queue` is empty.
+    ahead: VecDeque<JobId>,
     jobs: HashMap<JobId, JobState>,
     leases: HashMap<LeaseId, LeaseState>,
     accepted: HashMap<LeaseId, String>,
@@ -177,35 +183,6 @@ struct Inner {
     stats: SchedulerStats,
     /// Recent accepted job times, for straggler detection.
     times: JobTimes,
-}
-
-/// Counters for progress reporting and the run summary (`summary.json` `runtime.scheduler`;
-/// a summary written before a counter existed reads it as 0).
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct SchedulerStats {
-    pub leases_issued: u64,
-    pub leases_expired: u64,
-    pub submits_accepted: u64,
-    pub submits_duplicate: u64,
-    pub submits_fenced: u64,
-    pub job_errors: u64,
-    /// Jobs answered from the journal of an earlier attempt (`--resume`), never leased.
-    pub replayed: u64,
-    /// Sessions forgotten after `session_idle_ttl` without a call.
-    pub sessions_expired: u64,
-    /// Leases fenced because their worker registered again (a subset of `leases_expired`).
-    pub leases_fenced_on_register: u64,
-    /// Second copies leased for straggling jobs.
-    pub speculative_leases: u64,
-    /// Jobs whose speculative copy answered first.
-    pub speculation_wins: u64,
-    /// Leases fenced because the other copy of their job answered first.
-    pub leases_fenced_by_speculation: u64,
-    /// Continuous batching, summed over accepted answers: the forward steps each job took
-    /// part in, and the rows those steps computed (see [`Scheduler::note_batching`]).
-    pub batch_job_steps: u64,
-    pub batch_rows: u64,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -280,6 +257,12 @@ impl Scheduler {
 
     /// Queue a job; returns its id.
     pub fn enqueue(&self, payload: JobPayload) -> JobId {
+        self.enqueue_in(payload, false)
+    }
+
+    /// Queue a job at the back of the queue, or (`ahead`) of the queue of jobs ahead of their
+    /// turn; returns its id.
+    fn enqueue_in(&self, payload: JobPayload, ahead: bool) -> JobId {
         let digest = self.journal.as_ref().map(|_| payload_digest(&payload));
         let replayed = digest.as_deref().and_then(|d| self.replay.get(d)).cloned();
         let id = {
@@ -303,6 +286,8 @@ impl Scheduler {
             );
             if replayed.is_some() {
                 g.stats.replayed += 1;
+            } else if ahead {
+                g.ahead.push_back(id);
             } else {
                 g.queue.push_back(id);
             }
@@ -338,19 +323,6 @@ impl Scheduler {
         self.lock().control.unwrap_or(ControlSignal::Continue)
     }
 
-    /// Counts an accepted answer's batching statistics: `steps` forward steps that computed
-    /// `rows` rows in all. A worker's claim, so one past what a step can hold (16 jobs of
-    /// [`wire::MAX_CANDIDATES_PER_JOB`] rows) is left out rather than skewing the mean.
-    pub fn note_batching(&self, steps: u32, rows: u64) {
-        let most = u64::from(steps) * 16 * wire::MAX_CANDIDATES_PER_JOB as u64;
-        if steps == 0 || rows < u64::from(steps) || rows > most {
-            return;
-        }
-        let mut g = self.lock();
-        g.stats.batch_job_steps += u64::from(steps);
-        g.stats.batch_rows += rows;
-    }
-
     /// Leases issued and not yet answered, expired or fenced: the jobs workers are running.
     pub fn in_flight(&self) -> usize {
         self.lock().leases.len()
@@ -383,7 +355,7 @@ impl Scheduler {
                 let mut out = Vec::new();
                 let take = max_jobs.max(1).min(self.fair_share(&g, session, now));
                 while out.len() < take {
-                    let Some(job_id) = g.queue.pop_front() else {
+                    let Some(job_id) = g.queue.pop_front().or_else(|| g.ahead.pop_front()) else {
                         break;
                     };
                     if let Some(leased) = self.issue_lease(&mut g, job_id, session, now, false) {

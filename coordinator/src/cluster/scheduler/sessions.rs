@@ -117,7 +117,7 @@ impl Scheduler {
             .count()
     }
 
-    /// How many more jobs `session` may lease now: the work outstanding (queued and leased)
+    /// How many more jobs `session` may lease now: the work outstanding (queued, ahead and leased)
     /// split evenly among the live workers, at least [`super::SchedulerConfig::expected_workers`],
     /// less what the session holds; one when it holds nothing, so no worker idles while
     /// work is queued. A worker batching many jobs then never takes the work of its peers.
@@ -126,7 +126,7 @@ impl Scheduler {
             .live_count(g, now)
             .max(self.config.expected_workers)
             .max(1);
-        let share = (g.queue.len() + g.leases.len()).div_ceil(workers);
+        let share = (g.queue.len() + g.ahead.len() + g.leases.len()).div_ceil(workers);
         let held = g.leases.values().filter(|l| l.session == session).count();
         if held == 0 {
             share.max(1)

@@ -360,3 +360,59 @@ fn batching_claims_are_summed_and_impossible_ones_left_out() {
     let stats = s.stats();
     assert_eq!((stats.batch_job_steps, stats.batch_rows), (15, 50));
 }
+
+fn seeds_of(payload: &JobPayload) -> Vec<u64> {
+    match payload {
+        JobPayload::Rollout { decodes, .. } => decodes[0].seeds.clone(),
+        JobPayload::Generate { .. } => Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn jobs_queued_ahead_are_leased_only_when_nothing_else_waits() {
+    let (s, _rx) = scheduler(10_000);
+    s.enqueue_ahead(rollout_job(vec![1]));
+    s.enqueue(rollout_job(vec![2]));
+    let (_, w) = s.register().unwrap();
+    let (first, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(seeds_of(&first[0].1), vec![2], "the job due now goes first");
+    let (second, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(seeds_of(&second[0].1), vec![1], "then the one queued ahead");
+}
+
+#[tokio::test]
+async fn a_withdrawn_job_is_never_leased_and_its_lease_is_fenced_without_a_completion() {
+    let (s, mut rx) = scheduler(10_000);
+    let leased = s.enqueue_ahead(rollout_job(vec![1]));
+    let queued = s.enqueue_ahead(rollout_job(vec![2]));
+    let (_, w) = s.register().unwrap();
+    let (held, _) = s.lease(&w, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(s.withdraw(&[leased, queued]), 2);
+    assert_eq!(s.withdraw(&[leased]), 0, "withdrawn once");
+    let (fenced, _) = s.heartbeat(&w, &[held[0].0]).unwrap();
+    assert_eq!(
+        fenced,
+        vec![held[0].0],
+        "the worker is told to drop the work"
+    );
+    assert_eq!(
+        s.submit(&w, held[0].0, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+    assert!(s.lease(&w, 8, Duration::ZERO).await.unwrap().0.is_empty());
+    assert!(rx.try_recv().is_err(), "no completion for a withdrawn job");
+    assert_eq!(s.stats().jobs_withdrawn, 2);
+}
+
+#[tokio::test]
+async fn promoted_jobs_take_their_place_in_the_ordinary_queue() {
+    let (s, _rx) = scheduler(10_000);
+    let ahead = s.enqueue_ahead(rollout_job(vec![1]));
+    s.enqueue_ahead(rollout_job(vec![3]));
+    s.promote(&[ahead]);
+    s.enqueue(rollout_job(vec![2]));
+    let (_, w) = s.register().unwrap();
+    let (leased, _) = s.lease(&w, 3, Duration::ZERO).await.unwrap();
+    let order: Vec<Vec<u64>> = leased.iter().map(|(_, p)| seeds_of(p)).collect();
+    assert_eq!(order, vec![vec![1], vec![2], vec![3]]);
+}

@@ -7,11 +7,10 @@ use stageb_shared::domain::ChatMessage;
 use stageb_shared::observe;
 use stageb_shared::reflection_schema::ReflectionParseError;
 use stageb_shared::seed::derived_seed;
-use tokio::sync::mpsc;
 
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
 use super::{JSON_RETRIES, ReflectionError, Reflector};
-use crate::cluster::completions::await_completions;
+use crate::cluster::completions::{Completions, await_completions};
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER, Scheduler};
 use crate::progress::{Phase, ReflectPass};
 
@@ -19,7 +18,7 @@ use crate::progress::{Phase, ReflectPass};
 /// answers come back on.
 pub(super) struct Workers<'a> {
     pub(super) scheduler: &'a Scheduler,
-    pub(super) completions: &'a mut mpsc::UnboundedReceiver<Completion>,
+    pub(super) completions: &'a mut Completions,
 }
 
 /// How much prompt prefill the workers' generation prefix caches saved on the reflection calls

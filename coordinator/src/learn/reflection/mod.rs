@@ -36,12 +36,11 @@ use std::time::Duration;
 use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::domain::TicketKey;
 use stageb_shared::limits::EffectiveLimits;
-use tokio::sync::mpsc;
 
 use crate::artifacts::files;
 use crate::artifacts::{JsonlWriter, write_json_atomic};
-use crate::cluster::completions::WaitError;
-use crate::cluster::scheduler::{Completion, Scheduler};
+use crate::cluster::completions::{Completions, WaitError};
+use crate::cluster::scheduler::Scheduler;
 use crate::guidance::{GuidanceError, GuidanceRepo};
 use crate::learn::need_review::{self, NeedReviewRow};
 use crate::progress::ProgressHandle;
@@ -270,7 +269,7 @@ impl Reflector {
         global_step: u64,
         guidance: &mut GuidanceRepo,
         scheduler: &Scheduler,
-        completions: &mut mpsc::UnboundedReceiver<Completion>,
+        completions: &mut Completions,
         drain: bool,
     ) -> Result<(), ReflectionError> {
         self.flush_immediate_feedback(guidance)?;

@@ -1,0 +1,115 @@
+//! Rollouts queued ahead (issue 23, item 1; `runner.pipeline_steps`): while a step's
+//! reflection runs, the next step's rollouts are already queued under the guidance of that
+//! moment. An answer is used only when its step's guidance is still the one it ran under;
+//! otherwise its job is withdrawn and queued again. Artifacts are the same bytes with and
+//! without it, with one worker or three, whether reflection changes the guidance at a
+//! boundary or never.
+//!
+//! Fixture: the toy mission (16 tickets, steps of 8, reflection batches of 4), two epochs,
+//! every run in one directory under its own run name.
+
+mod support;
+
+use std::path::Path;
+
+use serde_json::json;
+use stageb::cluster::StartMode;
+use stageb_coordinator::run::RunSummary;
+use stageb_coordinator::run::pipeline::PipelineStats;
+use support::compare::assert_same_artifacts;
+use support::{
+    Behaviour, Script, ScriptedEngine, assert_audit_ok, toy_fail_key, try_run, write_config,
+    write_toy_mission,
+};
+
+/// The toy mission as run `name`, with `pipeline_steps` and `workers`.
+fn run(dir: &Path, name: &str, pipeline_steps: u32, workers: usize, b: &Behaviour) -> RunSummary {
+    let config = write_config(
+        dir,
+        json!({"output": {"run_name": name},
+               "runner": {"epochs": 2, "pipeline_steps": pipeline_steps}}),
+    );
+    let script = Script::new(b.clone());
+    let summary = try_run(
+        &config,
+        workers,
+        move |_| ScriptedEngine::new(script.clone()),
+        StartMode::Fresh,
+        std::future::pending(),
+    )
+    .expect("the run completes");
+    assert_audit_ok(&summary.run_dir);
+    summary
+}
+
+/// Runs the toy mission without queueing ahead, then with it on 1 and 3 workers: the same
+/// artifacts every time. Returns the sequential run and each pipelined run's counts.
+fn compare_pipelined(b: &Behaviour) -> (RunSummary, Vec<PipelineStats>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_toy_mission(dir.path());
+    let sequential = run(dir.path(), "sequential", 0, 1, b);
+    assert_eq!(
+        sequential.runtime_facts().pipeline,
+        PipelineStats::default()
+    );
+    let mut stats = Vec::new();
+    for workers in [1, 3] {
+        let ahead = run(dir.path(), &format!("ahead-{workers}"), 1, workers, b);
+        assert_same_artifacts(&sequential.run_dir, &ahead.run_dir);
+        let p = ahead.runtime_facts().pipeline;
+        // Two epochs of two steps: each epoch's second step was queued ahead, 8 jobs each.
+        assert_eq!(
+            (p.steps_ahead, p.jobs_ahead),
+            (2, 16),
+            "{workers} workers: {p:?}"
+        );
+        assert_eq!(p.steps_used + p.steps_discarded, p.steps_ahead, "{p:?}");
+        stats.push(p);
+    }
+    (sequential, stats)
+}
+
+#[test]
+fn queued_ahead_steps_whose_guidance_changed_are_discarded_and_change_no_byte() {
+    let (sequential, stats) = compare_pipelined(&Behaviour::default());
+    assert!(sequential.guidance_step > 0, "the toy mission learns rules");
+    for p in stats {
+        assert!(
+            p.steps_discarded >= 1,
+            "reflection changed the guidance: {p:?}"
+        );
+        assert_eq!(p.jobs_discarded, 8 * p.steps_discarded, "{p:?}");
+    }
+}
+
+#[test]
+fn queued_ahead_steps_are_used_as_they_are_when_the_guidance_holds() {
+    // Every fail ticket is declared no-evidence and never cited: no rule is learned, and the
+    // guidance holds at every step boundary.
+    let fail_keys: std::collections::BTreeSet<String> = (0..8).map(toy_fail_key).collect();
+    let b = Behaviour {
+        always_stop: fail_keys.clone(),
+        never_cover: fail_keys,
+        ..Behaviour::default()
+    };
+    let (_, stats) = compare_pipelined(&b);
+    for p in stats {
+        assert_eq!(
+            (p.steps_used, p.jobs_used, p.jobs_discarded),
+            (2, 16, 0),
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
+fn a_pipeline_deeper_than_one_step_is_refused_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), json!({"runner": {"pipeline_steps": 2}}));
+    let err = stageb_shared::config::load_config(&path).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("pipeline_steps") && text.contains("0 or 1"),
+        "{text}"
+    );
+}
