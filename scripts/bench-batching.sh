@@ -14,8 +14,9 @@
 #   llama.cpp the requests alone, server warm. Peak RSS of each stageb run
 #   (scripts/lib/rusage.py).
 # Workload 2 (the README demo as users run it: 2 epochs, reflection on): `stageb run` with the
-#   default `--max-jobs` and with `--max-jobs 1`, same binary, alternated; wall time, and from
-#   the run's log where it went.
+#   defaults (batching, the next step queued ahead while reflection runs) and as it ran before
+#   both (`--max-jobs 1`, `runner.pipeline_steps: 0`), same binary, alternated; wall time, and
+#   from the run's log where it went.
 # Every run's artifacts are compared with the first run's (scripts/compare-runs.py): batching
 # must not change a byte.
 set -euo pipefail
@@ -117,9 +118,11 @@ fi
 
 # ---- workload 2: the README demo (2 epochs, reflection on) ----------------------------------
 if [ "$E2E" = 1 ]; then
+    sed -e 's/^runner:$/runner:\n  pipeline_steps: 0/' "$ROOT/examples/demo/config.yaml" > "$DIR/demo-sequential.yaml"
+    grep -q '^  pipeline_steps: 0$' "$DIR/demo-sequential.yaml" || { echo "no runner: section in the demo config" >&2; exit 2; }
     for i in $(seq "$RUNS"); do
         stageb_run demo "default" "$ROOT/examples/demo/config.yaml"
-        stageb_run demo "K=1" "$ROOT/examples/demo/config.yaml" --max-jobs 1
+        stageb_run demo "K=1,pipeline=0" "$DIR/demo-sequential.yaml" --max-jobs 1
     done
 fi
 echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -189,13 +189,16 @@ states_of() { tr '\n' ' ' <"$tmp/states-$1" 2>/dev/null | sed 's/ $//'; }
 secrets_gone() { # the sbatch script's EXIT trap removed the token, certificates and codes
   [[ ! -e "$lt_repo/.stageb/slurm-$1" ]] || { echo "job $1 left $lt_repo/.stageb/slurm-$1 behind" >&2; return 1; }
 }
-wait_journal() { # wait_journal ROOT N TIMEOUT_S JOBID: until the run's job journal has N rows
-  local deadline=$((SECONDS + $3)) j
+wait_registered() { # wait_registered LOG N TIMEOUT_S JOBID: until rank 0 logged N registrations
+  # (the ranks are at work from then on). A journal row was the trigger before; batching
+  # workers answer a step at once and the checkpoint empties the journal, so a poll could
+  # miss every row and the run end before the signal (CI: scenarios c and d "COMPLETED").
+  local deadline=$((SECONDS + $3)) n
   while ((SECONDS < deadline)); do
-    j="$(find "$1" -name jobs.jsonl 2>/dev/null | head -n1)"
-    if [[ -n "$j" ]] && (($(wc -l <"$j") >= $2)); then return 0; fi
+    n="$(grep -c 'worker registered' "$1" 2>/dev/null)" || n=0
+    ((${n:-0} >= $2)) && return 0
     is_final "$(job_field "$4" JobState)" && return 1
-    sleep 0.5
+    sleep 0.2
   done
   return 1
 }
@@ -277,7 +280,7 @@ if want_scenario b; then
   jid="$(submit b)"; jobs_sent+=("$jid")
   lt_log "b: job $jid submitted"
   killed=no
-  if wait_journal "$tmp/b/runs" 1 180 "$jid" && pid="$(rank_pid "$jid" 1)"; then
+  if wait_registered "$tmp/b/slurm-$jid.out" 3 180 "$jid" && pid="$(rank_pid "$jid" 1)"; then
     kill -9 "$pid" && killed=yes
     lt_log "b: rank 1 (pid $pid) killed with SIGKILL"
   fi
@@ -301,7 +304,7 @@ if want_scenario c; then
   jid="$(submit c)"; jobs_sent+=("$jid")
   lt_log "c: job $jid submitted"
   signalled=no
-  if wait_journal "$tmp/c/runs" 1 180 "$jid"; then
+  if wait_registered "$tmp/c/slurm-$jid.out" 3 180 "$jid"; then
     scancel --signal=TERM "$jid" && signalled=yes
     lt_log "c: scancel --signal=TERM $jid"
   fi
@@ -329,7 +332,7 @@ if want_scenario d; then
   jid="$(submit d STAGEB_RECONNECT_TIMEOUT_S=10)"; jobs_sent+=("$jid")
   lt_log "d: job $jid submitted"
   killed=no; t_kill=$SECONDS
-  if wait_journal "$tmp/d/runs" 1 180 "$jid" && pid="$(rank_pid "$jid" 0)"; then
+  if wait_registered "$tmp/d/slurm-$jid.out" 3 180 "$jid" && pid="$(rank_pid "$jid" 0)"; then
     kill -9 "$pid" && killed=yes
     t_kill=$SECONDS
     lt_log "d: rank 0 (pid $pid) killed with SIGKILL"

@@ -32,6 +32,8 @@ fn workspace() -> PathBuf {
 /// The knobs the tests vary; everything else keeps the real model's work small (2 candidates
 /// of 24 tokens each).
 struct Knobs<'a> {
+    /// The first tickets of this Stage-A file (the small demo's six by default).
+    source: &'a str,
     tickets: usize,
     epochs: u32,
     run_name: &'a str,
@@ -45,6 +47,7 @@ struct Knobs<'a> {
 impl Default for Knobs<'_> {
     fn default() -> Self {
         Knobs {
+            source: "examples/demo/small/stage_a.jsonl",
             tickets: 3,
             epochs: 1,
             run_name: "run",
@@ -56,10 +59,9 @@ impl Default for Knobs<'_> {
     }
 }
 
-/// A mission of the first tickets of the small demo with a config built from `k`.
+/// A mission of the first tickets of `k.source` with a config built from `k`.
 fn write_mission(dir: &Path, k: &Knobs) -> PathBuf {
-    let src =
-        std::fs::read_to_string(workspace().join("examples/demo/small/stage_a.jsonl")).unwrap();
+    let src = std::fs::read_to_string(workspace().join(k.source)).unwrap();
     let lines: Vec<&str> = src
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -256,6 +258,40 @@ fn real_model_learning_loop_runs_two_epochs_with_sound_reflection() {
     );
     assert_audit_ok(&dir);
     assert_reflection_outputs_are_sound(&dir);
+}
+
+/// Issue 23: the next step's rollouts queued ahead while reflection runs change no byte on
+/// the real model. Sixteen demo tickets make two steps of eight; every split vote is a
+/// gradient candidate, so the first boundary reflects while the second step is queued ahead.
+#[test]
+fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dirs = Vec::new();
+    for (run_name, runner_extra) in [("sequential", ", pipeline_steps: 0"), ("ahead", "")] {
+        let knobs = Knobs {
+            source: "examples/demo/stage_a.jsonl",
+            tickets: 16,
+            run_name,
+            runner_extra,
+            reflection_tokens: 96,
+            max_calls: 2,
+            min_verdict_agreement: 1.0,
+            ..Knobs::default()
+        };
+        let started = Instant::now();
+        let summary = run_embedded(&write_mission(tmp.path(), &knobs), 1);
+        let pipeline = summary.runtime_facts().pipeline;
+        eprintln!("{run_name}: {:?}, {pipeline:?}", started.elapsed());
+        let ahead = u64::from(runner_extra.is_empty());
+        assert_eq!(
+            (pipeline.steps_ahead, pipeline.jobs_ahead),
+            (ahead, 8 * ahead)
+        );
+        dirs.push(mission_dir(tmp.path(), run_name));
+    }
+    assert_audit_ok(&dirs[1]);
+    support::compare::assert_same_artifacts(&dirs[0], &dirs[1]);
 }
 
 /// JSON-schema mode guarantees that an output which *completed* parses into the typed schema;

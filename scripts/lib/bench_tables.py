@@ -111,19 +111,19 @@ def batching_run(workload, name, run_dir, rusage_json, log, same):
 
 def batching(results_jsonl):
     rows = [json.loads(line) for line in open(results_jsonl) if line.strip()]
-    for workload, title in (("rollouts", "rollouts (demo, 1 epoch, 1 reflection call)"),
-                            ("demo", "the README demo (2 epochs, reflection on)")):
+    for workload, title, base_name in (
+            ("rollouts", "rollouts (demo, 1 epoch, 1 reflection call)", "stageb K=1"),
+            ("demo", "the README demo (2 epochs, reflection on)", "stageb K=1,pipeline=0")):
         rs = [r for r in rows if r.get("workload", "rollouts") == workload]
         if not rs:
             continue
         by = {}
         for r in rs:
             by.setdefault(r["engine"], []).append(r)
-        base_name = "stageb K=1"
         base = med(r["tickets_per_min"] for r in by[base_name]) if base_name in by else None
         print()
         print(f'{title:46} {"tickets/min":>11} {"spread":>15} {"wall s":>8} {"refl s":>7} '
-              f'{"peak RSS MiB":>12} {"vs K=1":>7} {"artifacts":>10}')
+              f'{"peak RSS MiB":>12} {"vs base":>7} {"artifacts":>10}')
         for name, group in by.items():
             tpm = [r["tickets_per_min"] for r in group]
             m = med(tpm)
@@ -136,7 +136,8 @@ def batching(results_jsonl):
                   f"{ratio:>7} {same:>10}")
     print("\n(stageb: tickets/min over the whole `stageb run` wall time, model load and reflection")
     print(" included; llama.cpp server xK: K tickets in flight, requests' wall time, server warm.")
-    print(" `refl s`: the reflection calls' model time; `artifacts`: each run against the first.)")
+    print(" `refl s`: the reflection calls' model time; `artifacts`: each run against the first;")
+    print(" `vs base`: tickets/min against `stageb K=1` (rollouts) or `stageb K=1,pipeline=0` (demo).)")
 
 
 if __name__ == "__main__":
