@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--ttl", type=int, default=60)
     ap.add_argument("--heartbeat", type=int, default=5)
     ap.add_argument("--speculation", type=int, default=3)
+    ap.add_argument("--pipeline-steps", type=int, default=0, choices=[0, 1])
     ap.add_argument("--real-model", type=Path)
     a = ap.parse_args()
     on = a.reflection == "on"
@@ -54,7 +55,7 @@ def main() -> None:
         "runner": {"epochs": a.epochs,
                    "per_rank_rollout_batch_size": max(1, -(-a.step_tickets // 8)),
                    "logging_steps": 8, "lease_ttl_s": a.ttl, "heartbeat_interval_s": a.heartbeat,
-                   "speculation_multiple": a.speculation},
+                   "speculation_multiple": a.speculation, "pipeline_steps": a.pipeline_steps},
         "reflection": {"batch_size": 4, "max_operations": 3, "temperature": 0.3, "top_p": 0.9,
                        "repetition_penalty": 1.05, "max_new_tokens": 384,
                        "max_reflection_length": 2048, "token_budget": 2048,

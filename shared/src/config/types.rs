@@ -185,13 +185,15 @@ pub struct RunnerConfig {
     /// stageb addition: steps whose rollouts are queued ahead, under the guidance of the
     /// moment, while the current step's reflection runs (0 or 1). An answer is used only if
     /// its step's guidance is still the one it ran under, so artifacts never depend on it.
-    /// Default 1.
+    /// Default 0: on two CPU cores with one worker it cost 6% of the demo's wall time (the
+    /// reflection calls on the critical path share their steps with the queued rollouts;
+    /// docs/PERFORMANCE.md); it is for workers with capacity to spare.
     #[serde(default = "default_pipeline_steps")]
     pub pipeline_steps: u32,
 }
 
 pub(super) fn default_pipeline_steps() -> u32 {
-    1
+    0
 }
 
 pub(super) fn default_speculation_multiple() -> u32 {
