@@ -52,12 +52,7 @@ impl RunLoop {
             self.pipeline.steps_discarded += 1;
             self.pipeline.jobs_discarded += ids.len() as u64;
         }
-        step.iter()
-            .map(|&ti| {
-                let payload = rollout_payload(run.cfg, run.epoch, &run.tickets[ti], &guidance);
-                (self.scheduler.enqueue(payload), ti)
-            })
-            .collect()
+        self.enqueue_step(run, step, &guidance, false)
     }
 
     /// Queue `next`'s rollouts ahead, under the guidance as it stands (before this step's
@@ -67,16 +62,32 @@ impl RunLoop {
             return;
         }
         let guidance = self.guidance.render_for_prompt();
-        let jobs: Vec<(JobId, usize)> = next
-            .iter()
-            .map(|&ti| {
-                let payload = rollout_payload(run.cfg, run.epoch, &run.tickets[ti], &guidance);
-                (self.scheduler.enqueue_ahead(payload), ti)
-            })
-            .collect();
+        let jobs = self.enqueue_step(run, next, &guidance, true);
         self.completions.expect(jobs.iter().map(|(j, _)| *j));
         self.pipeline.steps_ahead += 1;
         self.pipeline.jobs_ahead += jobs.len() as u64;
         self.ahead = Some(Ahead { guidance, jobs });
+    }
+
+    /// Queue one rollout job per ticket of `step` under `guidance`, in the ordinary queue or
+    /// (`ahead`) ahead of its turn; returns each job with its ticket index.
+    fn enqueue_step(
+        &self,
+        run: &EpochRun<'_>,
+        step: &[usize],
+        guidance: &[(String, String)],
+        ahead: bool,
+    ) -> Vec<(JobId, usize)> {
+        step.iter()
+            .map(|&ti| {
+                let payload = rollout_payload(run.cfg, run.epoch, &run.tickets[ti], guidance);
+                let job = if ahead {
+                    self.scheduler.enqueue_ahead(payload)
+                } else {
+                    self.scheduler.enqueue(payload)
+                };
+                (job, ti)
+            })
+            .collect()
     }
 }
