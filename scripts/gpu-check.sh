@@ -286,6 +286,8 @@ step_env() {
   # f32 on the device, against transformers' logits and 12 greedy tokens in its reference.json
   # (the report compares them): the kernels compile and compute before any long step runs.
   local fx=worker/tests/fixtures/parity/qwen3
+  # Its weights are not committed: written from the recipe in its reference.json.
+  "$python" -B scripts/parity_weights.py >"$d/parity-weights.txt" 2>&1 || return 1
   "$python" -B -c "import json; p = json.load(open('$fx/reference.json'))['prompts'][1]; json.dump(p['ids'], open('$d/smoke-ids.json', 'w')); json.dump(p['f32'], open('$d/smoke-ref.json', 'w'))" || return 1
   measure smoke "$bin" probe logits --model "$fx" --ids "$d/smoke-ids.json" --steps 12 \
     --device "$device" --numerics f32 --out "$d/smoke.json" || return 1

@@ -47,10 +47,15 @@ except qwen3_vl, the chat template), generation_config.json (eos_token_id) and r
 The tokenizer is a byte-level BPE trained here with `tokenizers` on a small built-in corpus
 (scripts/parity_templates.py), with the Qwen2 pre-tokenizer (so transformers' Qwen2Tokenizer,
 which rebuilds its pipeline from vocab and merges, agrees with tokenizer.json), NFC and the
-special tokens of the templates. Weights are random with fixed seeds: matrices N(0, 1/fan_in),
-embeddings N(0, 0.25^2), norm weights U(0.5, 1.5), biases N(0, 0.5^2), so a wrong RoPE theta, a
-dropped bias or a mis-applied norm changes the logits. References are computed from the files
-just written (loaded back with from_pretrained), so they match exactly the saved weights.
+special tokens of the templates.
+
+Weights are not committed. transformers saves each model (which decides the tensor names,
+dtypes and shards); scripts/parity_weights.py then overwrites those files with seeded uniform
+values of the usual spreads (matrices std 1/sqrt(fan_in), embeddings std 0.25, biases std 0.5,
+norm weights U(0.5, 1.5)), using only IEEE-exact arithmetic, and the recipe (names, shapes,
+dtypes, seeds, ranges, each file's sha256) goes into reference.json as `weights`. References
+are computed from those files (loaded back with from_pretrained). scripts/fetch-model.sh runs
+parity_weights.py, which writes the same bytes from the recipe on any machine without torch.
 
 `--rss-checkpoint DIR` writes only a ~366 MiB Qwen3-shaped bf16 checkpoint (two shards, the
 qwen3 tokenizer and template) for measuring the loader's peak host memory (docs/PERFORMANCE.md).
@@ -72,12 +77,16 @@ from tokenizers import (
 sys.dont_write_bytecode = True  # no scripts/__pycache__ from importing the templates
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import parity_templates as T  # noqa: E402
+import parity_weights as W  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "worker" / "tests" / "fixtures" / "parity"
 SEED = 20240521
 VOCAB_TARGET = 1000
 GREEDY_STEPS = 12
+# Seeds the weight streams (scripts/parity_weights.py); chosen so that no f32 greedy step is a
+# near-tie (check_no_near_tie).
+WEIGHT_SEED = 2
 TOP_K = 8
 # Small enough that the layers, not the input embedding, dominate the residual stream (with
 # tied embeddings a dominant embedding makes the model repeat its input token).
@@ -209,22 +218,21 @@ def qwen3_vl_config(tok, text):
 # Checkpoints
 
 
-def randomize(model, seed):
-    """Overwrites every parameter (sorted by name) from one seeded generator."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            shape = tuple(p.shape)
-            if name.endswith(".bias"):
-                v = torch.randn(shape, generator=g) * 0.5
-            elif len(shape) == 1:
-                v = torch.rand(shape, generator=g) + 0.5
-            elif "embed_tokens" in name or "pos_embed" in name:
-                v = torch.randn(shape, generator=g) * EMBED_STD
-            else:
-                fan_in = int(np.prod(shape[1:]))
-                v = torch.randn(shape, generator=g) / fan_in**0.5
-            p.copy_(v.to(p.dtype))
+def init_range(name, shape):
+    """The uniform range a parameter is drawn from: same spread as the usual initialisers
+    (matrices std 1/sqrt(fan_in), embeddings std EMBED_STD, biases std 0.5, norm weights
+    U(0.5, 1.5)), so a wrong RoPE theta, a dropped bias or a mis-applied norm changes the
+    logits."""
+    if name.endswith(".bias"):
+        half = 0.5 * 3**0.5
+    elif len(shape) == 1:
+        return 0.5, 1.5
+    elif "embed_tokens" in name or "pos_embed" in name:
+        half = EMBED_STD * 3**0.5
+    else:
+        fan_in = int(np.prod(shape[1:]))
+        half = (3 / fan_in) ** 0.5
+    return -half, half
 
 
 def build_model(spec):
@@ -232,7 +240,6 @@ def build_model(spec):
     cfg.architectures = [spec["arch"]]
     torch.manual_seed(SEED)
     model = getattr(transformers, spec["arch"])(cfg).to(torch.float32).eval()
-    randomize(model, SEED + sum(map(ord, spec["name"])))
     return model.to(spec["dtype"])
 
 
@@ -246,6 +253,33 @@ def save_model(spec, model, out):
         assert len(shards) == 2 and (out / "model.safetensors.index.json").exists(), shards
     if spec["old_style"]:
         to_old_style_config(out / "config.json")
+
+
+def replace_weights(spec, out):
+    """Rewrites the weight files transformers saved (same tensors, names, dtypes and shards)
+    with values from scripts/parity_weights.py, and returns the recipe that recreates them
+    (reference.json's `weights`: the files are not committed, scripts/fetch-model.sh writes
+    them). Every tensor has its own seeded stream."""
+    import safetensors
+
+    case_seed = WEIGHT_SEED * 1000 + sum(map(ord, spec["name"]))
+    files, index = [], 0
+    for path in sorted(out.glob("*.safetensors")):
+        tensors = []
+        with safetensors.safe_open(path, "pt") as f:
+            for name in sorted(f.keys()):
+                sl = f.get_slice(name)
+                shape = list(sl.get_shape())
+                low, high = init_range(name, shape)
+                tensors.append(dict(name=name, dtype=sl.get_dtype(), shape=shape,
+                                    seed=case_seed * 4096 + index, low=low, high=high))
+                index += 1
+        files.append(dict(file=path.name, sha256=None, tensors=tensors))
+    recipe = dict(generator=W.GENERATOR, files=files)
+    sums = W.write_files(out, recipe, check=False)
+    for f in files:
+        f["sha256"] = sums[f["file"]]
+    return recipe
 
 
 def to_old_style_config(path):
@@ -414,7 +448,7 @@ def check_no_near_tie(details):
     near-tie fails here rather than in the Rust test."""
     for d in details:
         margin = (d["top_logits"][0] - d["top_logits"][1]) / d["max_abs_logit"]
-        assert margin > 4e-4, f"f32 greedy near-tie ({margin:.2e}); change SEED"
+        assert margin > 4e-4, f"f32 greedy near-tie ({margin:.2e}); change WEIGHT_SEED"
 
 
 def check_tokenizer_agrees(hf_tok, tok, chats):
@@ -429,6 +463,7 @@ def make_case(spec, tok, vers, root):
     out = root / spec["name"]
     out.mkdir(parents=True)
     save_model(spec, build_model(spec), out)
+    recipe = replace_weights(spec, out)
     save_tokenizer(spec, tok, out)
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert hf_tok.chat_template == spec["template"], "template not loaded as written"
@@ -441,7 +476,7 @@ def make_case(spec, tok, vers, root):
         config_style="top-level rope_theta" if spec["old_style"] else "rope_parameters",
         sharded=bool(spec["shard"]), chat_template_file=spec["jinja"],
         tokenize=dict(text=T.TOKENIZE_TEXT, ids=list(map(int, ids))),
-        chats=chats, prompts=prompts,
+        chats=chats, prompts=prompts, weights=recipe,
     )
     write_json(out / "reference.json", ref, indent=1)
     report(spec["name"], out, prompts)

@@ -54,13 +54,19 @@ fn a_gpu_asked_of_a_cpu_build_is_refused_before_any_lease() {
     assert_invalid_device(&out, "worker --device cuda:0");
 }
 
-/// The Qwen3-VL-shaped checkpoint of the parity fixtures (`scripts/make-parity-fixtures.py`):
+/// The Qwen3-VL-shaped checkpoint of the parity fixtures (`scripts/make-parity-fixtures.py`;
+/// weights written by `scripts/fetch-model.sh`):
 /// `model_type: qwen3_vl`, settings under `text_config`, a vision tower, bf16 shards and its
 /// template in `chat_template.jinja`.
 fn qwen3_vl_fixture() -> std::path::PathBuf {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("worker/tests/fixtures/parity/qwen3_vl");
     assert!(p.join("config.json").is_file(), "{} missing", p.display());
+    assert!(
+        p.join("model.safetensors").is_file(),
+        "{}: weights missing (not committed); run scripts/fetch-model.sh to write them",
+        p.display()
+    );
     p
 }
 

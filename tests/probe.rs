@@ -8,8 +8,15 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
+/// The fixture's weights are not committed: `scripts/fetch-model.sh` writes them.
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fixtures/parity/qwen3")
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fixtures/parity/qwen3");
+    assert!(
+        dir.join("model-00001-of-00002.safetensors").is_file(),
+        "{}: weights missing; run scripts/fetch-model.sh to write them",
+        dir.display()
+    );
+    dir
 }
 
 fn read(path: &Path) -> Value {

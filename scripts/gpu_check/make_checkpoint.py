@@ -19,10 +19,11 @@ The tokenizer (tokenizer.json, tokenizer_config.json with the Qwen3 chat templat
 generation_config.json) is the project's: worker/tests/fixtures/parity/qwen3/, a 1,014-token
 byte-level BPE; the model's vocabulary is larger (as Qwen's is), the extra ids have no text.
 
-Weights, as scripts/make-parity-fixtures.py draws them, from one seeded generator on --device
-(parameters in name order): matrices N(0, 1/fan_in), embeddings N(0, 0.25^2), norm weights
-U(0.5, 1.5); with two changes for deep models, so that the greedy continuation depends on the
-prompt (one token repeated whatever the prompt would hide a broken KV cache or position):
+Weights from one seeded torch generator on --device (parameters in name order), with the
+spreads of the parity fixtures (scripts/make-parity-fixtures.py) as normals: matrices
+N(0, 1/fan_in), embeddings N(0, 0.25^2), norm weights U(0.5, 1.5); with two changes for deep
+models, so that the greedy continuation depends on the prompt (one token repeated whatever
+the prompt would hide a broken KV cache or position):
 - untied: o_proj and down_proj also divided by sqrt(2 * layers) (GPT-2's residual scaling):
   without it 36 random layers pull every position towards one direction (on a 2048-wide,
   36-layer stand-in a greedy run repeated one token 5 times in 12; with it, none);
