@@ -127,8 +127,11 @@ fn a_qwen3_vl_checkpoint_runs_the_small_demo_end_to_end_in_f32_and_bf16() {
     }
 }
 
+/// Placeholder markers typed into a prompt are text (issue 26 item 11: text from inputs is
+/// never parsed as special tokens), so the text tower runs it; only a template that writes a
+/// placeholder token itself is refused (`CandleEngine::prompt_ids`).
 #[test]
-fn a_prompt_holding_an_image_placeholder_is_refused_by_name() {
+fn image_placeholder_markers_typed_into_a_prompt_are_text_and_run() {
     let tmp = tempfile::tempdir().unwrap();
     let prompt = tmp.path().join("prompt.txt");
     std::fs::write(
@@ -151,9 +154,6 @@ fn a_prompt_holding_an_image_placeholder_is_refused_by_name() {
         prompt.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("the prompt holds the image/video placeholder token `<|vision_start|>`"),
-        "{err}"
-    );
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("placeholder token"), "{err}");
 }

@@ -42,6 +42,7 @@ use super::chat_template::ChatTemplate;
 use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
 use super::prefix_cache::PrefixStore;
+use super::prompt_text::PromptEncoder;
 use super::sampler::{SamplingParams, Scratch, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
@@ -147,6 +148,8 @@ pub struct CandleEngine {
     generate_prefix: PrefixStore<CpuCache>,
     /// The tokenizer's image/video placeholder tokens, which a prompt may not hold.
     media_placeholders: Vec<(u32, String)>,
+    /// Tokenizes prompts with special-token strings from the messages kept as text.
+    prompt_encoder: PromptEncoder,
     /// The running batch ([`CandleEngine::admit_job`]; CPU fast path).
     live: Vec<batch::Live>,
     /// Positions and jobs of the batch's last forward call.
@@ -225,11 +228,15 @@ impl CandleEngine {
         self.template.render(messages)
     }
 
-    /// The prompt's token ids for `messages`: rendered, tokenized, and refused when it holds
-    /// an image or video placeholder token (the text tower has no pixels and no 3-D positions
-    /// for them; see [`tokenizer::MEDIA_PLACEHOLDERS`](super::tokenizer::MEDIA_PLACEHOLDERS)).
+    /// The prompt's token ids for `messages`: rendered, tokenized with the messages' text
+    /// never read as special tokens ([`PromptEncoder`]), and refused when it holds an image or
+    /// video placeholder token (only the template can put one there; the text tower has no
+    /// pixels and no 3-D positions for them; see
+    /// [`tokenizer::MEDIA_PLACEHOLDERS`](super::tokenizer::MEDIA_PLACEHOLDERS)).
     pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
-        let ids = self.encode(&self.render_prompt(messages)?)?;
+        let ids = self
+            .prompt_encoder
+            .encode(&self.tokenizer, &self.template, messages)?;
         if let Some((_, name)) = self
             .media_placeholders
             .iter()
@@ -242,8 +249,8 @@ impl CandleEngine {
         Ok(ids)
     }
 
-    /// Token ids of `text` exactly as the prompt path tokenizes it (special tokens parsed, none
-    /// added).
+    /// Token ids of `text` with special tokens parsed and none added (as the prompt path
+    /// tokenizes the template's own text).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
         self.tokenizer
             .encode(text, false)

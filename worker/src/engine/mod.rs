@@ -34,6 +34,7 @@ pub mod cpu;
 pub mod gguf;
 pub mod options;
 pub mod prefix_cache;
+pub mod prompt_text;
 pub mod safetensors;
 pub mod sampler;
 pub mod tokenizer;

@@ -18,6 +18,7 @@ use crate::engine::cpu::model::Workspace;
 use crate::engine::gguf::{self, WeightFormat, model_err};
 use crate::engine::options::{candle_fingerprint_dtype, select_device};
 use crate::engine::prefix_cache::PrefixStore;
+use crate::engine::prompt_text::PromptEncoder;
 use crate::engine::safetensors;
 use crate::engine::sampler::Scratch;
 use crate::engine::{CancelFlag, EngineError, ModelFingerprint};
@@ -225,6 +226,7 @@ impl CandleEngine {
         }
         Ok(CandleEngine {
             media_placeholders: crate::engine::tokenizer::media_placeholder_ids(&tokenizer),
+            prompt_encoder: PromptEncoder::new(&tokenizer)?,
             live: Vec::new(),
             last_step: (0, 0),
             context_limit: model.max_context(),
