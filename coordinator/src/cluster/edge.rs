@@ -37,6 +37,10 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const TLS_HANDSHAKE: u8 = 0x16;
 /// File descriptors kept back from the connection cap for artifacts, logs and the model.
 const FD_RESERVE: usize = 128;
+/// Connections the metrics listener (`--metrics-listen`, served by the binary) may hold; kept
+/// back from the gRPC cap as well, so the two listeners together never take the descriptors
+/// the run needs to write its artifacts.
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
 /// Least time between two "connection cap reached" warnings.
 const CAP_WARNING_EVERY: Duration = Duration::from_secs(10);
 
@@ -46,7 +50,8 @@ pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 /// Every limit of the edge, with its default (docs/ARCHITECTURE.md §11.2 lists them).
 #[derive(Debug, Clone)]
 pub struct EdgeLimits {
-    /// Connections held at once (default: 4096, or the fd limit less 128 if lower).
+    /// Connections held at once (default: 4096, or the fd limit less 128 and less the metrics
+    /// listener's 64 if lower).
     pub max_connections: usize,
     /// Time a new connection has to send its first bytes (10 s).
     pub preface_timeout: Duration,
@@ -90,10 +95,15 @@ impl Default for EdgeLimits {
     }
 }
 
-/// `wanted`, lowered to fit the process's descriptor limit with `FD_RESERVE` to spare.
+/// `wanted`, lowered to fit the process's descriptor limit with `FD_RESERVE` and the metrics
+/// listener's connections to spare.
 pub fn connection_cap(wanted: usize, fd_limit: Option<u64>) -> usize {
     match fd_limit {
-        Some(limit) => wanted.min((limit as usize).saturating_sub(FD_RESERVE).max(16)),
+        Some(limit) => wanted.min(
+            (limit as usize)
+                .saturating_sub(FD_RESERVE + METRICS_MAX_CONNECTIONS)
+                .max(16),
+        ),
         None => wanted,
     }
 }
@@ -388,7 +398,10 @@ mod tests {
 
     #[test]
     fn the_connection_cap_leaves_descriptors_for_the_run() {
-        assert_eq!(connection_cap(4096, Some(1024)), 1024 - FD_RESERVE);
+        assert_eq!(
+            connection_cap(4096, Some(1024)),
+            1024 - FD_RESERVE - METRICS_MAX_CONNECTIONS
+        );
         assert_eq!(connection_cap(4096, Some(1_048_576)), 4096);
         assert_eq!(connection_cap(4096, None), 4096);
         assert_eq!(connection_cap(4096, Some(10)), 16);
