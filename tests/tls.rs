@@ -274,3 +274,27 @@ async fn tls_init_certificates_serve_both_sides_by_the_coordinator_name() {
         .await
         .expect("and authenticates the worker");
 }
+
+/// Issue 26 item 8: a worker with a token but no TLS, pointed at a mutual-TLS port, retried
+/// forever despite `--connect-timeout-s` (its connections opened, every Register failed, and
+/// only connection failures counted against the window), logging nothing at INFO. Connecting
+/// and registering now share the window, and the error says what is likely wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_worker_at_a_mutual_tls_port_gives_up_after_its_connect_window() {
+    let s = setup(true, false).await;
+    let opts = stageb_worker::client::WorkerOptions {
+        token: Some(stageb_shared::auth::AuthToken::new("t".repeat(40)).unwrap()),
+        connect_timeout: Duration::from_secs(2),
+        ..support::worker_options(format!("127.0.0.1:{}", s.port))
+    };
+    let engine = support::ScriptedEngine::new(support::Script::new(support::Behaviour::default()));
+    let ended = tokio::time::timeout(
+        Duration::from_secs(20),
+        stageb_worker::client::run_worker(engine, opts, std::future::pending()),
+    )
+    .await
+    .expect("the worker gives up within its window, not never");
+    let err = ended.expect_err("no registration is possible").to_string();
+    assert!(err.contains("cannot reach the coordinator"), "{err}");
+    assert!(err.contains("--tls-ca"), "{err}");
+}

@@ -181,9 +181,14 @@ fn endpoint(opts: &WorkerOptions) -> Result<Endpoint, WorkerError> {
     Ok(endpoint)
 }
 
-async fn connect(opts: &WorkerOptions, window: Duration) -> Result<Client, WorkerError> {
+/// Dial rank 0 until it answers or `window` has passed since `start` (the first attempt of
+/// this reach: a connection that opens but cannot register does not restart the clock).
+async fn connect(
+    opts: &WorkerOptions,
+    start: Instant,
+    window: Duration,
+) -> Result<Client, WorkerError> {
     let endpoint = endpoint(opts)?;
-    let start = Instant::now();
     let mut backoff = Duration::from_millis(100);
     loop {
         match endpoint.connect().await {
@@ -322,14 +327,20 @@ pub async fn run_worker<E: Engine + 'static>(
     let mut summary = WorkerSummary::default();
     let mut previous_session = String::new();
     tokio::pin!(shutdown);
+    // When this attempt to reach rank 0 began (reset once registered): connecting and
+    // registering share one window, so a port that accepts connections but never lets this
+    // worker register (a plaintext worker at a TLS port) ends it too.
+    let mut reach: Option<Instant> = None;
+    let mut last_note: Option<Instant> = None;
     loop {
         let window = if summary.registrations == 0 {
             opts.connect_timeout
         } else {
             opts.reconnect_timeout
         };
+        let started = *reach.get_or_insert_with(Instant::now);
         let mut client = tokio::select! {
-            c = connect(&opts, window) => c?,
+            c = connect(&opts, started, window) => c?,
             _ = &mut shutdown => {
                 summary.end = WorkerEnd::Interrupted;
                 return Ok(summary);
@@ -351,6 +362,18 @@ pub async fn run_worker<E: Engine + 'static>(
                     Code::Unavailable | Code::Unknown | Code::Cancelled
                 ) =>
             {
+                let last = register_failure(&opts, &status);
+                if started.elapsed() >= window {
+                    return Err(WorkerError::Unreachable {
+                        addr: opts.coordinator.clone(),
+                        waited: started.elapsed(),
+                        last,
+                    });
+                }
+                if last_note.is_none_or(|t| t.elapsed() >= REGISTER_NOTE_EVERY) {
+                    tracing::info!(coordinator = %opts.coordinator, "cannot register yet, retrying for up to {window:?}: {last}");
+                    last_note = Some(Instant::now());
+                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -363,6 +386,8 @@ pub async fn run_worker<E: Engine + 'static>(
             Err(status) => return Err(WorkerError::Refused(status.message().to_string())),
         };
         summary.registrations += 1;
+        reach = None;
+        last_note = None;
         previous_session = session.id.clone();
         if session.max_context > 0 {
             engine
@@ -391,6 +416,19 @@ pub async fn run_worker<E: Engine + 'static>(
             }
         }
     }
+}
+
+/// Least time between two "cannot register yet" lines.
+const REGISTER_NOTE_EVERY: Duration = Duration::from_secs(10);
+
+/// Why a `Register` that reached a socket failed, with a hint where the cause is likely a
+/// transport mismatch (this worker dials plaintext, the port may serve TLS).
+fn register_failure(opts: &WorkerOptions, status: &Status) -> String {
+    let mut why = format!("{:?}: {}", status.code(), status.message());
+    if opts.tls.is_none() {
+        why.push_str(" (this worker dials without TLS: if the coordinator serves TLS or mutual TLS, pass --tls-ca, and --tls-cert/--tls-key for mutual TLS)");
+    }
+    why
 }
 
 /// Heartbeats beside the job loop: they keep the leases in hand alive, and carry rank 0's
