@@ -58,6 +58,9 @@ pub enum ErrorCode {
     /// No usable GPU for a worker: none visible, or `--device cuda:N` names one that does not
     /// exist.
     InvalidDevice,
+    /// An input beyond the run's input budget ([`crate::budget`]): too many tickets or rules,
+    /// a guidance file or rule text too large.
+    InputBudget,
 }
 
 impl ErrorCode {
@@ -86,6 +89,7 @@ impl ErrorCode {
             ErrorCode::ResumeMismatch => "E_RESUME_MISMATCH",
             ErrorCode::RunLocked => "E_RUN_LOCKED",
             ErrorCode::InvalidDevice => "E_INVALID_DEVICE",
+            ErrorCode::InputBudget => "E_INPUT_BUDGET",
         }
     }
 }

@@ -212,6 +212,17 @@ impl RunIngest {
             }
             Some(_) => {}
         }
+        if self.tickets.len() >= crate::budget::MAX_TICKETS {
+            return Err(InputError::new(
+                ErrorCode::InputBudget,
+                &here.file,
+                Some(here.line),
+                format!(
+                    "more than {} tickets: a run accepts at most that many (split the mission into several runs)",
+                    crate::budget::MAX_TICKETS
+                ),
+            ));
+        }
         let key = ticket.key();
         if let Some(first) = self.first_seen.get(&key) {
             return Err(InputError::new(

@@ -22,6 +22,7 @@
 //! - [`wire`]: caps on what a peer sends, log-safe rendering, the edge codec.
 
 pub mod auth;
+pub mod budget;
 pub mod config;
 pub mod contract;
 pub mod digest;

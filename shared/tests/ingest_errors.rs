@@ -493,3 +493,25 @@ fn several_missions_across_files() {
     let err = files_fail(&[first, second], SeveralMissions, Some(2), "a.jsonl:1");
     assert!(err.file.ends_with("b.jsonl"));
 }
+
+/// Issue 26 item 6: 10 million tiny records grew `validate` to 3 GB before it was killed.
+/// The record after the input budget's last ticket is refused at its line, so memory stays
+/// bounded by the budget whatever the file holds.
+#[test]
+fn ten_million_tiny_records_stop_at_the_ticket_budget_not_at_the_memory_limit() {
+    use stageb_shared::budget::MAX_TICKETS;
+    let dir = TempDir::new().unwrap();
+    let mut text = String::with_capacity((MAX_TICKETS + 2) * 96);
+    for i in 0..MAX_TICKETS + 2 {
+        text.push_str(&format!(
+            "{{\"group_id\":\"G{i}\",\"mission\":\"m\",\"label\":\"pass\",\"per_image\":{{\"1\":\"x\"}}}}\n"
+        ));
+    }
+    let path = write(&dir, "huge.jsonl", text.as_bytes());
+    let err = load_tickets(&[path]).unwrap_err();
+    assert_eq!(err.code, ErrorCode::InputBudget);
+    assert_eq!(err.code.code(), "E_INPUT_BUDGET");
+    assert_eq!(err.line, Some(MAX_TICKETS + 1));
+    assert!(err.file.ends_with("huge.jsonl"), "{err:?}");
+    assert!(err.message.contains("at most that many"), "{}", err.message);
+}

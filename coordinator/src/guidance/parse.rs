@@ -6,6 +6,9 @@
 
 use super::model::{BadRuleKey, MissionGuidance, RuleKey, RuleMetadata};
 use serde_json::Value;
+use stageb_shared::budget::{
+    MAX_GUIDANCE_CHARS, MAX_GUIDANCE_FILE_BYTES, MAX_RULE_CHARS, MAX_RULES,
+};
 use stageb_shared::error::{ErrorCode, InputError};
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,16 +26,37 @@ pub(super) fn invalid(file: &Path, message: impl Into<String>) -> InputError {
     )
 }
 
+fn over_budget(file: &Path, message: impl Into<String>) -> InputError {
+    InputError::new(
+        ErrorCode::InputBudget,
+        file.display().to_string(),
+        None,
+        message,
+    )
+}
+
 /// A guidance file (seed or run) as JSON; unreadable or malformed files are coded input errors.
 pub(super) fn read_json(path: &Path) -> Result<Value, InputError> {
-    let bytes = fs::read(path).map_err(|e| {
+    use std::io::Read as _;
+    let unreadable = |e: std::io::Error| {
         InputError::new(
             ErrorCode::FileNotFound,
             path.display().to_string(),
             None,
             format!("cannot read: {e}"),
         )
-    })?;
+    };
+    // Read at most one byte past the budget, so a huge file is never held in memory.
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(MAX_GUIDANCE_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_GUIDANCE_FILE_BYTES {
+        return Err(over_budget(
+            path,
+            format!("the guidance file is larger than {MAX_GUIDANCE_FILE_BYTES} bytes"),
+        ));
+    }
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
     Ok(value)
@@ -186,7 +210,48 @@ fn parse_experiences(
             format!("Mission {mission}: experiences must contain G0"),
         ));
     }
+    check_budget(&experiences, mission, file)?;
     Ok(experiences)
+}
+
+/// The input budget's caps on a mission's rules ([`stageb_shared::budget`]): they go into
+/// every prompt.
+fn check_budget(
+    experiences: &BTreeMap<RuleKey, String>,
+    mission: &str,
+    file: &Path,
+) -> Result<(), InputError> {
+    if experiences.len() > MAX_RULES {
+        return Err(over_budget(
+            file,
+            format!(
+                "Mission {mission}: {} rules, at most {MAX_RULES} are accepted",
+                experiences.len()
+            ),
+        ));
+    }
+    let mut total = 0usize;
+    for (key, text) in experiences {
+        let chars = text.chars().count();
+        if chars > MAX_RULE_CHARS {
+            return Err(over_budget(
+                file,
+                format!(
+                    "Mission {mission}: rule {key} has {chars} characters, at most {MAX_RULE_CHARS}"
+                ),
+            ));
+        }
+        total += chars;
+    }
+    if total > MAX_GUIDANCE_CHARS {
+        return Err(over_budget(
+            file,
+            format!(
+                "Mission {mission}: the rules hold {total} characters together, at most {MAX_GUIDANCE_CHARS}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The optional `metadata` mapping of a section; every key must name one of `experiences` (a
@@ -316,6 +381,41 @@ mod tests {
             );
             assert!(err.file.ends_with("initial_guidance.json"));
         }
+    }
+
+    /// Issue 26 item 6: a 100,000-rule guidance passed `validate` and then failed every
+    /// ticket (every prompt too long). Rules beyond the input budget are refused at load,
+    /// with `E_INPUT_BUDGET`, and so is a file larger than its byte cap, before it is parsed.
+    #[test]
+    fn a_hundred_thousand_rules_are_refused_at_load_by_the_input_budget() {
+        use stageb_shared::budget::{MAX_GUIDANCE_FILE_BYTES, MAX_RULE_CHARS};
+        let tmp = tempfile::tempdir().unwrap();
+        let section = |experiences: serde_json::Map<String, Value>| json!({"step": 1, "updated_at": "2025-12-16T00:00:00", "experiences": experiences});
+        let many: serde_json::Map<String, Value> = (0..100_000)
+            .map(|i| (format!("G{i}"), json!("挡风板必须安装到位")))
+            .collect();
+        let one_long = [("G0".to_string(), json!("长".repeat(MAX_RULE_CHARS + 1)))]
+            .into_iter()
+            .collect();
+        let wide: serde_json::Map<String, Value> = (0..20)
+            .map(|i| (format!("G{i}"), json!("长".repeat(MAX_RULE_CHARS))))
+            .collect();
+        for (experiences, needle) in [
+            (many, "100000 rules, at most 256"),
+            (one_long, "rule G0 has 4001 characters"),
+            (wide, "characters together, at most 32000"),
+        ] {
+            let global = write_global(tmp.path(), section(experiences));
+            let err = load_mission_section(&global, MISSION).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InputBudget, "{err:?}");
+            assert!(err.message.contains(needle), "{needle}: {}", err.message);
+        }
+        let huge = tmp.path().join("huge.json");
+        let file = fs::File::create(&huge).unwrap();
+        file.set_len(MAX_GUIDANCE_FILE_BYTES + 1).unwrap();
+        let err = load_mission_section(&huge, MISSION).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InputBudget, "{err:?}");
+        assert!(err.message.contains("larger than"), "{}", err.message);
     }
 
     #[test]

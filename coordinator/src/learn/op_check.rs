@@ -28,7 +28,11 @@
 //!    rule (`duplicate_text`) is rejected; an op identical to an accepted one is `duplicate_op`;
 //!    an op touching a key an accepted op already touches is `key_conflict` (op order inside one
 //!    reflection must not matter);
-//! 7. `max_operations` caps *accepted* ops; further valid ops are `max_operations_exceeded`.
+//! 7. `max_operations` caps *accepted* ops; further valid ops are `max_operations_exceeded`;
+//! 8. the input budget ([`stageb_shared::budget`]): an `add` that would take the mission past
+//!    `MAX_RULES` rules, or any op whose text would take all rules past `MAX_GUIDANCE_CHARS`
+//!    (counting every accepted op's text as added), is `guidance_budget`: the guidance a run
+//!    writes always loads again on resume.
 //!
 //! The covered set `E` is computed from the ops that were actually applied
 //! ([`evidence_covered`]), never from accepted proposals: an op skipped at apply time (e.g. a
@@ -80,6 +84,7 @@ pub enum RejectReason {
     DuplicateOp,
     KeyConflict,
     MaxOperationsExceeded,
+    GuidanceBudget,
 }
 
 impl RejectReason {
@@ -111,6 +116,7 @@ impl RejectReason {
             RejectReason::DuplicateOp => "duplicate_op",
             RejectReason::KeyConflict => "key_conflict",
             RejectReason::MaxOperationsExceeded => "max_operations_exceeded",
+            RejectReason::GuidanceBudget => "guidance_budget",
         }
     }
 }
@@ -217,6 +223,9 @@ pub fn validate_ops(proposed: &[ProposedOp], ctx: &OpsContext<'_>) -> OpsValidat
                     format!("max_operations={} already accepted", out.accepted.len()),
                 ));
             }
+            if let Some(detail) = over_budget(&op, ctx.guidance, &out.accepted) {
+                return Err((RejectReason::GuidanceBudget, detail));
+            }
             signatures.push(sig);
             touched.extend(keys);
             Ok(AcceptedOp {
@@ -236,6 +245,39 @@ pub fn validate_ops(proposed: &[ProposedOp], ctx: &OpsContext<'_>) -> OpsValidat
         }
     }
     out
+}
+
+/// Why `op`, on top of the ops already accepted, would take the guidance past the input
+/// budget (see step 8 of the module header); `None` when it fits.
+fn over_budget(op: &GuidanceOp, g: &MissionGuidance, accepted: &[AcceptedOp]) -> Option<String> {
+    use stageb_shared::budget::{MAX_GUIDANCE_CHARS, MAX_RULES};
+    let is_add = |op: &GuidanceOp| matches!(op, GuidanceOp::Add { .. });
+    let rules = g.experiences.len() + accepted.iter().filter(|a| is_add(&a.op)).count();
+    if is_add(op) && rules >= MAX_RULES {
+        return Some(format!(
+            "the guidance would hold more than {MAX_RULES} rules"
+        ));
+    }
+    let chars = |t: &str| t.chars().count();
+    let text = op_text(op).map_or(0, chars);
+    let total = g.experiences.values().map(|t| chars(t)).sum::<usize>()
+        + accepted
+            .iter()
+            .filter_map(|a| op_text(&a.op))
+            .map(chars)
+            .sum::<usize>()
+        + text;
+    (text > 0 && total > MAX_GUIDANCE_CHARS)
+        .then(|| format!("the rules would hold more than {MAX_GUIDANCE_CHARS} characters together"))
+}
+
+fn op_text(op: &GuidanceOp) -> Option<&str> {
+    match op {
+        GuidanceOp::Add { text, .. }
+        | GuidanceOp::Update { text, .. }
+        | GuidanceOp::Merge { text, .. } => Some(text),
+        GuidanceOp::Delete { .. } => None,
+    }
 }
 
 type Check<T> = Result<T, (RejectReason, String)>;

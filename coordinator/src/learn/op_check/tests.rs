@@ -494,6 +494,63 @@ fn max_operations_caps_accepted_ops() {
     );
 }
 
+/// The guidance a run writes must load again on resume, so ops stop at the input budget:
+/// an add past `MAX_RULES` rules, or text past `MAX_GUIDANCE_CHARS`, is `guidance_budget`.
+#[test]
+fn adds_past_the_rule_budget_and_text_past_the_character_budget_are_guidance_budget() {
+    use stageb_shared::budget::{MAX_GUIDANCE_CHARS, MAX_RULES};
+    let mut f = Fixture::new();
+    let filler = |i: usize| format!("规则{i}：若部件{i}缺失则判不通过");
+    for i in f.guidance.experiences.len()..MAX_RULES {
+        f.guidance
+            .experiences
+            .insert(RuleKey::G(i as u32 + 10), filler(i));
+    }
+    let v = f.validate(
+        &[
+            op("add", None, Some("若挡风板变形则判不通过"), &["g1::pass"]),
+            op(
+                "update",
+                Some("G2"),
+                Some("若挡风板装反则判不通过"),
+                &["g2::pass"],
+            ),
+        ],
+        None,
+    );
+    assert_eq!(reasons(&v), vec![RejectReason::GuidanceBudget]);
+    assert!(v.rejected[0].detail.contains("more than 256 rules"));
+    assert_eq!(
+        v.accepted.iter().map(|a| a.index).collect::<Vec<_>>(),
+        vec![1]
+    );
+
+    // Room for rules, none for characters.
+    let mut f = Fixture::new();
+    let used: usize = f
+        .guidance
+        .experiences
+        .values()
+        .map(|t| t.chars().count())
+        .sum();
+    let pad = MAX_GUIDANCE_CHARS - used - 3;
+    f.guidance
+        .experiences
+        .insert(RuleKey::G(9), "长".repeat(pad));
+    let v = f.validate(
+        &[op(
+            "add",
+            None,
+            Some("若挡风板变形则判不通过"),
+            &["g1::pass"],
+        )],
+        None,
+    );
+    assert_eq!(reasons(&v), vec![RejectReason::GuidanceBudget]);
+    assert!(v.rejected[0].detail.contains("characters together"));
+    assert_eq!(RejectReason::GuidanceBudget.code(), "guidance_budget");
+}
+
 #[test]
 fn regression_issue8_noop_update_and_add_of_an_existing_rule_are_unchanged_text() {
     // A restated rule changed nothing and must not count toward closure `L == E`.
