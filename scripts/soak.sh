@@ -204,7 +204,23 @@ fault_pause() {
     PAUSES=$((PAUSES + 1))
 }
 
+# The run's step checkpoint, once rank 0 has written one.
+checkpoint_written() {
+    [[ -n "$(find "$OUT/soak" -name checkpoint.json 2>/dev/null | head -n1)" ]]
+}
+
 fault_rank0_kill() {
+    # The last kill waits for a step checkpoint if none has landed after one yet, so every soak
+    # (the quick CI one too, whose faults come in its first seconds) resumes from a checkpoint
+    # at least once, not only by replaying the journal from the start.
+    if ((RANK0_KILLS == WANT_RANK0_KILLS - 1 && CHECKPOINT_KILLS == 0)); then
+        while ! checkpoint_written && kill -0 "$RANK0" 2>/dev/null; do
+            revive_workers
+            sleep 0.2
+        done
+        kill -0 "$RANK0" 2>/dev/null || return 0
+    fi
+    checkpoint_written && CHECKPOINT_KILLS=$((CHECKPOINT_KILLS + 1))
     kill -KILL "$RANK0" 2>/dev/null || true
     wait "$RANK0" 2>/dev/null || true
     bank_scrape
@@ -245,7 +261,7 @@ inject_one() {
 
 soak() {
     log "soak run: $PROCS worker processes x $PER_PROC workers, seed $SEED"
-    ATTEMPTS=0; WORKER_KILLS=0; PAUSES=0; RANK0_KILLS=0
+    ATTEMPTS=0; WORKER_KILLS=0; PAUSES=0; RANK0_KILLS=0; CHECKPOINT_KILLS=0
     TOTAL_EXPIRED=0; TOTAL_FENCED=0; SCRAPED_EXPIRED=0; SCRAPED_FENCED=0
     start_rank0
     local i
@@ -285,6 +301,7 @@ c = json.load(open(sys.argv[2]))
 rows = [("seed", $SEED), ("rank 0 attempts", $ATTEMPTS),
         ("worker SIGKILLs (restarted)", $WORKER_KILLS), ("SIGSTOP/SIGCONT pauses > TTL ($TTL s)", $PAUSES),
         ("rank 0 SIGKILLs (+ --resume)", $RANK0_KILLS),
+        ("of them after a step checkpoint", $CHECKPOINT_KILLS),
         ("leases expired (all attempts, scraped)", $TOTAL_EXPIRED),
         ("submits fenced (all attempts, scraped)", $TOTAL_FENCED),
         ("answers replayed (final attempt)", s.get("replayed")),
@@ -295,6 +312,10 @@ rows = [("seed", $SEED), ("rank 0 attempts", $ATTEMPTS),
 print("| what | count |\n|---|---:|")
 for k, v in rows: print(f"| {k} | {v} |")
 EOF
+    if ((WANT_RANK0_KILLS > 0 && CHECKPOINT_KILLS == 0)); then
+        echo "no rank 0 kill landed after a step checkpoint (the run ended first)" >&2
+        ok=1
+    fi
     return $ok
 }
 

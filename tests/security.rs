@@ -426,30 +426,87 @@ async fn a_socket_that_never_speaks_is_closed_at_the_preface_deadline() {
     assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
 }
 
-#[tokio::test]
-async fn the_connection_cap_closes_new_connections_until_some_end() {
+/// The token of the edge tests below.
+const EDGE_TOKEN: &str = "edge-test-token-0123456789abcdef0123456789";
+
+/// A coordinator with a token and custom edge limits; returns its address and stop switch.
+async fn serve_edge_with_token(
+    limits: stageb_coordinator::cluster::edge::EdgeLimits,
+    token: &AuthToken,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
+    let service = ServiceConfig {
+        token: Some(token.clone()),
+        model: ModelPin::by_resumed_run("fp-1".into()),
+        ..open_service("edge", Duration::from_secs(1))
+    };
+    let edge = EdgeConfig {
+        limits,
+        token: Some(token.clone()),
+        ..Default::default()
+    };
+    let server = serve_loopback(Arc::new(scheduler), &service, edge).await;
+    (format!("http://{}", server.addr), server.stop)
+}
+
+/// A client that registered with [`EDGE_TOKEN`] (its connection is now authenticated).
+async fn registered_client(
+    addr: &str,
+) -> pb::coordinator_client::CoordinatorClient<tonic::transport::Channel> {
+    let mut c = client(addr).await;
+    c.register(with_bearer(register_request("fp-1"), EDGE_TOKEN))
+        .await
+        .expect("register");
+    c
+}
+
+/// Issue 26 items 2 and 3: 4,096 connections that sent the HTTP/2 preface and then only
+/// answered pings (or stalled ClientHellos under mutual TLS) filled the connection cap; every
+/// new Register got UNAVAILABLE and the workers gave up. Connections that have not made an
+/// authenticated call are now closed oldest first to make room, and never more of them are
+/// held than `max_unauthenticated`; authenticated ones are never closed for a stranger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_without_a_token_cannot_lock_a_worker_out_regression_4096_idle_h2() {
+    let token = AuthToken::new(EDGE_TOKEN).unwrap();
+    let limits = stageb_coordinator::cluster::edge::EdgeLimits {
+        max_connections: 6,
+        max_unauthenticated: 4,
+        ..Default::default()
+    };
+    let (addr, _stop) = serve_edge_with_token(limits, &token).await;
+    let sock: std::net::SocketAddr = addr.trim_start_matches("http://").parse().unwrap();
+    // Strangers fill every slot they may, and more.
+    let mut idle = futures_join(sock, 8).await;
+    let mut first = registered_client(&addr).await;
+    idle.extend(futures_join(sock, 8).await);
+    let mut second = registered_client(&addr).await;
+    idle.extend(futures_join(sock, 8).await);
+    // Both workers' connections survived the floods and still serve calls.
+    for c in [&mut first, &mut second] {
+        c.register(with_bearer(register_request("fp-1"), EDGE_TOKEN))
+            .await
+            .expect("an authenticated connection is never closed for a stranger");
+    }
+    drop(idle);
+}
+
+/// Beyond the cap with every held connection authenticated, a new connection is closed at
+/// once; when one ends, new ones are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_closes_new_connections_when_every_held_one_is_authenticated() {
+    let token = AuthToken::new(EDGE_TOKEN).unwrap();
     let limits = stageb_coordinator::cluster::edge::EdgeLimits {
         max_connections: 3,
         ..Default::default()
     };
-    let (addr, connections, _stop, _task) = serve_edge(limits).await;
-    let held: Vec<_> = futures_join(addr, 3).await;
-    // The client's handshake returns before the server has accepted: wait for the count.
-    for _ in 0..100 {
-        if connections.get() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let (addr, _stop) = serve_edge_with_token(limits, &token).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(registered_client(&addr).await);
     }
-    assert_eq!(connections.get(), 3);
     // The fourth completes TCP but is closed before HTTP/2 can start: no call gets through.
     let fourth = tokio::time::timeout(Duration::from_secs(3), async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let mut health = health_client_result(&addr).await?;
         health
             .check(tonic_health::pb::HealthCheckRequest {
                 service: String::new(),
@@ -464,7 +521,7 @@ async fn the_connection_cap_closes_new_connections_until_some_end() {
     );
     drop(held);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut health = health_client(&format!("http://{addr}")).await;
+    let mut health = health_client(&addr).await;
     assert!(
         health
             .check(tonic_health::pb::HealthCheckRequest {
@@ -474,6 +531,17 @@ async fn the_connection_cap_closes_new_connections_until_some_end() {
             .is_ok(),
         "once connections end, new ones are served"
     );
+}
+
+async fn health_client_result(
+    addr: &str,
+) -> Result<tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>, String> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(tonic_health::pb::health_client::HealthClient::new(channel))
 }
 
 async fn futures_join(

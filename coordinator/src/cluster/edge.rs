@@ -3,9 +3,15 @@
 //! the hostile case: a socket that never speaks, a flood of connections, a client that keeps
 //! a connection open after the run is written.
 //!
-//! - **Connection cap.** At most [`EdgeLimits::max_connections`] connections are held (derived
-//!   from the process's file-descriptor limit); beyond it a new connection is closed at once
-//!   and a warning says so (at most once every few seconds).
+//! - **Connection cap, authenticated first.** At most [`EdgeLimits::max_connections`]
+//!   connections are held (derived from the process's file-descriptor limit), and at most
+//!   [`EdgeLimits::max_unauthenticated`] of them have not yet made an authenticated call
+//!   ([`Slots`]: the auth interceptor marks a connection when its token matches, or on any call
+//!   when the run has no token; under mutual TLS only certified peers get that far). A new
+//!   connection beyond either cap closes the oldest unauthenticated one to make room, so
+//!   strangers holding idle connections, stalled ClientHellos or half-sent health streams
+//!   cannot lock a worker out; only when every held connection is authenticated is the new
+//!   one closed at once (a warning says so, at most once every few seconds).
 //! - **Preface deadline.** A connection must start speaking (the HTTP/2 preface, or a TLS
 //!   ClientHello) within [`EdgeLimits::preface_timeout`]; one that does not is closed before
 //!   it reaches the HTTP/2 server, so silent sockets cannot pile up.
@@ -16,11 +22,13 @@
 //! The HTTP/2 and gRPC limits (streams per connection, keepalive, request timeout, header and
 //! message sizes) are applied by [`crate::cluster::server::serve`] from the same [`EdgeLimits`].
 
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future as _;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -53,6 +61,9 @@ pub struct EdgeLimits {
     /// Connections held at once (default: 4096, or the fd limit less 128 and less the metrics
     /// listener's 64 if lower).
     pub max_connections: usize,
+    /// Of those, connections that have not made an authenticated call yet (256): what a
+    /// stranger can hold at most, each closed first when a new connection needs room.
+    pub max_unauthenticated: usize,
     /// Time a new connection has to send its first bytes (10 s).
     pub preface_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection (64).
@@ -80,6 +91,7 @@ impl Default for EdgeLimits {
     fn default() -> Self {
         EdgeLimits {
             max_connections: connection_cap(4096, fd_limit()),
+            max_unauthenticated: 256,
             preface_timeout: Duration::from_secs(10),
             max_concurrent_streams: 64,
             request_timeout: Duration::from_secs(45),
@@ -162,6 +174,128 @@ pub fn raise_fd_limit() -> Option<u64> {
     }
 }
 
+/// The connections held, in arrival order, and which of them have authenticated (see the
+/// module header). Shared by the accept loop and the auth interceptor.
+#[derive(Clone)]
+pub struct Slots(Arc<Mutex<SlotTable>>);
+
+struct SlotTable {
+    max: usize,
+    max_unauthenticated: usize,
+    next_id: u64,
+    /// By arrival (ids increase), so the first unauthenticated entry is the oldest.
+    held: BTreeMap<u64, Held>,
+    by_peer: HashMap<SocketAddr, u64>,
+    unauthenticated: usize,
+}
+
+struct Held {
+    peer: SocketAddr,
+    authenticated: bool,
+    /// Closes this connection (a child of the edge's `force_close`).
+    close: CancellationToken,
+}
+
+impl Slots {
+    pub fn new(limits: &EdgeLimits) -> Self {
+        Slots(Arc::new(Mutex::new(SlotTable {
+            max: limits.max_connections.max(1),
+            max_unauthenticated: limits.max_unauthenticated.max(1),
+            next_id: 0,
+            held: BTreeMap::new(),
+            by_peer: HashMap::new(),
+            unauthenticated: 0,
+        })))
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The connection from `peer` made an authenticated call: it is no longer closed to make
+    /// room for others. Unknown peers (already closed) are ignored.
+    pub fn mark_authenticated(&self, peer: SocketAddr) {
+        let mut t = self.table();
+        let Some(id) = t.by_peer.get(&peer).copied() else {
+            return;
+        };
+        if let Some(h) = t.held.get_mut(&id)
+            && !h.authenticated
+        {
+            h.authenticated = true;
+            t.unauthenticated -= 1;
+        }
+    }
+
+    /// Connections held, and how many of them have authenticated.
+    pub fn held(&self) -> (usize, usize) {
+        let t = self.table();
+        (t.held.len(), t.held.len() - t.unauthenticated)
+    }
+
+    /// A slot for a new connection from `peer`, closing the oldest unauthenticated connection
+    /// if a cap is reached; `None` when every held connection is authenticated and the cap is
+    /// reached.
+    fn admit(&self, peer: SocketAddr, force_close: &CancellationToken) -> Option<SlotGuard> {
+        let mut t = self.table();
+        if t.held.len() >= t.max || t.unauthenticated >= t.max_unauthenticated {
+            let oldest = t
+                .held
+                .iter()
+                .find(|(_, h)| !h.authenticated)
+                .map(|(id, _)| *id)?;
+            if let Some(victim) = t.remove(oldest) {
+                tracing::debug!(peer = %victim.peer, "closing an unauthenticated connection to make room");
+                victim.close.cancel();
+            }
+        }
+        let id = t.next_id;
+        t.next_id += 1;
+        let close = force_close.child_token();
+        t.held.insert(
+            id,
+            Held {
+                peer,
+                authenticated: false,
+                close: close.clone(),
+            },
+        );
+        t.by_peer.insert(peer, id);
+        t.unauthenticated += 1;
+        Some(SlotGuard {
+            slots: self.clone(),
+            id,
+            close,
+        })
+    }
+}
+
+impl SlotTable {
+    fn remove(&mut self, id: u64) -> Option<Held> {
+        let h = self.held.remove(&id)?;
+        if self.by_peer.get(&h.peer) == Some(&id) {
+            self.by_peer.remove(&h.peer);
+        }
+        if !h.authenticated {
+            self.unauthenticated -= 1;
+        }
+        Some(h)
+    }
+}
+
+/// One connection's place in [`Slots`]; given back when the connection ends.
+struct SlotGuard {
+    slots: Slots,
+    id: u64,
+    close: CancellationToken,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.slots.table().remove(self.id);
+    }
+}
+
 /// Counts one held connection; the count drops when the connection does.
 struct ConnectionPermit(Arc<AtomicUsize>);
 
@@ -176,6 +310,8 @@ impl Drop for ConnectionPermit {
 pub struct GatedConnection {
     stream: TcpStream,
     _permit: ConnectionPermit,
+    _slot: SlotGuard,
+    /// Fires at forced shutdown, or when the connection is closed to make room.
     force_close: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
@@ -188,7 +324,7 @@ impl GatedConnection {
 fn aborted_error() -> io::Error {
     io::Error::new(
         io::ErrorKind::ConnectionAborted,
-        "rank 0 closed the connection at shutdown",
+        "rank 0 closed the connection (shutdown, or room for another)",
     )
 }
 
@@ -261,6 +397,7 @@ pub fn gated_incoming(
     tls: bool,
     shutdown: EdgeShutdown,
     count: ConnectionCount,
+    slots: Slots,
 ) -> ReceiverStream<io::Result<GatedConnection>> {
     let (tx, rx) = mpsc::channel(64);
     let max = limits.max_connections.max(1);
@@ -288,7 +425,7 @@ pub fn gated_incoming(
                     continue;
                 }
             };
-            if count.0.load(Ordering::Acquire) >= max {
+            let Some(slot) = slots.admit(peer, &shutdown.force_close) else {
                 refused += 1;
                 drop(stream);
                 if last_warning.is_none_or(|t| t.elapsed() >= CAP_WARNING_EVERY) {
@@ -296,12 +433,12 @@ pub fn gated_incoming(
                         max_connections = max,
                         refused,
                         %peer,
-                        "connection cap reached: closing new connections until some end"
+                        "connection cap reached and every connection authenticated: closing new connections until some end"
                     );
                     last_warning = Some(Instant::now());
                 }
                 continue;
-            }
+            };
             // Small gRPC messages both ways: without TCP_NODELAY, Nagle holding the answer for
             // the peer's delayed ACK added ~40 ms to every Lease (tonic sets it on connections
             // it accepts itself; this listener accepts them here).
@@ -311,14 +448,15 @@ pub fn gated_incoming(
             count.0.fetch_add(1, Ordering::AcqRel);
             let permit = ConnectionPermit(count.0.clone());
             let tx = tx.clone();
-            let force_close = shutdown.force_close.clone();
+            let close = slot.close.clone();
             tokio::spawn(async move {
                 match tokio::time::timeout(preface_timeout, speaks_first(&stream, tls)).await {
                     Ok(Ok(true)) => {
                         let conn = GatedConnection {
                             stream,
                             _permit: permit,
-                            force_close: Box::pin(force_close.cancelled_owned()),
+                            _slot: slot,
+                            force_close: Box::pin(close.cancelled_owned()),
                         };
                         let _ = tx.send(Ok(conn)).await;
                     }
@@ -380,12 +518,14 @@ mod tests {
             stop_accepting: CancellationToken::new(),
             force_close: CancellationToken::new(),
         };
+        let limits = EdgeLimits::default();
         let mut incoming = gated_incoming(
             listener,
-            &EdgeLimits::default(),
+            &limits,
             false,
             shutdown,
             ConnectionCount::default(),
+            Slots::new(&limits),
         );
         let mut client = TcpStream::connect(addr).await.unwrap();
         client

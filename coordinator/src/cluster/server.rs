@@ -342,16 +342,28 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     }
 }
 
-/// Checks `authorization: Bearer <token>` in constant time when the run has a token.
+/// Checks `authorization: Bearer <token>` in constant time when the run has a token, and
+/// marks the connection of a call that passes as authenticated ([`edge::Slots`]: it is then
+/// never closed to make room for a stranger's).
 #[derive(Clone)]
 pub struct AuthInterceptor {
     token: Option<AuthToken>,
+    slots: edge::Slots,
+}
+
+impl AuthInterceptor {
+    fn admit(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(peer) = request.remote_addr() {
+            self.slots.mark_authenticated(peer);
+        }
+        Ok(request)
+    }
 }
 
 impl tonic::service::Interceptor for AuthInterceptor {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         let Some(token) = &self.token else {
-            return Ok(request);
+            return self.admit(request);
         };
         let presented = request
             .metadata()
@@ -359,7 +371,7 @@ impl tonic::service::Interceptor for AuthInterceptor {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if token.matches_bearer(presented) {
-            Ok(request)
+            self.admit(request)
         } else {
             // Generic on purpose: say nothing about what was wrong.
             Err(Status::unauthenticated("missing or invalid token"))
@@ -476,10 +488,12 @@ pub async fn serve(
     let svc = pb::coordinator_server::CoordinatorServer::new(service)
         .max_decoding_message_size(limits.coordinator_message_bytes)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let slots = edge::Slots::new(&limits);
     let svc = tonic::service::interceptor::InterceptedService::new(
         svc,
         AuthInterceptor {
             token: edge.token.clone(),
+            slots: slots.clone(),
         },
     );
     let mut builder = tonic::transport::Server::builder()
@@ -502,6 +516,7 @@ pub async fn serve(
         edge.tls.is_some(),
         signals.clone(),
         edge.connections.clone(),
+        slots,
     );
     let stop_accepting = signals.stop_accepting.clone();
     let server = builder
