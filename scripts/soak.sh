@@ -6,6 +6,9 @@
 # at random points, each followed by a restart with --resume. At the end `stageb audit` must
 # pass, the artifacts must equal an uninterrupted reference run's (runtime fields aside,
 # scripts/lib/compare_runs.py) and no selection row may be lost or duplicated.
+# The last rank 0 kill waits for a step checkpoint (checkpoint.json) if none has landed after
+# one yet, so every soak, the quick CI one included, resumes from a checkpoint at least once;
+# the table counts those kills, and a soak with none fails.
 #
 # --real-model: the same soak with real `stageb worker` processes running the real model
 # (SmolLM2-135M, one thread each) instead of load generators: a small mission (24 tickets, 2
