@@ -15,7 +15,8 @@ use super::parse::{invalid, load_mission_section};
 use super::snapshot::{prune_snapshots, snapshot_name, snapshots_dir};
 use super::time::utc_now_iso;
 use super::version::{
-    SectionFile, VersionBody, VersionEntry, VersionKind, guidance_path, read_run_file,
+    SectionFile, VersionBody, VersionEntry, VersionKind, guidance_path, parse_run_value,
+    read_run_file,
 };
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -139,19 +140,7 @@ impl GuidanceRepo {
         }
         let path = guidance_path(run_dir);
         let (current, file) = read_run_file(&path, mission)?;
-        let head = file
-            .versions
-            .last()
-            .ok_or_else(|| invalid(&path, "run guidance has no versions"))?;
-        if head.body.content_hash != current.content_hash()
-            || head.version_hash != file.version_hash
-        {
-            return Err(invalid(
-                &path,
-                "run guidance content does not match its version chain",
-            )
-            .into());
-        }
+        check_head(&current, &file, &path)?;
         Ok(GuidanceRepo {
             run_dir: run_dir.to_path_buf(),
             options,
@@ -160,6 +149,16 @@ impl GuidanceRepo {
             #[cfg(test)]
             fail_at: None,
         })
+    }
+
+    /// Checks `text`, a run's `guidance.json` content kept elsewhere (a step checkpoint's
+    /// copy), exactly as [`GuidanceRepo::open`] checks the file, without writing anything:
+    /// a resume validates it before it restores the file, so a refused copy never lands.
+    pub fn check_run_text(text: &str, mission: &str, path: &Path) -> Result<(), GuidanceError> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
+        let (current, file) = parse_run_value(&value, mission, path)?;
+        check_head(&current, &file, path)
     }
 
     pub fn current(&self) -> &MissionGuidance {
@@ -401,6 +400,26 @@ impl GuidanceRepo {
         let fail = false;
         atomic_write(&path, bytes, fail).map_err(io_err(&path))
     }
+}
+
+/// The newest version of the chain must be the content and the file's head.
+fn check_head(
+    current: &MissionGuidance,
+    file: &SectionFile,
+    path: &Path,
+) -> Result<(), GuidanceError> {
+    let head = file
+        .versions
+        .last()
+        .ok_or_else(|| invalid(path, "run guidance has no versions"))?;
+    if head.body.content_hash != current.content_hash() || head.version_hash != file.version_hash {
+        return Err(invalid(
+            path,
+            "run guidance content does not match its version chain",
+        )
+        .into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -96,8 +96,16 @@ pub(super) fn read_run_file(
     path: &Path,
     mission: &str,
 ) -> Result<(MissionGuidance, SectionFile), InputError> {
-    let value = read_json(path)?;
-    let section = mission_section(&value, mission, path)?;
+    parse_run_value(&read_json(path)?, mission, path)
+}
+
+/// [`read_run_file`] on a file's content already parsed as JSON (`path` names it in errors).
+pub(super) fn parse_run_value(
+    value: &serde_json::Value,
+    mission: &str,
+    path: &Path,
+) -> Result<(MissionGuidance, SectionFile), InputError> {
+    let section = mission_section(value, mission, path)?;
     let current = parse_section(section, mission, path)?;
     let file: SectionFile = serde_json::from_value(section.clone())
         .map_err(|e| invalid(path, format!("run guidance section is malformed: {e}")))?;

@@ -101,8 +101,12 @@ pub(super) fn open_at_checkpoint(
     checkpoint: &Checkpoint,
     options: RepoOptions,
 ) -> Result<Opened, RunError> {
-    checkpoint.restore_files(dir).map_err(io_err(dir))?;
     let mission = inputs.ingested.mission.as_str();
+    // Checked before anything is cut or written: a refused checkpoint copy of the guidance
+    // (edited, or of another chain) must never replace the run's file.
+    let guidance_file = dir.join(crate::guidance::GUIDANCE_FILE);
+    GuidanceRepo::check_run_text(&checkpoint.guidance_file, mission, &guidance_file)?;
+    checkpoint.restore_files(dir).map_err(io_err(dir))?;
     let guidance = GuidanceRepo::open(dir, mission, options)?;
     let reflector = Reflector::resume(dir, &inputs.config, mission, checkpoint.reflector.clone())?;
     let p = checkpoint.position;
