@@ -35,7 +35,7 @@ static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::n
 
 const USAGE: &str = "loadgen --coordinator HOST:PORT [--token-file F] [--workers N]
   [--latency fixed:MS | lognormal:MEDIAN_MS:SIGMA] [--seed S] [--reconnect-s S]
-  [--name PREFIX] [--max-context TOKENS]";
+  [--name PREFIX] [--max-context TOKENS] [--keepalive-s S]";
 
 /// Command line.
 #[derive(Debug, Clone)]
@@ -48,6 +48,9 @@ struct Opts {
     reconnect: Duration,
     name: String,
     max_context: u32,
+    /// HTTP/2 keepalive ping interval and ack timeout, as the real worker's (20 s): how long
+    /// a silently partitioned connection takes to be noticed.
+    keepalive: Duration,
 }
 
 /// How long a simulated job takes.
@@ -80,6 +83,7 @@ fn parse_args() -> Result<Opts, String> {
         reconnect: Duration::from_secs(30),
         name: format!("loadgen-{}", std::process::id()),
         max_context: 8192,
+        keepalive: Duration::from_secs(20),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -98,6 +102,7 @@ fn parse_args() -> Result<Opts, String> {
             "--reconnect-s" => opts.reconnect = Duration::from_secs(value()?.parse().map_err(bad)?),
             "--name" => opts.name = value()?,
             "--max-context" => opts.max_context = value()?.parse().map_err(bad)?,
+            "--keepalive-s" => opts.keepalive = Duration::from_secs(value()?.parse().map_err(bad)?),
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -241,7 +246,9 @@ async fn connect(opts: &Opts, window: Duration) -> Option<Client> {
     let url = format!("http://{}", opts.coordinator.trim_start_matches("http://"));
     let endpoint = Endpoint::from_shared(url)
         .ok()?
-        .connect_timeout(Duration::from_secs(5));
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(opts.keepalive)
+        .keep_alive_timeout(opts.keepalive);
     let start = Instant::now();
     let mut backoff = Duration::from_millis(100);
     loop {
