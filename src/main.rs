@@ -30,6 +30,7 @@ fn classify(e: &anyhow::Error) -> u8 {
         Some(ClusterError::Run(stageb_coordinator::run::RunError::Guidance(
             stageb_coordinator::guidance::GuidanceError::Input(_),
         ))) => exit::INPUT_ERROR,
+        Some(ClusterError::Run(stageb_coordinator::run::RunError::Input(_))) => exit::INPUT_ERROR,
         // The mission and run names come from the user's files: a bad one is bad input.
         Some(ClusterError::Run(stageb_coordinator::run::RunError::BadMission(_))) => {
             exit::INPUT_ERROR

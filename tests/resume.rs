@@ -514,3 +514,112 @@ fn a_run_stopped_and_resumed_several_times_equals_the_uninterrupted_run() {
     assert_same_artifacts(&whole, &resumed);
     assert_audit_ok(&resumed);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Integrity (issue 26 item 10): rows edited after rank 0 wrote them.
+
+/// A journal row whose answer was edited (its digest kept) was replayed into
+/// `trajectories.jsonl` on `--resume`, and the audit passed. Each journal row now carries a
+/// mac under the run's key: the edited row is not replayed (its job is recomputed), the
+/// artifacts equal the uninterrupted run's, and the audit of the stopped run names the row.
+#[test]
+fn an_edited_journal_answer_is_not_replayed_regression_forged_answer_kept_its_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let whole = whole_run(dir.path());
+    let script = Script::new(Behaviour::default());
+    let config_path = stopped_attempt(dir.path(), "edited", &script, StopAfter::Rollouts(20));
+    let run_dir = resumed_dir_of(&whole, "edited");
+    let journal = run_dir.join("jobs.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(!text.is_empty(), "the stopped attempt journaled answers");
+    let forged = "Verdict: 通过\\nReason: FORGED";
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let row: Value = serde_json::from_str(&lines[0]).unwrap();
+    let edited = serde_json::to_string(&row).unwrap().replacen(
+        "\"text\":\"",
+        &format!("\"text\":\"{forged}"),
+        1,
+    );
+    assert_ne!(edited, lines[0], "the row holds a text to edit");
+    lines[0] = edited;
+    std::fs::write(&journal, lines.join("\n") + "\n").unwrap();
+    let report = stageb_inspect::audit::audit(&run_dir);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.check == "integrity" && v.file == "jobs.jsonl" && v.line == Some(1)),
+        "{:?}",
+        report.violations
+    );
+
+    let (resumed, _) = resume_to_end(&config_path, &script);
+    let trajectories = std::fs::read_to_string(resumed.join(files::TRAJECTORIES)).unwrap();
+    assert!(
+        !trajectories.contains("FORGED"),
+        "the forged answer was replayed"
+    );
+    assert_same_artifacts(&whole, &resumed);
+    assert_audit_ok(&resumed);
+}
+
+/// An edited candidate text, selection explanation or reflection output passed the audit.
+/// Every JSONL artifact is sealed at each sync: the audit finds the edit, and a resume over
+/// an edited checkpointed file is refused before anything is cut or written.
+#[test]
+fn edited_artifact_rows_fail_the_audit_and_refuse_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let whole = whole_run(dir.path());
+    assert_audit_ok(&whole);
+    for name in [files::TRAJECTORIES, files::SELECTIONS, files::REFLECTION] {
+        let path = whole.join(name);
+        let original = std::fs::read(&path).unwrap();
+        let mut edited = original.clone();
+        let at = edited
+            .iter()
+            .position(|&b| b == b'e')
+            .expect("a letter to edit");
+        edited[at] = b'E';
+        std::fs::write(&path, &edited).unwrap();
+        let report = stageb_inspect::audit::audit(&whole);
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.check == "integrity" && v.file == name),
+            "{name}: {:?}",
+            report.violations
+        );
+        std::fs::write(&path, original).unwrap();
+    }
+    assert_audit_ok(&whole);
+
+    let script = Script::new(Behaviour::default());
+    let config_path = stopped_attempt(dir.path(), "tampered", &script, StopAfter::Rollouts(60));
+    let run_dir = resumed_dir_of(&whole, "tampered");
+    let path = run_dir.join(files::TRAJECTORIES);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.iter().position(|&b| b == b'e').unwrap();
+    bytes[at] = b'E';
+    std::fs::write(&path, &bytes).unwrap();
+    let err = try_run(
+        &config_path,
+        2,
+        Counters::default().engines(&script),
+        StartMode::Resume,
+        std::future::pending(),
+    )
+    .expect_err("a resume over an edited artifact is refused");
+    assert!(
+        err.to_string().contains("E_RESUME_MISMATCH")
+            && err.to_string().contains("changed after rank 0 wrote it"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "nothing was cut or rewritten"
+    );
+}

@@ -9,7 +9,8 @@
 //! Rank 0's word arrives with every lease and heartbeat: `DRAIN` (it is shutting down: finish
 //! the job in hand, take nothing new, leave), `STOP` (the run is over: leave now), and the
 //! leases it fenced (another worker has the job: abandon it at the next decode step). How a
-//! worker ended ([`WorkerEnd`]) decides its exit code.
+//! worker ended ([`WorkerEnd`]) decides its exit code. Dialing (endpoint, TLS, the connect
+//! loop) is the child `dial.rs`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -21,13 +22,16 @@ use stageb_shared::auth::{AUTH_HEADER, AuthToken};
 use stageb_shared::observe;
 use stageb_shared::pb;
 use stageb_shared::tls::ClientTls;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use crate::engine::{CancelFlag, Engine, EngineError, Job};
 use crate::job_codec::{job_from_pb, result_to_pb};
 use crate::pace::Pace;
 use crate::runner::{self, Incoming, Outgoing};
+use dial::connect;
+
+mod dial;
 
 /// How a worker reaches its coordinator.
 #[derive(Debug, Clone)]
@@ -128,93 +132,6 @@ impl tonic::service::Interceptor for BearerInterceptor {
 type Client = pb::coordinator_client::CoordinatorClient<
     tonic::service::interceptor::InterceptedService<Channel, BearerInterceptor>,
 >;
-
-fn endpoint_url(addr: &str, tls: bool) -> String {
-    if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.to_string()
-    } else if tls {
-        format!("https://{addr}")
-    } else {
-        format!("http://{addr}")
-    }
-}
-
-/// The endpoint for `opts`: plaintext, or TLS verified against the configured CA.
-fn endpoint(opts: &WorkerOptions) -> Result<Endpoint, WorkerError> {
-    let url = endpoint_url(&opts.coordinator, opts.tls.is_some());
-    let mut endpoint = Endpoint::from_shared(url)
-        .map_err(|_| WorkerError::BadAddress(opts.coordinator.clone()))?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(20));
-    let host = endpoint.uri().host().unwrap_or("localhost").to_string();
-    match &opts.tls {
-        Some(tls) => {
-            if endpoint.uri().scheme_str() == Some("http") {
-                return Err(WorkerError::Tls {
-                    addr: opts.coordinator.clone(),
-                    reason: "an http:// address with TLS configured (use https:// or host:port)"
-                        .into(),
-                });
-            }
-            endpoint = endpoint
-                .tls_config(tls.config(&host))
-                .map_err(|e| WorkerError::Tls {
-                    addr: opts.coordinator.clone(),
-                    reason: e.to_string(),
-                })?;
-        }
-        None => {
-            let loopback = host == "localhost"
-                || host
-                    .trim_matches(|c| c == '[' || c == ']')
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback());
-            if !loopback && opts.token.is_some() {
-                tracing::warn!(
-                    coordinator = %opts.coordinator,
-                    "dialing without TLS: the token crosses the network in clear text (pass --tls-ca)"
-                );
-            }
-        }
-    }
-    Ok(endpoint)
-}
-
-/// Dial rank 0 until it answers or `window` has passed since `start` (the first attempt of
-/// this reach: a connection that opens but cannot register does not restart the clock).
-async fn connect(
-    opts: &WorkerOptions,
-    start: Instant,
-    window: Duration,
-) -> Result<Client, WorkerError> {
-    let endpoint = endpoint(opts)?;
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match endpoint.connect().await {
-            Ok(channel) => {
-                let interceptor = BearerInterceptor(opts.token.as_ref().map(AuthToken::bearer));
-                return Ok(pb::coordinator_client::CoordinatorClient::with_interceptor(
-                    channel,
-                    interceptor,
-                )
-                .max_decoding_message_size(8 * 1024 * 1024)
-                .max_encoding_message_size(8 * 1024 * 1024));
-            }
-            Err(e) => {
-                if start.elapsed() >= window {
-                    return Err(WorkerError::Unreachable {
-                        addr: opts.coordinator.clone(),
-                        waited: start.elapsed(),
-                        last: e.to_string(),
-                    });
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
-}
 
 struct Session {
     id: String,

@@ -19,14 +19,16 @@ use serde::Serialize;
 
 pub mod documents;
 pub mod rows;
+pub mod seal;
 
-/// An append-only JSONL file.
+/// An append-only JSONL file, sealed at every sync when its run has a key ([`seal`]).
 pub struct JsonlWriter {
     path: PathBuf,
     file: File,
     rows: u64,
     /// Bytes in the file (what a step checkpoint weighs the journal by).
     bytes: u64,
+    sealer: Option<seal::Sealer>,
 }
 
 impl JsonlWriter {
@@ -42,6 +44,7 @@ impl JsonlWriter {
             file,
             rows: 0,
             bytes: 0,
+            sealer: seal::Sealer::for_file(path, b"")?,
         })
     }
 
@@ -51,6 +54,7 @@ impl JsonlWriter {
     pub fn open_resume(path: &Path) -> io::Result<Self> {
         let mut rows = 0u64;
         let mut kept = 0u64;
+        let sealer;
         if path.exists() {
             let bytes = fs::read(path)?;
             let keep = match bytes.iter().rposition(|b| *b == b'\n') {
@@ -65,6 +69,9 @@ impl JsonlWriter {
             }
             rows = bytes[..keep].iter().filter(|b| **b == b'\n').count() as u64;
             kept = keep as u64;
+            sealer = seal::Sealer::for_file(path, &bytes[..keep])?;
+        } else {
+            sealer = seal::Sealer::for_file(path, b"")?;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(JsonlWriter {
@@ -72,21 +79,34 @@ impl JsonlWriter {
             file,
             rows,
             bytes: kept,
+            sealer,
         })
     }
 
     pub fn append<T: Serialize>(&mut self, row: &T) -> io::Result<()> {
-        let mut line = serde_json::to_vec(row).map_err(io::Error::other)?;
+        let line = serde_json::to_vec(row).map_err(io::Error::other)?;
+        self.append_raw(line)
+    }
+
+    /// Appends `line`, one serialized JSON object without its newline.
+    pub fn append_raw(&mut self, mut line: Vec<u8>) -> io::Result<()> {
         line.push(b'\n');
         self.file.write_all(&line)?;
+        if let Some(s) = &mut self.sealer {
+            s.update(&line);
+        }
         self.rows += 1;
         self.bytes += line.len() as u64;
         Ok(())
     }
 
-    /// Make everything appended so far durable.
+    /// Make everything appended so far durable, and seal it.
     pub fn sync(&mut self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file.sync_data()?;
+        match &self.sealer {
+            Some(s) => s.write(self.bytes),
+            None => Ok(()),
+        }
     }
 
     pub fn rows(&self) -> u64 {

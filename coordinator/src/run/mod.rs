@@ -77,6 +77,9 @@ pub enum RunError {
     Io { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Guidance(#[from] GuidanceError),
+    /// Bad input met while opening the run (e.g. an artifact that fails its seal on resume).
+    #[error(transparent)]
+    Input(#[from] stageb_shared::error::InputError),
     #[error("the mission name `{0}` cannot be used as a directory name")]
     BadMission(String),
     #[error("no worker has been alive for {0:?}; giving up")]

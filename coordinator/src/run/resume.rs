@@ -7,7 +7,7 @@ use std::path::Path;
 use stageb_shared::digest;
 
 use super::{RunError, RunInputs, RunLoop, Writers, io_err};
-use crate::artifacts::JsonlWriter;
+use crate::artifacts::{JsonlWriter, seal};
 use crate::decide::accuracy::Accumulator;
 use crate::guidance::{GuidanceRepo, RepoOptions};
 use crate::learn::reflection::Reflector;
@@ -106,6 +106,7 @@ pub(super) fn open_at_checkpoint(
     // (edited, or of another chain) must never replace the run's file.
     let guidance_file = dir.join(crate::guidance::GUIDANCE_FILE);
     GuidanceRepo::check_run_text(&checkpoint.guidance_file, mission, &guidance_file)?;
+    verify_seals(dir, checkpoint)?;
     checkpoint.restore_files(dir).map_err(io_err(dir))?;
     let guidance = GuidanceRepo::open(dir, mission, options)?;
     let reflector = Reflector::resume(dir, &inputs.config, mission, checkpoint.reflector.clone())?;
@@ -123,6 +124,34 @@ pub(super) fn open_at_checkpoint(
         reuse: false,
         initial_guidance_hash: checkpoint.initial_guidance_hash.clone(),
     })
+}
+
+/// Every artifact the checkpoint keeps must match its seal up to the checkpoint's length
+/// (`artifacts::seal`): a file changed after rank 0 wrote it is refused (`E_RESUME_MISMATCH`)
+/// before anything is cut or written.
+fn verify_seals(dir: &Path, checkpoint: &Checkpoint) -> Result<(), RunError> {
+    for (name, &len) in &checkpoint.artifact_bytes {
+        let refuse = |why: String| {
+            stageb_shared::error::InputError::new(
+                stageb_shared::error::ErrorCode::ResumeMismatch,
+                dir.join(name).display().to_string(),
+                None,
+                format!("cannot resume: {why}; pass --overwrite to start over"),
+            )
+        };
+        match seal::verify_file(dir, name) {
+            Ok(None) => {}
+            Ok(Some(sealed)) if sealed >= len => {}
+            Ok(Some(sealed)) => {
+                return Err(refuse(format!(
+                    "{name} is sealed up to {sealed} bytes, short of the checkpoint's {len}"
+                ))
+                .into());
+            }
+            Err(e) => return Err(refuse(e.to_string()).into()),
+        }
+    }
+    Ok(())
 }
 
 impl RunLoop {

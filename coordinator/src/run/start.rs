@@ -250,6 +250,14 @@ impl StartPlan {
             path: self.dir.clone(),
             source,
         })?;
+        // A fresh start makes the run's sealing key (artifacts::seal) before anything is
+        // written; a resume keeps the key the run started with.
+        if !self.resuming {
+            crate::artifacts::seal::create_key(&self.dir).map_err(|source| RunError::Io {
+                path: self.dir.clone(),
+                source,
+            })?;
+        }
         let path = self.dir.join(JOURNAL_FILE);
         let journal = if self.resuming {
             Journal::append_to(&path)

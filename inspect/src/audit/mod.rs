@@ -16,7 +16,10 @@
 //!   learnable set (so no stop-gradient key is ever evidence), `covered` = the applied ops'
 //!   evidence ∩ learnable (a skipped or unapplied op covers nothing), no accepted rule text and
 //!   no rule of the final guidance names a group id of the run or a label suffix;
-//! - the guidance hash chain verifies and `S*` rules are unchanged from the seed.
+//! - the guidance hash chain verifies and `S*` rules are unchanged from the seed;
+//! - integrity (runs with a key, `artifacts::seal`): every JSONL file matches its seal, with
+//!   nothing after it, and every journal row its own `mac`: an edit made after rank 0 wrote a
+//!   row (an answer, a candidate text, an explanation, a reflection output) is found.
 
 //!
 //! The files are streamed row by row (`rows.rs`) and only the facts the checks compare are kept
@@ -33,6 +36,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use stageb_coordinator::artifacts::documents::Manifest;
 use stageb_coordinator::artifacts::files;
+use stageb_coordinator::cluster::scheduler::journal::JOURNAL_FILE;
 use stageb_shared::config::RunConfig;
 use stageb_shared::domain::Verdict;
 
@@ -87,6 +91,45 @@ impl AuditReport {
     }
 }
 
+/// Every JSONL file against its seal, and every journal row against its mac (only for runs
+/// that have a key: runs written before seals have none).
+fn check_seals(report: &mut AuditReport, dir: &Path) {
+    use stageb_coordinator::artifacts::seal;
+    let key = match seal::key_for(dir) {
+        Ok(Some(key)) => key,
+        Ok(None) => return,
+        Err(e) => return report.fail("integrity", "integrity/key", None, e.to_string()),
+    };
+    let names = match seal::sealed_files(dir) {
+        Ok(names) => names,
+        Err(e) => return report.fail("integrity", ".", None, e.to_string()),
+    };
+    for name in names {
+        let len = fs::metadata(dir.join(&name)).map_or(0, |m| m.len());
+        match seal::verify_file(dir, &name) {
+            Ok(Some(sealed)) if sealed < len => report.fail(
+                "integrity",
+                &name,
+                None,
+                format!("{} bytes after the last seal ({sealed} bytes): written after rank 0's last sync", len - sealed),
+            ),
+            Ok(_) => {}
+            Err(e) => report.fail("integrity", &name, None, e.to_string()),
+        }
+    }
+    let journal = fs::read_to_string(dir.join(JOURNAL_FILE)).unwrap_or_default();
+    for (i, line) in journal.lines().enumerate() {
+        if seal::check_row_mac(&key, line).is_none() {
+            report.fail(
+                "integrity",
+                JOURNAL_FILE,
+                Some(i + 1),
+                "the row does not match its mac: changed after rank 0 wrote it",
+            );
+        }
+    }
+}
+
 fn verdict_of(v: &Value) -> Option<Verdict> {
     serde_json::from_value(v.clone()).ok()
 }
@@ -133,6 +176,7 @@ pub fn audit(dir: &Path) -> AuditReport {
     let Some(run) = RunFacts::load(&mut report, dir) else {
         return report;
     };
+    check_seals(&mut report, dir);
     report.tickets = run.tickets;
     report.epochs = run.config.runner.epochs;
 

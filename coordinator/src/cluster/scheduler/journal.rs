@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use stageb_shared::digest;
 
 use super::job::{JobOutput, JobPayload};
-use crate::artifacts::JsonlWriter;
+use crate::artifacts::{JsonlWriter, seal};
 
 /// File name of the journal inside the run directory.
 pub const JOURNAL_FILE: &str = "jobs.jsonl";
@@ -73,10 +73,22 @@ impl ReplayCache {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReplayCache::default()),
             Err(e) => return Err(e),
         };
-        let mut skipped = 0usize;
+        let key = path.parent().map(seal::key_for).transpose()?.flatten();
+        let (mut skipped, mut forged) = (0usize, 0usize);
         for line in io::BufReader::new(file).lines() {
             let line = line?;
-            match serde_json::from_str::<JournalRow>(&line) {
+            // With a key, only a row whose mac matches is an answer rank 0 wrote.
+            let row_text = match &key {
+                Some(key) => match seal::check_row_mac(key, &line) {
+                    Some(row) => row,
+                    None => {
+                        forged += 1;
+                        continue;
+                    }
+                },
+                None => line,
+            };
+            match serde_json::from_str::<JournalRow>(&row_text) {
                 Ok(row) if row.journal_version == JOURNAL_VERSION => {
                     answers.insert(row.digest.into_owned(), row.output.into_owned());
                 }
@@ -85,6 +97,9 @@ impl ReplayCache {
         }
         if skipped > 0 {
             tracing::warn!(path = %path.display(), skipped, "journal rows skipped (their jobs will be recomputed)");
+        }
+        if forged > 0 {
+            tracing::warn!(path = %path.display(), rows = forged, "journal rows that fail their integrity check (changed after rank 0 wrote them, or torn) are not replayed: their jobs will be recomputed");
         }
         Ok(ReplayCache { answers })
     }
@@ -105,6 +120,8 @@ impl ReplayCache {
 /// The append side of the journal, shared by the scheduler's submit path.
 pub struct Journal {
     writer: Mutex<JsonlWriter>,
+    /// The run's sealing key: every row carries a `mac` under it ([`seal`]).
+    key: Option<seal::SealKey>,
 }
 
 impl Journal {
@@ -112,6 +129,7 @@ impl Journal {
     pub fn create(path: &Path) -> io::Result<Journal> {
         Ok(Journal {
             writer: Mutex::new(JsonlWriter::create(path)?),
+            key: path.parent().map(seal::key_for).transpose()?.flatten(),
         })
     }
 
@@ -119,6 +137,7 @@ impl Journal {
     pub fn append_to(path: &Path) -> io::Result<Journal> {
         Ok(Journal {
             writer: Mutex::new(JsonlWriter::open_resume(path)?),
+            key: path.parent().map(seal::key_for).transpose()?.flatten(),
         })
     }
 
@@ -134,8 +153,19 @@ impl Journal {
             digest: Cow::Borrowed(digest),
             output: Cow::Borrowed(output),
         };
+        let line = match serde_json::to_vec(&row) {
+            Ok(line) => line,
+            Err(e) => {
+                tracing::warn!("cannot serialize a journal row: {e}");
+                return;
+            }
+        };
+        let line = match &self.key {
+            Some(key) => seal::with_row_mac(key, &line),
+            None => line,
+        };
         let mut w = self.writer();
-        if let Err(e) = w.append(&row) {
+        if let Err(e) = w.append_raw(line) {
             tracing::warn!(path = %w.path().display(), "cannot append to the job journal: {e}");
         }
     }
