@@ -186,8 +186,7 @@ pub fn verify_file(run_dir: &Path, name: &str) -> Result<Option<u64>, SealError>
         }
         Err(e) => return Err(unreadable(e)),
     };
-    let bytes = fs::read(&file).map_err(unreadable)?;
-    let have = bytes.len() as u64;
+    let have = fs::metadata(&file).map_err(unreadable)?.len();
     if have < seal.bytes {
         return Err(SealError::Short {
             file: name.to_string(),
@@ -195,7 +194,18 @@ pub fn verify_file(run_dir: &Path, name: &str) -> Result<Option<u64>, SealError>
             sealed: seal.bytes,
         });
     }
-    if key.hmac_hex(&bytes[..seal.bytes as usize]) != seal.hmac {
+    // Streamed: a large run's files are never held in memory (the audit streams its rows too).
+    let mut mac = key.mac();
+    let mut reader = io::Read::take(fs::File::open(&file).map_err(unreadable)?, seal.bytes);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = io::Read::read(&mut reader, &mut buf).map_err(unreadable)?;
+        if n == 0 {
+            break;
+        }
+        mac.update(&buf[..n]);
+    }
+    if hex::encode(mac.finalize().into_bytes()) != seal.hmac {
         return Err(SealError::Mismatch {
             file: name.to_string(),
             sealed: seal.bytes,
