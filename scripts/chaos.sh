@@ -50,13 +50,8 @@ while [[ $# -gt 0 ]]; do
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
-case "$PROFILE" in
-    release) PROFILE_DIR=release; PROFILE_FLAG=(--release) ;;
-    dev) PROFILE_DIR=debug; PROFILE_FLAG=() ;;
-    *) echo "--profile must be release or dev, not $PROFILE" >&2; exit 2 ;;
-esac
-STAGEB="$ROOT/target/$PROFILE_DIR/stageb"
-LOADGEN="$ROOT/target/$PROFILE_DIR/examples/loadgen"
+# shellcheck source=lib/profile.sh
+source "$ROOT/scripts/lib/profile.sh"
 # Names of this script's namespaces, bridge and links (an interface name has 15 bytes at most).
 P="sbc$$"
 NS=("$P-r0" "$P-w0" "$P-w1")

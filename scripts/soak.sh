@@ -72,13 +72,8 @@ while [[ $# -gt 0 ]]; do
 done
 RANDOM=$SEED
 
-case "$PROFILE" in
-    release) PROFILE_DIR=release; PROFILE_FLAG=(--release) ;;
-    dev) PROFILE_DIR=debug; PROFILE_FLAG=() ;;
-    *) echo "--profile must be release or dev, not $PROFILE" >&2; exit 2 ;;
-esac
-STAGEB="$ROOT/target/$PROFILE_DIR/stageb"
-LOADGEN="$ROOT/target/$PROFILE_DIR/examples/loadgen"
+# shellcheck source=lib/profile.sh
+source "$ROOT/scripts/lib/profile.sh"
 RANK0=""
 WORKERS=()
 cleanup() {
