@@ -312,6 +312,20 @@ fn resume_to_end(config_path: &Path, script: &Arc<Script>) -> (PathBuf, usize) {
     )
 }
 
+/// A resume of `config_path` that must be refused (`why` says what the test expects).
+fn refused_resume(config_path: &Path, script: &Arc<Script>, why: &str) -> ClusterError {
+    match try_run(
+        config_path,
+        2,
+        Counters::default().engines(script),
+        StartMode::Resume,
+        std::future::pending(),
+    ) {
+        Ok(_) => panic!("{why}: the resume was not refused"),
+        Err(e) => e,
+    }
+}
+
 /// The uninterrupted run's directory.
 fn whole_run(dir: &Path) -> PathBuf {
     let script = Script::new(Behaviour::default());
@@ -462,14 +476,7 @@ fn a_resume_refused_for_a_forged_checkpoint_guidance_writes_nothing() {
         .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
         .collect();
 
-    let err = try_run(
-        &config_path,
-        2,
-        Counters::default().engines(&script),
-        StartMode::Resume,
-        std::future::pending(),
-    )
-    .expect_err("the forged guidance is refused");
+    let err = refused_resume(&config_path, &script, "the forged guidance is refused");
     // An input error: `src/main.rs` exits 2 on a guidance input error.
     assert!(
         matches!(
@@ -606,14 +613,11 @@ fn edited_artifact_rows_fail_the_audit_and_refuse_a_resume() {
     let at = bytes.iter().position(|&b| b == b'e').unwrap();
     bytes[at] = b'E';
     std::fs::write(&path, &bytes).unwrap();
-    let err = try_run(
+    let err = refused_resume(
         &config_path,
-        2,
-        Counters::default().engines(&script),
-        StartMode::Resume,
-        std::future::pending(),
-    )
-    .expect_err("a resume over an edited artifact is refused");
+        &script,
+        "a resume over an edited artifact is refused",
+    );
     assert!(
         err.to_string().contains("E_RESUME_MISMATCH")
             && err.to_string().contains("changed after rank 0 wrote it"),
