@@ -120,21 +120,14 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
             ..coordinator_settings(cluster::StartMode::Fresh)
         };
         let model = real_model();
-        cluster::run_coordinator(inputs, settings, move |addr, token| {
-            cluster::spawn_local_workers(
-                workers,
-                addr,
-                token,
-                None,
-                Default::default(),
-                move |_| {
-                    let options = EngineOptions {
-                        threads: Some(1),
-                        ..EngineOptions::default()
-                    };
-                    CandleEngine::load(&model, &options).map_err(|e| e.to_string())
-                },
-            )
+        cluster::run_coordinator(inputs, settings, move |start| {
+            cluster::spawn_local_workers(workers, start, None, Default::default(), move |_| {
+                let options = EngineOptions {
+                    threads: Some(1),
+                    ..EngineOptions::default()
+                };
+                CandleEngine::load(&model, &options).map_err(|e| e.to_string())
+            })
         })
         .await
         .expect("run")

@@ -8,12 +8,15 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use stageb::cluster::{self, LocalPin, LocalStart};
 use stageb_coordinator::cluster::scheduler::{DecodeJob, JobPayload, Scheduler, SchedulerConfig};
-use stageb_coordinator::cluster::server::{EdgeConfig, ModelPin, ServiceConfig};
+use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
-use support::{open_service, serve_loopback};
+use stageb_worker::engine::candle_engine::CANDLE_VERSION;
+use stageb_worker::engine::{ModelFingerprint, numerics_known};
+use support::{Behaviour, Script, ScriptedEngine, open_service, serve_loopback};
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 
@@ -658,6 +661,78 @@ async fn fingerprint_squatting_fails_regression_first_register_pinned_the_run() 
         !real.session.is_empty(),
         "the real worker is not locked out"
     );
+}
+
+#[tokio::test]
+async fn a_peer_registering_first_cannot_decide_the_numerics_regression_issue_26_item_9() {
+    // Rank 0 runs a worker of its own that takes a moment to load; a token holder registers
+    // first with the run's weights and another suffix. It used to pin the run (the real
+    // workers were then refused and exited 3).
+    let v = CANDLE_VERSION;
+    let pin = ModelPin::by_config("weights-a".into()).with_numerics_check(numerics_known);
+    let (scheduler, _completions) = Scheduler::new(SchedulerConfig::default());
+    let service = server::build_service(
+        Arc::new(scheduler),
+        &ServiceConfig {
+            model: pin,
+            ..open_service("run-under-test", Duration::from_secs(1))
+        },
+    );
+    let handle = service.model_handle();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let own = ModelFingerprint {
+        weights_sha256: "weights-a".into(),
+        candle_version: v.into(),
+        dtype: "cpu-q8-fixed-order".into(),
+        device: "cpu".into(),
+        architecture: "scripted".into(),
+    };
+    let start = LocalStart {
+        addr,
+        token: None,
+        pin: LocalPin::new(handle.clone()),
+    };
+    let _workers = cluster::spawn_local_workers(1, start, None, Default::default(), move |_| {
+        std::thread::sleep(Duration::from_millis(800));
+        Ok(ScriptedEngine::new(Script::new(Behaviour::default())).with_fingerprint(own.clone()))
+    });
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server::serve(
+        listener,
+        service,
+        EdgeConfig::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let mut c = client(&format!("http://{addr}")).await;
+    let squatter = format!("weights-a|candle-{v}|cuda-bf16|cuda");
+    let early = c.register(register_request(&squatter)).await.unwrap_err();
+    assert_eq!(early.code(), Code::Unavailable, "{}", early.message());
+    let made_up = c
+        .register(register_request(&format!("weights-a|candle-{v}|q|cpu-x")))
+        .await
+        .unwrap_err();
+    assert_eq!(made_up.code(), Code::FailedPrecondition);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handle.lock().unwrap().fingerprint.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rank 0's worker never decided"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pinned = handle.lock().unwrap().clone();
+    assert_eq!(pinned.numerics_pinned_by, "rank0_worker");
+    let late = c.register(register_request(&squatter)).await.unwrap_err();
+    assert_eq!(late.code(), Code::FailedPrecondition);
+    let real = format!("weights-a|candle-{v}|cpu-q8-fixed-order|cpu");
+    let mut request = register_request(&real);
+    // The scripted engine holds any context, and rank 0's worker pinned that.
+    request.worker.as_mut().unwrap().max_context = u32::MAX;
+    let admitted = c.register(request).await;
+    assert!(admitted.is_ok(), "{admitted:?}");
 }
 
 async fn lease_one_generate(served: &Served, c: &mut Client) -> (String, u64) {

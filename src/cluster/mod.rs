@@ -39,7 +39,7 @@ mod topology;
 
 pub use device::place_device;
 pub use inputs::{model_path_of, prepare_inputs};
-pub use local_workers::{LocalWorkers, spawn_local_workers, worker_name};
+pub use local_workers::{LocalPin, LocalStart, LocalWorkers, spawn_local_workers, worker_name};
 pub use model::{declared_context, load_model, run_context};
 pub use rank0::{run_coordinator, run_coordinator_until};
 pub use topology::{DEFAULT_LAUNCH_PORT, LaunchTopology, resolve_topology, topology_from};

@@ -61,7 +61,7 @@ pub(super) async fn model_pin(
         (Some(fingerprint), _) => ModelPin::by_resumed_run(fingerprint),
         (None, Some(Ok(weights))) => {
             tracing::info!(model = %path.display(), weights_sha256 = %&weights[..weights.len().min(16)], "run model pinned by the config");
-            ModelPin::by_config(weights)
+            ModelPin::by_config(weights).with_numerics_check(stageb_worker::engine::numerics_known)
         }
         (None, Some(Err(e))) => {
             tracing::warn!(model = %path.display(), "rank 0 cannot read the config's model ({e}): the first worker to register pins the run's model");

@@ -1,7 +1,6 @@
 //! Serving one run as rank 0: bind, plan the start, lock the run directory, serve the workers,
 //! run the epoch loop, and on SIGTERM/SIGINT drain the jobs in flight.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,12 +12,11 @@ use stageb_coordinator::cluster::scheduler::{
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
 use stageb_coordinator::run::start;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
-use stageb_shared::auth::AuthToken;
 use stageb_shared::config::RunnerConfig;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
 
-use super::local_workers::LocalWorkers;
+use super::local_workers::{LocalPin, LocalStart, LocalWorkers};
 use super::model::model_pin;
 use super::{ClusterError, CoordinatorSettings};
 
@@ -33,14 +31,14 @@ fn discard_empty_start(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Serve one run as rank 0. `spawn_local` receives the bound address (and the token) and
-/// starts in-process workers; pass a closure returning no handles for a coordinator alone.
+/// Serve one run as rank 0. `spawn_local` receives the bound address, the token and the model
+/// pin ([`LocalStart`]) and starts in-process workers; pass a closure returning no handles for a coordinator alone.
 /// Serving stops within the edge's shutdown grace once the run is over, whatever clients
 /// still hold connections.
 pub async fn run_coordinator(
     inputs: RunInputs,
     settings: CoordinatorSettings,
-    spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+    spawn_local: impl FnOnce(LocalStart) -> LocalWorkers,
 ) -> Result<RunSummary, ClusterError> {
     run_coordinator_until(inputs, settings, spawn_local, std::future::pending()).await
 }
@@ -52,13 +50,13 @@ pub async fn run_coordinator(
 ///
 /// The steps, in this order: bind the port (the listen policy first: refusing an
 /// unauthenticated public address outranks anything about the run directory), plan the start,
-/// pin the model, lock the run directory, open the job journal, serve, start the local workers
+/// pin the model, lock the run directory, open the job journal, start the local workers, serve
 /// and the progress display, run the epoch loop until it ends or `interrupt` drains it, then
 /// stop the workers, the display and the server.
 pub async fn run_coordinator_until(
     inputs: RunInputs,
     settings: CoordinatorSettings,
-    spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+    spawn_local: impl FnOnce(LocalStart) -> LocalWorkers,
     interrupt: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, ClusterError> {
     let (listener, edge) = bind(&settings).await?;
@@ -84,11 +82,17 @@ pub async fn run_coordinator_until(
         .local_addr()
         .map_err(|e| ClusterError::Serve(e.to_string()))?;
     tracing::info!(%addr, auth = settings.token.is_some(), transport = ?edge.transport(), max_connections = edge.limits.max_connections, "coordinator listening");
+    // Rank 0's own workers start before it serves, so their numerics are awaited from the
+    // first Register on (a peer registering first cannot decide them).
+    let workers = spawn_local(LocalStart {
+        addr,
+        token: settings.token.clone(),
+        pin: LocalPin::new(model.clone()),
+    });
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let server_task = tokio::spawn(server::serve(listener, service, edge, async {
         let _ = stop_rx.await;
     }));
-    let workers = spawn_local(addr, settings.token.clone());
     let (progress, progress_display) = ProgressDisplay::start(&settings);
     let shown = progress.clone();
 

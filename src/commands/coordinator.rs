@@ -1,13 +1,11 @@
 //! `stageb coordinator`: rank 0 alone; workers join with `stageb worker`. Its last step,
 //! [`serve`], is every rank 0's (`run` and `launch` too).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use stageb::cluster::{self, CoordinatorSettings, LocalWorkers};
+use stageb::cluster::{self, CoordinatorSettings, LocalStart, LocalWorkers};
 use stageb_coordinator::run::RunInputs;
-use stageb_shared::auth::AuthToken;
 
 use super::outcome::finish_run;
 use super::shutdown_signal;
@@ -29,7 +27,7 @@ pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
     serve(
         inputs,
         settings,
-        |_, _| Vec::new(),
+        |_| Vec::new(),
         interrupt,
         args.rank0.report,
     )
@@ -41,7 +39,7 @@ pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
 pub(super) async fn serve(
     inputs: RunInputs,
     settings: CoordinatorSettings,
-    spawn_local: impl FnOnce(SocketAddr, Option<AuthToken>) -> LocalWorkers,
+    spawn_local: impl FnOnce(LocalStart) -> LocalWorkers,
     interrupt: impl std::future::Future<Output = ()>,
     report: ReportArgs,
 ) -> Result<u8> {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use stageb::cluster::{self, CoordinatorSettings, LaunchTopology};
+use stageb::cluster::{self, CoordinatorSettings, LaunchTopology, LocalStart};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::tls::ClientTls;
 use stageb_worker::client::{JobLimits, WorkerOptions};
@@ -56,9 +56,10 @@ async fn serve_rank0(
     };
     let options = args.model.engine_options()?;
     let limits = args.model.job_limits();
-    let spawn_local = move |addr: SocketAddr, token| {
-        let local: SocketAddr = ([127, 0, 0, 1], addr.port()).into();
-        cluster::spawn_local_workers(1, local, token, client_tls, limits, move |_| {
+    let spawn_local = move |start: LocalStart| {
+        let addr: SocketAddr = ([127, 0, 0, 1], start.addr.port()).into();
+        let start = LocalStart { addr, ..start };
+        cluster::spawn_local_workers(1, start, client_tls, limits, move |_| {
             CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
         })
     };

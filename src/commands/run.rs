@@ -44,9 +44,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     };
     let (workers, engines) = (args.workers, engines(first, model_path, options));
     let limits = args.model.job_limits();
-    let spawn_local = move |addr, token| {
-        cluster::spawn_local_workers(workers, addr, token, None, limits, engines)
-    };
+    let spawn_local =
+        move |start| cluster::spawn_local_workers(workers, start, None, limits, engines);
     serve(inputs, settings, spawn_local, interrupt, args.rank0.report).await
 }
 

@@ -109,6 +109,12 @@ impl ScriptedEngine {
             last_generate_prompt: String::new(),
         }
     }
+
+    /// The same engine presenting `fingerprint` (a spec about model pinning).
+    pub fn with_fingerprint(mut self, fingerprint: ModelFingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
 }
 
 fn message<'a>(messages: &'a [stageb_shared::domain::ChatMessage], role: &str) -> &'a str {

@@ -95,8 +95,8 @@ where
     runtime.block_on(cluster::run_coordinator_until(
         inputs,
         settings,
-        move |addr, token| {
-            cluster::spawn_local_workers(workers, addr, token, None, Default::default(), move |i| {
+        move |start| {
+            cluster::spawn_local_workers(workers, start, None, Default::default(), move |i| {
                 Ok(make_engine(i))
             })
         },

@@ -106,6 +106,8 @@ pub struct ManifestRuntime {
     /// Who pinned the model (`config`, `resumed_run`, `first_worker`): it differs between an
     /// attempt and its resume.
     pub model_pinned_by: String,
+    /// Who decided the numerics (`rank0_worker`, `first_worker`, `resumed_run`).
+    pub numerics_pinned_by: String,
 }
 
 /// What a run produced, also written as `summary.json`.

@@ -7,6 +7,14 @@
 //! holds more is told the run's context and keeps to it. Whether a prompt fits thus never
 //! depends on which worker took the job.
 //!
+//! Who decides the numerics (the id after the weights digest: candle version, dtype, device
+//! kind) matters as much as the weights: a peer that registers first with a made-up suffix
+//! would otherwise lock every real worker out. When rank 0 runs a worker itself (`run`,
+//! `launch`), that worker's fingerprint decides them ([`ModelPin::expect_local`],
+//! [`ModelPin::decide_local`]); everyone else is told to retry until it has. When rank 0 hashed
+//! the weights itself, a suffix this build cannot produce is refused
+//! ([`ModelPin::with_numerics_check`]).
+//!
 //! The pin is shared (behind a mutex) by the gRPC service, which admits workers, and the run
 //! loop, which waits for the context and records both in the manifest.
 
@@ -15,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use stageb_shared::limits::{ContextSource, RunContext};
 
 /// Which model a run accepts, and who decided it (recorded in the manifest).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ModelPin {
     /// The full fingerprint id, once known.
     pub fingerprint: Option<String>,
@@ -28,6 +36,32 @@ pub struct ModelPin {
     /// The run's context, once known (from the model file, the config, an earlier attempt,
     /// or else the first admitted worker).
     pub context: Option<RunContext>,
+    /// Who decided the numerics: `resumed_run`, `rank0_worker` (the worker rank 0 runs
+    /// itself) or `first_worker` (rank 0 runs none).
+    pub numerics_pinned_by: &'static str,
+    /// Rank 0's own worker is still loading: until it decides the numerics, other workers are
+    /// told to retry.
+    awaiting_local: bool,
+    /// The fingerprint suffixes (`candle-…|dtype|device`) this build can produce, when rank 0
+    /// knows them (it hashed the weights itself).
+    numerics_check: Option<fn(&str) -> bool>,
+}
+
+/// Why a worker is not admitted (yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinRefusal {
+    /// Rank 0's own worker has not decided the numerics yet: retry (`UNAVAILABLE`).
+    NotYet(String),
+    /// This worker cannot serve the run (`FAILED_PRECONDITION`).
+    Refused(String),
+}
+
+impl std::fmt::Display for PinRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinRefusal::NotYet(m) | PinRefusal::Refused(m) => f.write_str(m),
+        }
+    }
 }
 
 impl ModelPin {
@@ -39,6 +73,9 @@ impl ModelPin {
             weights_sha256: Some(weights_sha256),
             pinned_by: "config",
             context: None,
+            numerics_pinned_by: "first_worker",
+            awaiting_local: false,
+            numerics_check: None,
         }
     }
 
@@ -49,6 +86,9 @@ impl ModelPin {
             fingerprint: Some(fingerprint),
             pinned_by: "resumed_run",
             context: None,
+            numerics_pinned_by: "resumed_run",
+            awaiting_local: false,
+            numerics_check: None,
         }
     }
 
@@ -59,6 +99,9 @@ impl ModelPin {
             weights_sha256: None,
             pinned_by: "first_worker",
             context: None,
+            numerics_pinned_by: "first_worker",
+            awaiting_local: false,
+            numerics_check: None,
         }
     }
 
@@ -69,34 +112,91 @@ impl ModelPin {
         self
     }
 
+    /// Refuse fingerprints whose suffix `known` rejects (a suffix this build cannot produce).
+    /// Only meaningful with weights rank 0 hashed itself; a run pinned by its first worker
+    /// (rank 0 cannot read the model, e.g. the load generator's scripted workers) keeps
+    /// accepting any suffix.
+    pub fn with_numerics_check(mut self, known: fn(&str) -> bool) -> Self {
+        if self.weights_sha256.is_some() {
+            self.numerics_check = Some(known);
+        }
+        self
+    }
+
+    /// Rank 0 is starting a worker of its own: its fingerprint will decide the numerics, and
+    /// until then (or [`ModelPin::release_local`]) other workers are told to retry. Nothing
+    /// changes when the numerics are decided already (a resumed run).
+    pub fn expect_local(&mut self) {
+        if self.fingerprint.is_none() {
+            self.awaiting_local = true;
+        }
+    }
+
+    /// Rank 0's own worker loaded its model: its fingerprint is the run's, when its weights are
+    /// the run's and nothing decided the numerics before (later local workers are admitted or
+    /// refused like anyone).
+    pub fn decide_local(&mut self, fingerprint: &str) {
+        if !self.awaiting_local {
+            return;
+        }
+        self.awaiting_local = false;
+        let weights_ok = self
+            .weights_sha256
+            .as_deref()
+            .is_none_or(|w| weights_of(fingerprint) == w);
+        if weights_ok && self.fingerprint.is_none() {
+            self.fingerprint = Some(fingerprint.to_string());
+            self.numerics_pinned_by = "rank0_worker";
+        }
+    }
+
+    /// Rank 0's own worker could not load its model: the first acceptable worker decides.
+    pub fn release_local(&mut self) {
+        self.awaiting_local = false;
+    }
+
     /// Check a worker's fingerprint and context, pinning the full id (and the context, when
     /// still open) on the first acceptable worker. The error never contains the expected
     /// fingerprint (a stranger with a token must not learn it).
-    pub fn admit(&mut self, presented: &str, worker_context: u32) -> Result<(), String> {
+    pub fn admit(&mut self, presented: &str, worker_context: u32) -> Result<(), PinRefusal> {
+        let refused = |m: &str| Err(PinRefusal::Refused(m.to_string()));
         if let Some(weights) = &self.weights_sha256
             && weights_of(presented) != weights
         {
-            return Err(
-                "model fingerprint mismatch: this worker's model weights are not the run's model"
-                    .into(),
+            return refused(
+                "model fingerprint mismatch: this worker's model weights are not the run's model",
+            );
+        }
+        if let Some(known) = self.numerics_check
+            && !known(numerics_of(presented))
+        {
+            return refused(
+                "model fingerprint refused: its numerics (candle version, dtype, device kind) are none this build produces",
             );
         }
         if let Some(fp) = &self.fingerprint
             && fp != presented
         {
-            return Err("model fingerprint mismatch: this worker runs the run's weights with other numerics (candle version, dtype or device kind)".into());
+            return refused(
+                "model fingerprint mismatch: this worker runs the run's weights with other numerics (candle version, dtype or device kind)",
+            );
+        }
+        if self.awaiting_local {
+            return Err(PinRefusal::NotYet(
+                "rank 0's own worker is still loading the model (it decides the run's numerics); retry".into(),
+            ));
         }
         if worker_context == 0 {
-            return Err("the worker did not state its context length (max_context)".into());
+            return refused("the worker did not state its context length (max_context)");
         }
         if let Some(run) = self.context
             && worker_context < run.tokens
         {
-            return Err(format!(
+            return Err(PinRefusal::Refused(format!(
                 "this worker holds a context of {worker_context} tokens, the run plans with {}; \
                  start it without --max-model-len or with at least that",
                 run.tokens
-            ));
+            )));
         }
         self.fingerprint
             .get_or_insert_with(|| presented.to_string());
@@ -113,6 +213,11 @@ pub fn weights_of(fingerprint: &str) -> &str {
     fingerprint.split('|').next().unwrap_or(fingerprint)
 }
 
+/// The numerics part of a fingerprint id (`candle-…|dtype|device`; empty when there is none).
+pub fn numerics_of(fingerprint: &str) -> &str {
+    fingerprint.split_once('|').map_or("", |(_, rest)| rest)
+}
+
 /// The pin, shared between the service and the run loop (which writes it to the manifest).
 pub type ModelPinHandle = Arc<Mutex<ModelPin>>;
 
@@ -127,7 +232,10 @@ mod tests {
         assert_eq!(pin.fingerprint, None, "a refused worker pins nothing");
         assert!(pin.admit("aaaa|candle-0.11|q|cpu", 8192).is_ok());
         assert_eq!(pin.fingerprint.as_deref(), Some("aaaa|candle-0.11|q|cpu"));
-        let refusal = pin.admit("aaaa|candle-0.11|f32|cuda", 8192).unwrap_err();
+        let refusal = pin
+            .admit("aaaa|candle-0.11|f32|cuda", 8192)
+            .unwrap_err()
+            .to_string();
         assert!(
             !refusal.contains("aaaa"),
             "never print the expected fingerprint"
@@ -156,7 +264,7 @@ mod tests {
             source: ContextSource::Model,
         };
         let mut pin = ModelPin::by_config("aaaa".into()).with_context(run);
-        let refusal = pin.admit("aaaa|c|d|cpu", 2048).unwrap_err();
+        let refusal = pin.admit("aaaa|c|d|cpu", 2048).unwrap_err().to_string();
         assert!(
             refusal.contains("2048") && refusal.contains("8192"),
             "{refusal}"
@@ -165,5 +273,72 @@ mod tests {
         assert!(pin.admit("aaaa|c|d|cpu", 0).is_err(), "an unstated context");
         assert!(pin.admit("aaaa|c|d|cpu", 32768).is_ok(), "more is fine");
         assert_eq!(pin.context, Some(run), "the run's context is kept");
+    }
+
+    fn known(numerics: &str) -> bool {
+        matches!(
+            numerics,
+            "candle-0.11|cpu-q8-fixed-order|cpu" | "candle-0.11|cuda-bf16|cuda"
+        )
+    }
+
+    #[test]
+    fn a_made_up_fingerprint_suffix_cannot_pin_the_numerics_regression_issue_26_item_9() {
+        // Rank 0 runs a worker of its own: a token holder registering first with the run's
+        // weights and another (even valid) suffix is told to retry, and once rank 0's worker
+        // decided, it is refused; the real workers are admitted.
+        let mut pin = ModelPin::by_config("aaaa".into()).with_numerics_check(known);
+        pin.expect_local();
+        let squatter = pin.admit("aaaa|candle-0.11|cuda-bf16|cuda", 8192);
+        assert!(
+            matches!(squatter, Err(PinRefusal::NotYet(_))),
+            "{squatter:?}"
+        );
+        assert_eq!(pin.fingerprint, None, "a waiting worker pins nothing");
+        pin.decide_local("aaaa|candle-0.11|cpu-q8-fixed-order|cpu");
+        assert_eq!(pin.numerics_pinned_by, "rank0_worker");
+        let squatter = pin.admit("aaaa|candle-0.11|cuda-bf16|cuda", 8192);
+        assert!(
+            matches!(squatter, Err(PinRefusal::Refused(_))),
+            "{squatter:?}"
+        );
+        assert!(
+            pin.admit("aaaa|candle-0.11|cpu-q8-fixed-order|cpu", 8192)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn without_a_rank0_worker_a_suffix_this_build_cannot_produce_is_refused() {
+        let mut pin = ModelPin::by_config("aaaa".into()).with_numerics_check(known);
+        let made_up = pin.admit("aaaa|candle-0.11|q|cpu-made-up", 8192);
+        assert!(
+            matches!(made_up, Err(PinRefusal::Refused(_))),
+            "{made_up:?}"
+        );
+        assert_eq!(pin.fingerprint, None);
+        assert!(
+            pin.admit("aaaa|candle-0.11|cpu-q8-fixed-order|cpu", 8192)
+                .is_ok()
+        );
+        assert_eq!(pin.numerics_pinned_by, "first_worker");
+        // Without weights rank 0 hashed (the load generator's scripted workers) any suffix goes.
+        let mut open = ModelPin::by_first_worker().with_numerics_check(known);
+        assert!(open.admit("loadgen|none|none|cpu", 4096).is_ok());
+    }
+
+    #[test]
+    fn a_rank0_worker_that_fails_to_load_lets_the_first_worker_decide() {
+        let mut pin = ModelPin::by_config("aaaa".into());
+        pin.expect_local();
+        assert!(pin.admit("aaaa|c|d|cpu", 4096).is_err());
+        pin.release_local();
+        assert!(pin.admit("aaaa|c|d|cpu", 4096).is_ok());
+        // A resumed run's numerics are decided already: nobody waits for rank 0's worker.
+        let mut resumed = ModelPin::by_resumed_run("aaaa|c|d|cpu".into());
+        resumed.expect_local();
+        assert!(resumed.admit("aaaa|c|d|cpu", 4096).is_ok());
+        resumed.decide_local("aaaa|c|e|cuda");
+        assert_eq!(resumed.fingerprint.as_deref(), Some("aaaa|c|d|cpu"));
     }
 }

@@ -43,7 +43,7 @@ const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
 /// Largest encoded `Register`, `Lease` or `Heartbeat` request: only `Submit` carries bulk.
 pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024;
 
-pub use crate::cluster::model_pin::{ModelPin, ModelPinHandle, weights_of};
+pub use crate::cluster::model_pin::{ModelPin, ModelPinHandle, PinRefusal, weights_of};
 
 /// What the service needs besides the scheduler.
 pub struct ServiceConfig {
@@ -233,12 +233,16 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let run_context = {
             let mut pin = self.model.lock().unwrap_or_else(|e| e.into_inner());
             let first = pin.fingerprint.is_none();
-            if let Err(refusal) = pin.admit(&worker.model_fingerprint, worker.max_context) {
-                tracing::warn!(worker = %name, presented = %log_safe(short(&worker.model_fingerprint)), context = worker.max_context, %refusal, "refusing a worker");
-                return Err(Status::failed_precondition(refusal));
+            match pin.admit(&worker.model_fingerprint, worker.max_context) {
+                Ok(()) => {}
+                Err(PinRefusal::NotYet(m)) => return Err(Status::unavailable(m)),
+                Err(PinRefusal::Refused(refusal)) => {
+                    tracing::warn!(worker = %name, presented = %log_safe(short(&worker.model_fingerprint)), context = worker.max_context, %refusal, "refusing a worker");
+                    return Err(Status::failed_precondition(refusal));
+                }
             }
             if first {
-                tracing::info!(worker = %name, pinned_by = pin.pinned_by, fingerprint = %log_safe(&worker.model_fingerprint), "run model pinned");
+                tracing::info!(worker = %name, pinned_by = pin.pinned_by, numerics_pinned_by = pin.numerics_pinned_by, fingerprint = %log_safe(&worker.model_fingerprint), "run model pinned");
             }
             pin.context.map(|c| c.tokens).unwrap_or(0)
         };

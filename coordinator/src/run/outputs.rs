@@ -113,6 +113,7 @@ impl RunLoop {
                 resumed: self.resuming,
                 replayed_answers: self.scheduler.stats().replayed,
                 model_pinned_by: model.pinned_by.to_string(),
+                numerics_pinned_by: model.numerics_pinned_by.to_string(),
             },
         })
     }

@@ -208,6 +208,24 @@ impl ModelFingerprint {
     }
 }
 
+/// Whether `numerics` (a fingerprint id after its weights digest: `candle-<ver>|dtype|device`)
+/// is one this build produces: rank 0 refuses a made-up one before it could pin a run.
+pub fn numerics_known(numerics: &str) -> bool {
+    let mut parts = numerics.split('|');
+    let (Some(candle), Some(dtype), Some(device), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let dtype_fits = match dtype {
+        "cpu-q8-fixed-order" | "cpu-f32-fixed-order" | "cpu-f32" | "cpu-bf16" => device == "cpu",
+        "cuda-f32" | "cuda-bf16" => device == "cuda",
+        "f32-dequantized" | "gguf-quantized" => matches!(device, "cpu" | "cuda"),
+        _ => false,
+    };
+    candle.strip_prefix("candle-") == Some(candle_engine::CANDLE_VERSION) && dtype_fits
+}
+
 /// Stops the job in progress at its next decode step: the worker raises it when the job's
 /// lease was fenced (another worker has the job now) or the run is over, so a dead job does
 /// not hold the device for the rest of its tokens. The engine then returns
@@ -315,5 +333,31 @@ pub trait Engine: Send {
     /// bound what its jobs in hand take; 0 where unknown.
     fn kv_bytes_per_position(&self) -> u64 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_numerics_this_build_produces_are_known() {
+        let v = candle_engine::CANDLE_VERSION;
+        for ok in [
+            format!("candle-{v}|cpu-q8-fixed-order|cpu"),
+            format!("candle-{v}|cuda-bf16|cuda"),
+            format!("candle-{v}|gguf-quantized|cuda"),
+        ] {
+            assert!(numerics_known(&ok), "{ok}");
+        }
+        for made_up in [
+            format!("candle-{v}|cpu-q8-fixed-order|cpu-made-up"),
+            format!("candle-{v}|cuda-bf16|cpu"),
+            format!("candle-0.0.1|cpu-f32|cpu"),
+            format!("candle-{v}|cpu-f32|cpu|extra"),
+            String::new(),
+        ] {
+            assert!(!numerics_known(&made_up), "{made_up}");
+        }
     }
 }

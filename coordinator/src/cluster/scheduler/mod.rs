@@ -28,6 +28,7 @@ use tokio::sync::{Notify, mpsc};
 mod ahead;
 pub mod job;
 pub mod journal;
+pub mod lifetime;
 pub mod result_check;
 mod sessions;
 pub mod speculation;
@@ -41,6 +42,7 @@ use journal::{Journal, ReplayCache, payload_digest};
 use result_check::validate_output;
 use sessions::SessionState;
 
+pub use lifetime::LeaseLifetime;
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
 pub use stats::SchedulerStats;
@@ -63,6 +65,8 @@ pub struct SchedulerConfig {
     pub max_sessions: usize,
     /// Straggler speculation (see [`crate::cluster::scheduler::speculation`]).
     pub speculation: SpeculationConfig,
+    /// How long heartbeats may keep one lease (see [`crate::cluster::scheduler::lifetime`]).
+    pub lease_lifetime: LeaseLifetime,
     /// Workers the run was started with (`run --workers N`, the launcher's world size; 0 when
     /// unknown). A lease is capped at a fair share of the work among at least this many
     /// workers, so the first worker to register does not take a whole step that its peers,
@@ -92,6 +96,7 @@ impl Default for SchedulerConfig {
             session_idle_ttl: Duration::from_secs(180),
             max_sessions: 16_384,
             speculation: SpeculationConfig::default(),
+            lease_lifetime: LeaseLifetime::default(),
             expected_workers: 0,
         }
     }
@@ -165,6 +170,8 @@ struct LeaseState {
     issued: Instant,
     /// A second copy of a straggling job.
     speculative: bool,
+    /// A heartbeat could not extend the lease by a full TTL: it ends with its lifetime.
+    at_lifetime: bool,
 }
 
 #[derive(Debug, Default)]
@@ -415,6 +422,7 @@ impl Scheduler {
                 attempt,
                 issued: now,
                 speculative,
+                at_lifetime: false,
             },
         );
         g.stats.leases_issued += 1;
@@ -459,10 +467,14 @@ impl Scheduler {
         let mut invalid = Vec::new();
         let mut failed = Vec::new();
         for id in lease_ids {
+            let end = self.lifetime_end(&g, *id);
             match g.leases.get_mut(id) {
-                // A heartbeat never revives a lease past its deadline: that job may already
-                // be promised to the next worker.
-                Some(l) if l.session == session && l.deadline > now => l.deadline = now + ttl,
+                // A heartbeat never revives a lease past its deadline (that job may already
+                // be promised to the next worker), nor extends it past its lifetime.
+                Some(l) if l.session == session && l.deadline > now => {
+                    l.deadline = (now + ttl).min(end.unwrap_or(now + ttl));
+                    l.at_lifetime |= l.deadline < now + ttl;
+                }
                 Some(l) if l.session == session => {
                     self.expire_lease(&mut g, *id, &mut failed);
                     invalid.push(*id);
@@ -474,6 +486,14 @@ impl Scheduler {
         drop(g);
         self.after_expiry(failed, !invalid.is_empty());
         Ok((invalid, control))
+    }
+
+    /// When lease `id` reaches the end of its lifetime (`None`: no such lease).
+    fn lifetime_end(&self, g: &Inner, id: LeaseId) -> Option<Instant> {
+        let lease = g.leases.get(&id)?;
+        let kind = g.jobs.get(&lease.job)?.kind();
+        let config = &self.config;
+        Some(lease.issued + config.lease_lifetime.of(kind, &g.times, config.lease_ttl))
     }
 
     /// Accept, or refuse, the result of a lease.
@@ -717,6 +737,10 @@ impl Scheduler {
         };
         g.stats.leases_expired += 1;
         metrics::counter!(observe::LEASES_EXPIRED).increment(1);
+        if lease.at_lifetime {
+            g.stats.leases_past_lifetime += 1;
+            tracing::warn!(lease = id, job = lease.job, session = %lease.session, "lease reached its lifetime: heartbeats alone do not keep a job");
+        }
         let Some(job) = g.jobs.get_mut(&lease.job) else {
             return;
         };

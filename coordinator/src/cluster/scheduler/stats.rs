@@ -31,6 +31,9 @@ pub struct SchedulerStats {
     /// Jobs withdrawn before their answer was accepted (queued ahead under a guidance that
     /// then changed); their leases were fenced.
     pub jobs_withdrawn: u64,
+    /// Leases that reached their lifetime while heartbeats kept them (a subset of
+    /// `leases_expired`; see [`crate::cluster::scheduler::lifetime`]).
+    pub leases_past_lifetime: u64,
     /// Continuous batching, summed over accepted answers: the forward steps each job took
     /// part in, and the rows those steps computed (see [`Scheduler::note_batching`]).
     pub batch_job_steps: u64,

@@ -137,6 +137,48 @@ async fn heartbeats_keep_a_lease_alive() {
 }
 
 #[tokio::test]
+async fn a_lease_held_by_heartbeats_alone_ends_with_its_lifetime_regression_issue_26_item_9() {
+    // A peer that leases and only heartbeats used to keep the job for ever (speculation needs
+    // completed jobs first). Heartbeats extend a lease only up to its lifetime; then the job
+    // goes back to the queue and an honest worker answers it.
+    let (s, mut rx) = Scheduler::new(SchedulerConfig {
+        // Beats 100 ms apart may come 300 ms late before the TTL alone would end the lease.
+        lease_ttl: Duration::from_millis(400),
+        lease_lifetime: LeaseLifetime {
+            cold: Duration::from_millis(1000),
+            ..LeaseLifetime::default()
+        },
+        ..Default::default()
+    });
+    let job = s.enqueue(rollout_job(vec![1]));
+    let (_, holder) = s.register().unwrap();
+    let (_, honest) = s.register().unwrap();
+    let (leases, _) = s.lease(&holder, 1, Duration::ZERO).await.unwrap();
+    let held = leases[0].0;
+    let mut dropped = false;
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (invalid, _) = s.heartbeat(&holder, &[held]).unwrap();
+        s.reap_expired();
+        dropped |= invalid.contains(&held);
+    }
+    assert!(dropped, "the holder is told to drop the job");
+    assert_eq!(s.stats().leases_past_lifetime, 1);
+    let (leases, _) = s.lease(&honest, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(leases.len(), 1, "the job is leased again");
+    assert_eq!(
+        s.submit(&honest, leases[0].0, Ok(output_for(&[1])))
+            .unwrap(),
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(rx.try_recv().unwrap().job, job);
+    assert_eq!(
+        s.submit(&holder, held, Ok(output_for(&[1]))).unwrap(),
+        SubmitOutcome::Fenced
+    );
+}
+
+#[tokio::test]
 async fn a_result_with_the_wrong_shape_is_refused_and_the_lease_stays() {
     let (s, mut rx) = scheduler(10_000);
     s.enqueue(rollout_job(vec![1, 2]));
