@@ -40,6 +40,8 @@ struct Knobs<'a> {
     /// Extra `runner` keys, e.g. `", lease_ttl_s: 3"`.
     runner_extra: &'a str,
     reflection_tokens: u32,
+    /// Extra `reflection` keys, e.g. `", gate: {enabled: true}"`.
+    reflection_extra: &'a str,
     max_calls: u32,
     min_verdict_agreement: f64,
 }
@@ -53,6 +55,7 @@ impl Default for Knobs<'_> {
             run_name: "run",
             runner_extra: "",
             reflection_tokens: 64,
+            reflection_extra: "",
             max_calls: 1,
             min_verdict_agreement: 0.67,
         }
@@ -85,7 +88,7 @@ fn write_mission(dir: &Path, k: &Knobs) -> PathBuf {
          manual_review: {{min_verdict_agreement: {agreement}}}\n\
          runner: {{epochs: {epochs}, per_rank_rollout_batch_size: 1, logging_steps: 2{runner_extra}}}\n\
          reflection: {{batch_size: 2, max_operations: 2, temperature: 0.3, top_p: 0.9, max_new_tokens: {tokens},\n\
-         \x20            max_reflection_length: 3000, token_budget: 3000, max_calls_per_epoch: {calls}}}\n\
+         \x20            max_reflection_length: 3000, token_budget: 3000, max_calls_per_epoch: {calls}{reflection_extra}}}\n\
          selection: {{policy: top_label, tie_break: temperature}}\n",
         dir = dir.display(),
         model = real_model().display(),
@@ -94,6 +97,7 @@ fn write_mission(dir: &Path, k: &Knobs) -> PathBuf {
         epochs = k.epochs,
         runner_extra = k.runner_extra,
         tokens = k.reflection_tokens,
+        reflection_extra = k.reflection_extra,
         calls = k.max_calls,
     );
     let path = dir.join("config.yaml");
@@ -152,13 +156,16 @@ fn rows_without_runtime(path: &Path) -> Vec<Value> {
 /// one selection per ticket, one trajectory per candidate, metrics recomputed from selections
 /// match (the audit checks them all), and constrained decoding makes every candidate of the
 /// real model contract-valid. The same config with 3 workers gives byte-identical selections
-/// and trajectories once the `runtime` objects are removed.
+/// and trajectories once the `runtime` objects are removed. The held-out splits are on (one
+/// group each of train, gate and final): the audit checks their isolation, and the final
+/// split is scored.
 #[test]
 fn real_model_run_is_complete_audited_and_world_size_invariant() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let knobs = Knobs {
         tickets: 3,
         run_name: "invariance",
+        reflection_extra: ", gate: {enabled: true, gate_fraction: 0.34, final_fraction: 0.34}",
         ..Knobs::default()
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -192,6 +199,22 @@ fn real_model_run_is_complete_audited_and_world_size_invariant() {
     let selections = rows_without_runtime(&dir_one.join("selections.jsonl"));
     let trajectories = rows_without_runtime(&dir_one.join("trajectories.jsonl"));
     assert_eq!(selections.len(), 3, "one selection per ticket");
+    let splits: std::collections::BTreeSet<&str> = selections
+        .iter()
+        .map(|s| s["split"].as_str().unwrap_or("none"))
+        .collect();
+    assert_eq!(
+        splits,
+        ["final", "gate", "train"].into(),
+        "one group per split"
+    );
+    let metrics = std::fs::read_to_string(dir_one.join("metrics.jsonl")).unwrap();
+    let epoch_row: Value = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["event"] == "epoch_end")
+        .unwrap();
+    assert_eq!(epoch_row["splits"]["final"]["tickets"], 1, "{epoch_row}");
     assert_eq!(trajectories.len(), 3 * 2, "one trajectory per candidate");
     assert_audit_ok(&dir_one);
     for t in &trajectories {

@@ -391,3 +391,39 @@ fn constrained_max_new_tokens_below_the_minimum_is_refused_with_its_line() {
     let free = ("sampler:\n", "sampler:\n  constrained: false\n");
     assert!(minimal_with(&[short, free]).is_ok());
 }
+
+#[test]
+fn an_unknown_key_in_reflection_gate_is_an_error_at_its_line() {
+    edited_fails(
+        "  batch_size: 4\n",
+        "  batch_size: 4\n  gate:\n    enabled: true\n    tolerence: 0.01\n",
+        UnknownConfigKey,
+        22,
+        &["`reflection.gate.tolerence`"],
+    );
+}
+
+#[test]
+fn gate_fractions_that_leave_no_train_split_are_refused_at_the_key() {
+    edited_fails(
+        "  batch_size: 4\n",
+        "  batch_size: 4\n  gate:\n    enabled: true\n    gate_fraction: 0.5\n    final_fraction: 0.5\n",
+        InvalidConfigValue,
+        23,
+        &["below 1"],
+    );
+}
+
+#[test]
+fn the_gate_is_off_unless_enabled_and_keeps_its_fractions() {
+    let off = minimal_with(&[]).unwrap();
+    assert!(!off.config.reflection.gate.enabled);
+    let on = minimal_with(&[(
+        "  batch_size: 4\n",
+        "  batch_size: 4\n  gate: {enabled: true, final_fraction: 0.3}\n",
+    )])
+    .unwrap();
+    let gate = on.config.reflection.gate;
+    assert!(gate.enabled);
+    assert_eq!((gate.gate_fraction, gate.final_fraction), (0.2, 0.3));
+}

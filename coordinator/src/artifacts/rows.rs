@@ -8,7 +8,7 @@
 //! A row's keys come out in field order, and that order is part of the format (reruns and
 //! resumed runs are compared byte for byte): never reorder fields. Every key is always written
 //! (an absent value is `null`), except inside [`RowRuntime`], whose two halves are present only
-//! when known. Sampling knobs are `f32` in the config and `f64` here, as the rows always wrote
+//! when known, and a selection row's `split`, present only with `reflection.gate` on. Sampling knobs are `f32` in the config and `f64` here, as the rows always wrote
 //! them (`0.3` as `0.30000001192092896`).
 //!
 //! # Reading
@@ -22,6 +22,7 @@ use stageb_shared::domain::Verdict;
 use crate::cluster::scheduler::{JobFailure, Provenance};
 use crate::decide::eligibility::Eligibility;
 use crate::decide::selection::Selection;
+use crate::decide::split::Split;
 
 /// The first keys of a selection row and of a trajectory row: the ticket and the epoch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -51,6 +52,10 @@ pub struct SelectionRow {
     pub eligibility: Eligibility,
     /// The guidance head once the ticket was decided.
     pub guidance_hash: String,
+    /// The ticket's held-out split (`train`, `gate`, `final`); written only with
+    /// `reflection.gate` on, so rows of runs without it are unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
     pub runtime: RowRuntime,
 }
 

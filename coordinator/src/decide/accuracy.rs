@@ -19,7 +19,9 @@
 use serde::{Deserialize, Serialize};
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::domain::{TicketKey, Verdict};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::decide::split::Split;
 use std::time::Duration;
 
 /// One ticket's selection outcome, as metrics need it.
@@ -30,6 +32,36 @@ pub struct Outcome {
     /// `None` = no selected verdict (hard failure).
     pub verdict: Option<Verdict>,
     pub in_manual_review: bool,
+    /// The ticket's held-out split when `reflection.gate` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
+}
+
+/// One split's counts in an epoch row.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SplitCounts {
+    pub tickets: usize,
+    pub exclude_manual_review: Counts,
+    pub include_manual_review: Counts,
+}
+
+/// Each split's counts (`train`, `gate`, `final`), when the outcomes carry splits.
+pub fn split_counts(outcomes: &[Outcome]) -> Option<BTreeMap<String, SplitCounts>> {
+    outcomes.iter().find(|o| o.split.is_some())?;
+    let per_split = Split::ALL.into_iter().map(|split| {
+        let of: Vec<Outcome> = outcomes
+            .iter()
+            .filter(|o| o.split == Some(split))
+            .cloned()
+            .collect();
+        let counts = SplitCounts {
+            tickets: of.len(),
+            exclude_manual_review: counts(&of, ManualReview::Exclude),
+            include_manual_review: counts(&of, ManualReview::Include),
+        };
+        (split.as_str().to_string(), counts)
+    });
+    Some(per_split.collect())
 }
 
 /// One view's counts.
@@ -108,6 +140,10 @@ pub struct MetricsRow {
     pub logging_steps: usize,
     pub exclude_manual_review: Counts,
     pub include_manual_review: Counts,
+    /// Epoch rows with `reflection.gate` on: the counts of each split (`final` is the
+    /// headline: no decision was ever made on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splits: Option<BTreeMap<String, SplitCounts>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
     pub schema_version: u32,
@@ -165,6 +201,7 @@ pub fn row(
         logging_steps,
         exclude_manual_review: counts(window, ManualReview::Exclude),
         include_manual_review: counts(window, ManualReview::Include),
+        splits: None,
         timing,
         schema_version: SCHEMA_VERSION,
     }
@@ -182,7 +219,10 @@ pub fn epoch_row(
         start: 1,
         end: outcomes.len(),
     };
-    row(epoch, span, outcomes, global_step, logging_steps, None)
+    MetricsRow {
+        splits: split_counts(outcomes),
+        ..row(epoch, span, outcomes, global_step, logging_steps, None)
+    }
 }
 
 /// Every row of an epoch without timing: the windows, then the epoch row. This is what an
@@ -342,6 +382,7 @@ mod tests {
             gt,
             verdict: v,
             in_manual_review: mr,
+            split: None,
         }
     }
 

@@ -5,8 +5,10 @@
 //! - [`eligibility`]: which tickets carry learnable signal (gradient candidates).
 //! - [`accuracy`]: accuracy windows and epoch rows (`metrics.jsonl`), recomputable from
 //!   selections.
+//! - [`split`]: the held-out splits of `reflection.gate` (train, gate, final).
 
 pub mod accuracy;
 pub mod eligibility;
 pub mod selection;
 pub mod signals;
+pub mod split;

@@ -40,6 +40,7 @@ use tokio::sync::mpsc;
 use crate::cluster::completions::{Completions, WaitError, await_any};
 use crate::cluster::scheduler::{Completion, JobId, JobOutput, Scheduler};
 use crate::decide::accuracy;
+use crate::decide::split::{Split, Splits};
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
 use crate::learn::reflection::{GradientRecord, ReflectionError, Reflector};
 use crate::progress::Phase;
@@ -217,6 +218,8 @@ pub struct RunLoop {
     /// Where a resumed run continues, taken by [`RunLoop::run`].
     resume_from: Option<Checkpoint>,
     checkpoints: CheckpointPolicy,
+    /// The held-out splits, when `reflection.gate` is on.
+    splits: Option<Splits>,
 }
 
 impl RunLoop {
@@ -272,6 +275,11 @@ impl RunLoop {
                 .map(|t| t.group_id.clone())
                 .collect(),
         );
+        let gate = &inputs.config.reflection.gate;
+        let splits = gate.enabled.then(|| {
+            let groups = inputs.ingested.tickets.iter().map(|t| t.group_id.as_str());
+            Splits::assign(inputs.config.seed, groups, gate)
+        });
         Ok(RunLoop {
             dir,
             scheduler,
@@ -296,6 +304,7 @@ impl RunLoop {
             epoch_rows: Vec::new(),
             resume_from,
             checkpoints: CheckpointPolicy::default(),
+            splits,
             inputs,
         })
         .map(|mut r| {
@@ -546,13 +555,17 @@ impl RunLoop {
         };
         let outcome = self.decide_ticket(&at, g0, ti, completion)?;
         ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
+        let split = self.split_of(&t.group_id);
         run.window.push(accuracy::Outcome {
             ticket_key: t.key(),
             gt: t.label,
             verdict: outcome.selection.verdict,
             in_manual_review: outcome.selection.verdict.is_none(),
+            split,
         });
-        if outcome.eligibility.eligible {
+        if split.is_some_and(Split::held_out) {
+            // Held out: decided and counted, never a gradient candidate nor rule feedback.
+        } else if outcome.eligibility.eligible {
             self.reflector
                 .add_candidate(GradientRecord::from_outcome(t, &outcome, run.epoch));
         } else if outcome.selection.verdict.is_some() {
@@ -589,6 +602,11 @@ impl RunLoop {
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.reflector.end_epoch(epoch, &mut self.guidance)?;
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
+    }
+
+    /// The ticket group's split, when `reflection.gate` is on.
+    fn split_of(&self, group_id: &str) -> Option<Split> {
+        self.splits.as_ref().map(|s| s.of(group_id))
     }
 
     fn append_metrics(&mut self, row: &accuracy::MetricsRow) -> Result<(), RunError> {

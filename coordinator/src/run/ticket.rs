@@ -87,6 +87,7 @@ impl RunLoop {
             },
             eligibility,
             guidance_hash: self.guidance.head_hash().to_string(),
+            split: self.split_of(&at.ticket.group_id),
             runtime: RowRuntime {
                 provenance: runtime.provenance,
                 rollout: None,

@@ -14,6 +14,7 @@ use stageb_coordinator::artifacts::rows::{
     failure_reason,
 };
 use stageb_coordinator::decide::eligibility::{self, Eligibility};
+use stageb_coordinator::decide::split::Split;
 use stageb_shared::contract;
 use stageb_shared::domain::Verdict;
 
@@ -29,6 +30,7 @@ pub struct Selection {
     /// [`Selection::decision`] (kept as JSON for `learning.rs`, which reads its verdict).
     pub result: Value,
     pub eligibility: Eligibility,
+    pub split: Option<Split>,
 }
 
 impl Selection {
@@ -68,6 +70,7 @@ pub fn read_selections(report: &mut AuditReport, dir: &Path, run: &RunFacts) -> 
             gt: typed.ticket.gt_label,
             result: row["result"].take(),
             eligibility: typed.eligibility,
+            split: typed.split,
         };
         let epoch_rows = by_epoch.entry(epoch).or_default();
         if epoch_rows.insert(key.clone(), selection).is_some() {

@@ -108,15 +108,26 @@ pub fn check_metrics(
                     ticket_key: key,
                     gt: s.gt.unwrap_or(Verdict::Fail),
                     verdict,
+                    split: s.split,
                 }
             })
             .collect();
-        for (view, name) in [
-            (accuracy::ManualReview::Include, "include_manual_review"),
-            (accuracy::ManualReview::Exclude, "exclude_manual_review"),
-        ] {
-            let expected =
-                serde_json::to_value(accuracy::counts(&outcomes, view)).unwrap_or_default();
+        let expected = [
+            (
+                "include_manual_review",
+                serde_json::to_value(accuracy::counts(&outcomes, accuracy::ManualReview::Include)),
+            ),
+            (
+                "exclude_manual_review",
+                serde_json::to_value(accuracy::counts(&outcomes, accuracy::ManualReview::Exclude)),
+            ),
+            (
+                "splits",
+                serde_json::to_value(accuracy::split_counts(&outcomes)),
+            ),
+        ];
+        for (name, expected) in expected {
+            let expected = expected.unwrap_or_default();
             if row[name] != expected {
                 report.fail(
                     "metrics_recomputed",

@@ -17,6 +17,8 @@
 //!   evidence ∩ learnable (a skipped or unapplied op covers nothing), no accepted rule text and
 //!   no rule of the final guidance names a group id of the run or a label suffix;
 //! - the guidance hash chain verifies and `S*` rules are unchanged from the seed;
+//! - held-out splits (`reflection.gate`): each selection row's split is the seeded one, and no
+//!   gate or final ticket reached reflection or the need-review queue (`splits.rs`);
 //! - integrity (runs with a key, `artifacts::seal`): every JSONL file matches its seal, with
 //!   nothing after it, and every journal row its own `mac`: an edit made after rank 0 wrote a
 //!   row (an answer, a candidate text, an explanation, a reflection output) is found.
@@ -28,6 +30,7 @@
 mod decisions;
 mod learning;
 mod rows;
+mod splits;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -186,7 +189,9 @@ pub fn audit(dir: &Path) -> AuditReport {
     decisions::check_failure_rows(&mut report, dir, &candidates);
     drop(candidates);
 
+    let held_out = splits::check_assignment(&mut report, &run, &selections);
     let queue = learning::check_need_review(&mut report, dir, &run);
+    splits::check_isolation(&mut report, dir, &held_out, &queue);
     learning::check_metrics(&mut report, dir, &selections, &queue);
     let group_ids: BTreeSet<String> = selections
         .values()

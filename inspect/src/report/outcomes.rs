@@ -54,14 +54,28 @@ pub struct MetricsRow {
     pub exclude_manual_review: Confusion,
     #[serde(default)]
     pub timing: Option<Timing>,
+    /// Per held-out split (`reflection.gate` on), by split name.
+    #[serde(default)]
+    pub splits: Option<BTreeMap<String, SplitAccuracy>>,
+}
+
+/// One split's block of an epoch row.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default)]
+pub struct SplitAccuracy {
+    pub tickets: u64,
+    pub include_manual_review: Confusion,
+    pub exclude_manual_review: Confusion,
 }
 
 /// One epoch's accuracy, with and without the tickets in need-review.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EpochAccuracy {
     pub epoch: u32,
     pub include: Confusion,
     pub exclude: Confusion,
+    /// Per split, when the run held some tickets out (empty otherwise).
+    pub splits: BTreeMap<String, SplitAccuracy>,
 }
 
 /// A metrics window row's timing: how far the epoch had got, and when.
@@ -152,6 +166,7 @@ pub fn collect(dir: &Path, summary_epoch_rows: &[Value]) -> Outcomes {
             epoch: r.epoch,
             include: r.include_manual_review,
             exclude: r.exclude_manual_review,
+            splits: r.splits.clone().unwrap_or_default(),
         })
         .collect();
     out.files.push(metrics);

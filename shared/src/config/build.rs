@@ -4,10 +4,10 @@
 use super::location::{Doc, Seg, dotted};
 use super::section::{FloatRule, Section, describe};
 use super::types::{
-    GridEntry, GuidanceConfig, LifecycleConfig, MIN_CONSTRAINED_NEW_TOKENS, MIN_MODEL_LEN,
-    ManualReviewConfig, ModelConfig, OutputConfig, ReflectionConfig, RunConfig, RunnerConfig,
-    SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak, default_pipeline_steps,
-    default_speculation_min_ms, default_speculation_multiple,
+    GateConfig, GridEntry, GuidanceConfig, LifecycleConfig, MIN_CONSTRAINED_NEW_TOKENS,
+    MIN_MODEL_LEN, ManualReviewConfig, ModelConfig, OutputConfig, ReflectionConfig, RunConfig,
+    RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak,
+    default_pipeline_steps, default_speculation_min_ms, default_speculation_multiple,
 };
 use crate::error::{ErrorCode, InputError};
 use serde_norway::Value;
@@ -264,7 +264,36 @@ fn build_reflection(doc: &Doc, reflection: &Section) -> Result<ReflectionConfig,
             0,
         )?,
         max_calls_per_epoch: reflection.nullable_u32(doc, "max_calls_per_epoch", 1)?,
+        gate: build_gate(doc, reflection)?,
     })
+}
+
+/// `reflection.gate`: absent or `enabled: false` is off; the two fractions leave some train.
+fn build_gate(doc: &Doc, reflection: &Section) -> Result<GateConfig, InputError> {
+    let Some(gate) = reflection.section(doc, "gate")? else {
+        return Ok(GateConfig::default());
+    };
+    let config = GateConfig {
+        enabled: gate.opt_bool(doc, "enabled", false)?,
+        gate_fraction: gate.opt_float(doc, "gate_fraction", 0.2, FloatRule::UnitClosed)?,
+        final_fraction: gate.opt_float(doc, "final_fraction", 0.2, FloatRule::UnitClosed)?,
+    };
+    if config.gate_fraction + config.final_fraction >= 1.0 {
+        let key = if gate.get("final_fraction").is_some() {
+            "final_fraction"
+        } else {
+            "gate_fraction"
+        };
+        return Err(gate.invalid(
+            doc,
+            key,
+            format!(
+                "gate_fraction + final_fraction must stay below 1 (some groups must be left to learn from), got {} + {}",
+                config.gate_fraction, config.final_fraction
+            ),
+        ));
+    }
+    Ok(config)
 }
 
 fn build_selection(doc: &Doc, selection: &Section) -> Result<SelectionConfig, InputError> {

@@ -78,7 +78,7 @@ mod types;
 
 pub use location::key_line;
 pub use types::{
-    ConfigNotice, GridEntry, GuidanceConfig, LifecycleConfig, LoadedConfig,
+    ConfigNotice, GateConfig, GridEntry, GuidanceConfig, LifecycleConfig, LoadedConfig,
     MIN_CONSTRAINED_NEW_TOKENS, MIN_MODEL_LEN, ManualReviewConfig, ModelConfig, OutputConfig,
     ReflectionConfig, RunConfig, RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy,
     TieBreak, resolve_config_path,

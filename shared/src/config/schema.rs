@@ -116,6 +116,7 @@ const REFLECTION_SCHEMA: SectionSchema = SectionSchema {
         "token_budget",
         "retry_budget_per_group_per_epoch",
         "max_calls_per_epoch",
+        "gate",
     ],
     ignored: &[
         ("allow_uncertain", LEGACY_UNUSED),
@@ -124,6 +125,12 @@ const REFLECTION_SCHEMA: SectionSchema = SectionSchema {
         ("hypothesis_min_support_cycles", NO_HYPOTHESIS_POOL),
         ("hypothesis_min_unique_ticket_keys", NO_HYPOTHESIS_POOL),
     ],
+};
+
+const GATE_SCHEMA: SectionSchema = SectionSchema {
+    prefix: "reflection.gate",
+    known: &["enabled", "gate_fraction", "final_fraction"],
+    ignored: &[],
 };
 
 const SELECTION_SCHEMA: SectionSchema = SectionSchema {
@@ -171,7 +178,7 @@ const DISTILLATION_SCHEMA: SectionSchema = SectionSchema {
     ignored: &[],
 };
 
-const ALL_SCHEMAS: [&SectionSchema; 12] = [
+const ALL_SCHEMAS: [&SectionSchema; 13] = [
     &TOP_SCHEMA,
     &MODEL_SCHEMA,
     &GUIDANCE_SCHEMA,
@@ -179,6 +186,7 @@ const ALL_SCHEMAS: [&SectionSchema; 12] = [
     &SAMPLER_SCHEMA,
     &GRID_ENTRY_SCHEMA,
     &REFLECTION_SCHEMA,
+    &GATE_SCHEMA,
     &SELECTION_SCHEMA,
     &MANUAL_REVIEW_SCHEMA,
     &RUNNER_SCHEMA,
@@ -338,6 +346,8 @@ impl Doc<'_> {
                 }
             }
             None
+        } else if schema.prefix == "reflection" && name == "gate" {
+            Some(&GATE_SCHEMA)
         } else {
             None
         };

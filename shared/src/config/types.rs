@@ -130,6 +130,28 @@ pub struct ReflectionConfig {
     pub retry_budget_per_group_per_epoch: u32,
     /// Cap on decision + ops calls per epoch; `None` = unlimited.
     pub max_calls_per_epoch: Option<u32>,
+    /// Held-out splits (`reflection.gate`); off unless the config turns it on. Left out of
+    /// the manifest's resolved config while off, so runs without it write the same bytes.
+    #[serde(default, skip_serializing_if = "GateConfig::is_off")]
+    pub gate: GateConfig,
+}
+
+/// `reflection.gate`: the mission's groups split, by a seeded ranking, into train (reflection
+/// learns from them), gate and final (rolled out and decided like the others, never shown to
+/// reflection; the final split is never selected on).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct GateConfig {
+    pub enabled: bool,
+    /// Share of the groups held out as the gate split, in [0, 1).
+    pub gate_fraction: f64,
+    /// Share of the groups held out as the final split, in [0, 1); with `gate_fraction` < 1.
+    pub final_fraction: f64,
+}
+
+impl GateConfig {
+    pub fn is_off(&self) -> bool {
+        !self.enabled
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

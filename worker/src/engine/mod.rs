@@ -353,7 +353,7 @@ mod tests {
         for made_up in [
             format!("candle-{v}|cpu-q8-fixed-order|cpu-made-up"),
             format!("candle-{v}|cuda-bf16|cpu"),
-            format!("candle-0.0.1|cpu-f32|cpu"),
+            "candle-0.0.1|cpu-f32|cpu".to_string(),
             format!("candle-{v}|cpu-f32|cpu|extra"),
             String::new(),
         ] {

@@ -148,6 +148,7 @@ fn a_selection_row_puts_the_audit_fields_after_the_decision() {
             ..Eligibility::default()
         },
         guidance_hash: "sha256:ab".into(),
+        split: None,
         runtime: RowRuntime {
             provenance: Some(provenance()),
             rollout: None,
@@ -159,6 +160,19 @@ fn a_selection_row_puts_the_audit_fields_after_the_decision() {
         r#"{"schema_version":1,"group_id":"QC-1","mission":"m","ticket_key":"QC-1::fail","gt_label":"fail","epoch":2,"epoch_step":3,"global_step":7,"schedule_step":1,"result":{"verdict":"pass","reason":"好","vote_strength":0.5,"label_match":false,"selected_candidate":0,"warnings":[],"conflict_flag":false,"needs_manual_review":false,"manual_review_recommended":false,"low_agreement":false,"rollout_contradiction":false,"vote_counts":{"pass":0,"fail":0,"malformed":0},"vote_verdict":null,"fail_first_hits":[],"rule_hit":"Selection.Majority","explanation":"","inputs_digest":"","guidance_step":4,"reflection_change":"r-1","reflection_cycle":1,"eligible":true,"ineligible_reason":null},"eligibility":{"eligible":true,"reasons":[],"rule_hit":"Eligible.LabelMismatch","explanation":"","reflection_priority":1},"guidance_hash":"sha256:ab","runtime":{"worker_id":"w1","lease_id":5,"attempt":1}}"#
     );
     assert_eq!(serde_json::from_str::<SelectionRow>(&line).unwrap(), row);
+    let held_out = SelectionRow {
+        split: Some(Split::Final),
+        ..row
+    };
+    let line = written(&held_out);
+    assert!(
+        line.contains(r#""guidance_hash":"sha256:ab","split":"final","runtime":"#),
+        "{line}"
+    );
+    assert_eq!(
+        serde_json::from_str::<SelectionRow>(&line).unwrap(),
+        held_out
+    );
 }
 
 #[test]

@@ -76,11 +76,55 @@ pub fn accuracy(page: &mut Page, data: &RunData) {
             ]
         }),
     );
+    split_accuracy(page, data);
     if !o.accuracy.is_empty() {
         accuracy_charts(page, data);
     }
     file_notes(page, o.files.iter().take(1));
     page.close_section();
+}
+
+/// Accuracy per held-out split (`reflection.gate`), the final split first: reflection never
+/// saw it and nothing was decided on it, so it is the number to quote.
+fn split_accuracy(page: &mut Page, data: &RunData) {
+    let acc = &data.outcomes.accuracy;
+    if acc.iter().all(|a| a.splits.is_empty()) {
+        return;
+    }
+    page.explain(
+        "Held-out splits (reflection.gate): train tickets feed reflection; gate and final \
+         tickets are rolled out and decided like the others but never shown to reflection. \
+         The final split is the headline: nothing was ever selected on it.",
+    );
+    let rows = acc.iter().flat_map(|a| {
+        ["final", "gate", "train"]
+            .into_iter()
+            .filter_map(move |name| {
+                let s = a.splits.get(name)?;
+                let (e, i, x) = (a.epoch, &s.include_manual_review, &s.exclude_manual_review);
+                Some(vec![
+                    Cell::num(e),
+                    Cell::text(name),
+                    Cell::num(s.tickets),
+                    Cell::num(pct(i.acc)).metric(format!("acc_{name}_e{e}")),
+                    Cell::num(i.n),
+                    Cell::num(pct(x.acc)),
+                    Cell::num(x.n),
+                ])
+            })
+    });
+    page.table(
+        &[
+            "epoch",
+            "split",
+            "tickets",
+            "acc (all)",
+            "n",
+            "acc (without need-review)",
+            "n",
+        ],
+        rows,
+    );
 }
 
 fn accuracy_charts(page: &mut Page, data: &RunData) {

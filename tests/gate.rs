@@ -1,0 +1,197 @@
+//! Held-out splits (`reflection.gate`, issue 25 deliverable 1): with the gate on, the mission's
+//! groups are split into train / gate / final by the run seed; gate and final tickets are
+//! decided every epoch like the others, recorded with their split and scored apart, and never
+//! reach reflection. With it off, nothing a run writes changes.
+//!
+//! Fixture: the demo mission with the scripted engine and reflector (as `tests/learning.rs`),
+//! so reflection really runs and has tickets to leak.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use stageb::cluster::StartMode;
+use stageb_coordinator::artifacts::files;
+use support::compare::assert_same_artifacts;
+use support::{
+    Behaviour, Script, ScriptedEngine, ScriptedMission, assert_audit_ok, copy_demo_mission,
+    read_jsonl, try_run, write_config,
+};
+
+fn overrides(gate: Value) -> Value {
+    json!({
+        "runner": {"epochs": 2, "per_rank_rollout_batch_size": 4, "logging_steps": 16},
+        "reflection": {
+            "batch_size": 8, "max_operations": 3, "max_new_tokens": 384,
+            "retry_budget_per_group_per_epoch": 1, "max_calls_per_epoch": 12,
+            "max_reflection_length": 16384, "token_budget": 16384,
+            "gate": gate,
+        },
+    })
+}
+
+/// Every ticket key a reflection row shows the model or cites.
+fn reflected_keys(row: &Value) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    let mut add = |v: &Value| {
+        for k in v.as_array().into_iter().flatten() {
+            keys.insert(k.as_str().unwrap_or_default().to_string());
+        }
+    };
+    add(&row["batch"]);
+    add(&row["learnable"]);
+    add(&row["stop_gradient"]);
+    for op in row["applied_ops"].as_array().into_iter().flatten() {
+        add(&op["evidence"]);
+    }
+    keys
+}
+
+#[test]
+fn held_out_tickets_are_decided_and_scored_but_never_reach_reflection() {
+    let gate = json!({"enabled": true, "gate_fraction": 0.25, "final_fraction": 0.25});
+    let run = ScriptedMission::demo().workers(2).run(overrides(gate));
+    let selections = read_jsonl(&run.run_dir, files::SELECTIONS);
+    assert_eq!(
+        selections.len(),
+        2 * 48,
+        "every ticket decided in both epochs"
+    );
+
+    let mut split_of_group: BTreeMap<String, String> = BTreeMap::new();
+    let mut held_out = BTreeSet::new();
+    for row in &selections {
+        let split = row["split"]
+            .as_str()
+            .expect("every row names its split")
+            .to_string();
+        let group = row["group_id"].as_str().unwrap().to_string();
+        let first = split_of_group.entry(group.clone()).or_insert(split.clone());
+        assert_eq!(
+            *first, split,
+            "{group}: one split for all its tickets and epochs"
+        );
+        if split != "train" {
+            held_out.insert(row["ticket_key"].as_str().unwrap().to_string());
+        }
+    }
+    let groups = split_of_group.len();
+    let count = |s: &str| split_of_group.values().filter(|v| *v == s).count();
+    let quarter = (groups as f64 * 0.25).round() as usize;
+    assert_eq!(
+        (count("gate"), count("final")),
+        (quarter, quarter),
+        "{split_of_group:?}"
+    );
+
+    let reflections = read_jsonl(&run.run_dir, files::REFLECTION);
+    assert!(!reflections.is_empty(), "reflection ran on the train split");
+    for row in &reflections {
+        let leaked: Vec<_> = reflected_keys(row)
+            .intersection(&held_out)
+            .cloned()
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "held-out tickets reached reflection: {leaked:?}"
+        );
+    }
+    for row in read_jsonl(&run.run_dir, files::NEED_REVIEW_QUEUE) {
+        let key = row["ticket_key"].as_str().unwrap();
+        assert!(
+            !held_out.contains(key),
+            "held-out {key} routed to need-review"
+        );
+    }
+
+    let epoch_rows: Vec<Value> = read_jsonl(&run.run_dir, files::METRICS)
+        .into_iter()
+        .filter(|r| r["event"] == "epoch_end")
+        .collect();
+    assert_eq!(epoch_rows.len(), 2);
+    for row in &epoch_rows {
+        let splits = &row["splits"];
+        let tickets: u64 = ["train", "gate", "final"]
+            .iter()
+            .map(|s| splits[s]["tickets"].as_u64().unwrap())
+            .sum();
+        assert_eq!(tickets, 48, "{splits}");
+        assert_eq!(
+            splits["final"]["include_manual_review"]["n"].as_u64(),
+            splits["final"]["tickets"].as_u64()
+        );
+    }
+    assert_audit_ok(&run.run_dir);
+    let html = stageb_inspect::report::render(&run.run_dir).unwrap();
+    assert!(
+        html.contains("data-metric=\"acc_final_e2\""),
+        "the report scores the final split"
+    );
+}
+
+/// The demo mission as run `name` in `dir` with `reflection.gate` = `gate`.
+fn run_in(dir: &Path, name: &str, gate: Value) -> PathBuf {
+    let mut config = overrides(gate);
+    config["output"] = json!({"run_name": name});
+    let config = write_config(dir, config);
+    let script = Script::new(Behaviour::default());
+    let summary = try_run(
+        &config,
+        1,
+        move |_| ScriptedEngine::new(script.clone()),
+        StartMode::Fresh,
+        std::future::pending(),
+    )
+    .expect("the run completes");
+    summary.run_dir
+}
+
+#[test]
+fn with_the_gate_off_a_run_writes_what_it_wrote_without_the_section() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let without = run_in(dir.path(), "without", Value::Null);
+    let off = run_in(
+        dir.path(),
+        "off",
+        json!({"enabled": false, "gate_fraction": 0.5}),
+    );
+    assert_same_artifacts(&without, &off);
+    let selections = std::fs::read_to_string(off.join(files::SELECTIONS)).unwrap();
+    assert!(
+        !selections.contains("\"split\""),
+        "no split key while the gate is off"
+    );
+    let metrics = std::fs::read_to_string(off.join(files::METRICS)).unwrap();
+    assert!(!metrics.contains("\"splits\""));
+    let manifest = std::fs::read_to_string(off.join(files::MANIFEST)).unwrap();
+    assert!(
+        !manifest.contains("\"gate\""),
+        "the resolved config leaves the gate out"
+    );
+}
+
+#[test]
+fn the_audit_finds_a_held_out_ticket_relabelled_as_train() {
+    let gate = json!({"enabled": true, "gate_fraction": 0.25, "final_fraction": 0.25});
+    let run = ScriptedMission::demo().run(overrides(gate));
+    let copy = support::copy_of_run(&run.run_dir);
+    let path = copy.join(files::SELECTIONS);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let row = rows.iter_mut().find(|r| r["split"] == "final").unwrap();
+    row["split"] = json!("train");
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    let checks: Vec<&str> = stageb_inspect::audit::audit(&copy)
+        .violations
+        .into_iter()
+        .map(|v| v.check)
+        .collect();
+    assert!(checks.contains(&"split_assignment"), "{checks:?}");
+}
