@@ -102,7 +102,8 @@ def batching_run(workload, name, run_dir, rusage_json, log, same):
                     refl_s += lat / 1e6
                     calls += 1
     epochs = summary.get("epochs") or 1
-    print(json.dumps({"workload": workload, "engine": f"stageb {name}", "tickets": len(tickets) * epochs,
+    idle = ((summary.get("runtime") or {}).get("workers") or {}).get("idle_fraction")
+    print(json.dumps({"idle_fraction": idle, "workload": workload, "engine": f"stageb {name}", "tickets": len(tickets) * epochs,
                       "wall_s": usage["wall_s"], "seconds": usage["wall_s"],
                       "tickets_per_min": 60 * len(tickets) * epochs / usage["wall_s"],
                       "max_rss_mib": usage["max_rss_kib"] / 1024, "reflection_calls": calls,
@@ -123,20 +124,23 @@ def batching(results_jsonl):
         base = med(r["tickets_per_min"] for r in by[base_name]) if base_name in by else None
         print()
         print(f'{title:46} {"tickets/min":>11} {"spread":>15} {"wall s":>8} {"refl s":>7} '
-              f'{"peak RSS MiB":>12} {"vs base":>7} {"artifacts":>10}')
+              f'{"idle":>5} {"peak RSS MiB":>12} {"vs base":>7} {"artifacts":>10}')
         for name, group in by.items():
             tpm = [r["tickets_per_min"] for r in group]
             m = med(tpm)
             wall = med(r["seconds"] for r in group)
             refl = f'{med(r["reflection_s"] for r in group):7.1f}' if "reflection_s" in group[0] else f'{"-":>7}'
             rss = f'{max(r["max_rss_mib"] for r in group):12.0f}' if "max_rss_mib" in group[0] else f'{"-":>12}'
+            idles = [r["idle_fraction"] for r in group if r.get("idle_fraction") is not None]
+            idle = f"{med(idles):5.2f}" if idles else f'{"-":>5}'
             ratio = f"{m / base:.2f}x" if base else "-"
             same = ",".join(sorted({r.get("artifacts", "-") for r in group}))
-            print(f"{name:46} {m:11.1f} {min(tpm):7.1f}-{max(tpm):<7.1f} {wall:8.1f} {refl} {rss} "
+            print(f"{name:46} {m:11.1f} {min(tpm):7.1f}-{max(tpm):<7.1f} {wall:8.1f} {refl} {idle} {rss} "
                   f"{ratio:>7} {same:>10}")
     print("\n(stageb: tickets/min over the whole `stageb run` wall time, model load and reflection")
     print(" included; llama.cpp server xK: K tickets in flight, requests' wall time, server warm.")
-    print(" `refl s`: the reflection calls' model time; `artifacts`: each run against the first;")
+    print(" `refl s`: the reflection calls' model time; `idle`: summary.json runtime.workers.idle_fraction")
+    print(" (the share of live worker time holding no lease); `artifacts`: each run against the first;")
     print(" `vs base`: tickets/min against `stageb K=1` (rollouts) or `stageb K=1,pipeline=0` (demo).)")
 
 

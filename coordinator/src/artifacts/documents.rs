@@ -155,6 +155,35 @@ pub struct SummaryRuntime {
     pub prefix_cache: PrefixReuse,
     pub batching: Batching,
     pub pipeline: PipelineStats,
+    pub workers: WorkerTime,
+}
+
+/// How the workers' time was spent, as rank 0 saw it (`summary.json` `runtime.workers`): the
+/// share in which a live worker held no lease is the idle fraction the pipelining targets.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerTime {
+    /// Live worker time summed over workers.
+    pub registered_seconds: f64,
+    /// The part of it spent holding at least one lease.
+    pub busy_seconds: f64,
+    /// `1 - busy / registered` (0 when no worker was seen).
+    pub idle_fraction: f64,
+}
+
+impl WorkerTime {
+    pub fn from_stats(stats: &SchedulerStats) -> Self {
+        let (all, busy) = (stats.worker_ms, stats.worker_busy_ms.min(stats.worker_ms));
+        WorkerTime {
+            registered_seconds: all as f64 / 1000.0,
+            busy_seconds: busy as f64 / 1000.0,
+            idle_fraction: if all == 0 {
+                0.0
+            } else {
+                1.0 - busy as f64 / all as f64
+            },
+        }
+    }
 }
 
 /// How full the workers' forward steps were, as the jobs computed in this attempt saw them

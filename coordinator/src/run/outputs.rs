@@ -14,7 +14,7 @@ use super::prefix_reuse::PrefixReuse;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
     Batching, CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,
-    ManifestSchedule, ManifestSeeds, RunSummary, SummaryRuntime,
+    ManifestSchedule, ManifestSeeds, RunSummary, SummaryRuntime, WorkerTime,
 };
 use crate::artifacts::{JsonlWriter, write_json_atomic};
 
@@ -133,6 +133,7 @@ impl RunLoop {
             finished_at,
             elapsed_seconds: started.elapsed().as_secs_f64(),
             batching: Batching::from_stats(&scheduler),
+            workers: WorkerTime::from_stats(&scheduler),
             pipeline: self.pipeline.clone(),
             scheduler,
             prefix_cache: PrefixReuse {

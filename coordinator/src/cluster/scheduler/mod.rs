@@ -190,6 +190,8 @@ struct Inner {
     stats: SchedulerStats,
     /// Recent accepted job times, for straggler detection.
     times: JobTimes,
+    /// When worker time was last sampled ([`Scheduler::sample_worker_time`]).
+    last_time_sample: Option<Instant>,
 }
 
 /// The lease table. Cheap to share (`Arc`), all methods take `&self`.
@@ -714,6 +716,7 @@ impl Scheduler {
                 self.expire_lease(&mut g, *id, &mut failed);
             }
             self.forget_idle_sessions(&mut g, now);
+            self.sample_worker_time(&mut g, now);
             metrics::gauge!(observe::QUEUE_DEPTH).set(g.queue.len() as f64);
             metrics::gauge!(observe::JOBS_IN_FLIGHT).set(g.leases.len() as f64);
             let live = self.live_count(&g, now);

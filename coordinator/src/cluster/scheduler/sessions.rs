@@ -117,6 +117,26 @@ impl Scheduler {
             .count()
     }
 
+    /// Worker time, for the idle fraction (`summary.json` `runtime.workers`): every live
+    /// session adds the time since the last sample, and those holding a lease add it to busy
+    /// time as well. The reaper samples (every TTL / 4, within [50 ms, 250 ms]), so the
+    /// figures are exact to a sample period.
+    pub(super) fn sample_worker_time(&self, g: &mut Inner, now: Instant) {
+        let Some(last) = g.last_time_sample.replace(now) else {
+            return;
+        };
+        let ms = u64::try_from(now.saturating_duration_since(last).as_millis()).unwrap_or(u64::MAX);
+        let live = self.live_count(g, now) as u64;
+        let holding: std::collections::HashSet<&str> =
+            g.leases.values().map(|l| l.session.as_str()).collect();
+        let busy = (holding.len() as u64).min(live);
+        g.stats.worker_ms = g.stats.worker_ms.saturating_add(ms.saturating_mul(live));
+        g.stats.worker_busy_ms = g
+            .stats
+            .worker_busy_ms
+            .saturating_add(ms.saturating_mul(busy));
+    }
+
     /// How many more jobs `session` may lease now: the work outstanding (queued, ahead and leased)
     /// split evenly among the live workers, at least [`super::SchedulerConfig::expected_workers`],
     /// less what the session holds; one when it holds nothing, so no worker idles while

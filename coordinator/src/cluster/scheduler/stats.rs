@@ -38,6 +38,10 @@ pub struct SchedulerStats {
     /// part in, and the rows those steps computed (see [`Scheduler::note_batching`]).
     pub batch_job_steps: u64,
     pub batch_rows: u64,
+    /// Live worker time, summed over workers, in milliseconds (sampled by the reaper).
+    pub worker_ms: u64,
+    /// The part of `worker_ms` in which the worker held at least one lease.
+    pub worker_busy_ms: u64,
 }
 
 impl Scheduler {

@@ -458,3 +458,24 @@ async fn promoted_jobs_take_their_place_in_the_ordinary_queue() {
     let order: Vec<Vec<u64>> = leased.iter().map(|(_, p)| seeds_of(p)).collect();
     assert_eq!(order, vec![vec![1], vec![2], vec![3]]);
 }
+
+#[tokio::test]
+async fn worker_time_counts_live_sessions_and_the_ones_holding_a_lease() {
+    // Two live workers, one of them holding a lease for the whole window: half the worker
+    // time was busy, whatever the sampling delays.
+    let (s, _rx) = scheduler(10_000);
+    s.enqueue(rollout_job(vec![1]));
+    let (_, busy) = s.register().unwrap();
+    let (_, idle) = s.register().unwrap();
+    let (leases, _) = s.lease(&busy, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(leases.len(), 1);
+    s.reap_expired();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        s.heartbeat(&idle, &[]).unwrap();
+        s.reap_expired();
+    }
+    let stats = s.stats();
+    assert!(stats.worker_ms >= 2 * 100, "{stats:?}");
+    assert_eq!(stats.worker_busy_ms * 2, stats.worker_ms, "{stats:?}");
+}
