@@ -195,3 +195,89 @@ fn the_audit_finds_a_held_out_ticket_relabelled_as_train() {
         .collect();
     assert!(checks.contains(&"split_assignment"), "{checks:?}");
 }
+
+/// Every rejected op of a reflection row, as (cycle, reason, text).
+fn rejections(run_dir: &Path) -> Vec<(u64, String, String)> {
+    read_jsonl(run_dir, files::REFLECTION)
+        .iter()
+        .flat_map(|row| {
+            let cycle = row["reflection_cycle"].as_u64().unwrap();
+            row["rejected_ops"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |r| {
+                    let text = r["proposed"]["text"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    (cycle, r["reason"].as_str().unwrap().to_string(), text)
+                })
+        })
+        .collect()
+}
+
+#[test]
+fn an_edit_rejected_once_is_shown_as_rejected_and_refused_without_a_revision_call() {
+    let gate = json!({"enabled": true, "gate_fraction": 0.2, "final_fraction": 0.2, "remember_rejected": 8});
+    let run = ScriptedMission::demo().repeat_bad_op().run(overrides(gate));
+    let bad: Vec<_> = rejections(&run.run_dir)
+        .into_iter()
+        .filter(|(_, _, t)| t == "1.00")
+        .collect();
+    let first = bad.first().expect("the non-rule was proposed");
+    assert_eq!(first.1, "not_a_rule", "{bad:?}");
+    let again: Vec<_> = bad.iter().filter(|(c, _, _)| *c > first.0).collect();
+    assert!(!again.is_empty(), "later cycles propose it again: {bad:?}");
+    assert!(
+        again
+            .iter()
+            .all(|(_, reason, _)| reason == "already_rejected"),
+        "{bad:?}"
+    );
+
+    let ops_prompts: Vec<String> = run
+        .script
+        .calls()
+        .into_iter()
+        .filter(|c| c.pass == support::reflector::Pass::Ops)
+        .map(|c| c.user)
+        .collect();
+    let listed = ops_prompts
+        .iter()
+        .filter(|u| u.contains("以下修改此前已被拒绝"))
+        .count();
+    assert!(
+        listed > 0 && listed < ops_prompts.len(),
+        "listed in the prompts after the first rejection"
+    );
+    assert!(
+        bad_revisions(&run) <= 1,
+        "only the first rejection is sent back for a revision"
+    );
+    assert_audit_ok(&run.run_dir);
+
+    let forgetful = json!({"enabled": true, "remember_rejected": 0});
+    let run = ScriptedMission::demo()
+        .repeat_bad_op()
+        .run(overrides(forgetful));
+    let reasons: BTreeSet<String> = rejections(&run.run_dir)
+        .into_iter()
+        .map(|(_, r, _)| r)
+        .collect();
+    assert!(!reasons.contains("already_rejected"), "{reasons:?}");
+    assert!(
+        bad_revisions(&run) > 1,
+        "without the memory every cycle revises it again"
+    );
+}
+
+/// Revision calls that send the non-rule back.
+fn bad_revisions(run: &support::ScriptedRun) -> usize {
+    run.script
+        .calls()
+        .iter()
+        .filter(|c| c.user.contains("以下操作被拒绝") && c.user.contains("\"1.00\""))
+        .count()
+}

@@ -80,6 +80,13 @@ fn config(dir: &Path, run_name: &str) -> PathBuf {
 /// [`config`] with `runner.pipeline_steps` (0: every job computed is used, so the specs can
 /// count them; 1: the next step is queued ahead while reflection runs).
 fn config_piped(dir: &Path, run_name: &str, pipeline_steps: u32) -> PathBuf {
+    config_with(dir, run_name, pipeline_steps, false)
+}
+
+/// [`config_piped`], with `reflection.gate` on (held-out splits, rejected edits remembered)
+/// when `gate`.
+fn config_with(dir: &Path, run_name: &str, pipeline_steps: u32, gate: bool) -> PathBuf {
+    let gate = gate.then(|| json!({"enabled": true, "remember_rejected": 4}));
     support::write_config(
         dir,
         json!({
@@ -89,6 +96,7 @@ fn config_piped(dir: &Path, run_name: &str, pipeline_steps: u32) -> PathBuf {
             "reflection": {
                 "batch_size": 8, "max_operations": 3, "max_new_tokens": 384,
                 "retry_budget_per_group_per_epoch": 2, "max_calls_per_epoch": 12,
+                "gate": gate,
             },
         }),
     )
@@ -134,17 +142,35 @@ fn a_run_stopped_while_a_step_was_queued_ahead_resumes_to_the_uninterrupted_arti
     stop_and_resume(StopAfter::Rollouts(30), 1);
 }
 
+/// Issue 25: with the held-out splits on and a reflector that keeps proposing a rejected edit,
+/// the remembered rejections travel in the step checkpoint (stopped in epoch 2, after the
+/// first rejections were remembered).
+#[test]
+fn a_run_with_the_gate_on_resumes_to_the_uninterrupted_artifacts() {
+    stop_and_resume_with(StopAfter::Rollouts(60), 0, true);
+}
+
 /// Stops a run at `at`, resumes it, and checks it equals an uninterrupted run; with
 /// `pipeline_steps` 0 also that no job was computed twice (queued-ahead jobs whose guidance
 /// changed are computed and discarded by design, so the count is checked without them).
 fn stop_and_resume(at: StopAfter, pipeline_steps: u32) {
+    stop_and_resume_with(at, pipeline_steps, false)
+}
+
+/// [`stop_and_resume`], with `reflection.gate` on and a reflector repeating a rejected edit
+/// when `gate`.
+fn stop_and_resume_with(at: StopAfter, pipeline_steps: u32, gate: bool) {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
-    let config = |dir: &Path, name: &str| config_piped(dir, name, pipeline_steps);
+    let config = |dir: &Path, name: &str| config_with(dir, name, pipeline_steps, gate);
+    let behaviour = Behaviour {
+        repeat_bad_op: gate,
+        ..Behaviour::default()
+    };
 
     // The reference: one uninterrupted run.
     let reference = Counters::default();
-    let script = Script::new(Behaviour::default());
+    let script = Script::new(behaviour.clone());
     let whole = try_run(
         &config(dir.path(), "whole"),
         2,
@@ -157,7 +183,7 @@ fn stop_and_resume(at: StopAfter, pipeline_steps: u32) {
     // The same run, stopped at `at`, then resumed. The resumed workers share the stopped ones'
     // scripted reflector, as a real model would answer the same way twice.
     let config_path = config(dir.path(), "stopped");
-    let script = Script::new(Behaviour::default());
+    let script = Script::new(behaviour);
     let first = Counters::default();
     let stopped = try_run(
         &config_path,

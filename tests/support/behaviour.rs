@@ -23,4 +23,7 @@ pub struct Behaviour {
     /// (`否则待定`, rejected by validation); the revision call re-sends every op, as its prompt
     /// asks, with that one corrected.
     pub third_state_op_then_revise: bool,
+    /// Every first-round ops call also proposes the same non-rule (`add` with text `1.00`,
+    /// rejected as `not_a_rule`), as the demo's small model does.
+    pub repeat_bad_op: bool,
 }

@@ -234,6 +234,12 @@ impl ScriptedMission {
         self
     }
 
+    /// Every first-round ops call also proposes the same non-rule.
+    pub fn repeat_bad_op(mut self) -> Self {
+        self.behaviour.repeat_bad_op = true;
+        self
+    }
+
     /// Runs the mission with `overrides` merged into [`super::missions::base_config`], every
     /// worker on the scripted engine.
     pub fn run(self, overrides: Value) -> ScriptedRun {

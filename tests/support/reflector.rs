@@ -326,6 +326,16 @@ impl Reflector {
                     let ops = out["operations"].as_array_mut().unwrap();
                     ops.push(third_state_op(&prompt, revision));
                 }
+                if behaviour.repeat_bad_op && !revision {
+                    let evidence: Vec<&str> = prompt
+                        .cases
+                        .iter()
+                        .map(|c| c.key.as_str())
+                        .take(1)
+                        .collect();
+                    let ops = out["operations"].as_array_mut().unwrap();
+                    ops.push(json!({"op": "add", "text": "1.00", "evidence": evidence, "rationale": "x"}));
+                }
                 out.to_string()
             }
             Pass::Other => "{}".to_string(),

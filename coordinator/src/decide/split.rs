@@ -101,6 +101,7 @@ mod tests {
             enabled: true,
             gate_fraction,
             final_fraction,
+            remember_rejected: 0,
         }
     }
 

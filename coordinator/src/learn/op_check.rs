@@ -85,6 +85,8 @@ pub enum RejectReason {
     KeyConflict,
     MaxOperationsExceeded,
     GuidanceBudget,
+    /// The same edit was rejected in an earlier cycle (`learn::rejected_memory`).
+    AlreadyRejected,
 }
 
 impl RejectReason {
@@ -117,6 +119,7 @@ impl RejectReason {
             RejectReason::KeyConflict => "key_conflict",
             RejectReason::MaxOperationsExceeded => "max_operations_exceeded",
             RejectReason::GuidanceBudget => "guidance_budget",
+            RejectReason::AlreadyRejected => "already_rejected",
         }
     }
 }

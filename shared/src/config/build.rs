@@ -277,6 +277,7 @@ fn build_gate(doc: &Doc, reflection: &Section) -> Result<GateConfig, InputError>
         enabled: gate.opt_bool(doc, "enabled", false)?,
         gate_fraction: gate.opt_float(doc, "gate_fraction", 0.2, FloatRule::UnitClosed)?,
         final_fraction: gate.opt_float(doc, "final_fraction", 0.2, FloatRule::UnitClosed)?,
+        remember_rejected: gate.opt_u32(doc, "remember_rejected", 16, 0)?,
     };
     if config.gate_fraction + config.final_fraction >= 1.0 {
         let key = if gate.get("final_fraction").is_some() {

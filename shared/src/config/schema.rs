@@ -129,7 +129,12 @@ const REFLECTION_SCHEMA: SectionSchema = SectionSchema {
 
 const GATE_SCHEMA: SectionSchema = SectionSchema {
     prefix: "reflection.gate",
-    known: &["enabled", "gate_fraction", "final_fraction"],
+    known: &[
+        "enabled",
+        "gate_fraction",
+        "final_fraction",
+        "remember_rejected",
+    ],
     ignored: &[],
 };
 

@@ -146,6 +146,9 @@ pub struct GateConfig {
     pub gate_fraction: f64,
     /// Share of the groups held out as the final split, in [0, 1); with `gate_fraction` < 1.
     pub final_fraction: f64,
+    /// Rejected edits remembered (shown to the ops pass as already rejected, refused when
+    /// proposed again); 0 remembers none.
+    pub remember_rejected: u32,
 }
 
 impl GateConfig {

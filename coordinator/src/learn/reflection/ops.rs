@@ -1,6 +1,8 @@
 //! The ops rounds of a cycle: the ops pass on `L`, validation of what it proposes, and one
 //! revision round in which the rejected ops go back with their reasons (validate → revise →
-//! validate once more). What comes out is the cycle's accepted and rejected ops.
+//! validate once more). What comes out is the cycle's accepted and rejected ops. With rejected
+//! edits remembered (`learn::rejected_memory`), a remembered edit is refused before validation
+//! and never sent back for revision, and the cycle's rejections are remembered at its end.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +21,7 @@ use crate::guidance::{GuidanceOp, GuidanceRepo};
 use crate::learn::op_check::{
     self, AcceptedOp, OpsContext, OpsValidation, RejectReason, RejectedOp,
 };
+use crate::learn::rejected_memory::RejectedMemory;
 
 /// Accepted and rejected ops of round `r` are numbered `r × 1000 + position in its proposal`.
 const ROUND_INDEX_STRIDE: usize = 1000;
@@ -31,6 +34,8 @@ struct OpsInputs<'a> {
     shorthand: BTreeMap<String, TicketKey>,
     case_summaries: Vec<String>,
     max_ops: Option<usize>,
+    /// Rejected edits remembered from earlier cycles, when remembering is on.
+    memory: Option<RejectedMemory>,
 }
 
 impl OpsInputs<'_> {
@@ -84,8 +89,20 @@ impl Reflector {
                 break;
             };
             proposals.push(proposal);
-            revision = Some(verdict.rejected.clone());
+            // A remembered edit is not worth a revision call.
+            let revisable = verdict
+                .rejected
+                .iter()
+                .filter(|r| r.reason != RejectReason::AlreadyRejected);
+            revision = Some(revisable.cloned().collect());
             absorb(&mut validation, verdict, round);
+        }
+        let cap = self.remembered_cap();
+        if cap > 0 {
+            let cycle = row.reflection_cycle;
+            self.state
+                .rejected
+                .remember(&validation.rejected, cycle, cap);
         }
         ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "rejected")
             .increment(validation.rejected.len() as u64);
@@ -117,6 +134,18 @@ impl Reflector {
                 .flat_map(|r| r.summaries.iter().map(|(_, s)| s.clone()))
                 .collect(),
             max_ops,
+            memory: (self.remembered_cap() > 0).then(|| self.state.rejected.clone()),
+        }
+    }
+
+    /// How many rejected edits are remembered: `reflection.gate.remember_rejected` with the
+    /// gate on, else none.
+    pub(super) fn remembered_cap(&self) -> usize {
+        let gate = &self.config.gate;
+        if gate.enabled {
+            gate.remember_rejected as usize
+        } else {
+            0
         }
     }
 
@@ -132,7 +161,13 @@ impl Reflector {
         workers: &mut Workers<'_>,
     ) -> Result<Option<(Proposal, OpsValidation)>, ReflectionError> {
         let cases = &inputs.learnable.records;
-        let messages = self.ops_messages(cases, inputs.guidance, row.reflection_cycle, revision);
+        let messages = self.ops_messages(
+            cases,
+            inputs.guidance,
+            row.reflection_cycle,
+            revision,
+            inputs.memory.as_ref(),
+        );
         let pass = if round == 0 {
             CallPass::Ops
         } else {
@@ -146,11 +181,12 @@ impl Reflector {
             row.warnings.push(format!("{}_error", pass.as_str()));
             return Ok(None);
         };
-        let verdict = validate_round(
+        let verdict = validate_remembering(
             round,
             &out.operations,
             so_far,
             inputs.context(&self.run_groups),
+            inputs.memory.as_ref(),
         );
         Ok(Some((proposal(round, &out), verdict)))
     }
@@ -165,6 +201,40 @@ fn proposal(round: u32, out: &OpsOutput) -> Proposal {
         operations: out.operations.clone(),
         coverage_advisory: out.coverage.clone(),
     }
+}
+
+/// [`validate_round`] on the ops of the proposal that are not remembered rejections; those are
+/// refused as `already_rejected` (indices stay those of the whole proposal).
+fn validate_remembering(
+    round: u32,
+    proposed: &[ProposedOp],
+    so_far: &OpsValidation,
+    base: OpsContext<'_>,
+    memory: Option<&RejectedMemory>,
+) -> OpsValidation {
+    let Some(memory) = memory.filter(|m| !m.is_empty()) else {
+        return validate_round(round, proposed, so_far, base);
+    };
+    let (known, fresh): (Vec<usize>, Vec<usize>) =
+        (0..proposed.len()).partition(|i| memory.find(&proposed[*i]).is_some());
+    let fresh_ops: Vec<ProposedOp> = fresh.iter().map(|i| proposed[*i].clone()).collect();
+    let mut v = validate_round(round, &fresh_ops, so_far, base);
+    v.accepted.iter_mut().for_each(|a| a.index = fresh[a.index]);
+    v.rejected.iter_mut().for_each(|r| r.index = fresh[r.index]);
+    for i in known {
+        let earlier = memory.find(&proposed[i]).expect("partitioned on it");
+        v.rejected.push(RejectedOp {
+            index: i,
+            proposed: proposed[i].clone(),
+            reason: RejectReason::AlreadyRejected,
+            detail: format!(
+                "the same edit was rejected in reflection cycle {} ({})",
+                earlier.cycle, earlier.reason
+            ),
+        });
+    }
+    v.rejected.sort_by_key(|r| r.index);
+    v
 }
 
 /// Validate one round's proposal against what earlier rounds got accepted. The ops pass is

@@ -13,6 +13,7 @@ use stageb_shared::text;
 use super::{GradientRecord, Reflector};
 use crate::guidance::GuidanceRepo;
 use crate::learn::op_check::RejectedOp;
+use crate::learn::rejected_memory::RejectedMemory;
 
 /// Characters of a rejected op (and of its reason detail) shown in the revision round.
 pub(super) const REJECTED_OP_CHARS: usize = 400;
@@ -274,6 +275,7 @@ impl Reflector {
         guidance: &GuidanceRepo,
         cycle: u64,
         rejected: Option<&[RejectedOp]>,
+        remembered: Option<&RejectedMemory>,
     ) -> Vec<ChatMessage> {
         let mut user = header_text(&self.mission, guidance, cycle, cases.len());
         for (i, r) in cases.iter().enumerate() {
@@ -302,11 +304,38 @@ impl Reflector {
                 user.push_str(&line);
             }
         }
+        if let Some(memory) = remembered.filter(|m| !m.is_empty()) {
+            self.push_remembered(&mut user, memory);
+        }
         user.push_str("\n请输出 JSON。");
         vec![
             ChatMessage::system(self.ops_system.clone()),
             ChatMessage::user(user),
         ]
+    }
+}
+
+impl Reflector {
+    /// The edits rejected in earlier cycles, newest first, within what is left of the prompt
+    /// budget (each line capped).
+    fn push_remembered(&self, user: &mut String, memory: &RejectedMemory) {
+        user.push_str("\n以下修改此前已被拒绝，不要再次提出：\n");
+        let budget = self.prompt_budget();
+        let mut used = self.ops_system.len() + estimate_tokens(user) + estimate_tokens("");
+        let mut entries: Vec<_> = memory.entries().collect();
+        entries.reverse();
+        for e in entries {
+            let line = format!(
+                "- {} → 拒绝原因: {}\n",
+                text::truncate_chars(&e.shown, REJECTED_OP_CHARS),
+                e.reason
+            );
+            if used + line.len() > budget {
+                break;
+            }
+            used += line.len();
+            user.push_str(&line);
+        }
     }
 }
 

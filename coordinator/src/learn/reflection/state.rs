@@ -19,6 +19,7 @@ use super::{GradientRecord, ReflectionError, Reflector, io_err};
 use crate::artifacts::{JsonlWriter, files, read_jsonl};
 use crate::learn::feedback::FeedbackLedger;
 use crate::learn::need_review::NeedReviewRow;
+use crate::learn::rejected_memory::RejectedMemory;
 
 /// The reflector's state at a step boundary: the part of [`Reflector`] a checkpoint carries. The
 /// reflector holds it as one field, so a new piece of state cannot be left out of checkpoints.
@@ -38,6 +39,9 @@ pub struct ReflectorState {
     pub(super) decisions_epoch: (u32, u32),
     /// Warnings for `summary.json`.
     pub(super) run_warnings: Vec<String>,
+    /// Rejected edits remembered (with `reflection.gate`; empty, and left out, without it).
+    #[serde(default, skip_serializing_if = "RejectedMemory::is_empty")]
+    pub(super) rejected: RejectedMemory,
 }
 
 impl Reflector {
