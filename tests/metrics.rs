@@ -79,6 +79,8 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
         summary.guidance_step as f64
     );
     assert!(sample(&body, "stageb_leases_issued_total") >= decided);
+    let idle = sample(&body, "stageb_workers_idle_ratio");
+    assert!((0.0..=1.0).contains(&idle), "idle ratio {idle}");
     assert!(sample(&body, "stageb_worker_prefill_tokens_total") > 0.0);
     // Prefix reuse (issue 13 item 2): the scripted engine reports each rollout's common
     // prefix with the one before, as the real engine's prefix cache does.

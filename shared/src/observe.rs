@@ -17,6 +17,8 @@ pub const JOBS_COMPLETED: &str = "stageb_jobs_completed_total";
 pub const QUEUE_DEPTH: &str = "stageb_queue_depth_jobs";
 pub const JOBS_IN_FLIGHT: &str = "stageb_jobs_in_flight";
 pub const LIVE_WORKERS: &str = "stageb_live_workers";
+/// Share of live worker time (since rank 0 started) in which a worker held no lease.
+pub const WORKERS_IDLE_RATIO: &str = "stageb_workers_idle_ratio";
 pub const LEASE_WAIT: &str = "stageb_lease_wait_seconds";
 pub const JOB_LATENCY: &str = "stageb_job_latency_seconds";
 
@@ -77,6 +79,10 @@ pub fn describe_all() {
     describe_gauge!(QUEUE_DEPTH, "Jobs queued and not leased.");
     describe_gauge!(JOBS_IN_FLIGHT, "Jobs leased and not yet answered.");
     describe_gauge!(LIVE_WORKERS, "Worker sessions seen within two lease TTLs.");
+    describe_gauge!(
+        WORKERS_IDLE_RATIO,
+        "Share of live worker time since rank 0 started in which a worker held no lease."
+    );
     describe_histogram!(
         LEASE_WAIT,
         Unit::Seconds,

@@ -4,6 +4,8 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
+use stageb_shared::observe;
+
 use super::{Inner, LeaseId, Scheduler, SubmitError};
 
 /// A registered worker: its id and when it was last heard from.
@@ -127,14 +129,17 @@ impl Scheduler {
         };
         let ms = u64::try_from(now.saturating_duration_since(last).as_millis()).unwrap_or(u64::MAX);
         let live = self.live_count(g, now) as u64;
-        let holding: std::collections::HashSet<&str> =
-            g.leases.values().map(|l| l.session.as_str()).collect();
+        let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
         let busy = (holding.len() as u64).min(live);
         g.stats.worker_ms = g.stats.worker_ms.saturating_add(ms.saturating_mul(live));
         g.stats.worker_busy_ms = g
             .stats
             .worker_busy_ms
             .saturating_add(ms.saturating_mul(busy));
+        if g.stats.worker_ms > 0 {
+            let idle = 1.0 - g.stats.worker_busy_ms as f64 / g.stats.worker_ms as f64;
+            metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(idle);
+        }
     }
 
     /// How many more jobs `session` may lease now: the work outstanding (queued, ahead and leased)
