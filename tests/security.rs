@@ -883,3 +883,18 @@ fn a_short_token_is_refused_off_loopback_regression_one_character_token() {
     assert_eq!(code, Some(2), "stderr: {stderr}");
     assert!(stderr.contains("at least 32 bytes"), "stderr: {stderr}");
 }
+
+#[test]
+fn worker_numerics_this_build_cannot_produce_are_refused_at_the_command_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stageb"))
+        .args(["coordinator", "--config", "absent.yaml"])
+        .args(["--worker-numerics", "cpu-q8-made-up/cpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--worker-numerics") && stderr.contains("cpu-q8-made-up/cpu"),
+        "{stderr}"
+    );
+}

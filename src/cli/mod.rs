@@ -122,6 +122,30 @@ pub(crate) struct CoordinatorArgs {
     pub(crate) tls: ServerTlsArgs,
     #[command(flatten)]
     pub(crate) edge: EdgeArgs,
+    /// The numerics every worker must load the model with, as `DTYPE/DEVICE` (what a worker
+    /// logs as `numerics=` when its model is loaded, e.g. `cpu-q8-fixed-order/cpu`).
+    /// Without it the first worker to register decides them (rank 0 runs no worker here).
+    #[arg(long, env = "STAGEB_WORKER_NUMERICS", value_parser = parse_worker_numerics)]
+    pub(crate) worker_numerics: Option<String>,
+}
+
+/// `--worker-numerics DTYPE/DEVICE` as the fingerprint's numerics
+/// (`candle-<ver>|dtype|device`), if this build produces them.
+fn parse_worker_numerics(value: &str) -> Result<String, String> {
+    let (dtype, device) = value
+        .split_once('/')
+        .ok_or_else(|| format!("`{value}` is not DTYPE/DEVICE (e.g. cpu-q8-fixed-order/cpu)"))?;
+    let version = stageb_worker::engine::candle_engine::CANDLE_VERSION;
+    let numerics = format!("candle-{version}|{dtype}|{device}");
+    if stageb_worker::engine::numerics_known(&numerics) {
+        Ok(numerics)
+    } else {
+        Err(format!(
+            "`{value}`: no worker of this build loads a model with these numerics \
+             (dtypes: cpu-q8-fixed-order, cpu-f32-fixed-order, cpu-f32, cpu-bf16 on cpu; \
+             cuda-f32, cuda-bf16 on cuda; gguf-quantized, f32-dequantized on either)"
+        ))
+    }
 }
 
 /// `stageb worker`.
@@ -211,5 +235,21 @@ impl TokenArgs {
     /// The token from `--token-file`, else the environment; `None` when none is configured.
     pub(crate) fn load(&self) -> Result<Option<AuthToken>> {
         Ok(AuthToken::from_sources(self.token_file.as_deref())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_worker_numerics;
+
+    #[test]
+    fn worker_numerics_are_dtype_slash_device_of_this_build() {
+        let version = stageb_worker::engine::candle_engine::CANDLE_VERSION;
+        assert_eq!(
+            parse_worker_numerics("cpu-q8-fixed-order/cpu").unwrap(),
+            format!("candle-{version}|cpu-q8-fixed-order|cpu")
+        );
+        assert!(parse_worker_numerics("cuda-bf16/cpu").is_err());
+        assert!(parse_worker_numerics("cpu-q8-fixed-order").is_err());
     }
 }

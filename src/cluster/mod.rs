@@ -98,6 +98,10 @@ pub struct CoordinatorSettings {
     /// Workers the run was started with (`run --workers N`, the launcher's world size; 0 when
     /// unknown): no worker leases more than its share of the work among this many.
     pub expected_workers: usize,
+    /// The numerics every worker must present (`candle-<ver>|dtype|device`), decided by the
+    /// operator (`stageb coordinator --worker-numerics`); `None`: rank 0's own worker decides,
+    /// else the first acceptable worker.
+    pub worker_numerics: Option<String>,
 }
 
 impl From<StartError> for ClusterError {
@@ -153,6 +157,7 @@ impl CoordinatorSettings {
             start: StartMode::Fresh,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             expected_workers: 0,
+            worker_numerics: None,
         }
     }
 }

@@ -41,6 +41,7 @@ pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine,
 pub(super) async fn model_pin(
     inputs: &RunInputs,
     plan: &start::StartPlan,
+    worker_numerics: Option<&str>,
 ) -> Result<ModelPin, ClusterError> {
     let path = PathBuf::from(&inputs.config.model.model_name_or_path);
     let read = tokio::task::spawn_blocking({
@@ -68,6 +69,17 @@ pub(super) async fn model_pin(
             ModelPin::by_first_worker()
         }
         (None, None) => ModelPin::by_first_worker(),
+    };
+    let pin = match worker_numerics {
+        Some(numerics) => pin.with_expected_numerics(numerics).map_err(|refusal| {
+            ClusterError::Input(InputError::new(
+                ErrorCode::ResumeMismatch,
+                "--worker-numerics".to_string(),
+                None,
+                refusal,
+            ))
+        })?,
+        None => pin,
     };
     if let Some(context) = plan.pinned_context {
         return Ok(pin.with_context(context));

@@ -22,8 +22,15 @@ pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
         tls,
         edge_limits: args.edge.limits(),
         worker_grace: Duration::from_secs(args.worker_grace_s),
+        worker_numerics: args.worker_numerics.clone(),
         ..args.rank0.settings(args.listen)
     };
+    if settings.worker_numerics.is_none() {
+        tracing::info!(
+            "rank 0 runs no worker here: the first worker to register decides the run's numerics \
+             (--worker-numerics DTYPE/DEVICE decides them instead)"
+        );
+    }
     serve(
         inputs,
         settings,

@@ -41,7 +41,13 @@ pub(super) async fn work(
     interrupt: impl std::future::Future<Output = ()> + Send,
 ) -> Result<u8> {
     let engine = tokio::task::spawn_blocking(move || model_args.load(&model)).await??;
-    options.device = engine.fingerprint().device.clone();
+    let fingerprint = engine.fingerprint();
+    options.device = fingerprint.device.clone();
+    // What `stageb coordinator --worker-numerics` takes, for whoever runs rank 0.
+    tracing::info!(
+        numerics = %format!("{}/{}", fingerprint.dtype, fingerprint.device),
+        "model loaded"
+    );
     let summary = run_worker(engine, options, interrupt).await?;
     Ok(worker_code(&summary))
 }

@@ -48,6 +48,7 @@ pub fn coordinator_settings(start: cluster::StartMode) -> CoordinatorSettings {
         start,
         drain_timeout: Duration::from_secs(10),
         expected_workers: 0,
+        worker_numerics: None,
     }
 }
 

@@ -36,12 +36,14 @@ pub struct ModelPin {
     /// The run's context, once known (from the model file, the config, an earlier attempt,
     /// or else the first admitted worker).
     pub context: Option<RunContext>,
-    /// Who decided the numerics: `resumed_run`, `rank0_worker` (the worker rank 0 runs
-    /// itself) or `first_worker` (rank 0 runs none).
+    /// Who decided the numerics: `resumed_run`, `operator` (`--worker-numerics`),
+    /// `rank0_worker` (the worker rank 0 runs itself) or `first_worker` (rank 0 runs none).
     pub numerics_pinned_by: &'static str,
     /// Rank 0's own worker is still loading: until it decides the numerics, other workers are
     /// told to retry.
     awaiting_local: bool,
+    /// The numerics the operator decided (`--worker-numerics`), when given.
+    expected_numerics: Option<String>,
     /// The fingerprint suffixes (`candle-…|dtype|device`) this build can produce, when rank 0
     /// knows them (it hashed the weights itself).
     numerics_check: Option<fn(&str) -> bool>,
@@ -75,6 +77,7 @@ impl ModelPin {
             context: None,
             numerics_pinned_by: "first_worker",
             awaiting_local: false,
+            expected_numerics: None,
             numerics_check: None,
         }
     }
@@ -88,6 +91,7 @@ impl ModelPin {
             context: None,
             numerics_pinned_by: "resumed_run",
             awaiting_local: false,
+            expected_numerics: None,
             numerics_check: None,
         }
     }
@@ -101,6 +105,7 @@ impl ModelPin {
             context: None,
             numerics_pinned_by: "first_worker",
             awaiting_local: false,
+            expected_numerics: None,
             numerics_check: None,
         }
     }
@@ -123,11 +128,29 @@ impl ModelPin {
         self
     }
 
+    /// The operator decided the numerics (`stageb coordinator --worker-numerics`): every
+    /// worker's fingerprint must end in `numerics` (`candle-<ver>|dtype|device`). An error when
+    /// a resumed run recorded other numerics.
+    pub fn with_expected_numerics(mut self, numerics: &str) -> Result<Self, String> {
+        if let Some(fp) = &self.fingerprint {
+            if numerics_of(fp) != numerics {
+                return Err(format!(
+                    "the run being resumed ran with the numerics `{}`, not `{numerics}`",
+                    numerics_of(fp)
+                ));
+            }
+            return Ok(self);
+        }
+        self.expected_numerics = Some(numerics.to_string());
+        self.numerics_pinned_by = "operator";
+        Ok(self)
+    }
+
     /// Rank 0 is starting a worker of its own: its fingerprint will decide the numerics, and
     /// until then (or [`ModelPin::release_local`]) other workers are told to retry. Nothing
-    /// changes when the numerics are decided already (a resumed run).
+    /// changes when the numerics are decided already (a resumed run, the operator's flag).
     pub fn expect_local(&mut self) {
-        if self.fingerprint.is_none() {
+        if self.fingerprint.is_none() && self.expected_numerics.is_none() {
             self.awaiting_local = true;
         }
     }
@@ -172,6 +195,13 @@ impl ModelPin {
         {
             return refused(
                 "model fingerprint refused: its numerics (candle version, dtype, device kind) are none this build produces",
+            );
+        }
+        if let Some(expected) = &self.expected_numerics
+            && numerics_of(presented) != expected
+        {
+            return refused(
+                "model fingerprint refused: its numerics (candle version, dtype, device kind) are not the ones rank 0 was started with (--worker-numerics)",
             );
         }
         if let Some(fp) = &self.fingerprint
@@ -340,5 +370,30 @@ mod tests {
         assert!(resumed.admit("aaaa|c|d|cpu", 4096).is_ok());
         resumed.decide_local("aaaa|c|e|cuda");
         assert_eq!(resumed.fingerprint.as_deref(), Some("aaaa|c|d|cpu"));
+    }
+
+    #[test]
+    fn numerics_the_operator_decided_admit_no_other_whoever_comes_first() {
+        let mut pin = ModelPin::by_config("aaaa".into())
+            .with_expected_numerics("candle-0.11|cpu-q8-fixed-order|cpu")
+            .unwrap();
+        assert_eq!(pin.numerics_pinned_by, "operator");
+        pin.expect_local();
+        let squatter = pin.admit("aaaa|candle-0.11|cuda-bf16|cuda", 8192);
+        assert!(
+            matches!(squatter, Err(PinRefusal::Refused(_))),
+            "{squatter:?}"
+        );
+        assert!(
+            pin.admit("aaaa|candle-0.11|cpu-q8-fixed-order|cpu", 8192)
+                .is_ok()
+        );
+        let resumed = ModelPin::by_resumed_run("aaaa|candle-0.11|cuda-bf16|cuda".into());
+        assert!(
+            resumed
+                .with_expected_numerics("candle-0.11|cpu-q8-fixed-order|cpu")
+                .is_err(),
+            "a resumed run keeps the numerics it ran with"
+        );
     }
 }
