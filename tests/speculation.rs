@@ -236,10 +236,9 @@ fn a_slow_worker_no_longer_sets_the_pace_and_the_artifacts_stay_the_same() {
     assert_eq!(plain.runtime["scheduler"]["speculative_leases"], 0);
     assert_same_artifacts(&plain.run_dir, &fast.run_dir);
     assert_audit_ok(&fast.run_dir);
-    // Every step waited 1.5 s for the slow worker's ticket before; now ~0.2 s past its
-    // threshold. A wide margin: the point is the order of magnitude, not a benchmark.
-    assert!(
-        fast_took * 2 < plain_took,
-        "speculation did not help: {fast_took:?} vs {plain_took:?}"
-    );
+    // The slow worker no longer sets the pace: copies of its jobs answered first and its own
+    // leases were fenced (it dropped those jobs). How much faster that makes the run is a
+    // benchmark's question (docs/PERFORMANCE.md), never a timed assertion here.
+    let fenced = stats["leases_fenced_by_speculation"].as_u64().unwrap();
+    assert!(fenced > 0, "{stats}");
 }
