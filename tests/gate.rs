@@ -281,3 +281,78 @@ fn bad_revisions(run: &support::ScriptedRun) -> usize {
         .filter(|c| c.user.contains("以下操作被拒绝") && c.user.contains("\"1.00\""))
         .count()
 }
+
+#[test]
+fn claimed_flips_of_applied_ops_are_checked_against_the_next_epoch_exactly() {
+    let gate = json!({"enabled": true, "gate_fraction": 0.2, "final_fraction": 0.2});
+    let run = ScriptedMission::demo().run(overrides(gate));
+    let correct_in_epoch_2: BTreeSet<String> = read_jsonl(&run.run_dir, files::SELECTIONS)
+        .iter()
+        .filter(|r| r["epoch"] == 2 && r["result"]["label_match"] == true)
+        .filter(|r| !r["result"]["verdict"].is_null())
+        .map(|r| r["ticket_key"].as_str().unwrap().to_string())
+        .collect();
+    // What the epoch-2 row must say, derived from the epoch-1 cycles alone.
+    let mut expected = Vec::new();
+    for row in read_jsonl(&run.run_dir, files::REFLECTION) {
+        if row["epoch"] != 1 || row["applied"] != true {
+            continue;
+        }
+        for applied in row["applied_ops"].as_array().unwrap() {
+            let accepted = &row["accepted_ops"][applied["index"].as_u64().unwrap() as usize];
+            let claimed: Vec<&str> = accepted["expected_flips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            if claimed.is_empty() {
+                continue;
+            }
+            let hits = claimed
+                .iter()
+                .filter(|k| correct_in_epoch_2.contains(**k))
+                .count();
+            expected.push(json!({
+                "reflection_id": row["reflection_id"], "key": applied["key"],
+                "claimed": claimed.len(), "hits": hits,
+            }));
+        }
+    }
+    assert!(!expected.is_empty(), "the ops of epoch 1 claimed flips");
+    let epoch_2 = read_jsonl(&run.run_dir, files::METRICS)
+        .into_iter()
+        .find(|r| r["event"] == "epoch_end" && r["epoch"] == 2)
+        .unwrap();
+    let written: Vec<Value> = epoch_2["predictions"]
+        .as_array()
+        .expect("the epoch-2 row checks them")
+        .iter()
+        .map(|p| {
+            assert_eq!(p["epoch_applied"], 1);
+            json!({"reflection_id": p["reflection_id"], "key": p["key"],
+                   "claimed": p["claimed"], "hits": p["hits"]})
+        })
+        .collect();
+    assert_eq!(written, expected);
+    assert_audit_ok(&run.run_dir);
+    let html = stageb_inspect::report::render(&run.run_dir).unwrap();
+    assert!(
+        html.contains("Checked predictions"),
+        "the report lists them"
+    );
+
+    // The audit recomputes them: a claim turned into a hit by hand is found.
+    let copy = support::copy_of_run(&run.run_dir);
+    let path = copy.join(files::METRICS);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\"claimed\":1,\"hits\":1,", "\"claimed\":1,\"hits\":0,");
+    std::fs::write(&path, text).unwrap();
+    let checks: Vec<&str> = stageb_inspect::audit::audit(&copy)
+        .violations
+        .into_iter()
+        .map(|v| v.check)
+        .collect();
+    assert!(checks.contains(&"predictions_recomputed"), "{checks:?}");
+}

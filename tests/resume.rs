@@ -87,19 +87,25 @@ fn config_piped(dir: &Path, run_name: &str, pipeline_steps: u32) -> PathBuf {
 /// when `gate`.
 fn config_with(dir: &Path, run_name: &str, pipeline_steps: u32, gate: bool) -> PathBuf {
     let gate = gate.then(|| json!({"enabled": true, "remember_rejected": 4}));
-    support::write_config(
-        dir,
-        json!({
+    let mut config = json!({
             "output": {"root": dir.join("runs"), "run_name": run_name},
             "runner": {"epochs": 2, "per_rank_rollout_batch_size": 1, "logging_steps": 16,
                        "pipeline_steps": pipeline_steps},
             "reflection": {
                 "batch_size": 8, "max_operations": 3, "max_new_tokens": 384,
                 "retry_budget_per_group_per_epoch": 2, "max_calls_per_epoch": 12,
-                "gate": gate,
             },
-        }),
-    )
+    });
+    if let Some(gate) = gate {
+        // Whole batches in one prompt, so the ops pass sees the cases it claims to fix.
+        // Three epochs: the claims of epoch-2 ops are settled in epoch 3, across the stop.
+        config["runner"]["epochs"] = json!(3);
+        let reflection = &mut config["reflection"];
+        reflection["gate"] = gate;
+        reflection["max_reflection_length"] = json!(16384);
+        reflection["token_budget"] = json!(16384);
+    }
+    support::write_config(dir, config)
 }
 
 /// Where the first attempt is stopped: once the workers have started this many jobs.
@@ -143,11 +149,12 @@ fn a_run_stopped_while_a_step_was_queued_ahead_resumes_to_the_uninterrupted_arti
 }
 
 /// Issue 25: with the held-out splits on and a reflector that keeps proposing a rejected edit,
-/// the remembered rejections travel in the step checkpoint (stopped in epoch 2, after the
-/// first rejections were remembered).
+/// the remembered rejections and the open predictions travel in the step checkpoint (three
+/// epochs, stopped in the third, after rejections were remembered and while claims made in
+/// the second are being settled).
 #[test]
 fn a_run_with_the_gate_on_resumes_to_the_uninterrupted_artifacts() {
-    stop_and_resume_with(StopAfter::Rollouts(60), 0, true);
+    stop_and_resume_with(StopAfter::Rollouts(110), 0, true);
 }
 
 /// Stops a run at `at`, resumes it, and checks it equals an uninterrupted run; with
@@ -209,10 +216,17 @@ fn stop_and_resume_with(at: StopAfter, pipeline_steps: u32, gate: bool) {
     // Exactly the uninterrupted run's artifacts.
     let (whole_dir, resumed_dir) = (&whole.run_dir, &resumed.run_dir);
     assert_same_artifacts(whole_dir, resumed_dir);
+    if gate {
+        let metrics = std::fs::read_to_string(whole_dir.join(files::METRICS)).unwrap();
+        assert!(
+            metrics.contains("\"predictions\"") && metrics.contains("\"splits\""),
+            "a later epoch checks claims made before the stop"
+        );
+    }
     assert_eq!(resumed.epoch_accuracy, whole.epoch_accuracy);
     assert_eq!(resumed.guidance_hash, whole.guidance_hash);
     assert_audit_ok(resumed_dir);
-    if pipeline_steps > 0 {
+    if pipeline_steps > 0 || gate {
         return;
     }
 

@@ -42,15 +42,15 @@ fn tailored_reflection_schemas_compile_for_the_real_vocabulary() {
     );
     for schema in [
         tailor_decision_schema(&batch, 320),
-        tailor_ops_schema(3, &batch, &with_rules, 320),
-        tailor_ops_schema(3, &batch, &only_g0, 320),
+        tailor_ops_schema(3, &batch, &with_rules, 320, false),
+        tailor_ops_schema(3, &batch, &only_g0, 320, false),
     ] {
         factory
             .build(&ConstraintSpec::JsonSchema(schema.clone()))
             .unwrap_or_else(|e| panic!("{e}: {schema}"));
     }
     // With only G0, delete and merge are not offered at all.
-    let ops = tailor_ops_schema(3, &batch, &only_g0, 320).to_string();
+    let ops = tailor_ops_schema(3, &batch, &only_g0, 320, false).to_string();
     assert!(
         !ops.contains("\"delete\"") && !ops.contains("\"merge\""),
         "{ops}"

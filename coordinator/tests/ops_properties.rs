@@ -91,6 +91,7 @@ fn build(
         rationale: Some("依据本批样本".into()),
         evidence: evidence.iter().map(|&i| EVIDENCE[i].to_string()).collect(),
         merged_from: (kind == "merge").then(|| vec!["G2".to_string()]),
+        expected_flips: None,
     }
 }
 

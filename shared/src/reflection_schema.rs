@@ -88,6 +88,10 @@ pub struct ProposedOp {
     pub evidence: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_from: Option<Vec<String>>,
+    /// The evidence tickets the op claims to decide correctly once applied (offered with
+    /// `reflection.gate` only; checked in the next epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_flips: Option<Vec<String>>,
 }
 
 /// The model's own coverage claim (advisory only).
@@ -176,6 +180,22 @@ fn op_branch(kind: &str, fields: &[&str]) -> Value {
         "required": required,
         "additionalProperties": false,
     })
+}
+
+/// Offer the optional `expected_flips` (ticket ids, like `evidence`) on every op branch of an
+/// ops schema.
+pub fn offer_expected_flips(schema: &mut Value) {
+    let Some(branches) = schema
+        .pointer_mut("/properties/operations/items/anyOf")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for b in branches {
+        if let Some(props) = b.get_mut("properties").and_then(Value::as_object_mut) {
+            props.insert("expected_flips".into(), ticket_keys_schema(0));
+        }
+    }
 }
 
 /// JSON Schema for [`OpsOutput`] with at most `max_operations` operations.

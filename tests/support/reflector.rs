@@ -326,6 +326,9 @@ impl Reflector {
                     let ops = out["operations"].as_array_mut().unwrap();
                     ops.push(third_state_op(&prompt, revision));
                 }
+                if user.contains("expected_flips") {
+                    claim_flips(&mut out, &prompt);
+                }
                 if behaviour.repeat_bad_op && !revision {
                     let evidence: Vec<&str> = prompt
                         .cases
@@ -362,6 +365,27 @@ impl Reflector {
             "no_evidence_group_ids": stop,
             "decision_analysis": "逐例尝试了摘要短语出现、确认信息缺失和既有规则收窄三个方向；列出的案例三个方向都找不到可泛化依据。",
         })
+    }
+}
+
+/// Asked for predictions (`reflection.gate` on), every op claims the cases of its evidence that
+/// are decided wrongly now: the ones it is meant to fix.
+fn claim_flips(out: &mut Value, prompt: &ReflectionPrompt) {
+    let wrong: BTreeSet<&str> = prompt
+        .cases
+        .iter()
+        .filter(|c| c.wrong_pass() || c.wrong_fail())
+        .map(|c| c.key.as_str())
+        .collect();
+    for op in out["operations"].as_array_mut().into_iter().flatten() {
+        let claimed: Vec<Value> = op["evidence"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|k| k.as_str().is_some_and(|k| wrong.contains(k)))
+            .cloned()
+            .collect();
+        op["expected_flips"] = Value::Array(claimed);
     }
 }
 

@@ -144,6 +144,10 @@ pub struct MetricsRow {
     /// headline: no decision was ever made on it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splits: Option<BTreeMap<String, SplitCounts>>,
+    /// Epoch rows with `reflection.gate` on: the applied ops whose claimed flips
+    /// (`expected_flips`) this epoch's decisions settled (`learn::predictions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predictions: Option<Vec<serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
     pub schema_version: u32,
@@ -202,6 +206,7 @@ pub fn row(
         exclude_manual_review: counts(window, ManualReview::Exclude),
         include_manual_review: counts(window, ManualReview::Include),
         splits: None,
+        predictions: None,
         timing,
         schema_version: SCHEMA_VERSION,
     }

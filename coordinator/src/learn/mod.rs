@@ -4,6 +4,7 @@
 //! - [`reflection`]: the driver (decision pass → need-review, ops pass → guidance edits) and
 //!   the `reflection.jsonl` row it writes ([`reflection::ReflectionRow`]).
 //! - [`op_check`]: validation of the ops a reflection proposes (stable reject codes).
+//! - [`predictions`]: the claims of applied ops (`expected_flips`), checked an epoch later.
 //! - [`rejected_memory`]: rejected edits remembered across cycles (with `reflection.gate`).
 //! - [`rule_text`]: whether a proposed rule text is a rule (no label leak, not a number, …).
 //! - [`feedback`]: which rule (key and generation) buffered hit/miss feedback belongs to.
@@ -12,6 +13,7 @@
 pub mod feedback;
 pub mod need_review;
 pub mod op_check;
+pub mod predictions;
 pub mod reflection;
 pub mod rejected_memory;
 pub mod rule_text;

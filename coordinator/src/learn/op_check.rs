@@ -162,6 +162,10 @@ pub struct AcceptedOp {
     /// Set when an `add` was turned into an update of an existing rule with the same text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reused_key: Option<RuleKey>,
+    /// The evidence tickets the op claims to flip ([`ProposedOp::expected_flips`] resolved,
+    /// kept only where they are its evidence); checked in the next epoch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expected_flips: Vec<TicketKey>,
 }
 
 /// A rejected op with its reason (recorded in `reflection.jsonl`, and sent back for revision).
@@ -231,10 +235,12 @@ pub fn validate_ops(proposed: &[ProposedOp], ctx: &OpsContext<'_>) -> OpsValidat
             }
             signatures.push(sig);
             touched.extend(keys);
+            let expected_flips = claimed_flips(p, &op, ctx);
             Ok(AcceptedOp {
                 index,
                 op,
                 reused_key,
+                expected_flips,
             })
         });
         match checked {
@@ -248,6 +254,20 @@ pub fn validate_ops(proposed: &[ProposedOp], ctx: &OpsContext<'_>) -> OpsValidat
         }
     }
     out
+}
+
+/// The op's claimed flips resolved to ticket keys, those among its evidence only, in evidence
+/// order (a claim outside the evidence is no claim about this op's own cases).
+fn claimed_flips(p: &ProposedOp, op: &GuidanceOp, ctx: &OpsContext<'_>) -> Vec<TicketKey> {
+    let Some(raw) = &p.expected_flips else {
+        return Vec::new();
+    };
+    let claimed: BTreeSet<TicketKey> = raw.iter().map(|r| resolve_id(r, ctx.shorthand)).collect();
+    op.evidence()
+        .iter()
+        .filter(|k| claimed.contains(*k))
+        .cloned()
+        .collect()
 }
 
 /// Why `op`, on top of the ops already accepted, would take the guidance past the input

@@ -144,6 +144,7 @@ mod tests {
             rationale: Some("because".into()),
             evidence: evidence.iter().map(|s| s.to_string()).collect(),
             merged_from: None,
+            expected_flips: None,
         }
     }
 

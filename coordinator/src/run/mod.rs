@@ -563,6 +563,10 @@ impl RunLoop {
             in_manual_review: outcome.selection.verdict.is_none(),
             split,
         });
+        if self.splits.is_some() {
+            let correct = outcome.selection.verdict.is_some() && outcome.selection.label_match;
+            self.reflector.note_decided(&t.key(), run.epoch, correct);
+        }
         if split.is_some_and(Split::held_out) {
             // Held out: decided and counted, never a gradient candidate nor rule feedback.
         } else if outcome.eligibility.eligible {
@@ -596,7 +600,13 @@ impl RunLoop {
         if let Some(row) = window.partial_row(self.global_step, started.elapsed()) {
             self.append_metrics(&row)?;
         }
-        let epoch_row = window.epoch_row(self.global_step);
+        let mut epoch_row = window.epoch_row(self.global_step);
+        let settled = self.reflector.take_settled_predictions();
+        let settled: Vec<serde_json::Value> = settled
+            .iter()
+            .filter_map(|p| serde_json::to_value(p).ok())
+            .collect();
+        epoch_row.predictions = (!settled.is_empty()).then_some(settled);
         record_epoch_accuracy(epoch, &epoch_row);
         self.append_metrics(&epoch_row)?;
         self.writers.sync().map_err(io_err(&self.dir))?;

@@ -18,7 +18,8 @@
 //!   no rule of the final guidance names a group id of the run or a label suffix;
 //! - the guidance hash chain verifies and `S*` rules are unchanged from the seed;
 //! - held-out splits (`reflection.gate`): each selection row's split is the seeded one, and no
-//!   gate or final ticket reached reflection or the need-review queue (`splits.rs`);
+//!   gate or final ticket reached reflection or the need-review queue, and each epoch row's
+//!   checked predictions are recomputed from the ops applied before (`splits.rs`);
 //! - integrity (runs with a key, `artifacts::seal`): every JSONL file matches its seal, with
 //!   nothing after it, and every journal row its own `mac`: an edit made after rank 0 wrote a
 //!   row (an answer, a candidate text, an explanation, a reflection output) is found.
@@ -192,6 +193,7 @@ pub fn audit(dir: &Path) -> AuditReport {
     let held_out = splits::check_assignment(&mut report, &run, &selections);
     let queue = learning::check_need_review(&mut report, dir, &run);
     splits::check_isolation(&mut report, dir, &held_out, &queue);
+    splits::check_predictions(&mut report, dir, &selections);
     learning::check_metrics(&mut report, dir, &selections, &queue);
     let group_ids: BTreeSet<String> = selections
         .values()

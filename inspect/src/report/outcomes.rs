@@ -57,6 +57,21 @@ pub struct MetricsRow {
     /// Per held-out split (`reflection.gate` on), by split name.
     #[serde(default)]
     pub splits: Option<BTreeMap<String, SplitAccuracy>>,
+    /// Applied ops whose claimed flips this epoch settled (`reflection.gate` on).
+    #[serde(default)]
+    pub predictions: Option<Vec<PredictionCheck>>,
+}
+
+/// One settled prediction of an epoch row.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct PredictionCheck {
+    pub reflection_id: String,
+    pub epoch_applied: u32,
+    pub key: String,
+    pub op: String,
+    pub claimed: u64,
+    pub hits: u64,
 }
 
 /// One split's block of an epoch row.
@@ -76,6 +91,8 @@ pub struct EpochAccuracy {
     pub exclude: Confusion,
     /// Per split, when the run held some tickets out (empty otherwise).
     pub splits: BTreeMap<String, SplitAccuracy>,
+    /// The predictions this epoch settled.
+    pub predictions: Vec<PredictionCheck>,
 }
 
 /// A metrics window row's timing: how far the epoch had got, and when.
@@ -167,6 +184,7 @@ pub fn collect(dir: &Path, summary_epoch_rows: &[Value]) -> Outcomes {
             include: r.include_manual_review,
             exclude: r.exclude_manual_review,
             splits: r.splits.clone().unwrap_or_default(),
+            predictions: r.predictions.clone().unwrap_or_default(),
         })
         .collect();
     out.files.push(metrics);

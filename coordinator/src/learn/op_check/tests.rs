@@ -45,12 +45,14 @@ fn op(kind: &str, key: Option<&str>, text: Option<&str>, evidence: &[&str]) -> P
         rationale: Some("依据本批样本".into()),
         evidence: evidence.iter().map(|s| s.to_string()).collect(),
         merged_from: None,
+        expected_flips: None,
     }
 }
 
 fn merge(key: &str, from: &[&str], text: &str) -> ProposedOp {
     ProposedOp {
         merged_from: Some(from.iter().map(|s| s.to_string()).collect()),
+        expected_flips: None,
         ..op("merge", Some(key), Some(text), &["g1::pass"])
     }
 }
@@ -317,6 +319,7 @@ fn merge_sources_must_be_valid() {
         (
             ProposedOp {
                 merged_from: None,
+                expected_flips: None,
                 ..merge("G1", &[], "合并规则")
             },
             RejectReason::MergedFromInvalid,

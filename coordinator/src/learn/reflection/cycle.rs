@@ -22,6 +22,7 @@ use crate::artifacts::files;
 use crate::guidance::{ApplyOutcome, GuidanceError, GuidanceRepo, OpEffect, RuleKey};
 use crate::learn::need_review::NeedReviewReason;
 use crate::learn::op_check::{self, OpsValidation};
+use crate::learn::predictions::Prediction;
 
 /// How a cycle ended: every early exit is one of these, and so is the normal end. Each names
 /// the tickets it routed to need-review (the row's `routing`).
@@ -287,6 +288,7 @@ impl Reflector {
                     Ok(outcome) => {
                         applied = true;
                         covered = op_check::evidence_covered(&outcome.applied);
+                        self.track_predictions(row, validation, &outcome.applied);
                         self.record_applied(row, outcome);
                     }
                     Err(GuidanceError::NothingApplied { .. }) => {
@@ -301,6 +303,30 @@ impl Reflector {
         row.covered = Some(covered.clone());
         row.coverage = Some(CoverageCounts::of(learnable.len(), covered.len()));
         Ok(covered)
+    }
+
+    /// The claims (`expected_flips`) of the ops that were applied, to be settled in later
+    /// epochs. `applied[i].index` is the op's position among the accepted ones.
+    fn track_predictions(
+        &mut self,
+        row: &ReflectionRow,
+        validation: &OpsValidation,
+        applied: &[crate::guidance::AppliedOp],
+    ) {
+        for a in applied {
+            let Some(accepted) = validation.accepted.get(a.index) else {
+                continue;
+            };
+            self.state.predictions.add(Prediction {
+                reflection_id: row.reflection_id.clone(),
+                epoch: row.epoch,
+                key: a.key.to_string(),
+                op: a.op.clone(),
+                claimed: accepted.expected_flips.clone(),
+                hits: Vec::new(),
+                misses: Vec::new(),
+            });
+        }
     }
 
     /// A guidance version was written: it counts against the epoch's cap, its rules owe

@@ -43,6 +43,7 @@ use crate::cluster::completions::{Completions, WaitError};
 use crate::cluster::scheduler::Scheduler;
 use crate::guidance::{GuidanceError, GuidanceRepo};
 use crate::learn::need_review::{self, NeedReviewRow};
+use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
 
 mod call;
@@ -251,6 +252,17 @@ impl Reflector {
     /// of the last applied reflection is immediate (it agreed with its label).
     pub fn add_stable(&mut self, label_match: bool) {
         self.state.feedback.credit_stable(label_match);
+    }
+
+    /// A train ticket was decided in `epoch` (`correct`: its verdict matches its label): it
+    /// settles the claims earlier ops made on it.
+    pub fn note_decided(&mut self, key: &TicketKey, epoch: u32, correct: bool) {
+        self.state.predictions.note(key, epoch, correct);
+    }
+
+    /// The predictions settled so far, taken out (for the epoch row).
+    pub fn take_settled_predictions(&mut self) -> Vec<PredictionCheck> {
+        self.state.predictions.take_settled()
     }
 
     /// Queue a gradient candidate; its feedback is buffered until reflection decides.

@@ -126,6 +126,7 @@ impl Reflector {
                 &learnable.keys,
                 guidance,
                 self.config.max_new_tokens,
+                self.config.gate.enabled,
             ),
             shorthand: shorthand(&learnable.records),
             case_summaries: learnable

@@ -133,14 +133,19 @@ pub fn tailor_decision_schema(batch: &BTreeSet<TicketKey>, max_new_tokens: u32) 
     schema
 }
 
-/// Restrict op evidence to `L` and op keys to existing `G` keys.
+/// Restrict op evidence to `L` and op keys to existing `G` keys; with `predictions`, offer
+/// each op an optional `expected_flips` within `L` as well.
 pub fn tailor_ops_schema(
     max_operations: usize,
     learnable: &BTreeSet<TicketKey>,
     guidance: &GuidanceRepo,
     max_new_tokens: u32,
+    predictions: bool,
 ) -> Value {
     let mut schema = reflection_schema::ops_json_schema(max_operations);
+    if predictions {
+        reflection_schema::offer_expected_flips(&mut schema);
+    }
     cap_string(
         &mut schema,
         "/properties/evidence_analysis",
@@ -176,6 +181,10 @@ pub fn tailor_ops_schema(
             if let Some(ev) = b.pointer_mut("/properties/evidence") {
                 ev["items"] = json!({"enum": keys});
                 ev["maxItems"] = json!(keys.len().max(1));
+            }
+            if let Some(flips) = b.pointer_mut("/properties/expected_flips") {
+                flips["items"] = json!({"enum": keys});
+                flips["maxItems"] = json!(keys.len());
             }
             // G0 may be updated or merged into, never deleted or merged away: the schema does
             // not offer what validation would reject anyway.
@@ -307,6 +316,9 @@ impl Reflector {
         if let Some(memory) = remembered.filter(|m| !m.is_empty()) {
             self.push_remembered(&mut user, memory);
         }
+        if self.config.gate.enabled {
+            user.push_str(EXPECTED_FLIPS_ASK);
+        }
         user.push_str("\n请输出 JSON。");
         vec![
             ChatMessage::system(self.ops_system.clone()),
@@ -314,6 +326,10 @@ impl Reflector {
         ]
     }
 }
+
+/// With `reflection.gate` on, the ops pass may say which of an op's evidence cases it expects
+/// to be decided correctly once the op is applied; the next epoch checks the claim.
+const EXPECTED_FLIPS_ASK: &str = "\n每个操作可另给 expected_flips：该操作应用后预计会被判对的 evidence 案例（evidence 的子集）；下一轮会逐一核对。\n";
 
 impl Reflector {
     /// The edits rejected in earlier cycles, newest first, within what is left of the prompt

@@ -19,6 +19,7 @@ use super::{GradientRecord, ReflectionError, Reflector, io_err};
 use crate::artifacts::{JsonlWriter, files, read_jsonl};
 use crate::learn::feedback::FeedbackLedger;
 use crate::learn::need_review::NeedReviewRow;
+use crate::learn::predictions::Predictions;
 use crate::learn::rejected_memory::RejectedMemory;
 
 /// The reflector's state at a step boundary: the part of [`Reflector`] a checkpoint carries. The
@@ -42,6 +43,9 @@ pub struct ReflectorState {
     /// Rejected edits remembered (with `reflection.gate`; empty, and left out, without it).
     #[serde(default, skip_serializing_if = "RejectedMemory::is_empty")]
     pub(super) rejected: RejectedMemory,
+    /// Claims of applied ops not settled yet (with `reflection.gate`; left out while empty).
+    #[serde(default, skip_serializing_if = "Predictions::is_empty")]
+    pub(super) predictions: Predictions,
 }
 
 impl Reflector {

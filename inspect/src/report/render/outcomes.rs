@@ -77,6 +77,7 @@ pub fn accuracy(page: &mut Page, data: &RunData) {
         }),
     );
     split_accuracy(page, data);
+    checked_predictions(page, data);
     if !o.accuracy.is_empty() {
         accuracy_charts(page, data);
     }
@@ -122,6 +123,49 @@ fn split_accuracy(page: &mut Page, data: &RunData) {
             "n",
             "acc (without need-review)",
             "n",
+        ],
+        rows,
+    );
+}
+
+/// The claims of applied ops (`expected_flips`) and how the next epoch bore them out.
+fn checked_predictions(page: &mut Page, data: &RunData) {
+    let acc = &data.outcomes.accuracy;
+    if acc.iter().all(|a| a.predictions.is_empty()) {
+        return;
+    }
+    page.explain(
+        "Checked predictions: an applied op may name the evidence tickets it expects to fix; \
+         the next epoch's decisions of those tickets settle each claim (a hit when the verdict \
+         matches the label).",
+    );
+    let rows = acc.iter().flat_map(|a| {
+        a.predictions.iter().map(move |p| {
+            let rate = if p.claimed == 0 {
+                0.0
+            } else {
+                p.hits as f64 / p.claimed as f64
+            };
+            vec![
+                Cell::num(a.epoch),
+                Cell::text(&p.reflection_id),
+                Cell::text(&format!("{} {}", p.op, p.key)),
+                Cell::num(p.epoch_applied),
+                Cell::num(p.claimed),
+                Cell::num(p.hits),
+                Cell::num(pct(rate)),
+            ]
+        })
+    });
+    page.table(
+        &[
+            "checked in epoch",
+            "reflection",
+            "op",
+            "applied in epoch",
+            "claimed",
+            "hits",
+            "hit rate",
         ],
         rows,
     );
