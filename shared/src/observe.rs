@@ -63,6 +63,12 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 
 /// Register every metric's help text and unit with the installed recorder.
 pub fn describe_all() {
+    describe_rank0();
+    describe_worker();
+}
+
+/// [`describe_all`]'s rank-0 half: the lease table, then the run.
+fn describe_rank0() {
     describe_counter!(LEASES_ISSUED, "Leases handed to workers.");
     describe_counter!(
         LEASES_EXPIRED,
@@ -128,6 +134,10 @@ pub fn describe_all() {
         REFLECTION_CYCLE,
         "The reflection cycle whose call ran last (the run's cycle counter)."
     );
+}
+
+/// [`describe_all`]'s worker half.
+fn describe_worker() {
     describe_counter!(
         WORKER_JOBS,
         "Jobs a worker ran, by kind and outcome (ok, error, cancelled)."
