@@ -898,3 +898,15 @@ fn worker_numerics_this_build_cannot_produce_are_refused_at_the_command_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn off_loopback_without_a_worker_of_its_own_rank_0_needs_the_numerics_decided() {
+    // Issue 26 item 9: otherwise the first peer holding the token decides them.
+    let token = "t".repeat(64);
+    let (code, stderr) = coordinator_off_loopback(Some(&token));
+    assert_eq!(code, Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains("E_NUMERICS_UNDECIDED") && stderr.contains("--worker-numerics"),
+        "stderr: {stderr}"
+    );
+}

@@ -61,6 +61,9 @@ pub enum ErrorCode {
     /// An input beyond the run's input budget ([`crate::budget`]): too many tickets or rules,
     /// a guidance file or rule text too large.
     InputBudget,
+    /// `stageb coordinator` off loopback, with a model rank 0 can read, and nothing to decide
+    /// the workers' numerics (`--worker-numerics`): the first peer to register would.
+    NumericsUndecided,
 }
 
 impl ErrorCode {
@@ -90,6 +93,7 @@ impl ErrorCode {
             ErrorCode::RunLocked => "E_RUN_LOCKED",
             ErrorCode::InvalidDevice => "E_INVALID_DEVICE",
             ErrorCode::InputBudget => "E_INPUT_BUDGET",
+            ErrorCode::NumericsUndecided => "E_NUMERICS_UNDECIDED",
         }
     }
 }

@@ -102,6 +102,9 @@ pub struct CoordinatorSettings {
     /// operator (`stageb coordinator --worker-numerics`); `None`: rank 0's own worker decides,
     /// else the first acceptable worker.
     pub worker_numerics: Option<String>,
+    /// Rank 0 starts no worker of its own (`stageb coordinator`): off loopback, with a model it
+    /// hashed and nothing resumed, it then refuses to start without `worker_numerics`.
+    pub rank0_runs_no_worker: bool,
 }
 
 impl From<StartError> for ClusterError {
@@ -158,6 +161,7 @@ impl CoordinatorSettings {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             expected_workers: 0,
             worker_numerics: None,
+            rank0_runs_no_worker: false,
         }
     }
 }

@@ -11,7 +11,7 @@ use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::limits;
 use stageb_worker::engine::{CandleEngine, EngineOptions};
 
-use super::ClusterError;
+use super::{ClusterError, CoordinatorSettings};
 
 /// Load a model, reporting a missing or unloadable file as bad input (exit code 2) with a
 /// stable code: at startup the model file is the user's input like any other.
@@ -41,8 +41,9 @@ pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine,
 pub(super) async fn model_pin(
     inputs: &RunInputs,
     plan: &start::StartPlan,
-    worker_numerics: Option<&str>,
+    settings: &CoordinatorSettings,
 ) -> Result<ModelPin, ClusterError> {
+    let worker_numerics = settings.worker_numerics.as_deref();
     let path = PathBuf::from(&inputs.config.model.model_name_or_path);
     let read = tokio::task::spawn_blocking({
         let path = path.clone();
@@ -70,6 +71,7 @@ pub(super) async fn model_pin(
         }
         (None, None) => ModelPin::by_first_worker(),
     };
+    numerics_decided(&pin, settings)?;
     let pin = match worker_numerics {
         Some(numerics) => pin.with_expected_numerics(numerics).map_err(|refusal| {
             ClusterError::Input(InputError::new(
@@ -89,6 +91,31 @@ pub(super) async fn model_pin(
         Some(context) => pin.with_context(context),
         None => pin,
     })
+}
+
+/// Off loopback, rank 0 without a worker of its own, with weights it hashed and no numerics
+/// decided yet, needs `--worker-numerics`: otherwise the first peer holding the token would
+/// decide them (issue 26 item 9).
+fn numerics_decided(pin: &ModelPin, settings: &CoordinatorSettings) -> Result<(), ClusterError> {
+    let undecided = settings.rank0_runs_no_worker
+        && settings.worker_numerics.is_none()
+        && !settings.listen.ip().is_loopback()
+        && pin.pinned_by == "config";
+    if !undecided {
+        return Ok(());
+    }
+    Err(ClusterError::Input(InputError::new(
+        ErrorCode::NumericsUndecided,
+        "--worker-numerics".to_string(),
+        None,
+        format!(
+            "listening on {} with no worker of its own, rank 0 needs --worker-numerics DTYPE/DEVICE \
+             (STAGEB_WORKER_NUMERICS): the numerics every worker must load the model with, as a \
+             worker logs them (numerics=…, e.g. cpu-q8-fixed-order/cpu); otherwise the first peer \
+             to register would decide them",
+            settings.listen
+        ),
+    )))
 }
 
 /// The run's context from `model.max_model_len` and the model's declaration (`Err`: rank 0

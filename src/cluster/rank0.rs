@@ -61,7 +61,7 @@ pub async fn run_coordinator_until(
 ) -> Result<RunSummary, ClusterError> {
     let (listener, edge) = bind(&settings).await?;
     let plan = start::plan(&inputs, settings.start)?;
-    let model = model_pin(&inputs, &plan, settings.worker_numerics.as_deref()).await?;
+    let model = model_pin(&inputs, &plan, &settings).await?;
     let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
     // Before anything is written: a second process on this directory must not truncate it.
     let _run_lock = start::lock_run_dir(&plan.dir)?;

@@ -23,12 +23,13 @@ pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
         edge_limits: args.edge.limits(),
         worker_grace: Duration::from_secs(args.worker_grace_s),
         worker_numerics: args.worker_numerics.clone(),
+        rank0_runs_no_worker: true,
         ..args.rank0.settings(args.listen)
     };
     if settings.worker_numerics.is_none() {
         tracing::info!(
             "rank 0 runs no worker here: the first worker to register decides the run's numerics \
-             (--worker-numerics DTYPE/DEVICE decides them instead)"
+             (--worker-numerics DTYPE/DEVICE decides them instead; required off loopback)"
         );
     }
     serve(

@@ -49,6 +49,7 @@ pub fn coordinator_settings(start: cluster::StartMode) -> CoordinatorSettings {
         drain_timeout: Duration::from_secs(10),
         expected_workers: 0,
         worker_numerics: None,
+        rank0_runs_no_worker: false,
     }
 }
 
