@@ -277,8 +277,9 @@ fn real_model_learning_loop_runs_two_epochs_with_sound_reflection() {
 }
 
 /// Issue 23: the next step's rollouts queued ahead while reflection runs change no byte on
-/// the real model. Sixteen demo tickets make two steps of eight; every split vote is a
+/// the real model. Ten demo tickets make a step of eight and one of two; every split vote is a
 /// gradient candidate, so the first boundary reflects while the second step is queued ahead.
+/// (Sixteen tickets took 94 s for both runs here, ten take 78 s: the CI budget is tight.)
 #[test]
 fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -290,7 +291,7 @@ fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
     ] {
         let knobs = Knobs {
             source: "examples/demo/stage_a.jsonl",
-            tickets: 16,
+            tickets: 10,
             run_name,
             runner_extra,
             reflection_tokens: 96,
@@ -305,7 +306,7 @@ fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
         let ahead = u64::from(run_name == "ahead");
         assert_eq!(
             (pipeline.steps_ahead, pipeline.jobs_ahead),
-            (ahead, 8 * ahead)
+            (ahead, 2 * ahead)
         );
         dirs.push(mission_dir(tmp.path(), run_name));
     }
