@@ -1,5 +1,5 @@
 //! The checks of what the run learned and reported: the need-review files, the metrics epoch
-//! rows, every reflection cycle (read with the reflector's own row type, [`ReflectionRow`]:
+//! rows (with their checked predictions, `splits.rs`), every reflection cycle (read with the reflector's own row type, [`ReflectionRow`]:
 //! stop-gradient isolation, evidence ⊆ learnable, coverage, no label in rule texts) and the
 //! guidance chain.
 
@@ -17,6 +17,7 @@ use stageb_shared::domain::{TicketKey, Verdict};
 
 use super::decisions::Selections;
 use super::rows::for_each_row;
+use super::splits::Claims;
 use super::{AuditReport, RunFacts, verdict_of};
 
 /// `need_review.json` is the aggregation of the queue. Returns the queue's rows.
@@ -79,6 +80,7 @@ pub fn check_metrics(
     dir: &Path,
     selections: &Selections,
     queue: &[NeedReviewRow],
+    claims: &Claims,
 ) {
     let mut epoch_rows = Vec::new();
     for_each_row(report, dir, files::METRICS, |_, line, row| {
@@ -140,6 +142,7 @@ pub fn check_metrics(
                 );
             }
         }
+        super::splits::check_row_predictions(report, line, &row, claims, selections);
     }
 }
 

@@ -192,9 +192,8 @@ pub fn audit(dir: &Path) -> AuditReport {
 
     let held_out = splits::check_assignment(&mut report, &run, &selections);
     let queue = learning::check_need_review(&mut report, dir, &run);
-    splits::check_isolation(&mut report, dir, &held_out, &queue);
-    splits::check_predictions(&mut report, dir, &selections);
-    learning::check_metrics(&mut report, dir, &selections, &queue);
+    let claims = splits::check_reflection_rows(&mut report, dir, &held_out, &queue);
+    learning::check_metrics(&mut report, dir, &selections, &queue, &claims);
     let group_ids: BTreeSet<String> = selections
         .values()
         .flat_map(|by_key| by_key.values())

@@ -53,35 +53,49 @@ pub fn check_assignment(
     held_out
 }
 
-/// No held-out ticket in any reflection cycle's inputs or evidence, nor in need-review.
-pub fn check_isolation(
+/// The claims (`expected_flips`) of the ops each epoch's cycles applied, in the order applied.
+pub type Claims = BTreeMap<u64, Vec<Claim>>;
+
+/// One applied op's claimed flips.
+pub struct Claim {
+    reflection_id: String,
+    key: String,
+    claimed: Vec<TicketKey>,
+}
+
+/// One pass over `reflection.jsonl`: no held-out ticket in any cycle's inputs or evidence (nor
+/// in need-review), and the claims of the applied ops, for [`expected_predictions`].
+pub fn check_reflection_rows(
     report: &mut AuditReport,
     dir: &Path,
     held_out: &BTreeSet<TicketKey>,
     queue: &[NeedReviewRow],
-) {
-    if held_out.is_empty() {
-        return;
-    }
+) -> Claims {
+    let mut claims = Claims::new();
     for_each_row(report, dir, files::REFLECTION, |report, line, row| {
         let Ok(row) = serde_json::from_value::<ReflectionRow>(row) else {
             return; // reported by the reflection checks
         };
-        let none = BTreeSet::new();
-        let evidence = row.applied_op_list().iter().flat_map(|op| &op.evidence);
-        let seen = row
-            .batch
-            .iter()
-            .chain(row.learnable.as_ref().unwrap_or(&none))
-            .chain(row.stop_gradient.as_ref().unwrap_or(&none))
-            .chain(evidence);
-        if let Some(leak) = seen.into_iter().find(|k| held_out.contains(*k)) {
+        if let Some(leak) = reflected(&row).find(|k| held_out.contains(*k)) {
             report.fail(
                 "held_out_isolation",
                 files::REFLECTION,
                 Some(line),
                 format!("held-out ticket {leak} reached reflection"),
             );
+        }
+        let accepted = row.accepted();
+        for applied in row.applied_op_list() {
+            let Some(op) = accepted.get(applied.index) else {
+                continue;
+            };
+            if !op.expected_flips.is_empty() {
+                claims.entry(u64::from(row.epoch)).or_default().push(Claim {
+                    reflection_id: row.reflection_id.clone(),
+                    key: applied.key.to_string(),
+                    claimed: op.expected_flips.clone(),
+                });
+            }
         }
     });
     for row in queue.iter().filter(|q| held_out.contains(&q.ticket_key)) {
@@ -95,77 +109,83 @@ pub fn check_isolation(
             ),
         );
     }
+    claims
 }
 
-/// The `predictions` of every `metrics.jsonl` epoch row, recomputed: the ops applied in the
-/// epoch before with claimed flips (`expected_flips` of their accepted op), in the order they
-/// were applied, each claim a hit when the ticket's verdict in this epoch matches its label.
-pub fn check_predictions(report: &mut AuditReport, dir: &Path, selections: &Selections) {
-    let mut claims: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
-    for_each_row(report, dir, files::REFLECTION, |_, _, row| {
-        let Ok(row) = serde_json::from_value::<ReflectionRow>(row) else {
-            return; // reported by the reflection checks
-        };
-        let accepted = row.accepted();
-        for applied in row.applied_op_list() {
-            let Some(op) = accepted.get(applied.index) else {
-                continue;
-            };
-            if !op.expected_flips.is_empty() {
-                let made = (
-                    row.reflection_id.clone(),
-                    applied.key.to_string(),
-                    op.expected_flips.clone(),
-                );
-                claims
-                    .entry(u64::from(row.epoch))
-                    .or_default()
-                    .push(serde_json::json!(made));
-            }
-        }
-    });
-    let mut rows = Vec::new();
-    for_each_row(report, dir, files::METRICS, |_, line, row| {
-        if row["event"] == "epoch_end" {
-            rows.push((line, row));
-        }
-    });
-    for (line, row) in rows {
-        let epoch = row["epoch"].as_u64().unwrap_or(0);
-        let correct = |key: &str| {
-            selections
-                .get(&epoch)
-                .and_then(|by_key| by_key.get(key))
-                .is_some_and(|s| s.result["label_match"] == true && !s.result["verdict"].is_null())
-        };
-        let expected: Vec<(String, String, usize, usize)> = claims
-            .get(&(epoch.saturating_sub(1)))
-            .into_iter()
-            .flatten()
-            .filter_map(|c| {
-                let (id, key, claimed): (String, String, Vec<TicketKey>) =
-                    serde_json::from_value(c.clone()).ok()?;
-                let hits = claimed.iter().filter(|k| correct(k.as_str())).count();
-                Some((id, key, claimed.len(), hits))
-            })
-            .collect();
-        let written: Vec<(String, String, usize, usize)> = row["predictions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| {
-                let s = |k: &str| p[k].as_str().unwrap_or_default().to_string();
-                let n = |k: &str| p[k].as_u64().unwrap_or(0) as usize;
-                (s("reflection_id"), s("key"), n("claimed"), n("hits"))
-            })
-            .collect();
-        if written != expected {
-            report.fail(
-                "predictions_recomputed",
-                files::METRICS,
-                Some(line),
-                format!("epoch {epoch}: written {written:?} ≠ recomputed {expected:?}"),
-            );
-        }
+/// Every ticket a cycle showed the model or cited: its batch, `L`, the stop-gradient cases and
+/// the applied ops' evidence.
+fn reflected(row: &ReflectionRow) -> impl Iterator<Item = &TicketKey> {
+    let evidence = row.applied_op_list().iter().flat_map(|op| &op.evidence);
+    row.batch
+        .iter()
+        .chain(row.learnable.iter().flatten())
+        .chain(row.stop_gradient.iter().flatten())
+        .chain(evidence)
+}
+
+/// The `predictions` of epoch `epoch`'s `metrics.jsonl` row (at `line`), recomputed.
+pub fn check_row_predictions(
+    report: &mut AuditReport,
+    line: usize,
+    row: &Value,
+    claims: &Claims,
+    selections: &Selections,
+) {
+    let epoch = row["epoch"].as_u64().unwrap_or(0);
+    let (written, expected) = (
+        written_predictions(row),
+        expected_predictions(claims, epoch, selections),
+    );
+    if written != expected {
+        report.fail(
+            "predictions_recomputed",
+            files::METRICS,
+            Some(line),
+            format!("epoch {epoch}: written {written:?} ≠ recomputed {expected:?}"),
+        );
     }
+}
+
+/// What epoch `epoch`'s row must say under `predictions`, as (reflection id, rule key, claimed,
+/// hits): the ops applied in the epoch before with claims, in the order applied, each claim a
+/// hit when the ticket's verdict in this epoch matches its label.
+fn expected_predictions(
+    claims: &Claims,
+    epoch: u64,
+    selections: &Selections,
+) -> Vec<(String, String, usize, usize)> {
+    let correct = |key: &TicketKey| {
+        selections
+            .get(&epoch)
+            .and_then(|by_key| by_key.get(key.as_str()))
+            .is_some_and(|s| s.result["label_match"] == true && !s.result["verdict"].is_null())
+    };
+    claims
+        .get(&epoch.saturating_sub(1))
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let hits = c.claimed.iter().filter(|k| correct(k)).count();
+            (
+                c.reflection_id.clone(),
+                c.key.clone(),
+                c.claimed.len(),
+                hits,
+            )
+        })
+        .collect()
+}
+
+/// What an epoch row says under `predictions`, in [`expected_predictions`]' terms.
+fn written_predictions(row: &Value) -> Vec<(String, String, usize, usize)> {
+    row["predictions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap_or_default().to_string();
+            let n = |k: &str| p[k].as_u64().unwrap_or(0) as usize;
+            (s("reflection_id"), s("key"), n("claimed"), n("hits"))
+        })
+        .collect()
 }
