@@ -4,12 +4,11 @@
 
 mod support;
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 use stageb_coordinator::artifacts::files;
-use support::{RunDir, ScriptedMission, ScriptedRun, copy_of_run};
+use support::{RunDir, ScriptedMission, ScriptedRun, audit_checks, copy_of_run, rewrite_jsonl};
 
 /// A small clean run (toy mission, 2 epochs, reflection on), made once and copied per tamper
 /// test.
@@ -28,25 +27,6 @@ fn clean_run() -> RunDir {
     copy_of_run(&run.run_dir)
 }
 
-fn checks(run_dir: &Path) -> Vec<&'static str> {
-    stageb_inspect::audit::audit(run_dir)
-        .violations
-        .into_iter()
-        .map(|v| v.check)
-        .collect()
-}
-
-fn rewrite_jsonl(path: &Path, edit: impl FnOnce(&mut Vec<Value>)) {
-    let mut rows: Vec<Value> = std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    edit(&mut rows);
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(path, text).unwrap();
-}
-
 #[test]
 fn a_ticket_selected_twice_is_caught() {
     let run = clean_run();
@@ -54,7 +34,7 @@ fn a_ticket_selected_twice_is_caught() {
         let dup = rows[0].clone();
         rows.push(dup);
     });
-    assert!(checks(&run).contains(&"one_selection_per_ticket"));
+    assert!(audit_checks(&run).contains(&"one_selection_per_ticket"));
 }
 
 #[test]
@@ -69,7 +49,7 @@ fn a_verdict_that_disagrees_with_its_raw_text_is_caught() {
         };
         r["verdict"] = json!(flipped);
     });
-    let found = checks(&run);
+    let found = audit_checks(&run);
     assert!(found.contains(&"trajectory_parse"), "{found:?}");
 }
 
@@ -80,7 +60,7 @@ fn metrics_that_do_not_follow_from_selections_are_caught() {
         let row = rows.iter_mut().find(|r| r["event"] == "epoch_end").unwrap();
         row["include_manual_review"]["fp"] = json!(999);
     });
-    assert!(checks(&run).contains(&"metrics_recomputed"));
+    assert!(audit_checks(&run).contains(&"metrics_recomputed"));
 }
 
 #[test]
@@ -90,7 +70,7 @@ fn a_torn_last_line_is_caught() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.extend_from_slice(b"{\"schema_version\":1,\"ticket");
     std::fs::write(&path, bytes).unwrap();
-    let found = checks(&run);
+    let found = audit_checks(&run);
     assert!(
         found.contains(&"jsonl_framing") && found.contains(&"jsonl_parse"),
         "{found:?}"
@@ -120,7 +100,7 @@ fn evidence_outside_the_learnable_set_is_caught() {
         tampered,
         "the clean run applied no op; the fixture must exercise reflection"
     );
-    assert!(checks(&run).contains(&"evidence_subset_of_learnable"));
+    assert!(audit_checks(&run).contains(&"evidence_subset_of_learnable"));
 }
 
 #[test]
@@ -137,7 +117,7 @@ fn an_edited_scaffold_rule_or_guidance_chain_is_caught() {
         .expect("the toy guidance has an S rule");
     experiences.insert(s_key, json!("被篡改的结构规则"));
     std::fs::write(&path, serde_json::to_vec_pretty(&g).unwrap()).unwrap();
-    let found = checks(&run);
+    let found = audit_checks(&run);
     assert!(
         found.contains(&"guidance_chain") || found.contains(&"scaffold_untouched"),
         "{found:?}"
@@ -168,7 +148,7 @@ fn coverage_without_an_applied_op_and_a_label_in_a_rule_are_caught() {
         tampered,
         "the clean run has no unapplied cycle with learnable tickets"
     );
-    let found = checks(&run);
+    let found = audit_checks(&run);
     assert!(found.contains(&"coverage_from_applied_ops"), "{found:?}");
     assert!(found.contains(&"no_label_in_rules"), "{found:?}");
 }
@@ -185,7 +165,7 @@ fn a_manifest_from_before_newer_config_keys_still_audits() {
     assert!(runner.remove("speculation_multiple").is_some());
     assert!(runner.remove("speculation_min_ms").is_some());
     std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
-    assert_eq!(checks(&run), Vec::<&str>::new());
+    assert_eq!(audit_checks(&run), Vec::<&str>::new());
 }
 
 /// A torn last line, a row that is not JSON and a duplicate candidate in one file: each is

@@ -16,8 +16,8 @@ use stageb::cluster::StartMode;
 use stageb_coordinator::artifacts::files;
 use support::compare::assert_same_artifacts;
 use support::{
-    Behaviour, Script, ScriptedEngine, ScriptedMission, assert_audit_ok, copy_demo_mission,
-    read_jsonl, try_run, write_config,
+    Behaviour, Script, ScriptedEngine, ScriptedMission, assert_audit_ok, audit_checks,
+    copy_demo_mission, read_jsonl, rewrite_jsonl, try_run, write_config,
 };
 
 fn overrides(gate: Value) -> Value {
@@ -178,21 +178,11 @@ fn the_audit_finds_a_held_out_ticket_relabelled_as_train() {
     let gate = json!({"enabled": true, "gate_fraction": 0.25, "final_fraction": 0.25});
     let run = ScriptedMission::demo().run(overrides(gate));
     let copy = support::copy_of_run(&run.run_dir);
-    let path = copy.join(files::SELECTIONS);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let mut rows: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let row = rows.iter_mut().find(|r| r["split"] == "final").unwrap();
-    row["split"] = json!("train");
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(&path, text).unwrap();
-    let checks: Vec<&str> = stageb_inspect::audit::audit(&copy)
-        .violations
-        .into_iter()
-        .map(|v| v.check)
-        .collect();
+    rewrite_jsonl(&copy.join(files::SELECTIONS), |rows| {
+        let row = rows.iter_mut().find(|r| r["split"] == "final").unwrap();
+        row["split"] = json!("train");
+    });
+    let checks = audit_checks(&copy);
     assert!(checks.contains(&"split_assignment"), "{checks:?}");
 }
 
@@ -349,10 +339,6 @@ fn claimed_flips_of_applied_ops_are_checked_against_the_next_epoch_exactly() {
         .unwrap()
         .replace("\"claimed\":1,\"hits\":1,", "\"claimed\":1,\"hits\":0,");
     std::fs::write(&path, text).unwrap();
-    let checks: Vec<&str> = stageb_inspect::audit::audit(&copy)
-        .violations
-        .into_iter()
-        .map(|v| v.check)
-        .collect();
+    let checks = audit_checks(&copy);
     assert!(checks.contains(&"predictions_recomputed"), "{checks:?}");
 }

@@ -336,6 +336,27 @@ pub fn assert_audit_ok(run_dir: &Path) {
     );
 }
 
+/// The names of the checks `stageb audit` finds broken in `run_dir` (tamper specs).
+pub fn audit_checks(run_dir: &Path) -> Vec<&'static str> {
+    stageb_inspect::audit::audit(run_dir)
+        .violations
+        .into_iter()
+        .map(|v| v.check)
+        .collect()
+}
+
+/// Rewrite the JSONL file at `path` row by row with `edit` (tamper specs).
+pub fn rewrite_jsonl(path: &Path, edit: impl FnOnce(&mut Vec<Value>)) {
+    let mut rows: Vec<Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    edit(&mut rows);
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
 /// A minimal rollout job: one decode group with one candidate per seed (scheduler-level tests
 /// that need a payload rank 0 accepts answers for).
 pub fn rollout_job(seeds: Vec<u64>) -> stageb_coordinator::cluster::scheduler::JobPayload {

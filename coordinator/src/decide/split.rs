@@ -81,20 +81,20 @@ impl Splits {
     pub fn of(&self, group: &str) -> Split {
         self.0.get(group).copied().unwrap_or(Split::Train)
     }
-
-    /// How many groups each split holds.
-    pub fn sizes(&self) -> BTreeMap<Split, usize> {
-        let mut sizes = BTreeMap::new();
-        for split in self.0.values() {
-            *sizes.entry(*split).or_default() += 1;
-        }
-        sizes
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many groups each split holds.
+    fn sizes(splits: &Splits) -> BTreeMap<Split, usize> {
+        let mut sizes = BTreeMap::new();
+        for split in splits.0.values() {
+            *sizes.entry(*split).or_default() += 1;
+        }
+        sizes
+    }
 
     fn gate(gate_fraction: f64, final_fraction: f64) -> GateConfig {
         GateConfig {
@@ -115,7 +115,7 @@ mod tests {
             &gate(0.2, 0.1),
         );
         assert_eq!(forward, backward, "order and repeats change nothing");
-        let sizes = forward.sizes();
+        let sizes = sizes(&forward);
         assert_eq!(sizes[&Split::Gate], 10);
         assert_eq!(sizes[&Split::Final], 5);
         assert_eq!(sizes[&Split::Train], 35);
