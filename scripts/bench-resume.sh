@@ -33,18 +33,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT INT TERM
-
-case "$PROFILE" in
-    release) PROFILE_DIR=release; PROFILE_FLAG=(--release) ;;
-    dev) PROFILE_DIR=debug; PROFILE_FLAG=() ;;
-    *) echo "--profile must be release or dev, not $PROFILE" >&2; exit 2 ;;
-esac
-LOADGEN="$ROOT/target/$PROFILE_DIR/examples/loadgen"
+# shellcheck source=lib/profile.sh
+source "$ROOT/scripts/lib/profile.sh"
 RESULTS="$OUT/results.jsonl"
 (cd "$ROOT" && cargo build "${PROFILE_FLAG[@]}" --bin stageb --example loadgen)
 mkdir -p "$OUT"

@@ -1,5 +1,6 @@
-# Sourced by scripts/soak.sh and scripts/chaos.sh: PROFILE (release|dev) to the cargo flag and
-# the binaries it builds (STAGEB, LOADGEN). Needs ROOT and PROFILE set.
+# Sourced by scripts/soak.sh, scripts/chaos.sh and scripts/bench-resume.sh: PROFILE
+# (release|dev) to the cargo flag and the binaries it builds (STAGEB, LOADGEN), and the PIDS
+# killed on exit. Needs ROOT and PROFILE set.
 case "$PROFILE" in
     release) PROFILE_DIR=release; PROFILE_FLAG=(--release) ;;
     dev) PROFILE_DIR=debug; PROFILE_FLAG=() ;;
