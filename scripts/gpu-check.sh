@@ -252,6 +252,8 @@ run_step() {
   if ((rc == 0)); then echo ok >"$step_dir/status"; else echo "failed (exit $rc)" >"$step_dir/status"; failed=1; fi
   say "step $name: $(cat "$step_dir/status") after $((SECONDS - step_deadline + limit))s"
   "$python" "$GC"/report.py --work "$work" "$name" || failed=1
+  # What is measured so far goes back even when the call is cut before the end.
+  cp "$work/results.json" "$work/summary.txt" "$out/" 2>/dev/null || true
 }
 
 ckpt_dir() { echo "$work/ckpt/$1"; }

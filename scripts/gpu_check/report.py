@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn the GPU check's raw outputs into summary lines and results.json.
 
-    python3 scripts/gpu_check/report.py --work DIR [--hbm-tbs 4.8] STEP [STEP ...]
+    python3 scripts/gpu_check/report.py --work DIR [--hbm-tbs TB/S] STEP [STEP ...]
 
 For each STEP (env, checkpoints, parity, mission, throughput, reflection) reads what
 scripts/gpu-check.sh left in DIR/steps/STEP/ and stores its figures under results["STEP"] in
@@ -14,7 +14,8 @@ largest |logit| of the reference: 1e-4 in f32, 6e-2 in bf16; a greedy continuati
 from transformers' only at a near-tie, where transformers' logit for stageb's token is within
 twice the tolerance of its best). The memory-bandwidth bound of a decode step is the bytes of
 weights it reads (every tensor but an untied input embedding, of which a step reads a few rows)
-divided by --hbm-tbs (the H200's 4.8 TB/s).
+divided by --hbm-tbs; by default the GPU's, from its name in the env step's nvidia-smi query
+(H200 4.8 TB/s, H100 SXM 3.35 TB/s, H100 PCIe 2.0 TB/s, A100 80GB 2.0 TB/s), else 4.8.
 """
 
 import argparse
@@ -298,6 +299,22 @@ def mission(d):
 
 # ---- throughput and reflection -------------------------------------------------------------
 
+# Peak HBM bandwidth (TB/s) by the name nvidia-smi gives; the first match wins.
+HBM_TBS = [("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35),
+           ("A100-SXM4-80GB", 2.039), ("A100", 1.555)]
+
+
+def hbm_tbs_of(gpu_csv):
+    try:
+        text = open(gpu_csv).read()
+    except OSError:
+        return 4.8
+    for name, tbs in HBM_TBS:
+        if name in text:
+            return tbs
+    return 4.8
+
+
 def bound_ms(ckpt, dtype, tbs):
     total, embed = safetensors_bytes(ckpt)
     per_step = total - embed
@@ -319,14 +336,14 @@ def side(name, res, m, ckpt, dtype, tbs, rows_per_step, on_gpu):
              complete=p["complete"], budget_exhausted=res.get("budget_exhausted"),
              rows_per_step=rows_per_step, load_s=res.get("load_s"), wall_s=m.get("wall_s"),
              gpu_peak_gib=gpu_peak(m), peak_rss_mib=m.get("peak_rss_mib"),
-             weight_bytes_per_step=weight_bytes, bound_step_ms=bms,
+             weight_bytes_per_step=weight_bytes, bound_step_ms=bms, hbm_tbs=tbs,
              x_bound=p["decode_step_ms"] / bms if bms else None, ok=True)
     if res.get("peak_mem_allocated_bytes"):
         r["torch_peak_allocated_gib"] = res["peak_mem_allocated_bytes"] / 2**30
     mem = fmt_mem(r["gpu_peak_gib"], r["peak_rss_mib"])
     if "torch_peak_allocated_gib" in r:
         mem += f" (torch allocated {r['torch_peak_allocated_gib']:.1f} GiB)"
-    bound = (f" = {r['x_bound']:.1f}x the {bms:.2f} ms bandwidth bound" if on_gpu
+    bound = (f" = {r['x_bound']:.1f}x the {bms:.2f} ms bandwidth bound at {tbs} TB/s" if on_gpu
              else "; no bandwidth bound on the CPU")
     line = (f"{name}: {p['tickets_per_min']:.2f} tickets/min, decode {p['decode_tok_s']:.0f} tok/s"
             f" ({rows_per_step} rows/step, {p['decode_step_ms']:.2f} ms/step{bound}), prefill "
@@ -375,9 +392,11 @@ def throughput(d, work, tbs, label):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True)
-    ap.add_argument("--hbm-tbs", type=float, default=4.8)
+    ap.add_argument("--hbm-tbs", type=float, default=None)
     ap.add_argument("steps", nargs="+", choices=STEPS)
     a = ap.parse_args()
+    if a.hbm_tbs is None:
+        a.hbm_tbs = hbm_tbs_of(os.path.join(a.work, "steps", "env", "gpu.csv"))
     res_path = os.path.join(a.work, "results.json")
     results = load(res_path, {})
     lines_by_step = load(os.path.join(a.work, "summary-lines.json"), {})
