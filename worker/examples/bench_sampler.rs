@@ -6,8 +6,13 @@
 //! (they must be the same token), then each path is timed over the same rows and draws (the
 //! fastest of 3 rounds), and the share of draws the prefilter leaves to the exhaustive path.
 //!
+//! `--synthetic SIGMA` replaces the model's logits by rows of 151,936 (Qwen3's vocabulary)
+//! normal logits of that spread, as a random-weight checkpoint gives (the GPU check's qwen3-8b:
+//! largest |logit| ~5): nearly every token is then near the maximum, the prefilter cannot decide
+//! and each draw weighs the whole vocabulary.
+//!
 //! ```text
-//! cargo run -p stageb-worker --example bench_sampler -- [--model M] [--draws 2000]
+//! cargo run -p stageb-worker --example bench_sampler -- [--model M] [--draws 2000] [--synthetic 1.2]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -28,12 +33,49 @@ fn main() {
             .and_then(|i| argv.get(i + 1).cloned())
     };
     let draws: u64 = arg("--draws").map_or(2000, |v| v.parse().expect("--draws N"));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = arg("--model").map(PathBuf::from).unwrap_or_else(|| {
-        stageb_worker::engine::candle_engine::default_model_path(&root)
-            .expect("no model: scripts/fetch-model.sh")
-    });
-    let mut engine = CandleEngine::load(&model, &EngineOptions::default()).expect("load");
+    let synthetic: Option<f64> = arg("--synthetic").map(|v| v.parse().expect("--synthetic SIGMA"));
+    let (rows, seen) = match synthetic {
+        Some(sigma) => synthetic_rows(sigma),
+        None => {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let model = arg("--model").map(PathBuf::from).unwrap_or_else(|| {
+                stageb_worker::engine::candle_engine::default_model_path(&root)
+                    .expect("no model: scripts/fetch-model.sh")
+            });
+            model_rows(&model)
+        }
+    };
+    bench(&rows, &seen, draws);
+}
+
+/// Five rows of `vocab` normal logits (Box-Muller over the seeded uniform stream), and the
+/// first 2,000 ids as the prompt's tokens.
+fn synthetic_rows(sigma: f64) -> (Vec<Vec<f32>>, SeenTokens) {
+    let vocab = 151_936usize;
+    let rows = (0..5u64)
+        .map(|r| {
+            (0..vocab as u64)
+                .map(|i| {
+                    let (u1, u2) = (
+                        uniform_at(r * 1_000_000 + i, 11),
+                        uniform_at(r * 1_000_000 + i, 12),
+                    );
+                    let z = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                    (sigma * z) as f32
+                })
+                .collect()
+        })
+        .collect();
+    let mut seen = SeenTokens::new(vocab);
+    for t in 0..2000 {
+        seen.insert(t);
+    }
+    (rows, seen)
+}
+
+/// The demo model's logits after a rollout prompt and partial answers, and the prompt's tokens.
+fn model_rows(model: &Path) -> (Vec<Vec<f32>>, SeenTokens) {
+    let mut engine = CandleEngine::load(model, &EngineOptions::default()).expect("load");
     let prompt = engine
         .render_prompt(&[
             ChatMessage::system("你是通信机房质检助手。根据图片摘要判断这一组是否通过质检任务。输出两行：Verdict: 通过 或 Verdict: 不通过；Reason: 一句话。"),
@@ -56,6 +98,11 @@ fn main() {
     for t in engine.encode(&prompt).unwrap() {
         seen.insert(t);
     }
+    (rows, seen)
+}
+
+fn bench(rows: &[Vec<f32>], seen: &SeenTokens, draws: u64) {
+    let vocab = rows[0].len();
     println!("rows {} × vocab {vocab}", rows.len());
     for t in [0.3f32, 0.7, 1.0] {
         for (i, r) in rows.iter().enumerate() {
@@ -89,8 +136,8 @@ fn main() {
             top_p: p,
             repetition_penalty: rp,
         };
-        let seen = (rp != 1.0).then_some(&seen);
-        for r in &rows {
+        let seen = (rp != 1.0).then_some(seen);
+        for r in rows {
             for k in 0..200 {
                 let u = uniform_at(k, 3);
                 let a = sampler::sample(r, &params, seen, allowed, u, &mut s);
