@@ -335,3 +335,42 @@ fn the_sampling_prefilter_draws_what_the_exhaustive_sampler_draws_on_real_logits
         distinct.len()
     );
 }
+
+/// Rows are sampled in parallel (`CandleEngine::sample_rows`); a row's token depends only on its
+/// own logits, seed and state, so one thread or several give the same candidates, on the CPU
+/// fast path and on candle's lockstep path (the one a GPU runs, here in bf16 on the CPU).
+#[test]
+fn rows_sampled_on_one_thread_or_several_give_the_same_candidates() {
+    use stageb_worker::engine::Numerics;
+    let path = model_path();
+    let run = |numerics: Numerics, threads: usize, req: &RolloutRequest| {
+        let options = EngineOptions {
+            numerics,
+            threads: Some(threads),
+            ..EngineOptions::default()
+        };
+        let mut engine = CandleEngine::load(&path, &options).expect("load model");
+        let out = engine.rollout(req).unwrap();
+        out.candidates
+            .into_iter()
+            .map(|c| (c.seed, c.text, c.finish, c.completion_tokens))
+            .collect::<Vec<_>>()
+    };
+    let free = request("Ticket D: 挡风板/显示完整, 卡扣4/4.", 8);
+    let mut contract = request("Ticket E: 挡风板缺失, photo 3 blurred.", 40);
+    contract.constrained = true;
+    for (numerics, req) in [
+        (Numerics::Auto, &free),
+        (Numerics::Auto, &contract),
+        (Numerics::Bf16, &free),
+    ] {
+        let one = run(numerics, 1, req);
+        assert_eq!(one.len(), 4);
+        assert_eq!(
+            one,
+            run(numerics, 2, req),
+            "{numerics:?}, constrained {}",
+            req.constrained
+        );
+    }
+}

@@ -134,8 +134,9 @@ pub enum ConstraintError {
     Internal(String),
 }
 
-/// The per-sequence state of a constraint.
-pub trait TokenConstraint: Send {
+/// The per-sequence state of a constraint. `Sync` because the rows of a decode step are
+/// sampled on several threads while the engine holding them is shared.
+pub trait TokenConstraint: Send + Sync {
     /// Tokens allowed next. When the constraint is complete this contains only end-of-sequence
     /// ids (or is empty once stopped).
     fn allowed(&mut self) -> Result<AllowedTokens, ConstraintError>;

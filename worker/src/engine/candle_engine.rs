@@ -43,7 +43,7 @@ use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
 use super::prefix_cache::PrefixStore;
 use super::prompt_text::PromptEncoder;
-use super::sampler::{SamplingParams, Scratch, SeenTokens};
+use super::sampler::{SamplingParams, SeenTokens};
 use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
@@ -127,7 +127,6 @@ pub struct CandleEngine {
     fingerprint: ModelFingerprint,
     constraints: OnceLock<Result<ConstraintFactory, String>>,
     pool: Option<rayon::ThreadPool>,
-    scratch: Scratch,
     workspace: Workspace,
     /// Bench only: unconstrained rows run to `max_new_tokens` through stop tokens.
     ignore_eos: bool,
@@ -441,20 +440,7 @@ impl CandleEngine {
             if self.cancel.is_cancelled() {
                 return Err(EngineError::Cancelled);
             }
-            let mut feeds: Vec<Vec<u32>> = vec![Vec::new(); n];
-            for (i, row) in rows.iter_mut().enumerate() {
-                if row.finish.is_some() {
-                    continue;
-                }
-                let tok = self.step_row(row, &step_logits[i])?;
-                // A row that just finished needs no more forward passes.
-                if let Some(tok) = tok.filter(|_| row.finish.is_none()) {
-                    feeds[i].push(tok);
-                    if fast_forward {
-                        self.forced_run(row, &mut feeds[i])?;
-                    }
-                }
-            }
+            let feeds = self.sample_rows(rows, &step_logits, fast_forward)?;
             if feeds.iter().all(|f| f.is_empty()) {
                 break;
             }

@@ -245,24 +245,12 @@ impl CandleEngine {
     /// The next tokens of `job`'s live rows (forced runs included), or nothing while it is
     /// still prefilling.
     fn sample_job(&mut self, job: &mut Live) -> Result<Vec<Vec<u32>>, EngineError> {
-        let mut feeds = vec![Vec::new(); job.rows.len()];
         if !job.decoding() {
-            return Ok(feeds);
+            return Ok(vec![Vec::new(); job.rows.len()]);
         }
         job.decode_from.get_or_insert_with(Instant::now);
-        for (i, row) in job.rows.iter_mut().enumerate() {
-            if row.finish.is_some() {
-                continue;
-            }
-            let tok = self.step_row(row, &job.logits[i])?;
-            if let Some(tok) = tok.filter(|_| row.finish.is_none()) {
-                feeds[i].push(tok);
-                if self.fast_forward {
-                    self.forced_run(row, &mut feeds[i])?;
-                }
-            }
-        }
-        Ok(feeds)
+        let fast_forward = self.fast_forward;
+        self.sample_rows(&mut job.rows, &job.logits, fast_forward)
     }
 
     /// One forward call: the rows' tokens in `feeds` (one entry per job of `live`) and one

@@ -20,7 +20,6 @@ use crate::engine::options::{candle_fingerprint_dtype, select_device};
 use crate::engine::prefix_cache::PrefixStore;
 use crate::engine::prompt_text::PromptEncoder;
 use crate::engine::safetensors;
-use crate::engine::sampler::Scratch;
 use crate::engine::{CancelFlag, EngineError, ModelFingerprint};
 
 /// The context a model is loaded with: `asked` when given (at most what the model declares),
@@ -239,7 +238,6 @@ impl CandleEngine {
             fingerprint,
             constraints: OnceLock::new(),
             pool: None,
-            scratch: Scratch::default(),
             workspace: Workspace::default(),
             ignore_eos: false,
             fast_forward: true,
