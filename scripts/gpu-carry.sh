@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cut the test model into pieces a GPU machine's calls can carry, and print the carry plan.
 #
-#   scripts/gpu-carry.sh [--model PATH] [--piece-mib 40] [--out dist/gpu-carry]
+#   scripts/gpu-carry.sh [--model PATH] [--piece-mib 47] [--out dist/gpu-carry]
 #   scripts/gpu-carry.sh --plan            # only print the plan for what is already there
 #
 # The device tool sends the working tree with each call, git-ignored paths named in `carry`
@@ -17,8 +17,8 @@
 #
 # Options:
 #   --model PATH     default .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
-#   --piece-mib N    piece size in MiB (default 40: the first call carries dist/cuda with
-#                    the first piece)
+#   --piece-mib N    piece size in MiB (default 47: two pieces; the first call carries
+#                    dist/cuda with the first, 61.4 MiB with the tree)
 #   --out DIR        default dist/gpu-carry (git-ignored: /dist)
 #   --plan           do not cut, only print the plan
 set -euo pipefail
@@ -26,7 +26,7 @@ set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
 model=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
-piece_mib=40 out=dist/gpu-carry plan_only=0
+piece_mib=47 out=dist/gpu-carry plan_only=0
 limit=$((64 * 1048576))
 die() { echo "gpu-carry: $*" >&2; exit 2; }
 while (($#)); do
@@ -82,23 +82,17 @@ call() { # N, carry list, command
   ((total <= limit)) || { verdict="TOO BIG (> 64 MiB)"; ok=0; }
   printf 'call %s: carry [%s] = %s with the tree, %s\n        command: %s\n' "$n" "$list" "$(mib "$total")" "$verdict" "$cmd"
 }
-n=1
-call $n "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --only env"
-for ((i = 1; i < ${#pieces[@]}; i++)); do
-  n=$((n + 1))
-  if ((i == 1)); then
-    call $n "${pieces[$i]}" "scripts/gpu-check.sh --only checkpoints"
-  else
-    call $n "${pieces[$i]}" "scripts/gpu-check.sh --only parity,mission"
-  fi
-done
-if ((${#pieces[@]} < 3)); then
-  n=$((n + 1))
-  call $n "" "scripts/gpu-check.sh --only parity,mission"
+# The 15-minute plan (docs/GPU-TEST.md): the first call measures what needs no model, the one
+# that brings the last piece runs the mission and throughput; pieces in between only travel.
+last=$((${#pieces[@]} - 1))
+if ((last == 0)); then
+  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --quick --budget-s 540"
+else
+  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --quick --only env,checkpoints,parity --budget-s 360"
+  for ((i = 1; i < last; i++)); do
+    call $((i + 1)) "${pieces[$i]}" "true   # carry only"
+  done
+  call $((last + 1)) "${pieces[$last]}" "scripts/gpu-check.sh --quick --only mission,throughput,reflection --stageb-tickets 4 --budget-s 470"
 fi
-n=$((n + 1))
-call $n "" "scripts/gpu-check.sh --only throughput --throughput-sides transformers"
-n=$((n + 1))
-call $n "" "scripts/gpu-check.sh --only throughput,reflection --throughput-sides stageb"
 echo "(each command: timeout_s 600; the next call right after the last one returns, the machine is given back ~30 s after a call)"
 ((ok)) || die "a call would carry more than 64 MiB: lower --piece-mib"
