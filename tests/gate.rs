@@ -325,6 +325,7 @@ fn claimed_flips_of_applied_ops_are_checked_against_the_next_epoch_exactly() {
         })
         .collect();
     assert_eq!(written, expected);
+    assert_claims_counted_on_their_rules(&run.run_dir, &written);
     assert_audit_ok(&run.run_dir);
     let html = stageb_inspect::report::render(&run.run_dir).unwrap();
     assert!(
@@ -341,4 +342,45 @@ fn claimed_flips_of_applied_ops_are_checked_against_the_next_epoch_exactly() {
     std::fs::write(&path, text).unwrap();
     let checks = audit_checks(&copy);
     assert!(checks.contains(&"predictions_recomputed"), "{checks:?}");
+}
+
+/// Each settled op's hits and misses are on its rule in `guidance.json` (`claims_hit`,
+/// `claims_missed`), for the rules no op of the last epoch touched since (an update keeps the
+/// counters, a merge sums them, a delete drops them: checked in the guidance unit specs).
+fn assert_claims_counted_on_their_rules(run_dir: &Path, written: &[Value]) {
+    let mut settled: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for p in written {
+        let (claimed, hits) = (p["claimed"].as_u64().unwrap(), p["hits"].as_u64().unwrap());
+        let e = settled
+            .entry(p["key"].as_str().unwrap().to_string())
+            .or_default();
+        *e = (e.0 + hits, e.1 + claimed - hits);
+    }
+    let touched_later: BTreeSet<String> = read_jsonl(run_dir, files::REFLECTION)
+        .iter()
+        .filter(|r| r["epoch"] == 2)
+        .flat_map(|r| r["applied_ops"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a["key"].as_str().map(str::to_string))
+        .collect();
+    let text = std::fs::read_to_string(run_dir.join("guidance.json")).unwrap();
+    let guidance: Value = serde_json::from_str(&text).unwrap();
+    let metadata = &guidance[support::MISSION]["metadata"];
+    let mut checked = 0;
+    for (key, (hits, misses)) in &settled {
+        if touched_later.contains(key) || metadata[key].is_null() {
+            continue;
+        }
+        let m = &metadata[key];
+        let count = |f: &str| m[f].as_u64().unwrap_or(0);
+        assert_eq!(
+            (count("claims_hit"), count("claims_missed")),
+            (*hits, *misses),
+            "{key}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "no settled rule left to check: {settled:?} {touched_later:?}"
+    );
 }

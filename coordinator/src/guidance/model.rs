@@ -109,12 +109,34 @@ pub struct RuleMetadata {
     pub miss_count: u64,
     #[serde(default = "default_confidence")]
     pub confidence: f64,
+    /// Checked predictions (`reflection.gate` on): tickets that ops on this rule claimed to fix
+    /// (`expected_flips`) and that a later epoch decided right, or wrong. Absent while zero, so
+    /// runs without predictions write what they always wrote.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims_hit: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims_missed: u64,
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
 }
 
 fn default_confidence() -> f64 {
     1.0
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl RuleMetadata {
+    /// Whether the rule's checked predictions failed repeatedly: at least `min_missed` claims
+    /// missed and a hit rate (`claims_hit / claims`) below `threshold`. A lifecycle cleanup
+    /// candidate, as a low confidence is.
+    pub fn claims_failing(&self, threshold: f64, min_missed: u64) -> bool {
+        let claims = self.claims_hit + self.claims_missed;
+        self.claims_missed >= min_missed.max(1)
+            && (self.claims_hit as f64 / claims as f64) < threshold
+    }
 }
 
 /// `hit / (hit + miss + 1e-5)`, rounded to 6 decimals: a short decimal survives a JSON
@@ -229,6 +251,8 @@ impl MissionGuidance {
                         hit_count: 0,
                         miss_count: 0,
                         confidence: 1.0,
+                        claims_hit: 0,
+                        claims_missed: 0,
                         extra: m.extra.clone(),
                     };
                     (*k, meta)

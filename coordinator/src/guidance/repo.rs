@@ -285,8 +285,37 @@ impl GuidanceRepo {
         Ok(outcome)
     }
 
-    /// Remove learned rules with `confidence < threshold && miss_count >= min_miss` (never `G0`
-    /// or `S*`, never emptying the guidance). A cleanup version keeps the step; the current
+    /// Add settled predictions to the rules they were made for: `(key, hits, misses)` per
+    /// settled op, in order. Keys without metadata (a rule deleted since, or a seed rule) are
+    /// skipped. Like feedback: no step, no version, no snapshot; written atomically. Returns
+    /// the keys updated.
+    pub fn record_claims(
+        &mut self,
+        settled: &[(RuleKey, u64, u64)],
+    ) -> Result<Vec<RuleKey>, GuidanceError> {
+        let mut next = self.current.clone();
+        let mut updated = Vec::new();
+        for (key, hits, misses) in settled {
+            if let Some(meta) = next.metadata.get_mut(key) {
+                meta.claims_hit += hits;
+                meta.claims_missed += misses;
+                if !updated.contains(key) {
+                    updated.push(*key);
+                }
+            }
+        }
+        if updated.is_empty() {
+            return Ok(updated);
+        }
+        let bytes = self.render_file(&next, &self.versions);
+        self.write_live(&bytes)?;
+        self.current = next;
+        Ok(updated)
+    }
+
+    /// Remove learned rules with `confidence < threshold && miss_count >= min_miss`, or whose
+    /// checked predictions failed as often (`RuleMetadata::claims_failing` with the same two
+    /// numbers) (never `G0` or `S*`, never emptying the guidance). A cleanup version keeps the step; the current
     /// file is snapshotted first. Returns the removed keys (empty: nothing written).
     pub fn cleanup_low_confidence(
         &mut self,
@@ -300,8 +329,8 @@ impl GuidanceRepo {
             .filter(|(k, m)| {
                 !k.is_scaffold()
                     && !k.is_g0()
-                    && m.confidence < threshold
-                    && m.miss_count >= min_miss
+                    && ((m.confidence < threshold && m.miss_count >= min_miss)
+                        || m.claims_failing(threshold, min_miss))
             })
             .map(|(k, _)| *k)
             .filter(|k| self.current.experiences.contains_key(k))
@@ -561,6 +590,55 @@ mod tests {
         );
         assert!(r.current().experiences.contains_key(&RuleKey::G0));
         assert!(r.cleanup_low_confidence(0.35, 3).unwrap().is_empty());
+        verify_chain(&tmp.path().join("run")).unwrap();
+    }
+
+    #[test]
+    fn settled_claims_count_on_their_rule_and_repeated_failures_are_cleaned_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut section = base_section();
+        section["experiences"]["G2"] = json!("二");
+        section["metadata"]["G2"] =
+            json!({"reflection_id": "r", "hit_count": 5, "miss_count": 0, "confidence": 1.0});
+        let global = write_global(tmp.path(), section);
+        let mut r =
+            GuidanceRepo::create(&global, MISSION, &tmp.path().join("run"), opts()).unwrap();
+        let before = std::fs::read_to_string(r.path()).unwrap();
+        assert!(!before.contains("claims_"), "absent while zero: {before}");
+        let hash = r.content_hash();
+        let updated = r
+            .record_claims(&[
+                (RuleKey::G1, 2, 0),
+                (RuleKey::G(2), 0, 2),
+                (RuleKey::G(7), 1, 1),
+            ])
+            .unwrap();
+        assert_eq!(
+            updated,
+            vec![RuleKey::G1, RuleKey::G(2)],
+            "G7 has no metadata"
+        );
+        let m = &r.current().metadata[&RuleKey::G(2)];
+        assert_eq!((m.claims_hit, m.claims_missed), (0, 2));
+        assert_eq!(
+            (r.step(), r.versions().len()),
+            (1, 1),
+            "no step, no version"
+        );
+        assert_eq!(r.content_hash(), hash, "counters are not content");
+        let reopened = GuidanceRepo::open(&tmp.path().join("run"), MISSION, opts()).unwrap();
+        assert_eq!(reopened.current().metadata[&RuleKey::G1].claims_hit, 2);
+        assert!(
+            r.cleanup_low_confidence(0.35, 3).unwrap().is_empty(),
+            "two missed claims are not yet repeated failure at min_miss 3"
+        );
+        r.record_claims(&[(RuleKey::G(2), 0, 1), (RuleKey::G1, 0, 1)])
+            .unwrap();
+        assert_eq!(
+            r.cleanup_low_confidence(0.35, 3).unwrap(),
+            vec![RuleKey::G(2)],
+            "a confident rule whose claims keep failing goes; G1 (2 of 3 claims right) stays"
+        );
         verify_chain(&tmp.path().join("run")).unwrap();
     }
 

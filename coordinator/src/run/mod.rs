@@ -601,7 +601,9 @@ impl RunLoop {
             self.append_metrics(&row)?;
         }
         let mut epoch_row = window.epoch_row(self.global_step);
-        let settled = self.reflector.take_settled_predictions();
+        let settled = self
+            .reflector
+            .take_settled_predictions(&mut self.guidance)?;
         let settled: Vec<serde_json::Value> = settled
             .iter()
             .filter_map(|p| serde_json::to_value(p).ok())

@@ -21,6 +21,8 @@ fn guidance() -> MissionGuidance {
             hit_count: 1,
             miss_count: 0,
             confidence: 0.99,
+            claims_hit: 0,
+            claims_missed: 0,
             extra: BTreeMap::new(),
         },
     );

@@ -41,7 +41,7 @@ use crate::artifacts::files;
 use crate::artifacts::{JsonlWriter, write_json_atomic};
 use crate::cluster::completions::{Completions, WaitError};
 use crate::cluster::scheduler::Scheduler;
-use crate::guidance::{GuidanceError, GuidanceRepo};
+use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
 use crate::learn::need_review::{self, NeedReviewRow};
 use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
@@ -260,9 +260,23 @@ impl Reflector {
         self.state.predictions.note(key, epoch, correct);
     }
 
-    /// The predictions settled so far, taken out (for the epoch row).
-    pub fn take_settled_predictions(&mut self) -> Vec<PredictionCheck> {
-        self.state.predictions.take_settled()
+    /// The predictions settled so far, taken out (for the epoch row); each op's hits and
+    /// misses are added to its rule's lifecycle counters (`claims_hit`, `claims_missed`), where
+    /// repeated failures make the rule a cleanup candidate at the end of the epoch.
+    pub fn take_settled_predictions(
+        &mut self,
+        guidance: &mut GuidanceRepo,
+    ) -> Result<Vec<PredictionCheck>, ReflectionError> {
+        let settled = self.state.predictions.take_settled();
+        let claims: Vec<(RuleKey, u64, u64)> = settled
+            .iter()
+            .filter_map(|p| {
+                let key = p.key.parse::<RuleKey>().ok()?;
+                Some((key, p.hits as u64, (p.claimed - p.hits) as u64))
+            })
+            .collect();
+        guidance.record_claims(&claims)?;
+        Ok(settled)
     }
 
     /// Queue a gradient candidate; its feedback is buffered until reflection decides.
