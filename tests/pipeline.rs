@@ -5,8 +5,9 @@
 //! without it, with one worker or three, whether reflection changes the guidance at a
 //! boundary or never.
 //!
-//! Fixture: the toy mission (16 tickets, steps of 8, reflection batches of 4), two epochs,
-//! every run in one directory under its own run name.
+//! Fixtures: the toy mission (16 tickets, steps of 8, reflection batches of 4) for one step
+//! ahead, the demo mission (48 tickets, six steps an epoch) for three; two epochs, every run in
+//! one directory under its own run name.
 
 mod support;
 
@@ -18,8 +19,8 @@ use stageb_coordinator::run::RunSummary;
 use stageb_coordinator::run::pipeline::PipelineStats;
 use support::compare::assert_same_artifacts;
 use support::{
-    Behaviour, Script, ScriptedEngine, assert_audit_ok, toy_fail_key, try_run, write_config,
-    write_toy_mission,
+    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, toy_fail_key, try_run,
+    write_config, write_toy_mission,
 };
 
 /// The toy mission as run `name`, with `pipeline_steps` and `workers`.
@@ -103,13 +104,97 @@ fn queued_ahead_steps_are_used_as_they_are_when_the_guidance_holds() {
 }
 
 #[test]
-fn a_pipeline_deeper_than_one_step_is_refused_at_its_line() {
+fn a_pipeline_deeper_than_sixteen_steps_is_refused_at_its_line() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), json!({"runner": {"pipeline_steps": 2}}));
+    let path = write_config(dir.path(), json!({"runner": {"pipeline_steps": 17}}));
     let err = stageb_shared::config::load_config(&path).unwrap_err();
     let text = err.to_string();
     assert!(
-        text.contains("pipeline_steps") && text.contains("0 or 1"),
+        text.contains("pipeline_steps") && text.contains("0..=16"),
         "{text}"
     );
+}
+
+/// The demo mission (48 tickets: six steps of 8 an epoch) as run `name`, two epochs, with
+/// `pipeline_steps` and `workers`.
+fn run_demo(
+    dir: &Path,
+    name: &str,
+    pipeline_steps: u32,
+    workers: usize,
+    b: &Behaviour,
+) -> RunSummary {
+    let config = write_config(
+        dir,
+        json!({"output": {"run_name": name},
+               "runner": {"epochs": 2, "pipeline_steps": pipeline_steps}}),
+    );
+    let script = Script::new(b.clone());
+    let summary = try_run(
+        &config,
+        workers,
+        move |_| ScriptedEngine::new(script.clone()),
+        StartMode::Fresh,
+        std::future::pending(),
+    )
+    .expect("the run completes");
+    assert_audit_ok(&summary.run_dir);
+    summary
+}
+
+/// Three steps ahead on the demo mission, 1 and 3 workers, against the sequential run.
+fn compare_three_ahead(b: &Behaviour) -> Vec<PipelineStats> {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let sequential = run_demo(dir.path(), "sequential", 0, 1, b);
+    let mut stats = Vec::new();
+    for workers in [1, 3] {
+        let ahead = run_demo(dir.path(), &format!("ahead3-{workers}"), 3, workers, b);
+        assert_same_artifacts(&sequential.run_dir, &ahead.run_dir);
+        let p = ahead.runtime_facts().pipeline;
+        assert_eq!(p.steps_used + p.steps_discarded, p.steps_ahead, "{p:?}");
+        assert_eq!(p.jobs_ahead, 8 * p.steps_ahead, "{p:?}");
+        stats.push(p);
+    }
+    stats
+}
+
+#[test]
+fn three_steps_ahead_change_no_byte_when_the_guidance_changes_under_them() {
+    for p in compare_three_ahead(&Behaviour::default()) {
+        // Each epoch's steps 2-6 are queued ahead at least once; a change of guidance
+        // queues the steps still ahead again.
+        assert!(p.steps_ahead > 10, "a change requeued steps ahead: {p:?}");
+        assert!(p.steps_discarded >= 1, "{p:?}");
+    }
+}
+
+#[test]
+fn three_steps_ahead_are_each_queued_once_and_used_when_the_guidance_holds() {
+    let fail_keys: std::collections::BTreeSet<String> = demo_keys("fail");
+    let b = Behaviour {
+        always_stop: fail_keys.clone(),
+        never_cover: fail_keys,
+        ..Behaviour::default()
+    };
+    for p in compare_three_ahead(&b) {
+        // Per epoch: steps 2, 3, 4 after step 1, then 5, then 6; never past the epoch's end.
+        assert_eq!(
+            (p.steps_ahead, p.steps_used, p.jobs_discarded),
+            (10, 10, 0),
+            "{p:?}"
+        );
+    }
+}
+
+/// The demo mission's ticket keys with `label`.
+fn demo_keys(label: &str) -> std::collections::BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo/stage_a.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["label"] == label)
+        .map(|v| format!("{}::{label}", v["group_id"].as_str().unwrap()))
+        .collect()
 }

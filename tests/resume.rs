@@ -141,11 +141,13 @@ fn a_run_stopped_inside_a_reflection_cycle_and_resumed_equals_the_uninterrupted_
 }
 
 /// Issue 23, item 5: stopped while reflection ran and the next step's rollouts were queued
-/// ahead (some computed, some in flight, some under a guidance the cycle then changed).
+/// ahead (some computed, some in flight, some under a guidance the cycle then changed); with
+/// three steps ahead too.
 #[test]
 fn a_run_stopped_while_a_step_was_queued_ahead_resumes_to_the_uninterrupted_artifacts() {
     stop_and_resume(StopAfter::Generations(5), 1);
     stop_and_resume(StopAfter::Rollouts(30), 1);
+    stop_and_resume(StopAfter::Generations(5), 3);
 }
 
 /// Issue 25: with the held-out splits on and a reflector that keeps proposing a rejected edit,

@@ -305,8 +305,7 @@ fn upsert(
     let hit = old.map_or(0, |m| m.hit_count) + folded.iter().map(|m| m.hit_count).sum::<u64>() + 1;
     let miss = old.map_or(0, |m| m.miss_count) + folded.iter().map(|m| m.miss_count).sum::<u64>();
     // Checked predictions stay with the rule through updates and merges, as the counters do.
-    let claims =
-        |f: fn(&RuleMetadata) -> u64| old.map_or(0, f) + folded.iter().map(f).sum::<u64>();
+    let claims = |f: fn(&RuleMetadata) -> u64| old.map_or(0, f) + folded.iter().map(f).sum::<u64>();
     let rationale = rationale
         .map(text::normalize)
         .filter(|r| !r.is_empty())

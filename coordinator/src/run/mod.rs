@@ -207,8 +207,9 @@ pub struct RunLoop {
     hard_failures: u64,
     /// Prompt prefill the workers' prefix caches saved (`runtime.prefix_cache`).
     prefix_reuse: PrefixReuse,
-    /// The next step's rollouts, queued ahead while this step's reflection runs.
-    ahead: Option<pipeline::Ahead>,
+    /// The next steps' rollouts (up to `runner.pipeline_steps`, in order), queued ahead while
+    /// this step's reflection runs.
+    ahead: std::collections::VecDeque<pipeline::Ahead>,
     /// What was queued ahead and what became of it (`runtime.pipeline`).
     pipeline: PipelineStats,
     /// The token limits the run plans with, once its context is known.
@@ -298,7 +299,7 @@ impl RunLoop {
             malformed: 0,
             hard_failures: 0,
             prefix_reuse: PrefixReuse::default(),
-            ahead: None,
+            ahead: std::collections::VecDeque::new(),
             pipeline: PipelineStats::default(),
             limits: None,
             epoch_rows: Vec::new(),
@@ -460,8 +461,7 @@ impl RunLoop {
                 steps: n_steps,
             };
             crate::progress::enter(&self.progress, phase);
-            self.run_step(&mut run, step, steps.get(i + 1).copied())
-                .await?;
+            self.run_step(&mut run, step, &steps[i + 1..]).await?;
             let here = Position {
                 epoch,
                 steps_done,
@@ -474,12 +474,13 @@ impl RunLoop {
 
     /// One step: its rollouts queued under the step's guidance (or taken from those queued
     /// ahead), its tickets decided in step order once all have answered, then the step made
-    /// durable, the `next` step's rollouts queued ahead, and the step handed to reflection.
+    /// durable, the `upcoming` steps' rollouts queued ahead (`runner.pipeline_steps` of them),
+    /// and the step handed to reflection.
     async fn run_step(
         &mut self,
         run: &mut EpochRun<'_>,
         step: &[usize],
-        next: Option<&[usize]>,
+        upcoming: &[&[usize]],
     ) -> Result<(), RunError> {
         self.schedule_step += 1;
         self.progress
@@ -502,9 +503,7 @@ impl RunLoop {
         // Step boundary: make the step durable before guidance may change.
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
-        if let Some(next) = next {
-            self.queue_ahead(run, next);
-        }
+        self.queue_ahead(run, upcoming);
         self.reflection_round(run.epoch, false).await?;
         ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
         Ok(())

@@ -1,9 +1,11 @@
-//! Rollouts queued ahead (`runner.pipeline_steps: 1`): while a step's reflection runs, the next
-//! step's rollouts are already queued under the guidance of that moment, so workers with room
-//! compute them instead of idling. When the step starts, its queued jobs are used if the
+//! Rollouts queued ahead (`runner.pipeline_steps: D`): while a step's reflection runs, the
+//! next D steps' rollouts are already queued under the guidance of that moment, so workers with
+//! room compute them instead of idling. When a step starts, its queued jobs are used if the
 //! guidance it renders is still the one they ran under (a rollout's answer depends only on its
 //! payload: the prompt, which holds the guidance, and seeds derived from the ticket), else they
-//! are withdrawn (their leases fenced) and queued again. Artifacts never depend on it;
+//! are withdrawn (their leases fenced) and queued again. At each boundary the steps already
+//! queued under an older guidance are queued again under the current one (the best guess of
+//! what their step will render). Never past the epoch's end. Artifacts never depend on it;
 //! `summary.json` `runtime.pipeline` counts what was queued ahead, used and discarded.
 
 use serde::{Deserialize, Serialize};
@@ -13,9 +15,20 @@ use super::{EpochRun, RunLoop};
 use crate::cluster::scheduler::JobId;
 
 /// A step's rollouts queued ahead, and the guidance they were built with.
+#[derive(Clone)]
 pub(super) struct Ahead {
     guidance: Vec<(String, String)>,
     jobs: Vec<(JobId, usize)>,
+}
+
+impl Ahead {
+    fn ids(&self) -> Vec<JobId> {
+        self.jobs.iter().map(|(j, _)| *j).collect()
+    }
+
+    fn tickets(&self) -> Vec<usize> {
+        self.jobs.iter().map(|(_, t)| *t).collect()
+    }
 }
 
 /// `summary.json` `runtime.pipeline`: steps and rollout jobs queued ahead in this attempt, and
@@ -38,35 +51,74 @@ impl RunLoop {
     /// ones queued ahead when their guidance still holds, else new ones.
     pub(super) fn queue_step(&mut self, run: &EpochRun<'_>, step: &[usize]) -> Vec<(JobId, usize)> {
         let guidance = self.guidance.render_for_prompt();
-        if let Some(ahead) = self.ahead.take() {
-            let ids: Vec<JobId> = ahead.jobs.iter().map(|(j, _)| *j).collect();
-            let tickets: Vec<usize> = ahead.jobs.iter().map(|(_, t)| *t).collect();
-            if ahead.guidance == guidance && tickets == step {
+        if let Some(ahead) = self.ahead.pop_front() {
+            if ahead.guidance == guidance && ahead.tickets() == step {
+                let ids = ahead.ids();
                 self.scheduler.promote(&ids);
                 self.pipeline.steps_used += 1;
                 self.pipeline.jobs_used += ids.len() as u64;
                 return ahead.jobs;
             }
-            self.scheduler.withdraw(&ids);
-            self.completions.forget(&ids);
-            self.pipeline.steps_discarded += 1;
-            self.pipeline.jobs_discarded += ids.len() as u64;
+            self.discard(&ahead);
+            if ahead.tickets() != step {
+                // Not this step's (cannot happen in a run that queues in order): start afresh.
+                for later in std::mem::take(&mut self.ahead) {
+                    self.discard(&later);
+                }
+            }
         }
         self.enqueue_step(run, step, &guidance, false)
     }
 
-    /// Queue `next`'s rollouts ahead, under the guidance as it stands (before this step's
-    /// reflection), when the config asks for it.
-    pub(super) fn queue_ahead(&mut self, run: &EpochRun<'_>, next: &[usize]) {
-        if run.cfg.runner.pipeline_steps == 0 || next.is_empty() {
-            return;
-        }
+    /// Queue the `upcoming` steps' rollouts ahead (the next D of the epoch, in order) under the
+    /// guidance as it stands (before this step's reflection), when the config asks for it:
+    /// steps queued at an earlier boundary under another guidance are queued again (with
+    /// every step after them), the others stay, and the steps not yet queued are added.
+    pub(super) fn queue_ahead(&mut self, run: &EpochRun<'_>, upcoming: &[&[usize]]) {
+        let depth = run.cfg.runner.pipeline_steps as usize;
         let guidance = self.guidance.render_for_prompt();
-        let jobs = self.enqueue_step(run, next, &guidance, true);
-        self.completions.expect(jobs.iter().map(|(j, _)| *j));
-        self.pipeline.steps_ahead += 1;
-        self.pipeline.jobs_ahead += jobs.len() as u64;
-        self.ahead = Some(Ahead { guidance, jobs });
+        let queued = std::mem::take(&mut self.ahead);
+        let wanted: Vec<&[usize]> = upcoming
+            .iter()
+            .copied()
+            .take(depth)
+            .take_while(|s| !s.is_empty())
+            .collect();
+        // Once one step is queued again, the later ones are too, so the scheduler's queue of
+        // jobs ahead keeps the steps in their order.
+        let mut kept = true;
+        for (i, step) in wanted.iter().enumerate() {
+            match queued.get(i) {
+                Some(a) if kept && a.tickets() == *step && a.guidance == guidance => {
+                    self.ahead.push_back(a.clone());
+                    continue;
+                }
+                Some(stale) => self.discard(stale),
+                None => {}
+            }
+            kept = false;
+            let jobs = self.enqueue_step(run, step, &guidance, true);
+            self.completions.expect(jobs.iter().map(|(j, _)| *j));
+            self.pipeline.steps_ahead += 1;
+            self.pipeline.jobs_ahead += jobs.len() as u64;
+            self.ahead.push_back(Ahead {
+                guidance: guidance.clone(),
+                jobs,
+            });
+        }
+        // Queued beyond what is wanted now (never, in a run that queues in order): withdrawn.
+        for extra in queued.iter().skip(wanted.len()) {
+            self.discard(extra);
+        }
+    }
+
+    /// Withdraw a step queued ahead: its jobs dropped or fenced, their completions forgotten.
+    fn discard(&mut self, ahead: &Ahead) {
+        let ids = ahead.ids();
+        self.scheduler.withdraw(&ids);
+        self.completions.forget(&ids);
+        self.pipeline.steps_discarded += 1;
+        self.pipeline.jobs_discarded += ids.len() as u64;
     }
 
     /// Queue one rollout job per ticket of `step` under `guidance`, in the ordinary queue or

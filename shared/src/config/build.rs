@@ -13,6 +13,10 @@ use crate::error::{ErrorCode, InputError};
 use serde_norway::Value;
 use std::path::PathBuf;
 
+/// The most steps `runner.pipeline_steps` may queue ahead: each holds a step's rollout answers at
+/// rank 0 until its turn.
+pub const MAX_PIPELINE_STEPS: u32 = 16;
+
 /// f64 → f32 for decode parameters; the values are range-checked small numbers.
 fn to_f32(value: f64) -> f32 {
     value as f32
@@ -349,12 +353,12 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
         )?,
         pipeline_steps: runner.opt_u32(doc, "pipeline_steps", default_pipeline_steps(), 0)?,
     };
-    if config.pipeline_steps > 1 {
+    if config.pipeline_steps > MAX_PIPELINE_STEPS {
         return Err(runner.invalid(
             doc,
             "pipeline_steps",
             format!(
-                "must be 0 or 1 (steps queued ahead while reflection runs), got {}",
+                "must be 0..={MAX_PIPELINE_STEPS} (steps queued ahead while reflection runs), got {}",
                 config.pipeline_steps
             ),
         ));

@@ -35,7 +35,7 @@
 //!   smaller than the lease TTL): lease timing between rank 0 and the workers.
 //! - `runner.speculation_multiple` (default 3, 0 turns it off) and `runner.speculation_min_ms`
 //!   (default 2000): when rank 0 leases a second copy of a straggling job.
-//! - `runner.pipeline_steps` (0 or 1, default 0): queue the next step's rollouts while the
+//! - `runner.pipeline_steps` (0..=16, default 0): queue the next steps' rollouts while the
 //!   current step's reflection runs.
 //!
 //! # Paths

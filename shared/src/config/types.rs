@@ -208,7 +208,9 @@ pub struct RunnerConfig {
     #[serde(default = "default_speculation_min_ms")]
     pub speculation_min_ms: u64,
     /// stageb addition: steps whose rollouts are queued ahead, under the guidance of the
-    /// moment, while the current step's reflection runs (0 or 1). An answer is used only if
+    /// moment, while the current step's reflection runs (0 to 16, never past the epoch's end;
+    /// steps queued under a guidance that has changed are queued again at the next boundary).
+    /// An answer is used only if
     /// its step's guidance is still the one it ran under, so artifacts never depend on it.
     /// Default 0: on two CPU cores with one worker it cost 6% of the demo's wall time (the
     /// reflection calls on the critical path share their steps with the queued rollouts;
