@@ -345,8 +345,13 @@ def side(name, res, m, ckpt, dtype, tbs, rows_per_step, on_gpu):
         mem += f" (torch allocated {r['torch_peak_allocated_gib']:.1f} GiB)"
     bound = (f" = {r['x_bound']:.1f}x the {bms:.2f} ms bandwidth bound at {tbs} TB/s" if on_gpu
              else "; no bandwidth bound on the CPU")
+    split = ""
+    if p.get("sample_step_ms") is not None:  # stageb's probe: where a step's time goes
+        r["sample_step_ms"], r["forward_step_ms"] = p["sample_step_ms"], p["forward_step_ms"]
+        split = (f"; of a step: sampling {p['sample_step_ms']:.2f} ms, forward "
+                 f"{p['forward_step_ms']:.2f} ms")
     line = (f"{name}: {p['tickets_per_min']:.2f} tickets/min, decode {p['decode_tok_s']:.0f} tok/s"
-            f" ({rows_per_step} rows/step, {p['decode_step_ms']:.2f} ms/step{bound}), prefill "
+            f" ({rows_per_step} rows/step, {p['decode_step_ms']:.2f} ms/step{bound}{split}), prefill "
             f"{p['prefill_tok_s']:.0f} tok/s; {mem}; {p['tickets_done']} ticket(s), best of "
             f"{len(res['passes'])}{'' if p['complete'] else ' (cut by the budget)'}")
     return r, line

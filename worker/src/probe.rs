@@ -163,6 +163,9 @@ pub struct TicketTiming {
     pub generated_tokens: u32,
     pub prefill_s: f64,
     pub decode_s: f64,
+    /// Of `decode_s`: sampling the rows' tokens, and the forward calls.
+    pub sample_s: f64,
+    pub forward_s: f64,
     pub wall_s: f64,
 }
 
@@ -183,6 +186,9 @@ pub struct PassReport {
     /// Decode time per lockstep step: a ticket of `n` new tokens runs `n - 1` forward passes
     /// after its prefill (the first token comes from the prefill's logits).
     pub decode_step_ms: f64,
+    /// Of a step: sampling every row's token (on the host), and the forward call.
+    pub sample_step_ms: f64,
+    pub forward_step_ms: f64,
     pub tickets: Vec<TicketTiming>,
 }
 
@@ -254,6 +260,7 @@ pub fn rollout(
             let seed_base = i as u64 * 1000;
             let (out, _) = engine.rollout_ids(ids, &[decode(seed_base, spec.new_tokens)], false)?;
             let wall_s = t.elapsed().as_secs_f64();
+            let (sample_us, forward_us) = engine.decode_split_last_job();
             sample_text = out
                 .candidates
                 .first()
@@ -264,6 +271,8 @@ pub fn rollout(
                 generated_tokens: out.candidates.iter().map(|c| c.completion_tokens).sum(),
                 prefill_s: out.prefill_us as f64 / 1e6,
                 decode_s: out.decode_us as f64 / 1e6,
+                sample_s: sample_us as f64 / 1e6,
+                forward_s: forward_us as f64 / 1e6,
                 wall_s,
             });
         }
@@ -318,6 +327,8 @@ fn pass_report(
         decode_tok_s: per(generated, decode),
         generated_tok_s: per(generated, wall_s),
         decode_step_ms: per(decode * 1e3, steps),
+        sample_step_ms: per(sum(|t| t.sample_s) * 1e3, steps),
+        forward_step_ms: per(sum(|t| t.forward_s) * 1e3, steps),
         tickets,
     }
 }
@@ -349,6 +360,8 @@ mod tests {
             decode_tok_s: 0.0,
             generated_tok_s: 0.0,
             decode_step_ms: 0.0,
+            sample_step_ms: 0.0,
+            forward_step_ms: 0.0,
             tickets: Vec::new(),
         }
     }
@@ -372,6 +385,8 @@ mod tests {
             generated_tokens: 40,
             prefill_s: 0.5,
             decode_s: 1.5,
+            sample_s: 0.5,
+            forward_s: 1.0,
             wall_s: 2.0,
         };
         let p = pass_report(vec![t.clone(), t], true, 4.0, 5);
@@ -381,5 +396,6 @@ mod tests {
         assert_eq!(p.generated_tok_s, 20.0);
         // 2 tickets x 4 forward passes in 3 s of decode.
         assert_eq!(p.decode_step_ms, 375.0);
+        assert_eq!((p.sample_step_ms, p.forward_step_ms), (125.0, 250.0));
     }
 }

@@ -134,6 +134,9 @@ pub struct CandleEngine {
     fast_forward: bool,
     /// Tokens the last job took by fast-forward ([`CandleEngine::forced_tokens_last_job`]).
     forced_tokens: u64,
+    /// The last lockstep job's decode time split into sampling and forward calls, in µs
+    /// ([`CandleEngine::decode_split_last_job`]).
+    decode_split: (u64, u64),
     /// Prompt + generated tokens a job may use: the loaded context, or the run's when rank 0
     /// asked for less ([`Engine::limit_context`]).
     context_limit: usize,
@@ -220,6 +223,12 @@ impl CandleEngine {
     /// Tokens the last job took by forced-token fast-forward (fed without sampling).
     pub fn forced_tokens_last_job(&self) -> u64 {
         self.forced_tokens
+    }
+
+    /// The last lockstep job's decode time (µs) spent sampling the rows' tokens and in forward
+    /// calls (the GPU check's probe reports where a step's time goes).
+    pub fn decode_split_last_job(&self) -> (u64, u64) {
+        self.decode_split
     }
 
     /// The prompt text for `messages` (chat template, generation prompt appended).
@@ -436,15 +445,20 @@ impl CandleEngine {
         // path's per-row positions allow (candle's batch is lockstep).
         let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
         self.forced_tokens = 0;
+        self.decode_split = (0, 0);
         loop {
             if self.cancel.is_cancelled() {
                 return Err(EngineError::Cancelled);
             }
+            let t = Instant::now();
             let feeds = self.sample_rows(rows, &step_logits, fast_forward)?;
+            self.decode_split.0 += t.elapsed().as_micros() as u64;
             if feeds.iter().all(|f| f.is_empty()) {
                 break;
             }
+            let t = Instant::now();
             self.decode_step(&mut cache, &feeds, &mut step_logits)?;
+            self.decode_split.1 += t.elapsed().as_micros() as u64;
         }
         for r in rows.iter_mut() {
             if r.finish.is_none() {

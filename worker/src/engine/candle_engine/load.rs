@@ -242,6 +242,7 @@ impl CandleEngine {
             ignore_eos: false,
             fast_forward: true,
             forced_tokens: 0,
+            decode_split: (0, 0),
             prefix: PrefixStore::new(0),
             generate_prefix: PrefixStore::new(0),
         })
