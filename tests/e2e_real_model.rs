@@ -418,11 +418,12 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
     });
     let victim_log = tmp.path().join("victim.log");
     let mut victim = spawn_worker(port, &victim_log);
-    let survivor = spawn_worker(port, &tmp.path().join("survivor.log"));
 
     // Strike while the victim holds a lease: right after it logs `job leased` (a ticket takes
     // far longer than the 20 ms poll; a fixed sleep raced the int8 engine, which finished the
-    // whole mission first).
+    // whole mission first). The survivor starts only then: started together, it could register
+    // first, take every ticket as its fair share and finish the run before the victim leased
+    // anything (seen once in CI, 2026-11-27).
     let deadline = Instant::now() + Duration::from_secs(300);
     while !std::fs::read_to_string(&victim_log)
         .unwrap_or_default()
@@ -431,6 +432,7 @@ fn a_worker_killed_mid_epoch_loses_only_its_lease() {
         assert!(Instant::now() < deadline, "the victim never took a lease");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let survivor = spawn_worker(port, &tmp.path().join("survivor.log"));
     victim.0.kill().unwrap(); // SIGKILL
     let _ = victim.0.wait();
     // The rest of the run: at most a lease TTL plus the remaining tickets on one worker.
