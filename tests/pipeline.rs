@@ -23,7 +23,8 @@ use support::{
     write_config, write_toy_mission,
 };
 
-/// The toy mission as run `name`, with `pipeline_steps` and `workers`.
+/// The mission written in `dir` (toy or demo) as run `name`, two epochs, with `pipeline_steps`
+/// and `workers`.
 fn run(dir: &Path, name: &str, pipeline_steps: u32, workers: usize, b: &Behaviour) -> RunSummary {
     let config = write_config(
         dir,
@@ -115,41 +116,14 @@ fn a_pipeline_deeper_than_sixteen_steps_is_refused_at_its_line() {
     );
 }
 
-/// The demo mission (48 tickets: six steps of 8 an epoch) as run `name`, two epochs, with
-/// `pipeline_steps` and `workers`.
-fn run_demo(
-    dir: &Path,
-    name: &str,
-    pipeline_steps: u32,
-    workers: usize,
-    b: &Behaviour,
-) -> RunSummary {
-    let config = write_config(
-        dir,
-        json!({"output": {"run_name": name},
-               "runner": {"epochs": 2, "pipeline_steps": pipeline_steps}}),
-    );
-    let script = Script::new(b.clone());
-    let summary = try_run(
-        &config,
-        workers,
-        move |_| ScriptedEngine::new(script.clone()),
-        StartMode::Fresh,
-        std::future::pending(),
-    )
-    .expect("the run completes");
-    assert_audit_ok(&summary.run_dir);
-    summary
-}
-
 /// Three steps ahead on the demo mission, 1 and 3 workers, against the sequential run.
 fn compare_three_ahead(b: &Behaviour) -> Vec<PipelineStats> {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
-    let sequential = run_demo(dir.path(), "sequential", 0, 1, b);
+    let sequential = run(dir.path(), "sequential", 0, 1, b);
     let mut stats = Vec::new();
     for workers in [1, 3] {
-        let ahead = run_demo(dir.path(), &format!("ahead3-{workers}"), 3, workers, b);
+        let ahead = run(dir.path(), &format!("ahead3-{workers}"), 3, workers, b);
         assert_same_artifacts(&sequential.run_dir, &ahead.run_dir);
         let p = ahead.runtime_facts().pipeline;
         assert_eq!(p.steps_used + p.steps_discarded, p.steps_ahead, "{p:?}");
