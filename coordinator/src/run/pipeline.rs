@@ -15,7 +15,6 @@ use super::{EpochRun, RunLoop};
 use crate::cluster::scheduler::JobId;
 
 /// A step's rollouts queued ahead, and the guidance they were built with.
-#[derive(Clone)]
 pub(super) struct Ahead {
     guidance: Vec<(String, String)>,
     jobs: Vec<(JobId, usize)>,
@@ -77,23 +76,18 @@ impl RunLoop {
     pub(super) fn queue_ahead(&mut self, run: &EpochRun<'_>, upcoming: &[&[usize]]) {
         let depth = run.cfg.runner.pipeline_steps as usize;
         let guidance = self.guidance.render_for_prompt();
-        let queued = std::mem::take(&mut self.ahead);
-        let wanted: Vec<&[usize]> = upcoming
-            .iter()
-            .copied()
-            .take(depth)
-            .take_while(|s| !s.is_empty())
-            .collect();
+        let mut queued = std::mem::take(&mut self.ahead).into_iter();
         // Once one step is queued again, the later ones are too, so the scheduler's queue of
         // jobs ahead keeps the steps in their order.
         let mut kept = true;
-        for (i, step) in wanted.iter().enumerate() {
-            match queued.get(i) {
+        let wanted = upcoming.iter().take(depth).take_while(|s| !s.is_empty());
+        for step in wanted {
+            match queued.next() {
                 Some(a) if kept && a.tickets() == *step && a.guidance == guidance => {
-                    self.ahead.push_back(a.clone());
+                    self.ahead.push_back(a);
                     continue;
                 }
-                Some(stale) => self.discard(stale),
+                Some(stale) => self.discard(&stale),
                 None => {}
             }
             kept = false;
@@ -107,8 +101,8 @@ impl RunLoop {
             });
         }
         // Queued beyond what is wanted now (never, in a run that queues in order): withdrawn.
-        for extra in queued.iter().skip(wanted.len()) {
-            self.discard(extra);
+        for extra in queued {
+            self.discard(&extra);
         }
     }
 
