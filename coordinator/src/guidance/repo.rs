@@ -315,8 +315,8 @@ impl GuidanceRepo {
 
     /// Remove learned rules with `confidence < threshold && miss_count >= min_miss`, or whose
     /// checked predictions failed as often (`RuleMetadata::claims_failing` with the same two
-    /// numbers) (never `G0` or `S*`, never emptying the guidance). A cleanup version keeps the step; the current
-    /// file is snapshotted first. Returns the removed keys (empty: nothing written).
+    /// numbers); never `G0` or `S*`, never emptying the guidance. A cleanup version keeps the
+    /// step; the current file is snapshotted first. Returns the removed keys (empty: nothing written).
     pub fn cleanup_low_confidence(
         &mut self,
         threshold: f64,

@@ -210,8 +210,8 @@ pub struct RunnerConfig {
     /// stageb addition: steps whose rollouts are queued ahead, under the guidance of the
     /// moment, while the current step's reflection runs (0 to 16, never past the epoch's end;
     /// steps queued under a guidance that has changed are queued again at the next boundary).
-    /// An answer is used only if
-    /// its step's guidance is still the one it ran under, so artifacts never depend on it.
+    /// An answer is used only if its step's guidance is still the one it ran under, so
+    /// artifacts never depend on it.
     /// Default 0: on two CPU cores with one worker it cost 6% of the demo's wall time (the
     /// reflection calls on the critical path share their steps with the queued rollouts;
     /// docs/PERFORMANCE.md); it is for workers with capacity to spare.
