@@ -17,7 +17,7 @@ use stageb_coordinator::artifacts::files;
 use support::compare::assert_same_artifacts;
 use support::{
     Behaviour, Script, ScriptedEngine, ScriptedMission, assert_audit_ok, audit_checks,
-    copy_demo_mission, read_jsonl, rewrite_jsonl, try_run, write_config,
+    copy_demo_mission, read_jsonl, rewrite_jsonl, str_set, try_run, write_config,
 };
 
 fn overrides(gate: Value) -> Value {
@@ -274,7 +274,9 @@ fn bad_revisions(run: &support::ScriptedRun) -> usize {
 
 #[test]
 fn claimed_flips_of_applied_ops_are_checked_against_the_next_epoch_exactly() {
-    let gate = json!({"enabled": true, "gate_fraction": 0.2, "final_fraction": 0.2});
+    // Every validated edit applied, as without the gate's check, so there are claims to settle.
+    let gate =
+        json!({"enabled": true, "gate_fraction": 0.2, "final_fraction": 0.2, "check_edits": false});
     let run = ScriptedMission::demo().run(overrides(gate));
     let correct_in_epoch_2: BTreeSet<String> = read_jsonl(&run.run_dir, files::SELECTIONS)
         .iter()
@@ -383,4 +385,242 @@ fn assert_claims_counted_on_their_rules(run_dir: &Path, written: &[Value]) {
         checked > 0,
         "no settled rule left to check: {settled:?} {touched_later:?}"
     );
+}
+
+// The gate's check of edits (deliverable 2), in a scripted world where a candidate's verdicts
+// are a fixed function of the summaries and the active rules (the scripted engine, quiet): 40
+// single-ticket groups, 12 of them the gate split. Every fail ticket carries the defect
+// `WORLD_DEFECT`; `WORLD_DECOY` sits on 3 train fail tickets and on 5 gate pass tickets.
+
+const WORLD_DEFECT: &str = "挡风板有晃动";
+const WORLD_DECOY: &str = "线缆绑扎偏斜";
+
+fn world_gate() -> Value {
+    json!({"enabled": true, "gate_fraction": 0.3, "final_fraction": 0.0,
+           "tolerance": 0.0, "min_p_better": 0.8})
+}
+
+fn world_overrides() -> Value {
+    json!({"runner": {"epochs": 1}, "reflection": {"gate": world_gate()}})
+}
+
+/// The world's tickets and its gate groups (the split the run will draw, from its seed).
+fn gate_world() -> (Vec<support::TicketSpec>, BTreeSet<String>) {
+    let groups: Vec<String> = (0..40).map(|i| format!("QC-GW-{i:02}")).collect();
+    let config: stageb_shared::config::GateConfig =
+        serde_json::from_value(json!({"remember_rejected": 0, "check_edits": true,
+            "tolerance": 0.0, "min_p_better": 0.8, "enabled": true,
+            "gate_fraction": 0.3, "final_fraction": 0.0}))
+        .unwrap();
+    let seed = support::missions::base_config(Path::new("/"))["seed"]
+        .as_u64()
+        .unwrap();
+    let splits = stageb_coordinator::decide::split::Splits::assign(
+        seed,
+        groups.iter().map(String::as_str),
+        &config,
+    );
+    let is_gate = |g: &str| splits.of(g) == stageb_coordinator::decide::split::Split::Gate;
+    let panel = "BBU设备/显示完整/这个BBU设备按要求配备了挡风板×1，挡风板/显示完整/安装方向正确×1";
+    let (mut gate_seen, mut train_seen) = (0, 0);
+    let mut gate = BTreeSet::new();
+    let mut tickets = Vec::new();
+    for g in &groups {
+        let (nth, on_gate) = if is_gate(g) {
+            gate.insert(g.clone());
+            gate_seen += 1;
+            (gate_seen - 1, true)
+        } else {
+            train_seen += 1;
+            (train_seen - 1, false)
+        };
+        let fail = nth % 2 == 0;
+        let mut per_image = vec![panel.to_string()];
+        if fail {
+            per_image[0].push_str(&format!("，备注: {WORLD_DEFECT}"));
+        }
+        let decoy = if on_gate {
+            !fail && nth < 11
+        } else {
+            fail && nth < 6
+        };
+        if decoy {
+            per_image.push(format!("线缆/显示完整×2，备注: {WORLD_DECOY}"));
+        }
+        tickets.push(support::TicketSpec {
+            group_id: g.clone(),
+            label: if fail { "fail" } else { "pass" },
+            per_image,
+        });
+    }
+    assert_eq!(gate.len(), 12);
+    (tickets, gate)
+}
+
+fn presence_rule(phrase: &str) -> String {
+    format!("若摘要出现“{phrase}”则判不通过；否则按其他规则判定")
+}
+
+/// The reflection rows whose cycle went through the gate.
+fn gated_rows(run_dir: &Path) -> Vec<Value> {
+    read_jsonl(run_dir, files::REFLECTION)
+        .into_iter()
+        .filter(|r| r.get("gate").is_some())
+        .collect()
+}
+
+#[test]
+fn a_rule_that_generalizes_is_kept_by_the_gate() {
+    let (tickets, _) = gate_world();
+    let rule = presence_rule(WORLD_DEFECT);
+    let run = ScriptedMission::of(tickets)
+        .quiet()
+        .propose_only(rule.clone())
+        .run(world_overrides());
+    let gated = gated_rows(&run.run_dir);
+    let first = gated.first().expect("the edit went through the gate");
+    let gate = &first["gate"];
+    assert_eq!(gate["passed"], true, "{gate}");
+    assert_eq!(
+        (
+            gate["tickets"].as_u64(),
+            gate["fixed"].as_u64(),
+            gate["broken"].as_u64()
+        ),
+        (Some(12), Some(6), Some(0))
+    );
+    let gain =
+        gate["candidate_accuracy"].as_f64().unwrap() - gate["parent_accuracy"].as_f64().unwrap();
+    assert!(gain >= 0.1, "+{gain} on the gate split");
+    assert_eq!(first["applied"], true);
+    let guidance = std::fs::read_to_string(run.run_dir.join("guidance.json")).unwrap();
+    assert!(
+        guidance.contains(&rule),
+        "the rule is in the final guidance"
+    );
+    let runtime = &run.summary.runtime["gate"];
+    assert!(
+        runtime["reused"].as_u64().unwrap() > 0,
+        "outcomes under the parent reused: {runtime}"
+    );
+    assert_audit_ok(&run.run_dir);
+    let html = stageb_inspect::report::render(&run.run_dir).unwrap();
+    let cycle = first["reflection_cycle"].as_u64().unwrap();
+    assert!(
+        html.contains("Gate decisions"),
+        "the report shows the gate's decisions"
+    );
+    assert!(html.contains(&format!("data-metric=\"gate_c{cycle}\">applied")));
+}
+
+#[test]
+fn a_rule_that_overfits_its_evidence_is_refused_remembered_and_its_cases_closed() {
+    let (tickets, gate_groups) = gate_world();
+    let rule = presence_rule(WORLD_DECOY);
+    let run = ScriptedMission::of(tickets)
+        .quiet()
+        .propose_only(rule.clone())
+        .run(world_overrides());
+    let gated = gated_rows(&run.run_dir);
+    assert_eq!(
+        gated.len(),
+        1,
+        "checked once, then refused as already rejected"
+    );
+    let row = &gated[0];
+    let gate = &row["gate"];
+    assert_eq!(gate["passed"], false, "{gate}");
+    assert_eq!(
+        (gate["fixed"].as_u64(), gate["broken"].as_u64()),
+        (Some(0), Some(5))
+    );
+    assert_eq!(row["applied"], false);
+    assert_eq!(row["accepted_ops"], json!([]));
+    let refused: Vec<&Value> = row["rejected_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["reason"] == "gate_regression")
+        .collect();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0]["proposed"]["text"], rule.as_str());
+    assert!(
+        row["warnings"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("gate_regression"))
+    );
+    // For closure the op was never validated: every learnable case is uncovered.
+    assert_eq!(str_set(&row["uncovered"]), str_set(&row["learnable"]));
+    let later: BTreeSet<String> = rejections(&run.run_dir)
+        .into_iter()
+        .filter(|(c, _, t)| *c > row["reflection_cycle"].as_u64().unwrap() && *t == rule)
+        .map(|(_, reason, _)| reason)
+        .collect();
+    assert_eq!(later, BTreeSet::from(["already_rejected".to_string()]));
+    let guidance = std::fs::read_to_string(run.run_dir.join("guidance.json")).unwrap();
+    assert!(!guidance.contains(WORLD_DECOY));
+    // The audit rederives the decision from the figures: a refusal turned into a pass is found.
+    let copy = support::copy_of_run(&run.run_dir);
+    rewrite_jsonl(&copy.join(files::REFLECTION), |rows| {
+        for r in rows.iter_mut().filter(|r| r.get("gate").is_some()) {
+            r["gate"]["passed"] = json!(true);
+        }
+    });
+    assert!(audit_checks(&copy).contains(&"gate_decision"));
+    for r in read_jsonl(&run.run_dir, files::REFLECTION) {
+        let group_of = |k: &String| k.split("::").next().unwrap().to_string();
+        assert!(
+            reflected_keys(&r)
+                .iter()
+                .all(|k| !gate_groups.contains(&group_of(k)))
+        );
+    }
+    assert_audit_ok(&run.run_dir);
+}
+
+#[test]
+fn an_edit_that_changes_no_gate_ticket_is_refused() {
+    let (tickets, _) = gate_world();
+    let run = ScriptedMission::of(tickets)
+        .quiet()
+        .propose_only(presence_rule("挡风板颜色发紫"))
+        .run(world_overrides());
+    let gated = gated_rows(&run.run_dir);
+    let gate = &gated.first().expect("checked")["gate"];
+    assert_eq!(gate["passed"], false, "{gate}");
+    assert_eq!(gate["p_better"], 0.0);
+    assert_eq!(gate["candidate_accuracy"], gate["parent_accuracy"]);
+    assert_eq!(run.summary.guidance_step, 1, "no version written");
+    assert_audit_ok(&run.run_dir);
+}
+
+#[test]
+fn gate_decisions_depend_neither_on_the_workers_nor_on_queueing_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    support::write_stage_a(dir.path(), &gate_world().0);
+    support::write_toy_guidance(dir.path());
+    let behaviour = Behaviour {
+        propose_only: Some(presence_rule(WORLD_DECOY)),
+        ..Behaviour::default()
+    };
+    let run = |name: &str, workers: usize, pipeline_steps: u32| {
+        let mut config = world_overrides();
+        config["output"] = json!({"run_name": name});
+        config["runner"]["pipeline_steps"] = json!(pipeline_steps);
+        let config = write_config(dir.path(), config);
+        let script = Script::new(behaviour.clone());
+        let summary = try_run(
+            &config,
+            workers,
+            move |_| ScriptedEngine::new(script.clone()),
+            StartMode::Fresh,
+            std::future::pending(),
+        )
+        .expect("the run completes");
+        summary.run_dir
+    };
+    let one = run("one", 1, 0);
+    assert!(!gated_rows(&one).is_empty());
+    assert_same_artifacts(&one, &run("three-ahead", 3, 2));
 }

@@ -24,6 +24,8 @@ pub enum ReflectPass {
     Decision,
     Ops,
     Revision,
+    /// The gate split rolled out under a candidate guidance.
+    Gate,
 }
 
 impl ReflectPass {
@@ -32,6 +34,7 @@ impl ReflectPass {
             ReflectPass::Decision => "decision",
             ReflectPass::Ops => "ops",
             ReflectPass::Revision => "revision",
+            ReflectPass::Gate => "gate",
         }
     }
 }

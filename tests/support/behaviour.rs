@@ -26,4 +26,8 @@ pub struct Behaviour {
     /// Every first-round ops call also proposes the same non-rule (`add` with text `1.00`,
     /// rejected as `not_a_rule`), as the demo's small model does.
     pub repeat_bad_op: bool,
+    /// Every ops call proposes this rule text (an `add`) and nothing else, citing the cases it
+    /// fires on that are wrongly passed, else every case of the prompt: a scripted world for
+    /// the gate (a rule that generalizes, one that overfits, one that changes nothing).
+    pub propose_only: Option<String>,
 }

@@ -242,6 +242,12 @@ impl ScriptedMission {
         self
     }
 
+    /// Every ops call proposes the rule `text` and nothing else.
+    pub fn propose_only(mut self, text: impl Into<String>) -> Self {
+        self.behaviour.propose_only = Some(text.into());
+        self
+    }
+
     /// Runs the mission with `overrides` merged into [`super::missions::base_config`], every
     /// worker on the scripted engine.
     pub fn run(self, overrides: Value) -> ScriptedRun {

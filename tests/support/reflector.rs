@@ -320,7 +320,10 @@ impl Reflector {
             }
             Pass::Ops => {
                 self.ops_calls += 1;
-                let mut out = propose(&prompt, behaviour, &self.memory);
+                let mut out = match &behaviour.propose_only {
+                    Some(text) => propose_only(&prompt, text),
+                    None => propose(&prompt, behaviour, &self.memory),
+                };
                 let revision = user.contains("以下操作被拒绝");
                 if behaviour.third_state_op_then_revise && (self.ops_calls == 1 || revision) {
                     let ops = out["operations"].as_array_mut().unwrap();
@@ -428,6 +431,29 @@ impl Draft {
         }
         v
     }
+}
+
+/// The ops answer under [`Behaviour::propose_only`]: the one rule, citing the wrongly passed
+/// cases it fails, else every case.
+fn propose_only(prompt: &ReflectionPrompt, text: &str) -> Value {
+    let rule = Rule::parse(text).expect("a rule of the scripted language");
+    let fixed: Vec<&str> = prompt
+        .cases
+        .iter()
+        .filter(|c| c.wrong_pass() && rule.fires(&c.summaries))
+        .map(|c| c.key.as_str())
+        .collect();
+    let evidence = if fixed.is_empty() {
+        prompt.cases.iter().map(|c| c.key.as_str()).collect()
+    } else {
+        fixed
+    };
+    json!({
+        "has_evidence": true,
+        "evidence_analysis": "按脚本给出的规则。",
+        "operations": [{"op": "add", "text": text, "evidence": evidence,
+                        "rationale": "脚本给出的规则"}],
+    })
 }
 
 /// The ops pass, step by step:

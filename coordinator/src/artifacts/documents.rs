@@ -16,6 +16,7 @@ use stageb_shared::config::RunConfig;
 use stageb_shared::limits::EffectiveLimits;
 
 use crate::cluster::scheduler::SchedulerStats;
+use crate::learn::reflection::GateCost;
 use crate::run::pipeline::PipelineStats;
 use crate::run::prefix_reuse::PrefixReuse;
 
@@ -156,6 +157,9 @@ pub struct SummaryRuntime {
     pub batching: Batching,
     pub pipeline: PipelineStats,
     pub workers: WorkerTime,
+    /// What the gate's edit checks cost (`reflection.gate.check_edits`); absent without them.
+    #[serde(skip_serializing_if = "GateCost::is_zero")]
+    pub gate: GateCost,
 }
 
 /// How the workers' time was spent, as rank 0 saw it (`summary.json` `runtime.workers`): the

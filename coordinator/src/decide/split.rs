@@ -102,6 +102,7 @@ mod tests {
             gate_fraction,
             final_fraction,
             remember_rejected: 0,
+            ..GateConfig::default()
         }
     }
 

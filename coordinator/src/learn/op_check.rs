@@ -87,6 +87,9 @@ pub enum RejectReason {
     GuidanceBudget,
     /// The same edit was rejected in an earlier cycle (`learn::rejected_memory`).
     AlreadyRejected,
+    /// Validated, but the candidate guidance did not earn its place on the gate split
+    /// (`learn::gate_decision`).
+    GateRegression,
 }
 
 impl RejectReason {
@@ -120,6 +123,7 @@ impl RejectReason {
             RejectReason::MaxOperationsExceeded => "max_operations_exceeded",
             RejectReason::GuidanceBudget => "guidance_budget",
             RejectReason::AlreadyRejected => "already_rejected",
+            RejectReason::GateRegression => "gate_regression",
         }
     }
 }

@@ -116,6 +116,7 @@ fn judges_the_edit(reason: RejectReason) -> bool {
             | CopiesCaseSummary
             | G0NotFocus
             | DuplicateOfScaffold
+            | GateRegression
     )
 }
 

@@ -42,7 +42,9 @@ use crate::cluster::scheduler::{Completion, JobId, JobOutput, Scheduler};
 use crate::decide::accuracy;
 use crate::decide::split::{Split, Splits};
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
-use crate::learn::reflection::{GradientRecord, ReflectionError, Reflector};
+use crate::learn::reflection::{
+    GateProbe, GradientRecord, ReflectionError, Reflector, rendered_digest,
+};
 use crate::progress::Phase;
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
@@ -170,6 +172,14 @@ fn record_epoch_accuracy(epoch: u32, row: &accuracy::MetricsRow) {
 
 fn now_iso() -> String {
     crate::guidance::utc_now_iso()
+}
+
+/// The guidance a step's rollouts run under: its step, its `G0` (for the vote's overrides) and,
+/// with the gate on, the digest of its rendering (under which gate outcomes are kept).
+struct StepGuidance {
+    step: u64,
+    g0: String,
+    digest: Option<String>,
 }
 
 /// An epoch under way: which one, its tickets and config, its metrics window so far, when it
@@ -335,6 +345,7 @@ impl RunLoop {
         self.write_manifest(&started_at, None)?;
         let cfg = limits.apply(&self.inputs.config);
         let tickets = self.inputs.ingested.tickets.clone();
+        self.set_gate_probe(&cfg, &tickets);
         let total = tickets.len() as u64 * cfg.runner.epochs as u64;
         let mut at = EpochStart::default();
         if let Some(checkpoint) = self.resume_from.take() {
@@ -487,8 +498,15 @@ impl RunLoop {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .epoch = run.epoch;
-        let guidance_step = self.guidance.step();
-        let g0 = self.guidance.current().g0().to_string();
+        let under = StepGuidance {
+            step: self.guidance.step(),
+            g0: self.guidance.current().g0().to_string(),
+            // Gate outcomes of this step are kept for the gate phase under this digest.
+            digest: self
+                .splits
+                .is_some()
+                .then(|| rendered_digest(&self.guidance.render_for_prompt())),
+        };
         let jobs = self.queue_step(run, step);
         let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
         self.lock_progress().begin_rollouts(Instant::now());
@@ -498,7 +516,7 @@ impl RunLoop {
             let completion = done
                 .remove(&job)
                 .expect("await_jobs returns every requested job");
-            self.decide_in_step(run, guidance_step, &g0, ti, completion)?;
+            self.decide_in_step(run, &under, ti, completion)?;
         }
         // Step boundary: make the step durable before guidance may change.
         self.writers.sync().map_err(io_err(&self.dir))?;
@@ -537,8 +555,7 @@ impl RunLoop {
     fn decide_in_step(
         &mut self,
         run: &mut EpochRun<'_>,
-        guidance_step: u64,
-        g0: &str,
+        under: &StepGuidance,
         ti: usize,
         completion: Completion,
     ) -> Result<(), RunError> {
@@ -548,11 +565,11 @@ impl RunLoop {
         let at = TicketAt {
             epoch: run.epoch,
             epoch_step: run.epoch_step,
-            guidance_step,
+            guidance_step: under.step,
             ticket: t,
             cfg: run.cfg,
         };
-        let outcome = self.decide_ticket(&at, g0, ti, completion)?;
+        let outcome = self.decide_ticket(&at, &under.g0, ti, completion)?;
         ::metrics::counter!(observe::TICKETS_DECIDED).increment(1);
         let split = self.split_of(&t.group_id);
         run.window.push(accuracy::Outcome {
@@ -565,6 +582,11 @@ impl RunLoop {
         if self.splits.is_some() {
             let correct = outcome.selection.verdict.is_some() && outcome.selection.label_match;
             self.reflector.note_decided(&t.key(), run.epoch, correct);
+            if let (Some(Split::Gate), Some(digest)) = (split, &under.digest) {
+                let (key, digest) = (t.key(), digest.clone());
+                self.reflector
+                    .note_gate_outcome(run.epoch, key, digest, correct);
+            }
         }
         if split.is_some_and(Split::held_out) {
             // Held out: decided and counted, never a gradient candidate nor rule feedback.
@@ -613,6 +635,27 @@ impl RunLoop {
         self.writers.sync().map_err(io_err(&self.dir))?;
         self.reflector.end_epoch(epoch, &mut self.guidance)?;
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
+    }
+
+    /// The gate split's tickets and rollouts for the reflector's gate phase, when the gate
+    /// checks edits and holds tickets.
+    fn set_gate_probe(&mut self, cfg: &RunConfig, tickets: &[Ticket]) {
+        let Some(splits) = &self.splits else {
+            return;
+        };
+        if !cfg.reflection.gate.check_edits {
+            return;
+        }
+        let gate: Vec<Ticket> = tickets
+            .iter()
+            .filter(|t| splits.of(&t.group_id) == Split::Gate)
+            .cloned()
+            .collect();
+        self.reflector.set_gate_probe(GateProbe {
+            tickets: gate,
+            config: cfg.clone(),
+            payload: rollout_prompt::rollout_payload,
+        });
     }
 
     /// The ticket group's split, when `reflection.gate` is on.

@@ -140,6 +140,7 @@ impl RunLoop {
                 reflection: self.reflector.prefix_reuse().clone(),
                 ..self.prefix_reuse.clone()
             },
+            gate: self.reflector.gate_cost().clone(),
         };
         let runtime =
             serde_json::to_value(runtime).map_err(|e| io_err(&path)(io::Error::other(e)))?;

@@ -192,7 +192,8 @@ pub fn audit(dir: &Path) -> AuditReport {
 
     let held_out = splits::check_assignment(&mut report, &run, &selections);
     let queue = learning::check_need_review(&mut report, dir, &run);
-    let claims = splits::check_reflection_rows(&mut report, dir, &held_out, &queue);
+    let gate = &run.config.reflection.gate;
+    let claims = splits::check_reflection_rows(&mut report, dir, &held_out, &queue, gate);
     learning::check_metrics(&mut report, dir, &selections, &queue, &claims);
     let group_ids: BTreeSet<String> = selections
         .values()

@@ -1,8 +1,8 @@
 //! What `reflection.gate` promises: every selection row carries the split the run seed gives
 //! its group (and none when the gate is off), no gate or final ticket reached reflection (a
 //! batch, the decision pass, an op's evidence) or the need-review queue, which only reflection
-//! fills, and each epoch row's checked predictions follow from the ops applied in the epoch
-//! before and this epoch's decisions.
+//! fills, each epoch row's checked predictions follow from the ops applied in the epoch
+//! before and this epoch's decisions, and each gate decision follows from its figures.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -12,6 +12,7 @@ use stageb_coordinator::artifacts::files;
 use stageb_coordinator::decide::split::Splits;
 use stageb_coordinator::learn::need_review::NeedReviewRow;
 use stageb_coordinator::learn::reflection::ReflectionRow;
+use stageb_shared::config::GateConfig;
 use stageb_shared::domain::TicketKey;
 
 use super::decisions::Selections;
@@ -70,6 +71,7 @@ pub fn check_reflection_rows(
     dir: &Path,
     held_out: &BTreeSet<TicketKey>,
     queue: &[NeedReviewRow],
+    gate: &GateConfig,
 ) -> Claims {
     let mut claims = Claims::new();
     for_each_row(report, dir, files::REFLECTION, |report, line, row| {
@@ -83,6 +85,9 @@ pub fn check_reflection_rows(
                 Some(line),
                 format!("held-out ticket {leak} reached reflection"),
             );
+        }
+        if let Err(why) = check_gate_decision(&row, gate) {
+            report.fail("gate_decision", files::REFLECTION, Some(line), why);
         }
         let accepted = row.accepted();
         for applied in row.applied_op_list() {
@@ -110,6 +115,50 @@ pub fn check_reflection_rows(
         );
     }
     claims
+}
+
+/// A cycle's gate record agrees with the config and with itself: present only when the gate
+/// checks edits, under the configured tolerance and threshold, its decision the one its
+/// figures give, and a refused candidate left nothing accepted or applied.
+fn check_gate_decision(row: &ReflectionRow, gate: &GateConfig) -> Result<(), String> {
+    let Some(f) = &row.gate else {
+        return Ok(());
+    };
+    let cycle = row.reflection_cycle;
+    if !(gate.enabled && gate.check_edits) {
+        return Err(format!(
+            "cycle {cycle} has a gate record but the config checks no edits"
+        ));
+    }
+    if f.tolerance != gate.tolerance || f.min_p_better != gate.min_p_better {
+        return Err(format!(
+            "cycle {cycle}: gate thresholds differ from the config"
+        ));
+    }
+    let counted = |c: usize| {
+        if f.tickets == 0 {
+            0.0
+        } else {
+            c as f64 / f.tickets as f64
+        }
+    };
+    let within = f.candidate_accuracy + 1e-12 >= f.parent_accuracy - f.tolerance;
+    let sure = f.p_better.is_none_or(|p| p >= f.min_p_better);
+    let consistent = counted(f.parent_correct) == f.parent_accuracy
+        && counted(f.candidate_correct) == f.candidate_accuracy
+        && f.candidate_correct + f.broken == f.parent_correct + f.fixed
+        && (f.p_better.is_some() == (f.min_p_better > 0.0));
+    if !consistent || f.passed != (within && sure) {
+        return Err(format!(
+            "cycle {cycle}: the gate's decision does not follow from its figures"
+        ));
+    }
+    if !f.passed && (row.applied() || !row.accepted().is_empty()) {
+        return Err(format!(
+            "cycle {cycle}: a refused candidate was applied or left accepted"
+        ));
+    }
+    Ok(())
 }
 
 /// Every ticket a cycle showed the model or cited: its batch, `L`, the stop-gradient cases and

@@ -11,6 +11,8 @@ use std::path::Path;
 
 use stageb_coordinator::artifacts::files;
 use stageb_coordinator::guidance::{GuidanceOp, RuleKey};
+use stageb_coordinator::learn::gate_decision::GateFigures;
+use stageb_coordinator::learn::op_check::{RejectReason, RejectedOp};
 use stageb_coordinator::learn::reflection::row::{CoverageCounts, ReflectionRow, TokenUsage};
 use stageb_shared::domain::TicketKey;
 use stageb_shared::reflection_schema::ProposedOp;
@@ -123,9 +125,25 @@ pub struct EpochReflection {
     pub latency_us: u64,
 }
 
+/// One gate check (`reflection.gate.check_edits`): the candidate guidance against its parent
+/// on the gate split.
+#[derive(Debug, Clone)]
+pub struct GateView {
+    pub cycle: u64,
+    pub epoch: u32,
+    pub figures: GateFigures,
+    /// Ops of the candidate (applied when it passed, refused as `gate_regression` if not).
+    pub ops: usize,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Reflection {
     pub per_epoch: BTreeMap<u32, EpochReflection>,
+    /// The first [`ROW_CAP`] gate checks, in cycle order.
+    pub gates: Vec<GateView>,
+    /// Gate checks in all, and how many refused their candidate.
+    pub gate_checks: u64,
+    pub gate_refused: u64,
     pub rejected_by_reason: BTreeMap<String, u64>,
     /// Warnings by name (`uncovered=3` counts as `uncovered`).
     pub warnings: BTreeMap<String, u64>,
@@ -145,11 +163,33 @@ pub fn collect(dir: &Path) -> Reflection {
         for w in &row.warnings {
             bump(&mut out.warnings, w.split('=').next().unwrap_or(w));
         }
+        if let Some(figures) = &row.gate {
+            out.gate_checks += 1;
+            out.gate_refused += u64::from(!figures.passed);
+            if out.gates.len() < ROW_CAP {
+                out.gates.push(gate_view(&row, figures.clone()));
+            }
+        }
         if out.cycles.len() < ROW_CAP {
             out.cycles.push(view(row));
         }
     });
     out
+}
+
+fn gate_view(row: &ReflectionRow, figures: GateFigures) -> GateView {
+    let ops = if figures.passed {
+        row.accepted().len()
+    } else {
+        let refused = |r: &&RejectedOp| r.reason == RejectReason::GateRegression;
+        row.rejected().iter().filter(refused).count()
+    };
+    GateView {
+        cycle: row.reflection_cycle,
+        epoch: row.epoch,
+        figures,
+        ops,
+    }
 }
 
 fn add_to_epoch(e: &mut EpochReflection, row: &ReflectionRow) {

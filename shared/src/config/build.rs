@@ -282,6 +282,9 @@ fn build_gate(doc: &Doc, reflection: &Section) -> Result<GateConfig, InputError>
         gate_fraction: gate.opt_float(doc, "gate_fraction", 0.2, FloatRule::UnitClosed)?,
         final_fraction: gate.opt_float(doc, "final_fraction", 0.2, FloatRule::UnitClosed)?,
         remember_rejected: gate.opt_u32(doc, "remember_rejected", 16, 0)?,
+        check_edits: gate.opt_bool(doc, "check_edits", true)?,
+        tolerance: gate.opt_float(doc, "tolerance", 0.0, FloatRule::UnitClosed)?,
+        min_p_better: gate.opt_float(doc, "min_p_better", 0.8, FloatRule::UnitClosed)?,
     };
     if config.gate_fraction + config.final_fraction >= 1.0 {
         let key = if gate.get("final_fraction").is_some() {

@@ -134,6 +134,9 @@ const GATE_SCHEMA: SectionSchema = SectionSchema {
         "gate_fraction",
         "final_fraction",
         "remember_rejected",
+        "check_edits",
+        "tolerance",
+        "min_p_better",
     ],
     ignored: &[],
 };

@@ -149,6 +149,13 @@ pub struct GateConfig {
     /// Rejected edits remembered (shown to the ops pass as already rejected, refused when
     /// proposed again); 0 remembers none.
     pub remember_rejected: u32,
+    /// Evaluate each cycle's validated edits on the gate split before applying them.
+    pub check_edits: bool,
+    /// Gate accuracy a candidate may lose against its parent and still be applied, in [0, 1].
+    pub tolerance: f64,
+    /// Paired-bootstrap probability that the candidate is better on the gate split, needed
+    /// to apply it, in [0, 1]; 0 leaves only the tolerance check.
+    pub min_p_better: f64,
 }
 
 impl GateConfig {

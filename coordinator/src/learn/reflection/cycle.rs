@@ -1,6 +1,7 @@
 //! One reflection cycle on one batch, as named phases:
 //!
-//! guard → pack → decision pass → ops rounds (`ops.rs`) → apply → closure, then close.
+//! guard → pack → decision pass → ops rounds (`ops.rs`) → gate (`gate.rs`) → apply → closure,
+//! then close.
 //!
 //! Each phase either hands the next one its input ([`Flow::Next`]) or ends the cycle
 //! ([`Flow::End`]) with a [`CycleEnd`] that names how it ended; whichever way it ended, `close`
@@ -109,6 +110,7 @@ impl Reflector {
             Flow::Next(validation) => validation,
             Flow::End(end) => return Ok(end),
         };
+        let validation = self.gate(row, validation, guidance, workers).await?;
         let covered = self.apply(row, &validation, &learnable.keys, guidance)?;
         self.closure(row, learnable, &covered, guidance)
     }

@@ -24,6 +24,7 @@
 //! - `queue`: the pending and retry queues, the epoch's budgets, and routing to need-review.
 //! - `cycle`: one reflection cycle on one batch, as named phases, and how it ended.
 //! - `ops`: the cycle's ops pass and revision round, and how their proposals are validated.
+//! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
@@ -48,6 +49,7 @@ use crate::progress::ProgressHandle;
 
 mod call;
 mod cycle;
+mod gate;
 mod ops;
 mod prompt;
 mod queue;
@@ -56,6 +58,7 @@ pub mod row;
 mod state;
 pub use call::CallPrefixReuse;
 use call::Workers;
+pub use gate::{GateCost, GateProbe, RolloutPayloadFn, rendered_digest};
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
 pub use queue::retry_batch_size;
@@ -123,6 +126,11 @@ pub struct Reflector {
     prefix_reuse: CallPrefixReuse,
     /// Where each call's cycle and pass are shown (the run's progress state), when set.
     progress: Option<ProgressHandle>,
+    /// The gate split and its rollouts, when the gate checks edits.
+    gate_probe: Option<gate::GateProbe>,
+    /// Gate outcomes known this epoch (runtime only: recomputed identically after a resume).
+    gate_outcomes: gate::GateOutcomes,
+    gate_cost: gate::GateCost,
 }
 
 impl Reflector {
@@ -178,6 +186,9 @@ impl Reflector {
             final_epoch: run.runner.epochs,
             prefix_reuse: CallPrefixReuse::default(),
             progress: None,
+            gate_probe: None,
+            gate_outcomes: gate::GateOutcomes::default(),
+            gate_cost: gate::GateCost::default(),
         })
     }
 

@@ -24,7 +24,7 @@ use crate::learn::op_check::{
 use crate::learn::rejected_memory::RejectedMemory;
 
 /// Accepted and rejected ops of round `r` are numbered `r × 1000 + position in its proposal`.
-const ROUND_INDEX_STRIDE: usize = 1000;
+pub(super) const ROUND_INDEX_STRIDE: usize = 1000;
 
 /// What every round of a cycle's ops pass works from.
 struct OpsInputs<'a> {

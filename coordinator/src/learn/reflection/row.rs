@@ -13,6 +13,7 @@ use stageb_shared::domain::TicketKey;
 use stageb_shared::reflection_schema::{self, ProposedOp};
 
 use crate::guidance::{AppliedOp, SkippedOp};
+use crate::learn::gate_decision::GateFigures;
 use crate::learn::op_check::{AcceptedOp, RejectedOp};
 
 /// One reflection cycle, as `reflection.jsonl` holds it.
@@ -53,6 +54,10 @@ pub struct ReflectionRow {
     pub accepted_ops: Option<Vec<AcceptedOp>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected_ops: Option<Vec<RejectedOp>>,
+    /// The gate's evaluation of the accepted ops (`reflection.gate.check_edits`): refused ops
+    /// moved from `accepted_ops` to `rejected_ops` as `gate_regression`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateFigures>,
 
     // Apply (the op lists only when a guidance version was written) and coverage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,6 +276,7 @@ impl ReflectionRow {
             proposals: None,
             accepted_ops: None,
             rejected_ops: None,
+            gate: None,
             applied_ops: None,
             skipped_at_apply: None,
             applied: None,

@@ -37,6 +37,7 @@ pub fn reflection(page: &mut Page, data: &RunData) {
                 .map(|(k, n)| vec![Cell::text(k), Cell::num(n)]),
         );
     }
+    gates(page, r);
     if !r.cycles.is_empty() {
         page.heading("Cycles");
         page.wide_table(
@@ -59,6 +60,54 @@ pub fn reflection(page: &mut Page, data: &RunData) {
     }
     file_notes(page, [&r.file]);
     page.close_section();
+}
+
+/// The gate's decisions: each candidate guidance against its parent on the gate split.
+fn gates(page: &mut Page, r: &super::super::reflection::Reflection) {
+    if r.gate_checks == 0 {
+        return;
+    }
+    page.heading("Gate decisions");
+    page.explain(
+        "With reflection.gate.check_edits, a cycle's validated ops are applied only if the \
+         guidance they make holds its accuracy on the gate split (within the tolerance) and, \
+         when asked, a paired bootstrap finds it better often enough; refused ops are rejected \
+         as gate_regression and remembered.",
+    );
+    page.para(&format!(
+        "{} checks, {} refused.",
+        r.gate_checks, r.gate_refused
+    ));
+    let rows = r.gates.iter().map(|g| {
+        let f = &g.figures;
+        vec![
+            Cell::num(g.cycle),
+            Cell::num(g.epoch),
+            Cell::num(g.ops),
+            Cell::num(f.tickets),
+            Cell::num(format!("{:.3}", f.parent_accuracy)),
+            Cell::num(format!("{:.3}", f.candidate_accuracy)),
+            Cell::num(format!("{} / {}", f.fixed, f.broken)),
+            Cell::num(f.p_better.map_or("—".to_string(), |p| format!("{p:.3}"))),
+            Cell::text(if f.passed { "applied" } else { "refused" })
+                .metric(format!("gate_c{}", g.cycle)),
+        ]
+    });
+    page.table(
+        &[
+            "cycle",
+            "epoch",
+            "ops",
+            "gate tickets",
+            "parent accuracy",
+            "candidate accuracy",
+            "fixed / broken",
+            "P(better)",
+            "decision",
+        ],
+        rows,
+    );
+    left_out_note(page, r.gates.len(), r.gate_checks, "gate checks");
 }
 
 fn totals(page: &mut Page, r: &super::super::reflection::Reflection) {
