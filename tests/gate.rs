@@ -409,7 +409,7 @@ fn gate_world() -> (Vec<support::TicketSpec>, BTreeSet<String>) {
     let groups: Vec<String> = (0..40).map(|i| format!("QC-GW-{i:02}")).collect();
     let config: stageb_shared::config::GateConfig =
         serde_json::from_value(json!({"remember_rejected": 0, "check_edits": true,
-            "tolerance": 0.0, "min_p_better": 0.8, "enabled": true,
+            "tolerance": 0.0, "min_p_better": 0.8, "enabled": true, "ablation_every": 0,
             "gate_fraction": 0.3, "final_fraction": 0.0}))
         .unwrap();
     let seed = support::missions::base_config(Path::new("/"))["seed"]
@@ -473,10 +473,12 @@ fn gated_rows(run_dir: &Path) -> Vec<Value> {
 fn a_rule_that_generalizes_is_kept_by_the_gate() {
     let (tickets, _) = gate_world();
     let rule = presence_rule(WORLD_DEFECT);
+    let mut overrides = world_overrides();
+    overrides["reflection"]["gate"]["ablation_every"] = json!(1);
     let run = ScriptedMission::of(tickets)
         .quiet()
         .propose_only(rule.clone())
-        .run(world_overrides());
+        .run(overrides);
     let gated = gated_rows(&run.run_dir);
     let first = gated.first().expect("the edit went through the gate");
     let gate = &first["gate"];
@@ -511,6 +513,24 @@ fn a_rule_that_generalizes_is_kept_by_the_gate() {
         "the report shows the gate's decisions"
     );
     assert!(html.contains(&format!("data-metric=\"gate_c{cycle}\">applied")));
+
+    // Rule ablation at the epoch's end: the rule is worth its 6 gate tickets of 12.
+    let epoch_row = read_jsonl(&run.run_dir, files::METRICS)
+        .into_iter()
+        .find(|r| r["event"] == "epoch_end")
+        .unwrap();
+    let ablation = epoch_row["ablation"]
+        .as_array()
+        .expect("the epoch ablated its rules");
+    assert_eq!(ablation.len(), 1, "{ablation:?}");
+    let g1 = &ablation[0];
+    assert_eq!(
+        (g1["key"].as_str(), g1["tickets"].as_u64()),
+        (Some("G1"), Some(12))
+    );
+    assert_eq!(g1["contribution"]["mean"], 0.5);
+    assert!(g1["contribution"]["low"].as_f64().unwrap() > 0.0, "{g1}");
+    assert!(html.contains("data-metric=\"ablation_G1_e1\""));
 }
 
 #[test]

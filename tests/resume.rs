@@ -88,9 +88,9 @@ fn config_piped(dir: &Path, run_name: &str, pipeline_steps: u32) -> PathBuf {
 fn config_with(dir: &Path, run_name: &str, pipeline_steps: u32, gate: bool) -> PathBuf {
     // Edits checked on the gate split without the bootstrap: a candidate that holds its gate
     // accuracy is applied, so some are and claims are made, and some may be refused.
-    let gate = gate.then(|| {
-        json!({"enabled": true, "remember_rejected": 4, "tolerance": 0.0, "min_p_better": 0.0})
-    });
+    let gate = gate.then(
+        || json!({"enabled": true, "remember_rejected": 4, "tolerance": 0.0, "min_p_better": 0.0}),
+    );
     let mut config = json!({
             "output": {"root": dir.join("runs"), "run_name": run_name},
             "runner": {"epochs": 2, "per_rank_rollout_batch_size": 1, "logging_steps": 16,
@@ -229,7 +229,10 @@ fn stop_and_resume_with(at: StopAfter, pipeline_steps: u32, gate: bool) {
             "a later epoch checks claims made before the stop"
         );
         let reflection = std::fs::read_to_string(whole_dir.join(files::REFLECTION)).unwrap();
-        assert!(reflection.contains("\"gate\":{"), "edits went through the gate");
+        assert!(
+            reflection.contains("\"gate\":{"),
+            "edits went through the gate"
+        );
     }
     assert_eq!(resumed.epoch_accuracy, whole.epoch_accuracy);
     assert_eq!(resumed.guidance_hash, whole.guidance_hash);

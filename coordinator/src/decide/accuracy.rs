@@ -148,6 +148,10 @@ pub struct MetricsRow {
     /// (`expected_flips`) this epoch's decisions settled (`learn::predictions`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predictions: Option<Vec<serde_json::Value>>,
+    /// Epoch rows with `reflection.gate.ablation_every` due: each learned rule's
+    /// contribution on the gate split (leave-one-rule-out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ablation: Option<Vec<serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
     pub schema_version: u32,
@@ -207,6 +211,7 @@ pub fn row(
         include_manual_review: counts(window, ManualReview::Include),
         splits: None,
         predictions: None,
+        ablation: None,
         timing,
         schema_version: SCHEMA_VERSION,
     }

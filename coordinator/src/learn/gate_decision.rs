@@ -10,6 +10,9 @@
 //! a seed the caller derives from the run seed and the cycle, so the verdict is a pure function
 //! of its inputs. An edit that changes no gate ticket is never strictly better in any resample:
 //! with `min_p_better` > 0 it is refused (it did not earn its place).
+//!
+//! [`contribution`] is the same resampling for rule ablation: a learned rule's gate accuracy
+//! with it minus without it, with a 90% interval.
 
 use serde::{Deserialize, Serialize};
 use stageb_shared::seed::splitmix64;
@@ -87,25 +90,68 @@ pub fn judge(
     }
 }
 
+/// One rule's contribution on the gate split (leave-one-rule-out): accuracy with the rule
+/// minus accuracy without it, and a 90% paired-bootstrap interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Contribution {
+    pub mean: f64,
+    pub low: f64,
+    pub high: f64,
+}
+
+/// [`Contribution`] of a rule: `with[i]`/`without[i]` say whether gate ticket `i` was decided
+/// correctly with the rule and without it.
+pub fn contribution(with: &[bool], without: &[bool], seed: u64) -> Contribution {
+    assert_eq!(with.len(), without.len(), "paired outcomes");
+    let diffs: Vec<i8> = with
+        .iter()
+        .zip(without)
+        .map(|(w, o)| i8::from(*w) - i8::from(*o))
+        .collect();
+    let n = diffs.len();
+    if n == 0 {
+        return Contribution {
+            mean: 0.0,
+            low: 0.0,
+            high: 0.0,
+        };
+    }
+    let mean = diffs.iter().map(|d| f64::from(*d)).sum::<f64>() / n as f64;
+    let mut means: Vec<f64> = resampled_sums(&diffs, seed)
+        .map(|s| s as f64 / n as f64)
+        .collect();
+    means.sort_by(f64::total_cmp);
+    let at = |q: f64| means[((q * (means.len() - 1) as f64).round() as usize).min(means.len() - 1)];
+    Contribution {
+        mean,
+        low: at(0.05),
+        high: at(0.95),
+    }
+}
+
+/// The summed difference of each of the [`BOOTSTRAP_SAMPLES`] paired resamples of `diffs`
+/// (not empty).
+fn resampled_sums(diffs: &[i8], seed: u64) -> impl Iterator<Item = i64> + '_ {
+    let n = diffs.len() as u64;
+    (0..BOOTSTRAP_SAMPLES).map(move |b| {
+        (0..n)
+            .map(|j| {
+                // One splitmix64 output per draw; the modulo bias is below 2^-40 for any gate.
+                let draw = b * n + j;
+                let i = splitmix64(seed ^ draw.wrapping_mul(DRAW_STRIDE)) % n;
+                i64::from(diffs[i as usize])
+            })
+            .sum()
+    })
+}
+
 /// Share of paired-bootstrap resamples whose summed difference is > 0. Without a discordant
 /// ticket no resample can be better: 0 without drawing.
 fn p_better(diffs: &[i8], seed: u64) -> f64 {
-    let n = diffs.len();
     if diffs.iter().all(|d| *d == 0) {
         return 0.0;
     }
-    let mut draw = 0u64;
-    let mut better = 0u64;
-    for _ in 0..BOOTSTRAP_SAMPLES {
-        let mut sum = 0i64;
-        for _ in 0..n {
-            // One splitmix64 output per draw; the modulo bias is below 2^-40 for any gate.
-            let i = (splitmix64(seed ^ draw.wrapping_mul(DRAW_STRIDE)) % n as u64) as usize;
-            draw += 1;
-            sum += i64::from(diffs[i]);
-        }
-        better += u64::from(sum > 0);
-    }
+    let better = resampled_sums(diffs, seed).filter(|s| *s > 0).count();
     better as f64 / BOOTSTRAP_SAMPLES as f64
 }
 
@@ -174,6 +220,17 @@ mod tests {
             cand.push(right(4));
         }
         (parent, cand)
+    }
+
+    #[test]
+    fn a_rule_that_fixes_a_third_of_the_gate_contributes_a_third_with_an_interval_around_it() {
+        let with: Vec<bool> = (0..30).map(|i| i % 3 != 0 || i % 2 == 0).collect();
+        let without: Vec<bool> = (0..30).map(|i| i % 2 == 0).collect();
+        let c = contribution(&with, &without, 5);
+        assert!((c.mean - 10.0 / 30.0).abs() < 1e-12, "{c:?}");
+        assert!(c.low > 0.1 && c.low < c.mean && c.mean < c.high, "{c:?}");
+        let none = contribution(&with, &with, 5);
+        assert_eq!((none.mean, none.low, none.high), (0.0, 0.0, 0.0));
     }
 
     proptest! {

@@ -622,6 +622,7 @@ impl RunLoop {
             self.append_metrics(&row)?;
         }
         let mut epoch_row = window.epoch_row(self.global_step);
+        epoch_row.ablation = self.ablation(epoch).await?;
         let settled = self
             .reflector
             .take_settled_predictions(&mut self.guidance)?;
@@ -637,13 +638,35 @@ impl RunLoop {
         Ok(serde_json::to_value(&epoch_row).unwrap_or_default())
     }
 
-    /// The gate split's tickets and rollouts for the reflector's gate phase, when the gate
-    /// checks edits and holds tickets.
+    /// The epoch's rule ablation, when one is due and the guidance has learned rules.
+    async fn ablation(&mut self, epoch: u32) -> Result<Option<Vec<serde_json::Value>>, RunError> {
+        if !self.reflector.ablation_due(epoch) {
+            return Ok(None);
+        }
+        let rules = self
+            .reflector
+            .ablate(
+                epoch,
+                &self.guidance,
+                &self.scheduler,
+                &mut self.completions,
+            )
+            .await?;
+        let rows: Vec<serde_json::Value> = rules
+            .iter()
+            .filter_map(|r| serde_json::to_value(r).ok())
+            .collect();
+        Ok((!rows.is_empty()).then_some(rows))
+    }
+
+    /// The gate split's tickets and rollouts for the reflector's gate phase and rule ablation,
+    /// when the gate checks edits or ablates rules.
     fn set_gate_probe(&mut self, cfg: &RunConfig, tickets: &[Ticket]) {
         let Some(splits) = &self.splits else {
             return;
         };
-        if !cfg.reflection.gate.check_edits {
+        let gate = &cfg.reflection.gate;
+        if !gate.check_edits && gate.ablation_every == 0 {
             return;
         }
         let gate: Vec<Ticket> = tickets

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use stageb_coordinator::artifacts::files;
 use stageb_coordinator::artifacts::rows::{FailureRow, SelectionRow, failure_reason};
+use stageb_coordinator::learn::reflection::RuleAblation;
 
 use super::load::{FileStatus, stream_jsonl};
 
@@ -60,6 +61,9 @@ pub struct MetricsRow {
     /// Applied ops whose claimed flips this epoch settled (`reflection.gate` on).
     #[serde(default)]
     pub predictions: Option<Vec<PredictionCheck>>,
+    /// Each learned rule's contribution on the gate split, when the epoch ran the ablation.
+    #[serde(default)]
+    pub ablation: Option<Vec<RuleAblation>>,
 }
 
 /// One settled prediction of an epoch row.
@@ -93,6 +97,8 @@ pub struct EpochAccuracy {
     pub splits: BTreeMap<String, SplitAccuracy>,
     /// The predictions this epoch settled.
     pub predictions: Vec<PredictionCheck>,
+    /// The rule ablation of this epoch (empty when none ran).
+    pub ablation: Vec<RuleAblation>,
 }
 
 /// A metrics window row's timing: how far the epoch had got, and when.
@@ -185,6 +191,7 @@ pub fn collect(dir: &Path, summary_epoch_rows: &[Value]) -> Outcomes {
             exclude: r.exclude_manual_review,
             splits: r.splits.clone().unwrap_or_default(),
             predictions: r.predictions.clone().unwrap_or_default(),
+            ablation: r.ablation.clone().unwrap_or_default(),
         })
         .collect();
     out.files.push(metrics);

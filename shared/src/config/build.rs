@@ -285,6 +285,7 @@ fn build_gate(doc: &Doc, reflection: &Section) -> Result<GateConfig, InputError>
         check_edits: gate.opt_bool(doc, "check_edits", true)?,
         tolerance: gate.opt_float(doc, "tolerance", 0.0, FloatRule::UnitClosed)?,
         min_p_better: gate.opt_float(doc, "min_p_better", 0.8, FloatRule::UnitClosed)?,
+        ablation_every: gate.opt_u32(doc, "ablation_every", 0, 0)?,
     };
     if config.gate_fraction + config.final_fraction >= 1.0 {
         let key = if gate.get("final_fraction").is_some() {

@@ -137,6 +137,7 @@ const GATE_SCHEMA: SectionSchema = SectionSchema {
         "check_edits",
         "tolerance",
         "min_p_better",
+        "ablation_every",
     ],
     ignored: &[],
 };

@@ -156,6 +156,8 @@ pub struct GateConfig {
     /// Paired-bootstrap probability that the candidate is better on the gate split, needed
     /// to apply it, in [0, 1]; 0 leaves only the tolerance check.
     pub min_p_better: f64,
+    /// Leave-one-rule-out on the gate split at the end of every N-th epoch; 0 never.
+    pub ablation_every: u32,
 }
 
 impl GateConfig {

@@ -207,7 +207,7 @@ impl Reflector {
     /// Whether each gate ticket is decided correctly under each of `guidances` (outer order
     /// that of `guidances`, inner that of the gate tickets): known outcomes reused, the rest
     /// rolled out together.
-    async fn gate_outcomes_of(
+    pub(super) async fn gate_outcomes_of(
         &mut self,
         epoch: u32,
         guidances: &[&MissionGuidance],

@@ -25,6 +25,7 @@
 //! - `cycle`: one reflection cycle on one batch, as named phases, and how it ended.
 //! - `ops`: the cycle's ops pass and revision round, and how their proposals are validated.
 //! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
+//! - `ablation`: each learned rule left out in turn, on the gate split (every N epochs).
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
@@ -47,6 +48,7 @@ use crate::learn::need_review::{self, NeedReviewRow};
 use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
 
+mod ablation;
 mod call;
 mod cycle;
 mod gate;
@@ -56,6 +58,7 @@ mod queue;
 mod record;
 pub mod row;
 mod state;
+pub use ablation::RuleAblation;
 pub use call::CallPrefixReuse;
 use call::Workers;
 pub use gate::{GateCost, GateProbe, RolloutPayloadFn, rendered_digest};
