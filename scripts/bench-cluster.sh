@@ -12,7 +12,14 @@
 #
 # usage: scripts/bench-cluster.sh [--quick] [--workers "1 10 100 1000"] [--latency-ms 200]
 #          [--jobs-per-worker 20] [--growth "1000 10000 100000"] [--growth-workers 100]
-#          [--reflection "off on"] [--out DIR]
+#          [--reflection "off on"] [--pipeline "0"] [--step-tickets N] [--epochs E]
+#          [--tickets T] [--out DIR]
+# --pipeline: the runner.pipeline_steps values of the scaling runs (each a run of its own,
+# baseline 0 first); --step-tickets: tickets per step (default max(5 x workers, 8)); --epochs:
+# epochs per scaling run (1); --tickets: the same T-ticket mission for every worker count
+# (default workers x jobs-per-worker). The load generator's reflection answers propose no edit, so the
+# guidance never changes and every step queued ahead is used: the case where the step
+# barrier alone bounds the scaling (issue 23).
 # STAGEB_BIN=PATH runs another coordinator build (e.g. an experiment) with the same harness.
 # Rank 0 runs with --no-report: its numbers are the loop's own (the end-of-run report and its
 # audit read the artifacts back; `stageb report` measures that separately).
@@ -25,6 +32,10 @@ JOBS_PER_WORKER=20
 GROWTH="1000 10000 100000"
 GROWTH_WORKERS=100
 REFLECTION="off on"
+PIPELINE="0"
+STEP_TICKETS=""
+EPOCHS=1
+TICKETS=""
 OUT="$ROOT/.cache/bench-cluster"
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -35,8 +46,12 @@ while [[ $# -gt 0 ]]; do
         --growth) GROWTH=$2; shift 2 ;;
         --growth-workers) GROWTH_WORKERS=$2; shift 2 ;;
         --reflection) REFLECTION=$2; shift 2 ;;
+        --pipeline) PIPELINE=$2; shift 2 ;;
+        --step-tickets) STEP_TICKETS=$2; shift 2 ;;
+        --epochs) EPOCHS=$2; shift 2 ;;
+        --tickets) TICKETS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -71,14 +86,15 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# run_one LABEL WORKERS TICKETS REFLECTION LATENCY_MS STEP_TICKETS: one coordinator + one
-# load generator; appends one JSON line to $RESULTS.
+# run_one LABEL WORKERS TICKETS REFLECTION LATENCY_MS STEP_TICKETS [PIPELINE EPOCHS]: one
+# coordinator + one load generator; appends one JSON line to $RESULTS.
 run_one() {
-    local label=$1 n=$2 tickets=$3 refl=$4 lat=$5 step=$6
+    local label=$1 n=$2 tickets=$3 refl=$4 lat=$5 step=$6 pipe=${7:-0} epochs=${8:-1}
     local dir="$OUT/runs/$label" port
     rm -rf "$dir"; mkdir -p "$dir"
     python3 "$ROOT/scripts/lib/cluster_config.py" "$dir/config.yaml" --stage-a "$(mission "$tickets")" \
-        --root "$dir/out" --run-name "$label" --step-tickets "$step" --reflection "$refl"
+        --root "$dir/out" --run-name "$label" --step-tickets "$step" --reflection "$refl" \
+        --pipeline-steps "$pipe" --epochs "$epochs"
     port=$(free_port)
     python3 "$ROOT/scripts/lib/rusage.py" "$dir/rank0.json" -- "$STAGEB" coordinator \
         --config "$dir/config.yaml" --listen "127.0.0.1:$port" --token-file "$OUT/token" \
@@ -88,14 +104,15 @@ run_one() {
     "$LOADGEN" --coordinator "127.0.0.1:$port" --token-file "$OUT/token" --workers "$n" \
         --latency "fixed:$lat" --seed 7 --reconnect-s 20 >"$dir/loadgen.json" 2>"$dir/loadgen.log" || true
     wait "$rank0" || echo "rank 0 of $label exited $? (see $dir/rank0.log)" >&2
-    python3 - "$dir" "$label" "$n" "$tickets" "$refl" "$lat" >>"$RESULTS" <<'EOF'
+    python3 - "$dir" "$label" "$n" "$tickets" "$refl" "$lat" "$pipe" "$epochs" "$step" >>"$RESULTS" <<'EOF'
 import json, os, sys
-d, label, n, tickets, refl, lat = sys.argv[1:]
+d, label, n, tickets, refl, lat, pipe, epochs, step = sys.argv[1:]
 lg = json.load(open(f"{d}/loadgen.json"))
 r0 = json.load(open(f"{d}/rank0.json"))
 size = sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(f"{d}/out") for f in fs)
 print(json.dumps({"label": label, "workers": int(n), "tickets": int(tickets), "reflection": refl,
-                  "latency_ms": float(lat), "loadgen": lg, "rank0": r0, "artifact_bytes": size}))
+                  "latency_ms": float(lat), "loadgen": lg, "rank0": r0, "artifact_bytes": size,
+                  "pipeline_steps": int(pipe), "epochs": int(epochs), "step_tickets": int(step)}))
 EOF
 }
 
@@ -104,22 +121,34 @@ report() {
     python3 - "$RESULTS" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+def baseline(r):
+    """The pipeline-0 run of the same workers, reflection and steps (the named baseline)."""
+    for b in rows:
+        same = all(b.get(k) == r.get(k) for k in ("workers", "reflection", "tickets", "epochs", "step_tickets"))
+        if same and b.get("pipeline_steps", 0) == 0 and b["label"].startswith("scale"):
+            return b
+    return None
 def line(r, growth=False):
     lg, r0 = r["loadgen"], r["rank0"]
+    b = None if growth else baseline(r)
+    speedup = f'{b["loadgen"]["wall_s"] / lg["wall_s"]:.2f}' if b and lg["wall_s"] > 0 else "—"
     jobs = max(lg["jobs_accepted"], 1)
     ideal = r["workers"] * 1000 / r["latency_ms"] if r["latency_ms"] > 0 else None
     eff = f'{lg["jobs_per_s"] / ideal:.3f}' if ideal else "—"
-    cells = [r["tickets"] if growth else r["workers"], r["reflection"], lg["jobs_accepted"],
+    cells = [r["tickets"] if growth else r["workers"], r["reflection"],
+             r.get("pipeline_steps", 0), r.get("step_tickets", "—"), f'{lg["wall_s"]:.1f}', speedup,
+             lg["jobs_accepted"],
              f'{lg["jobs_per_s"]:.0f}', f'{lg["lease_wait_ms"]["p50"]:.2f}',
              f'{lg["lease_wait_ms"]["p99"]:.2f}', f'{lg["submit_ms"]["p50"]:.2f}',
              f'{lg["submit_ms"]["p99"]:.2f}', f'{r0["cpu_s"] * 1000 / jobs:.2f}',
              f'{r0["max_rss_kib"] / 1024:.1f}', f'{r["artifact_bytes"] / r["tickets"]:.0f}', eff,
              r0["rc"]]
     return "| " + " | ".join(str(c) for c in cells) + " |"
-head = ("| {} | reflection | jobs | jobs/s | lease p50 ms | lease p99 ms | submit p50 ms | "
-        "submit p99 ms | rank 0 CPU s / 1k jobs | rank 0 peak RSS MiB | artifact B / ticket | "
-        "efficiency | rank 0 rc |")
-sep = "|" + "---|" * 13
+head = ("| {} | reflection | pipeline_steps | step tickets | wall s | × pipeline 0 (wall) | jobs | "
+        "jobs/s | lease p50 ms | lease p99 ms | submit p50 ms | submit p99 ms | "
+        "rank 0 CPU s / 1k jobs | rank 0 peak RSS MiB | artifact B / ticket | efficiency | "
+        "rank 0 rc |")
+sep = "|" + "---|" * 17
 scale = [r for r in rows if r["label"].startswith("scale")]
 growth = [r for r in rows if r["label"].startswith("growth")]
 if scale:
@@ -135,10 +164,14 @@ EOF
 
 main() {
     build
-    local n refl t
+    local n refl t pipe step
     for refl in $REFLECTION; do
         for n in $WORKERS; do
-            run_one "scale-$n-$refl" "$n" $((n * JOBS_PER_WORKER)) "$refl" "$LATENCY_MS" $((n * 5 > 8 ? n * 5 : 8))
+            step=${STEP_TICKETS:-$((n * 5 > 8 ? n * 5 : 8))}
+            for pipe in $PIPELINE; do
+                run_one "scale-$n-$refl-p$pipe" "$n" "${TICKETS:-$((n * JOBS_PER_WORKER))}" "$refl" "$LATENCY_MS" \
+                    "$step" "$pipe" "$EPOCHS"
+            done
         done
     done
     for t in $GROWTH; do

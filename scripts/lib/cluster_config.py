@@ -5,7 +5,7 @@ has (the load generator's scripted fingerprint pins the run), and the knobs thos
 
 usage: cluster_config.py OUT.yaml --stage-a F --root DIR --run-name NAME [--step-tickets N]
        [--epochs E] [--reflection on|off] [--ttl S] [--heartbeat S] [--speculation M]
-       [--real-model GGUF]
+       [--pipeline-steps D] [--real-model GGUF]
 
 --real-model: real `stageb worker`s serve the run (the real-model soak), so the model's work
 is kept small: 2 candidates of 24 tokens per ticket, reflection answers of at most 96 tokens
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--ttl", type=int, default=60)
     ap.add_argument("--heartbeat", type=int, default=5)
     ap.add_argument("--speculation", type=int, default=3)
-    ap.add_argument("--pipeline-steps", type=int, default=0, choices=[0, 1])
+    ap.add_argument("--pipeline-steps", type=int, default=0, choices=range(0, 17))
     ap.add_argument("--real-model", type=Path)
     a = ap.parse_args()
     on = a.reflection == "on"
