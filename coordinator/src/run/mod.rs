@@ -674,6 +674,11 @@ impl RunLoop {
             .filter(|t| splits.of(&t.group_id) == Split::Gate)
             .cloned()
             .collect();
+        if gate.is_empty() {
+            tracing::warn!(
+                "reflection.gate: the gate split holds no group (gate_fraction × groups rounds to 0): no edit is checked and no rule ablated"
+            );
+        }
         self.reflector.set_gate_probe(GateProbe {
             tickets: gate,
             config: cfg.clone(),
