@@ -949,3 +949,137 @@ fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
     assert_eq!(manifest["effective_limits"]["context"], 256);
     assert_eq!(manifest["effective_limits"]["context_source"], "config");
 }
+
+/// Issue 25: the gate decision on the real model. The real engine rolls out every ticket, the
+/// step's and the gate's (parent and candidate guidance); only the reflection answers are
+/// scripted, so that an edit reaches the gate at all (the 135M model never writes a valid
+/// rule): the decision pass keeps every case, the ops pass adds one rule citing them all.
+struct RealRolloutsScriptedOps {
+    real: CandleEngine,
+}
+
+impl stageb_worker::engine::Engine for RealRolloutsScriptedOps {
+    fn fingerprint(&self) -> &stageb_worker::engine::ModelFingerprint {
+        self.real.fingerprint()
+    }
+
+    fn max_context(&self) -> u32 {
+        self.real.max_context()
+    }
+
+    fn limit_context(&mut self, tokens: u32) {
+        self.real.limit_context(tokens)
+    }
+
+    fn rollout(
+        &mut self,
+        request: &stageb_worker::engine::RolloutRequest,
+    ) -> Result<stageb_worker::engine::RolloutOutput, stageb_worker::engine::EngineError> {
+        self.real.rollout(request)
+    }
+
+    fn generate(
+        &mut self,
+        request: &stageb_worker::engine::GenerateRequest,
+    ) -> Result<stageb_worker::engine::GenerateOutput, stageb_worker::engine::EngineError> {
+        let user = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == "user")
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+        let keys: Vec<String> = support::ReflectionPrompt::parse(&user)
+            .cases
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        let decision = request
+            .json_schema
+            .as_ref()
+            .is_some_and(|s| s.to_string().contains("no_evidence_group_ids"));
+        let text = if decision {
+            serde_json::json!({"no_evidence_group_ids": [],
+                               "decision_analysis": "每个案例都有可学习的方向。"})
+        } else {
+            serde_json::json!({"has_evidence": true, "evidence_analysis": "按脚本给出的规则。",
+                "operations": [{"op": "add", "evidence": keys, "rationale": "脚本给出的规则",
+                    "text": "若摘要出现“挡风板”则判不通过；否则按其他规则判定"}]})
+        }
+        .to_string();
+        Ok(stageb_worker::engine::GenerateOutput {
+            prompt_tokens: user.chars().count() as u32,
+            prefix_tokens: 0,
+            completion_tokens: text.chars().count() as u32,
+            text,
+            finish: stageb_worker::engine::FinishReason::Stop,
+            latency_us: 0,
+            batch: Default::default(),
+        })
+    }
+}
+
+#[test]
+fn real_model_gate_checks_an_edit_on_the_gate_split_before_applying_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = Knobs {
+        tickets: 6,
+        run_name: "gate",
+        max_calls: 4,
+        min_verdict_agreement: 1.0,
+        reflection_extra: ", gate: {enabled: true, gate_fraction: 0.34, final_fraction: 0.0, \
+                           min_p_better: 0.0}",
+        ..Knobs::default()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_mission(tmp.path(), &knobs);
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let summary = rt.block_on(async {
+        let inputs = cluster::prepare_inputs(&config, "embedded").expect("inputs");
+        let model = real_model();
+        cluster::run_coordinator(
+            inputs,
+            coordinator_settings(cluster::StartMode::Fresh),
+            move |start| {
+                cluster::spawn_local_workers(1, start, None, Default::default(), move |_| {
+                    let options = EngineOptions {
+                        threads: Some(1),
+                        ..EngineOptions::default()
+                    };
+                    let real = CandleEngine::load(&model, &options).map_err(|e| e.to_string())?;
+                    Ok::<_, String>(RealRolloutsScriptedOps { real })
+                })
+            },
+        )
+        .await
+        .expect("run")
+    });
+    eprintln!("gate run: {:?}", started.elapsed());
+    let dir = mission_dir(tmp.path(), knobs.run_name);
+    assert_audit_ok(&dir);
+    let rows = rows_without_runtime(&dir.join("reflection.jsonl"));
+    let gated: Vec<&Value> = rows.iter().filter(|r| r.get("gate").is_some()).collect();
+    let row = gated.first().expect("the scripted edit reached the gate");
+    let gate = &row["gate"];
+    let gate_tickets = rows_without_runtime(&dir.join("selections.jsonl"))
+        .iter()
+        .filter(|s| s["split"] == "gate")
+        .count();
+    assert!(gate_tickets > 0);
+    assert_eq!(
+        gate["tickets"], gate_tickets,
+        "every gate ticket evaluated: {gate}"
+    );
+    let refused = row["rejected_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["reason"] == "gate_regression");
+    assert_eq!(gate["passed"] == true, row["applied"] == true, "{row}");
+    assert_eq!(gate["passed"] == false, refused, "{row}");
+    assert!(summary.runtime["gate"]["checks"].as_u64().unwrap() >= 1);
+}

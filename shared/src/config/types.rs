@@ -149,14 +149,20 @@ pub struct GateConfig {
     /// Rejected edits remembered (shown to the ops pass as already rejected, refused when
     /// proposed again); 0 remembers none.
     pub remember_rejected: u32,
-    /// Evaluate each cycle's validated edits on the gate split before applying them.
+    /// Evaluate each cycle's validated edits on the gate split before applying them. This
+    /// and the keys below read as off from a manifest written before they existed (as those
+    /// runs behaved); a config always sets them.
+    #[serde(default)]
     pub check_edits: bool,
     /// Gate accuracy a candidate may lose against its parent and still be applied, in [0, 1].
+    #[serde(default)]
     pub tolerance: f64,
     /// Paired-bootstrap probability that the candidate is better on the gate split, needed
     /// to apply it, in [0, 1]; 0 leaves only the tolerance check.
+    #[serde(default)]
     pub min_p_better: f64,
     /// Leave-one-rule-out on the gate split at the end of every N-th epoch; 0 never.
+    #[serde(default)]
     pub ablation_every: u32,
 }
 
