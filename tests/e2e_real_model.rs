@@ -1065,6 +1065,7 @@ fn real_model_gate_checks_an_edit_on_the_gate_split_before_applying_it() {
     let gated: Vec<&Value> = rows.iter().filter(|r| r.get("gate").is_some()).collect();
     let row = gated.first().expect("the scripted edit reached the gate");
     let gate = &row["gate"];
+    eprintln!("gate: {gate}");
     let gate_tickets = rows_without_runtime(&dir.join("selections.jsonl"))
         .iter()
         .filter(|s| s["split"] == "gate")
