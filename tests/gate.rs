@@ -501,6 +501,7 @@ fn a_rule_that_generalizes_is_kept_by_the_gate() {
         "the rule is in the final guidance"
     );
     let runtime = &run.summary.runtime["gate"];
+    eprintln!("runtime.gate: {runtime}");
     assert!(
         runtime["reused"].as_u64().unwrap() > 0,
         "outcomes under the parent reused: {runtime}"
