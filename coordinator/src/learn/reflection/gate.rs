@@ -168,7 +168,7 @@ impl Reflector {
             f.fixed,
             f.broken,
             f.p_better
-                .map(|p| format!(", P(better) {p:.3} < {}", f.min_p_better))
+                .map(|p| format!(", P(better) {p:.3}, needed {}", f.min_p_better))
                 .unwrap_or_default()
         );
         let proposals = row.proposals.as_deref().unwrap_or_default();
