@@ -12,12 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use stageb::cluster::StartMode;
 use stageb_coordinator::artifacts::files;
 use support::compare::assert_same_artifacts;
 use support::{
-    Behaviour, Script, ScriptedEngine, ScriptedMission, assert_audit_ok, audit_checks,
-    copy_demo_mission, read_jsonl, rewrite_jsonl, str_set, try_run, write_config,
+    Behaviour, ScriptedMission, assert_audit_ok, audit_checks, copy_demo_mission, read_jsonl,
+    rewrite_jsonl, run_scripted, str_set, write_config,
 };
 
 fn overrides(gate: Value) -> Value {
@@ -136,16 +135,7 @@ fn run_in(dir: &Path, name: &str, gate: Value) -> PathBuf {
     let mut config = overrides(gate);
     config["output"] = json!({"run_name": name});
     let config = write_config(dir, config);
-    let script = Script::new(Behaviour::default());
-    let summary = try_run(
-        &config,
-        1,
-        move |_| ScriptedEngine::new(script.clone()),
-        StartMode::Fresh,
-        std::future::pending(),
-    )
-    .expect("the run completes");
-    summary.run_dir
+    run_scripted(&config, 1, &Behaviour::default()).run_dir
 }
 
 #[test]
@@ -630,16 +620,7 @@ fn gate_decisions_depend_neither_on_the_workers_nor_on_queueing_ahead() {
         config["output"] = json!({"run_name": name});
         config["runner"]["pipeline_steps"] = json!(pipeline_steps);
         let config = write_config(dir.path(), config);
-        let script = Script::new(behaviour.clone());
-        let summary = try_run(
-            &config,
-            workers,
-            move |_| ScriptedEngine::new(script.clone()),
-            StartMode::Fresh,
-            std::future::pending(),
-        )
-        .expect("the run completes");
-        summary.run_dir
+        run_scripted(&config, workers, &behaviour).run_dir
     };
     let one = run("one", 1, 0);
     assert!(!gated_rows(&one).is_empty());

@@ -14,13 +14,12 @@ mod support;
 use std::path::Path;
 
 use serde_json::json;
-use stageb::cluster::StartMode;
 use stageb_coordinator::run::RunSummary;
 use stageb_coordinator::run::pipeline::PipelineStats;
 use support::compare::assert_same_artifacts;
 use support::{
-    Behaviour, Script, ScriptedEngine, assert_audit_ok, copy_demo_mission, toy_fail_key, try_run,
-    write_config, write_toy_mission,
+    Behaviour, assert_audit_ok, copy_demo_mission, run_scripted, toy_fail_key, write_config,
+    write_toy_mission,
 };
 
 /// The mission written in `dir` (toy or demo) as run `name`, two epochs, with `pipeline_steps`
@@ -31,15 +30,7 @@ fn run(dir: &Path, name: &str, pipeline_steps: u32, workers: usize, b: &Behaviou
         json!({"output": {"run_name": name},
                "runner": {"epochs": 2, "pipeline_steps": pipeline_steps}}),
     );
-    let script = Script::new(b.clone());
-    let summary = try_run(
-        &config,
-        workers,
-        move |_| ScriptedEngine::new(script.clone()),
-        StartMode::Fresh,
-        std::future::pending(),
-    )
-    .expect("the run completes");
+    let summary = run_scripted(&config, workers, b);
     assert_audit_ok(&summary.run_dir);
     summary
 }

@@ -106,6 +106,20 @@ where
     ))
 }
 
+/// A fresh run of `config_path` to its end on `workers` scripted engines sharing one script
+/// of `behaviour` (for specs that write several runs' configs into one directory).
+pub fn run_scripted(config_path: &Path, workers: usize, behaviour: &Behaviour) -> RunSummary {
+    let script = Script::new(behaviour.clone());
+    try_run(
+        config_path,
+        workers,
+        move |_| ScriptedEngine::new(script.clone()),
+        cluster::StartMode::Fresh,
+        std::future::pending(),
+    )
+    .expect("the run completes")
+}
+
 /// One scripted run to make: a mission written into a fresh temp dir, the scripted engine's
 /// [`Behaviour`] and the number of in-process workers (1 unless told). Each setter reads as
 /// what the spec needs, e.g.
