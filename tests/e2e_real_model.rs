@@ -111,6 +111,15 @@ fn mission_dir(root: &Path, run_name: &str) -> PathBuf {
 
 /// Run a config in this process with `workers` local workers on the real engine.
 fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSummary {
+    run_embedded_with(config, workers, |engine| engine)
+}
+
+/// [`run_embedded`] with each worker's real engine wrapped by `wrap` (a test double around it).
+fn run_embedded_with<E: stageb_worker::engine::Engine + 'static>(
+    config: &Path,
+    workers: usize,
+    wrap: fn(CandleEngine) -> E,
+) -> stageb_coordinator::run::RunSummary {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -130,7 +139,9 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
                     threads: Some(1),
                     ..EngineOptions::default()
                 };
-                CandleEngine::load(&model, &options).map_err(|e| e.to_string())
+                CandleEngine::load(&model, &options)
+                    .map(wrap)
+                    .map_err(|e| e.to_string())
             })
         })
         .await
@@ -1034,30 +1045,7 @@ fn real_model_gate_checks_an_edit_on_the_gate_split_before_applying_it() {
     let tmp = tempfile::tempdir().unwrap();
     let config = write_mission(tmp.path(), &knobs);
     let started = Instant::now();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let summary = rt.block_on(async {
-        let inputs = cluster::prepare_inputs(&config, "embedded").expect("inputs");
-        let model = real_model();
-        cluster::run_coordinator(
-            inputs,
-            coordinator_settings(cluster::StartMode::Fresh),
-            move |start| {
-                cluster::spawn_local_workers(1, start, None, Default::default(), move |_| {
-                    let options = EngineOptions {
-                        threads: Some(1),
-                        ..EngineOptions::default()
-                    };
-                    let real = CandleEngine::load(&model, &options).map_err(|e| e.to_string())?;
-                    Ok::<_, String>(RealRolloutsScriptedOps { real })
-                })
-            },
-        )
-        .await
-        .expect("run")
-    });
+    let summary = run_embedded_with(&config, 1, |real| RealRolloutsScriptedOps { real });
     eprintln!("gate run: {:?}", started.elapsed());
     let dir = mission_dir(tmp.path(), knobs.run_name);
     assert_audit_ok(&dir);
