@@ -220,9 +220,12 @@ impl Reflector {
         let known = self.gate_outcomes.at_epoch(epoch);
         let mut queued = Vec::new();
         for (g, lines) in rendered.iter().enumerate() {
+            if digests[..g].contains(&digests[g]) {
+                continue; // renders as an earlier one: its rollouts are queued already
+            }
             for (t, ticket) in probe.tickets.iter().enumerate() {
                 let key = (ticket.key(), digests[g].clone());
-                if known.contains_key(&key) || queued.iter().any(|(_, k, _, _)| *k == key) {
+                if known.contains_key(&key) {
                     continue;
                 }
                 let payload = (probe.payload)(&probe.config, epoch, ticket, lines);
