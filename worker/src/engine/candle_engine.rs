@@ -7,9 +7,10 @@
 //!    work; on the CPU fast path a position's logits depend only on the tokens up to it, so a
 //!    job may start after a prefix kept from an earlier prompt of its kind, [`super::prefix_cache`]:
 //!    rollouts and generations keep separate stores, see [`Reuse`]);
-//! 3. expand the prompt's KV cache to one row per candidate (all decodes of the ticket) and
-//!    decode them as one batch; a finished row leaves the batch (CPU path) or keeps being fed a
-//!    pad token whose output is ignored (candle's lockstep path);
+//! 3. give every candidate (all decodes of the ticket) a row after the prompt's KV, which the
+//!    rows share, and decode them as one batch; a finished row leaves the batch (CPU path) or
+//!    keeps being fed a pad token whose output is ignored (candle's lockstep path, whose
+//!    projections run in fixed tiles of rows: `transformer::DecodeTile`);
 //! 4. per row and token: logits → constraint mask (if any) →
 //!    [`sampler::sample`](super::sampler::sample) with `uniform_at(candidate seed, token
 //!    index)` → constraint `consume`; a row stops on a stop token, when its constraint is
@@ -34,7 +35,6 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use candle_core::Tensor;
 use stageb_shared::domain::ChatMessage;
 use tokenizers::Tokenizer;
 
@@ -44,7 +44,7 @@ pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
 use super::prefix_cache::PrefixStore;
 use super::prompt_text::PromptEncoder;
 use super::sampler::{SamplingParams, SeenTokens};
-use super::transformer::{KvCache, Transformer, TransformerConfig};
+use super::transformer::{DecodePart, DecodeTile, KvCache, Transformer, TransformerConfig};
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
     Job, JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
@@ -348,15 +348,24 @@ impl CandleEngine {
                         "multi-token decode on the lockstep path".into(),
                     ));
                 }
-                // Lockstep: finished rows are fed a pad token and their logits ignored.
+                // Lockstep: finished rows are fed a pad token and their logits ignored. The
+                // step runs as a batched decode of one part, as in a running batch, so a job's
+                // arithmetic is the same alone and shared.
                 let pad = self.stop_ids[0];
-                let ids: Vec<u32> = feeds
+                let tokens = feeds
                     .iter()
                     .map(|f| f.first().copied().unwrap_or(pad))
                     .collect();
-                let input = Tensor::from_vec(ids, (feeds.len(), 1), model.device()).map_err(me)?;
-                let out = model.forward(&input, cache).map_err(me)?;
-                for (dst, row) in logits.iter_mut().zip(out.to_vec2::<f32>().map_err(me)?) {
+                let tile = DecodeTile::for_device(model.device());
+                let out = model
+                    .forward_decode(&mut [DecodePart { tokens, cache }], tile)
+                    .map_err(me)?;
+                let rows = out
+                    .first()
+                    .map(|t| t.to_vec2::<f32>())
+                    .transpose()
+                    .map_err(me)?;
+                for (dst, row) in logits.iter_mut().zip(rows.unwrap_or_default()) {
                     *dst = row;
                 }
                 Ok(())
@@ -412,10 +421,8 @@ impl CandleEngine {
         reuse: Reuse,
     ) -> Result<(u64, u64, usize), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
-        // The prompt's positions once, then each row's own (f32 keys and values per layer).
-        let c = self.model.config();
-        let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * 4) as u64;
-        self.last_kv_bytes = per_position * (prompt.len() + rows.len() * max_new) as u64;
+        // The prompt's positions once, then each row's own.
+        self.last_kv_bytes = self.kv_bytes(prompt.len(), rows.len(), max_new);
         self.check_fits(prompt, max_new)?;
         let t0 = Instant::now();
         let (first_logits, mut cache, reused) = self.prefill(prompt, reuse)?;

@@ -25,8 +25,13 @@
 //! `generate` samples from float logits). RoPE tables are computed in f32 and cast to the
 //! compute dtype, as transformers casts `cos`/`sin`.
 
+mod attention;
+mod decode;
+
 use candle_core::quantized::QMatMul;
+
 use candle_core::{DType, Device, Module, Tensor};
+pub use decode::{DecodePart, DecodeTile};
 
 /// Which RoPE pairing the checkpoint expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,13 +133,21 @@ pub struct Transformer {
 
 /// The attention state of a batch of `b` rows that all sit at the same position (lockstep).
 ///
+/// After [`KvCache::expand`] the rows share one read-only copy of the prompt's keys and values
+/// (the one-row cache it was prefilled into) and hold only their own positions after it, so a
+/// ticket's 8 candidates keep the prompt once, and a decode step reads it once for all rows.
+///
 /// Deliberately not `Clone`: the tensors are written in place, so a shallow clone would alias.
-/// Use [`KvCache::expand`] (or `expand(1)`) for an independent copy.
 #[derive(Debug)]
 pub struct KvCache {
-    /// Per layer `(k, v)`, each `(b, n_kv_head, capacity, head_dim)`.
+    /// Per layer `(k, v)`, each `(b, n_kv_head, capacity, head_dim)`: the rows' own positions.
     layers: Vec<(Tensor, Tensor)>,
+    /// Per layer `(k, v)`, each `(1, n_kv_head, shared_len, head_dim)`: positions every row
+    /// shares, before its own (empty before `expand`).
+    shared: Vec<(Tensor, Tensor)>,
+    shared_len: usize,
     batch: usize,
+    /// The rows' own positions written.
     len: usize,
     capacity: usize,
 }
@@ -157,82 +170,87 @@ impl KvCache {
         }
         Ok(KvCache {
             layers,
+            shared: Vec::new(),
+            shared_len: 0,
             batch,
             len: 0,
             capacity,
         })
     }
 
-    /// Tokens already in the cache (the position of the next token).
+    /// Tokens already in the cache, shared and own (the position of the next token).
     pub fn len(&self) -> usize {
-        self.len
+        self.shared_len + self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     pub fn batch(&self) -> usize {
         self.batch
     }
 
+    /// Positions the cache can hold in all.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.shared_len + self.capacity
     }
 
-    /// A new cache of `n` rows, each a copy of row 0 of this one, with room for `capacity`
-    /// positions. The prompt is prefilled once at b=1 and then expanded for the candidates.
-    pub fn expand(&self, n: usize, capacity: usize) -> candle_core::Result<KvCache> {
-        if capacity < self.len {
-            candle_core::bail!(
-                "cannot expand a cache of {} tokens to capacity {capacity}",
-                self.len
-            )
+    /// A cache of `n` rows that share this one-row cache's positions (no copy: the new cache
+    /// holds views of them, which nothing writes again) and have room for `capacity` positions
+    /// in all. The prompt is prefilled once at b=1 and then expanded for the candidates.
+    pub fn expand(self, n: usize, capacity: usize) -> candle_core::Result<KvCache> {
+        let total = self.len();
+        if capacity < total {
+            candle_core::bail!("cannot expand a cache of {total} tokens to capacity {capacity}")
         }
+        if self.batch != 1 || !self.shared.is_empty() {
+            candle_core::bail!("only a one-row cache that shares nothing expands")
+        }
+        let own = capacity - total;
         let mut layers = Vec::with_capacity(self.layers.len());
+        let mut shared = Vec::with_capacity(self.layers.len());
         for (k, v) in &self.layers {
             let (_, h, _, d) = k.dims4()?;
-            let shape = (n, h, capacity, d);
-            let k2 = Tensor::zeros(shape, k.dtype(), k.device())?;
-            let v2 = Tensor::zeros(shape, v.dtype(), v.device())?;
-            if self.len > 0 {
-                let ks = k
-                    .narrow(0, 0, 1)?
-                    .narrow(2, 0, self.len)?
-                    .broadcast_as((n, h, self.len, d))?;
-                let vs = v
-                    .narrow(0, 0, 1)?
-                    .narrow(2, 0, self.len)?
-                    .broadcast_as((n, h, self.len, d))?;
-                k2.slice_set(&ks.contiguous()?, 2, 0)?;
-                v2.slice_set(&vs.contiguous()?, 2, 0)?;
-            }
-            layers.push((k2, v2));
+            let shape = (n, h, own, d);
+            layers.push((
+                Tensor::zeros(shape, k.dtype(), k.device())?,
+                Tensor::zeros(shape, v.dtype(), v.device())?,
+            ));
+            shared.push((
+                k.narrow(2, 0, total)?.contiguous()?,
+                v.narrow(2, 0, total)?.contiguous()?,
+            ));
         }
         Ok(KvCache {
             layers,
+            shared,
+            shared_len: total,
             batch: n,
-            len: self.len,
-            capacity,
+            len: 0,
+            capacity: own,
         })
     }
 
     /// Writes this step's keys/values (`(b, n_kv, t, d)`, contiguous) at the current position of
-    /// `layer` and returns views over everything cached so far, including them.
+    /// `layer` and returns views over the rows' own positions so far, including them, and the
+    /// shared positions before them (`None` when there are none).
+    #[allow(clippy::type_complexity)]
     fn append(
         &self,
         layer: usize,
         k: &Tensor,
         v: &Tensor,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
+    ) -> candle_core::Result<((Tensor, Tensor), Option<&(Tensor, Tensor)>)> {
         let t = k.dim(2)?;
         let (kc, vc) = &self.layers[layer];
         kc.slice_set(k, 2, self.len)?;
         vc.slice_set(v, 2, self.len)?;
-        Ok((
+        let own = (
             kc.narrow(2, 0, self.len + t)?,
             vc.narrow(2, 0, self.len + t)?,
-        ))
+        );
+        Ok((own, self.shared.get(layer)))
     }
 }
 
@@ -380,18 +398,18 @@ impl Transformer {
     /// `(b, vocab)` in f32.
     pub fn forward(&self, tokens: &Tensor, cache: &mut KvCache) -> candle_core::Result<Tensor> {
         let (b, t) = tokens.dims2()?;
-        let pos = cache.len;
+        let pos = cache.len();
         if b != cache.batch {
             candle_core::bail!("batch of {b} rows fed to a cache of {} rows", cache.batch)
         }
         if t == 0 {
             candle_core::bail!("empty input")
         }
-        if pos + t > cache.capacity {
+        if cache.len + t > cache.capacity {
             candle_core::bail!(
                 "{} positions exceed the cache capacity {}",
                 pos + t,
-                cache.capacity
+                cache.capacity()
             )
         }
         let cfg = &self.config;
@@ -408,55 +426,14 @@ impl Transformer {
         } else {
             None
         };
-        let n_rep = cfg.n_head / cfg.n_kv_head;
-        let scale = 1.0 / (cfg.head_dim as f64).sqrt();
         let flat = tokens.flatten_all()?;
         let mut x = self.embedding.index_select(&flat, 0)?; // (b*t, hidden)
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
-            let q = layer
-                .wq
-                .forward(&h)?
-                .reshape((b, t, cfg.n_head, cfg.head_dim))?;
-            let k = layer
-                .wk
-                .forward(&h)?
-                .reshape((b, t, cfg.n_kv_head, cfg.head_dim))?;
-            let v = layer
-                .wv
-                .forward(&h)?
-                .reshape((b, t, cfg.n_kv_head, cfg.head_dim))?;
-            let q = match &layer.q_norm {
-                Some(w) => rms_norm(&q, w, cfg.rms_eps)?,
-                None => q,
-            };
-            let k = match &layer.k_norm {
-                Some(w) => rms_norm(&k, w, cfg.rms_eps)?,
-                None => k,
-            };
-            let q = self.rope(&q.transpose(1, 2)?.contiguous()?, pos, t)?;
-            let k = self.rope(&k.transpose(1, 2)?.contiguous()?, pos, t)?;
-            let v = v.transpose(1, 2)?.contiguous()?;
-            let (kc, vc) = cache.append(li, &k, &v)?;
-            // GQA without repeat_kv: query heads h*n_rep..(h+1)*n_rep share KV head h, and they
-            // are adjacent in `q`, so `(b, n_head, t, d)` → `(b, n_kv, n_rep*t, d)` is a free
-            // reshape and every KV head is read once per step.
-            let q = q.reshape((b, cfg.n_kv_head, n_rep * t, cfg.head_dim))?;
-            // Scores in the compute dtype, then softmax (and the mask) in f32.
-            let att = (q.matmul(&kc.t()?)? * scale)?.to_dtype(DType::F32)?;
-            let att = match &mask {
-                Some(m) => att
-                    .reshape((b, cfg.n_kv_head, n_rep, t, kv_len))?
-                    .broadcast_add(m)?
-                    .reshape((b, cfg.n_kv_head, n_rep * t, kv_len))?,
-                None => att,
-            };
-            let att = candle_nn::ops::softmax_last_dim(&att)?.to_dtype(vc.dtype())?;
-            let y = att.matmul(&vc)?; // (b, n_kv, n_rep*t, d)
-            let y = y
-                .reshape((b, cfg.n_head, t, cfg.head_dim))?
-                .transpose(1, 2)?
-                .reshape((b * t, cfg.n_head * cfg.head_dim))?;
+            let q = layer.wq.forward(&h)?;
+            let k = layer.wk.forward(&h)?;
+            let v = layer.wv.forward(&h)?;
+            let y = self.attend(li, layer, [&q, &k, &v], t, cache, mask.as_ref())?;
             let x1 = (layer.wo.forward(&y)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
             let gate = layer.w_gate.forward(&h)?;

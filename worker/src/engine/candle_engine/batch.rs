@@ -1,11 +1,13 @@
-//! Continuous batching on the CPU fast path: many jobs (rollouts and generations) in one
+//! Continuous batching on both backends: many jobs (rollouts and generations) in one
 //! decode loop. Jobs join with [`CandleEngine::admit_job`]; every [`CandleEngine::step_batch`]
 //! runs one forward call that holds a chunk of at most one joining job's prompt (so a long
 //! prompt never stalls running rows for more than one chunk) and the next token of every live
 //! row of every running job; a job leaves, with its output, the step its last row ends.
 //!
 //! A row's tokens never depend on what shares its steps: its logits come from its own prompt
-//! and tokens ([`CpuModel::forward_parts`] keeps every position's arithmetic what it is alone),
+//! and tokens ([`CpuModel::forward_parts`] keeps every position's arithmetic what it is alone;
+//! on the candle backend `Transformer::forward_decode` runs every projection on fixed tiles of
+//! rows and a prefill chunk in a forward call of its own),
 //! its draw is `uniform_at(seed, token index)`, and the prompt's prefill follows the fixed
 //! chunk schedule whatever step it runs in. `tests/engine_batching.rs` checks it on the real
 //! model. Also here: building a job's rows from its request and its output from its rows,
@@ -15,15 +17,18 @@ use std::time::Instant;
 
 use super::rows::Row;
 use super::{
-    Backend, CandleEngine, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse, check_params,
+    Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse,
+    check_params,
 };
 use crate::constraint::ConstraintSpec;
 use crate::engine::cpu::model::{CpuCache, Part, Slot};
 use crate::engine::sampler::SeenTokens;
+use crate::engine::transformer::{DecodePart, DecodeTile, KvCache};
 use crate::engine::{
     BatchShare, CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason,
     GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
 };
+use candle_core::Tensor;
 
 /// A job in the running batch.
 pub(super) struct Live {
@@ -32,7 +37,7 @@ pub(super) struct Live {
     ids: Option<RowIds>,
     prompt: Vec<u32>,
     rows: Vec<Row>,
-    cache: CpuCache,
+    cache: DecodeCache,
     /// Each row's logits for its next token (valid once the prompt is prefilled).
     logits: Vec<Vec<f32>>,
     /// Prompt positions in the cache.
@@ -112,11 +117,11 @@ pub(super) type RowIds = Vec<(u32, u32)>;
 pub type Finished = (u64, Result<JobOutput, EngineError>);
 
 impl CandleEngine {
-    /// Whether this engine runs jobs in one continuous batch ([`Self::admit_job`]): the CPU fast
-    /// path does; the candle backend's lockstep cache cannot hold rows of different prompts, so
-    /// there jobs run one at a time.
+    /// Whether this engine runs jobs in one continuous batch ([`Self::admit_job`]): both
+    /// backends do (the CPU fast path over per-row caches, the candle backend over one
+    /// lockstep cache per job, `forward_decode` taking every job's rows in one step).
     pub fn batches(&self) -> bool {
-        matches!(self.model, Backend::Cpu(_))
+        true
     }
 
     /// Jobs in the running batch.
@@ -125,10 +130,15 @@ impl CandleEngine {
     }
 
     /// Bytes of KV cache `prompt_len` prompt tokens and `rows` rows of `max_new` tokens take
-    /// (f32 keys and values, every layer): what a job holds at its peak.
+    /// (keys and values of every layer in the cache's dtype): what a job holds at its peak.
+    /// On both backends the rows share the prompt's positions and hold their own after it.
     pub fn kv_bytes(&self, prompt_len: usize, rows: usize, max_new: usize) -> u64 {
         let c = self.model.config();
-        let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * 4) as u64;
+        let dtype_bytes = match &self.model {
+            Backend::Candle(t) => t.dtype().size_in_bytes(),
+            Backend::Cpu(_) => 4,
+        };
+        let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * dtype_bytes) as u64;
         per_position * (prompt_len + rows * max_new) as u64
     }
 
@@ -140,11 +150,6 @@ impl CandleEngine {
         job: &Job,
         cancel: CancelFlag,
     ) -> Result<(), EngineError> {
-        let Backend::Cpu(model) = &self.model else {
-            return Err(EngineError::Model(
-                "this backend does not batch jobs".into(),
-            ));
-        };
         let (messages, rows, ids, keep) = match job {
             Job::Rollout(r) => {
                 let (rows, ids) = self.rollout_rows(&r.decodes, r.constrained)?;
@@ -158,23 +163,42 @@ impl CandleEngine {
             ),
         };
         let prompt = self.prompt_ids(messages)?;
+        self.admit_prompt(key, prompt, (rows, ids), keep, cancel)
+    }
+
+    /// Diagnostics (`stageb probe rollout --jobs`): admits a rollout of `prompt`, token ids
+    /// used as they are (as [`Self::rollout_ids`]), under `key`.
+    #[doc(hidden)]
+    pub fn admit_ids(
+        &mut self,
+        key: u64,
+        prompt: &[u32],
+        decodes: &[DecodeRequest],
+        constrained: bool,
+    ) -> Result<(), EngineError> {
+        let (rows, ids) = self.rollout_rows(decodes, constrained)?;
+        let rows = (rows, Some(ids));
+        self.admit_prompt(
+            key,
+            prompt.to_vec(),
+            rows,
+            Reuse::Rollouts,
+            CancelFlag::default(),
+        )
+    }
+
+    /// A job of `prompt` and its rows (with their ids for a rollout) joins the batch.
+    fn admit_prompt(
+        &mut self,
+        key: u64,
+        prompt: Vec<u32>,
+        (rows, ids): (Vec<Row>, Option<RowIds>),
+        keep: Reuse,
+        cancel: CancelFlag,
+    ) -> Result<(), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         self.check_fits(&prompt, max_new)?;
-        let mut cache = model.new_cache(prompt.len());
-        let mut reused = 0;
-        // Disjoint fields: the model is read while the job's store is looked up.
-        let store = match keep {
-            Reuse::Rollouts => &mut self.prefix,
-            _ => &mut self.generate_prefix,
-        };
-        if store.enabled()
-            && let Some(hit) = store.lookup(&prompt)
-        {
-            cache
-                .load_prefix(&model.config, hit.value, hit.len)
-                .map_err(EngineError::Model)?;
-            reused = hit.len;
-        }
+        let (cache, reused) = self.new_job_cache(&prompt, keep)?;
         let n = rows.len();
         self.live.push(Live {
             key,
@@ -193,6 +217,40 @@ impl CandleEngine {
             batch: BatchShare::default(),
         });
         Ok(())
+    }
+
+    /// A joining job's cache: on the CPU path with the longest prefix its store keeps (and how
+    /// many positions that is), on the candle backend a one-row cache for the prompt's prefill.
+    fn new_job_cache(
+        &mut self,
+        prompt: &[u32],
+        keep: Reuse,
+    ) -> Result<(DecodeCache, usize), EngineError> {
+        let model = match &self.model {
+            Backend::Cpu(model) => model,
+            Backend::Candle(model) => {
+                let cache = model
+                    .new_cache(1, prompt.len())
+                    .map_err(|e| EngineError::Model(e.to_string()))?;
+                return Ok((DecodeCache::Candle(Some(cache)), 0));
+            }
+        };
+        let mut cache = model.new_cache(prompt.len());
+        let mut reused = 0;
+        // Disjoint fields: the model is read while the job's store is looked up.
+        let store = match keep {
+            Reuse::Rollouts => &mut self.prefix,
+            _ => &mut self.generate_prefix,
+        };
+        if store.enabled()
+            && let Some(hit) = store.lookup(prompt)
+        {
+            cache
+                .load_prefix(&model.config, hit.value, hit.len)
+                .map_err(EngineError::Model)?;
+            reused = hit.len;
+        }
+        Ok((DecodeCache::Cpu(cache), reused))
     }
 
     /// One step of the running batch: jobs whose flag was raised leave cancelled; every live
@@ -249,7 +307,8 @@ impl CandleEngine {
             return Ok(vec![Vec::new(); job.rows.len()]);
         }
         job.decode_from.get_or_insert_with(Instant::now);
-        let fast_forward = self.fast_forward;
+        // Forced runs go in one multi-token forward: per-row positions, the CPU path's alone.
+        let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
         self.sample_rows(&mut job.rows, &job.logits, fast_forward)
     }
 
@@ -270,33 +329,15 @@ impl CandleEngine {
         for i in &inputs {
             live[i.job].batch.add_step(rows);
         }
-        let Backend::Cpu(model) = &self.model else {
-            return Ok(());
-        };
         if inputs.is_empty() {
             return Ok(());
         }
         let t0 = Instant::now();
-        let out = {
-            let mut caches: Vec<Option<&mut CpuCache>> =
-                live.iter_mut().map(|j| Some(&mut j.cache)).collect();
-            let mut parts = Vec::with_capacity(inputs.len());
-            for i in &inputs {
-                let cache = caches[i.job].take().ok_or_else(|| {
-                    EngineError::Model("a job appears twice in one forward call".into())
-                })?;
-                parts.push(Part {
-                    tokens: &i.tokens,
-                    slots: &i.slots,
-                    cache,
-                    logits_at: &i.logits_at,
-                });
-            }
-            model
-                .forward_parts(&mut parts, &mut self.workspace)
-                .map_err(EngineError::Model)?
+        let out = match &self.model {
+            Backend::Cpu(_) => self.forward_cpu(live, &inputs)?,
+            Backend::Candle(_) => self.forward_candle(live, &inputs)?,
         };
-        let vocab = model.config.vocab_size;
+        let vocab = self.model.config().vocab_size;
         for (i, logits) in inputs.iter().zip(out) {
             let j = &mut live[i.job];
             match &i.rows {
@@ -304,7 +345,7 @@ impl CandleEngine {
                     j.prefilled += i.tokens.len();
                     j.prefill_us += t0.elapsed().as_micros() as u64;
                     if j.decoding() {
-                        self.start_rows(j, logits);
+                        self.start_rows(j, logits)?;
                     }
                 }
                 Some(rows) => {
@@ -318,9 +359,108 @@ impl CandleEngine {
         Ok(())
     }
 
+    /// The CPU fast path's forward call: every input's positions in one
+    /// [`CpuModel::forward_parts`](crate::engine::cpu::model::CpuModel::forward_parts); each
+    /// input's logits (one per logit position) come back in order.
+    fn forward_cpu(
+        &mut self,
+        live: &mut [Live],
+        inputs: &[Input],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let Backend::Cpu(model) = &self.model else {
+            return Err(EngineError::Model("not the CPU fast path".into()));
+        };
+        let mut caches: Vec<Option<&mut CpuCache>> = live
+            .iter_mut()
+            .map(|j| match &mut j.cache {
+                DecodeCache::Cpu(c) => Some(c),
+                DecodeCache::Candle(_) => None,
+            })
+            .collect();
+        let mut parts = Vec::with_capacity(inputs.len());
+        for i in inputs {
+            let cache = caches[i.job].take().ok_or_else(|| {
+                EngineError::Model("a job appears twice in one forward call".into())
+            })?;
+            parts.push(Part {
+                tokens: &i.tokens,
+                slots: &i.slots,
+                cache,
+                logits_at: &i.logits_at,
+            });
+        }
+        model
+            .forward_parts(&mut parts, &mut self.workspace)
+            .map_err(EngineError::Model)
+    }
+
+    /// The candle backend's step: the prefill chunk (if any) in a forward call of its own
+    /// (the one-row prompt cache, the fixed chunk schedule), then one
+    /// [`Transformer::forward_decode`](crate::engine::transformer::Transformer::forward_decode)
+    /// over every decoding job's rows (a finished row of a job still decoding is fed a pad
+    /// token: the cache is lockstep). Each input's logits come back in order, as
+    /// [`Self::forward_cpu`]'s.
+    fn forward_candle(
+        &mut self,
+        live: &mut [Live],
+        inputs: &[Input],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
+        let Backend::Candle(model) = &self.model else {
+            return Err(EngineError::Model("not the candle backend".into()));
+        };
+        let pad = self.stop_ids[0];
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); inputs.len()];
+        let mut caches: Vec<Option<&mut KvCache>> = live
+            .iter_mut()
+            .map(|j| match &mut j.cache {
+                DecodeCache::Candle(c) => c.as_mut(),
+                DecodeCache::Cpu(_) => None,
+            })
+            .collect();
+        let mut parts = Vec::new();
+        let mut decoded = Vec::new();
+        for (k, i) in inputs.iter().enumerate() {
+            let cache = caches[i.job].take().ok_or_else(|| {
+                EngineError::Model("a job without its cache in a forward call".into())
+            })?;
+            match &i.rows {
+                None => {
+                    let input = Tensor::new(i.tokens.as_slice(), model.device())
+                        .and_then(|t| t.unsqueeze(0))
+                        .map_err(me)?;
+                    let logits = model.forward(&input, cache).map_err(me)?;
+                    out[k] = logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)?;
+                }
+                Some(rows) if rows.len() != i.tokens.len() => {
+                    return Err(EngineError::Model(
+                        "multi-token decode on the lockstep path".into(),
+                    ));
+                }
+                Some(rows) => {
+                    let mut tokens = vec![pad; cache.batch()];
+                    for (r, t) in rows.iter().zip(&i.tokens) {
+                        tokens[*r] = *t;
+                    }
+                    parts.push(DecodePart { tokens, cache });
+                    decoded.push(k);
+                }
+            }
+        }
+        let tile = DecodeTile::for_device(model.device());
+        let logits = model.forward_decode(&mut parts, tile).map_err(me)?;
+        for ((k, l), part) in decoded.into_iter().zip(logits).zip(&parts) {
+            let all = l.to_vec2::<f32>().map_err(me)?;
+            let rows = inputs[k].rows.as_deref().unwrap_or_default();
+            debug_assert_eq!(all.len(), part.tokens.len());
+            out[k] = rows.iter().flat_map(|r| all[*r].iter().copied()).collect();
+        }
+        Ok(out)
+    }
+
     /// A job whose prompt is prefilled: every row starts from the prompt's last logits, with
     /// room for its tokens and (with a repetition penalty) the prompt's tokens seen.
-    fn start_rows(&self, job: &mut Live, first: Vec<f32>) {
+    fn start_rows(&self, job: &mut Live, first: Vec<f32>) -> Result<(), EngineError> {
         let max_new = job.rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         let vocab = self.model.config().vocab_size;
         if job.rows.iter().any(|r| r.params.repetition_penalty != 1.0) {
@@ -334,9 +474,10 @@ impl CandleEngine {
                 }
             }
         }
-        job.cache
-            .add_rows(self.model.config(), job.rows.len(), max_new);
-        job.logits = vec![first; job.rows.len()];
+        let (n, prompt_len) = (job.rows.len(), job.prompt.len());
+        self.add_rows(&mut job.cache, n, max_new, prompt_len)?;
+        job.logits = vec![first; n];
+        Ok(())
     }
 
     /// The output of a job whose rows all ended; its prompt goes to its prefix store.
@@ -361,8 +502,8 @@ impl CandleEngine {
             )?),
         };
         let out = out.with_batch(job.batch);
-        if let Some(store) = self.store(job.keep) {
-            super::prefill::keep(store, &job.prompt, job.cache);
+        if let (DecodeCache::Cpu(cache), Some(store)) = (job.cache, self.store(job.keep)) {
+            super::prefill::keep(store, &job.prompt, cache);
         }
         Ok(out)
     }
