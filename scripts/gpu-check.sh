@@ -16,8 +16,9 @@
 #   parity       per checkpoint: `stageb probe logits` in bf16 and f32 against transformers
 #                (eager attention) on the same 600 prompt ids: first-token logits and 32 greedy
 #                tokens
-#   mission      examples/demo/small/config.yaml with the real test model, twice: contract,
-#                `stageb audit`, scripts/compare-runs.py
+#   mission      examples/demo/small/config.yaml with the real test model, twice (a worker
+#                holding 8 jobs in one continuous batch, then 1 at a time): contract,
+#                `stageb audit`, scripts/compare-runs.py (the batch must not change a bit)
 #   throughput   rollout workload on qwen3-8b: prompts of ~2,000 tokens, 8 candidates x 256 new
 #                tokens; `stageb probe rollout` vs `generate` batched (left padding, bf16, SDPA)
 #   reflection   one 16,000-token prompt, one candidate, 1,000 new tokens, on each side
@@ -41,8 +42,10 @@
 #                      4 candidates x 16 tokens, reflection 1,200 + 32
 #   --device D         cuda:0 (default) or cpu; torch uses the same device
 #   --tickets N        tickets of the transformers side (default 64)
-#   --stageb-tickets N tickets of the stageb side (default 8; stageb runs tickets one after
-#                      another, so its rate over 8 is its rate over 64)
+#   --stageb-tickets N tickets of the stageb side (default 8; with --stageb-jobs 1 stageb runs
+#                      tickets one after another, so its rate over 8 is its rate over 64)
+#   --stageb-jobs N    tickets stageb keeps in flight in one continuous batch (`probe rollout
+#                      --jobs`, as a worker's --max-jobs; default 1)
 #   --reps N           timed passes per side, best reported (default 3)
 #   --budget-s S       the whole command's time (default 570: a 10-minute command); a step
 #                      that no longer fits is skipped, each gets what is left at most
@@ -71,7 +74,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu-check: $*" >&2; exit 2; }
 
 only="" quick=0 tiny=0 device=cuda:0 tickets="" stageb_tickets="" reps="" budget=570
-binary="" stageb_numerics=auto mission_numerics=auto cases="" throughput_sides="stageb transformers" work=dist/gpu-work out=${OUT:-} python=${PYTHON:-python3}
+stageb_jobs=1 binary="" stageb_numerics=auto mission_numerics=auto cases="" throughput_sides="stageb transformers" work=dist/gpu-work out=${OUT:-} python=${PYTHON:-python3}
 dist=dist/cuda carry=dist/gpu-carry
 while (($#)); do
   case $1 in
@@ -81,6 +84,7 @@ while (($#)); do
     --device) device=$2; shift 2 ;;
     --tickets) tickets=$2; shift 2 ;;
     --stageb-tickets) stageb_tickets=$2; shift 2 ;;
+    --stageb-jobs) stageb_jobs=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --budget-s) budget=$2; shift 2 ;;
     --binary) binary=$2; shift 2 ;;
@@ -339,7 +343,7 @@ step_parity() {
 # ~1 s. ~2 min in all.
 step_mission() {
   local r cfg rd rc=0
-  local -A run_dir=()
+  local -A run_dir=() jobs=([a]=8 [b]=1)
   reassemble_model || return 1
   echo "{\"device\": \"$device\", \"model\": \"$model\"}" >"$step_dir/meta.json"
   for r in a b; do
@@ -347,7 +351,7 @@ step_mission() {
     sed -e "s|^\(\s*model_name_or_path:\).*|\1 $model|" -e "s|^\(\s*root:\).*|\1 $step_dir/run-$r|" \
       examples/demo/small/config.yaml >"$cfg"
     measure "run-$r" "$bin" run --config "$cfg" --device "$device" --numerics "$mission_numerics" \
-      --workers 1 || rc=1
+      --workers 1 --max-jobs "${jobs[$r]}" || rc=1
     rd=$(ls "$step_dir/run-$r"/*/*/manifest.json 2>/dev/null | head -n1)
     [[ -n $rd ]] || { say "run-$r wrote no run directory"; rc=1; continue; }
     run_dir[$r]=$(dirname "$rd")
@@ -379,7 +383,7 @@ EOF
     if [[ $sides == *transformers* ]]; then b=$(($(left) * 45 / 100 - 60)); else b=$(($(left) - 90)); fi
     ((b < 20)) && b=20
     measure stageb "$bin" probe rollout --model "$ck" --ids "$ids" --tickets "$t_sb" \
-      --candidates "$cand" --new-tokens "$new" --reps "$nreps" --budget-s "$b" \
+      --candidates "$cand" --new-tokens "$new" --reps "$nreps" --budget-s "$b" --jobs "$stageb_jobs" \
       --device "$device" --numerics "$stageb_numerics" --out "$step_dir/stageb.json" || rc=1
   fi
   if [[ $sides == *transformers* ]]; then

@@ -291,7 +291,7 @@ def mission(d):
             f"({a['wall_s'] or 0:.0f} s, {b['wall_s'] or 0:.0f} s); contract "
             f"{a['format_ok']}/{a['candidates']} and {b['format_ok']}/{b['candidates']} "
             f"candidates; audit {'OK' if audit else 'FAILED'}; runs "
-            f"{'byte-identical' if r['identical'] else 'DIFFERENT'}; fingerprint "
+            f"{'byte-identical' if r['identical'] else 'DIFFERENT'} (8 jobs in flight vs 1); fingerprint "
             f"{a['fingerprint']}; {fmt_mem(a['gpu_peak_gib'], a['peak_rss_mib'])} -> "
             f"{'PASS' if r['ok'] else 'FAIL'}")
     return r, [line]
@@ -329,6 +329,8 @@ def side(name, res, m, ckpt, dtype, tbs, rows_per_step, on_gpu):
             return dict(ok=None), f"{name}: not run (yet)"
         return dict(ok=False), f"{name}: no result (exit {m.get('rc')})"
     p = res["passes"][res["best"]]
+    if p.get("mean_rows_per_step"):  # stageb's probe counts the rows its steps computed
+        rows_per_step = round(p["mean_rows_per_step"], 1)
     weight_bytes, bms = bound_ms(ckpt, dtype, tbs)
     r = dict(tickets_per_min=p["tickets_per_min"], decode_tok_s=p["decode_tok_s"],
              prefill_tok_s=p["prefill_tok_s"], decode_step_ms=p["decode_step_ms"],
@@ -346,7 +348,7 @@ def side(name, res, m, ckpt, dtype, tbs, rows_per_step, on_gpu):
     bound = (f" = {r['x_bound']:.1f}x the {bms:.2f} ms bandwidth bound at {tbs} TB/s" if on_gpu
              else "; no bandwidth bound on the CPU")
     split = ""
-    if p.get("sample_step_ms") is not None:  # stageb's probe: where a step's time goes
+    if p.get("sample_step_ms"):  # stageb's probe, one ticket at a time: where a step goes
         r["sample_step_ms"], r["forward_step_ms"] = p["sample_step_ms"], p["forward_step_ms"]
         split = (f"; of a step: sampling {p['sample_step_ms']:.2f} ms, forward "
                  f"{p['forward_step_ms']:.2f} ms")

@@ -97,6 +97,11 @@ pub(crate) struct ProbeRolloutArgs {
     /// New tokens of the warm-up ticket.
     #[arg(long, default_value_t = 16)]
     pub(crate) warmup_tokens: u32,
+    /// Tickets in flight at once: 1 runs them one after another; more runs them in one
+    /// continuous batch, as a worker holding that many jobs (the probe reads this, not
+    /// `--max-jobs`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) jobs: u64,
     #[arg(long)]
     pub(crate) out: PathBuf,
     #[command(flatten)]

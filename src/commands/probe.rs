@@ -80,15 +80,17 @@ fn rollout(args: ProbeRolloutArgs) -> Result<u8> {
         reps: args.reps,
         budget,
         warmup_tokens: args.warmup_tokens,
+        jobs: args.jobs as usize,
     };
     let (mut engine, mut out) = load(&args.model, &args.model_args, "rollout")?;
     let p = probe::rollout(&mut engine, &prompts, &spec)?;
     let best = p.best.map(|i| &p.passes[i]);
     println!(
-        "probe rollout: {} ticket(s) x {} x {} new tokens, {} pass(es){}: best {:.2} tickets/min, decode {:.1} tok/s, prefill {:.0} tok/s -> {}",
+        "probe rollout: {} ticket(s) x {} x {} new tokens, {} in flight, {} pass(es){}: best {:.2} tickets/min, {:.1} rows/step, decode {:.1} tok/s, prefill {:.0} tok/s -> {}",
         p.tickets,
         p.candidates,
         p.new_tokens,
+        p.jobs,
         p.passes.len(),
         if p.budget_exhausted {
             " (cut by the budget)"
@@ -96,6 +98,7 @@ fn rollout(args: ProbeRolloutArgs) -> Result<u8> {
             ""
         },
         best.map_or(0.0, |b| b.tickets_per_min),
+        best.map_or(0.0, |b| b.mean_rows_per_step),
         best.map_or(0.0, |b| b.decode_tok_s),
         best.map_or(0.0, |b| b.prefill_tok_s),
         args.out.display()

@@ -154,6 +154,9 @@ pub struct RolloutSpec {
     pub budget: Option<Duration>,
     /// New tokens of the warm-up ticket (CUDA compiles its kernels on their first use).
     pub warmup_tokens: u32,
+    /// Tickets in flight at once: 1 runs them one after another (`Engine::rollout`); more
+    /// runs them in one continuous batch (`admit`/`step`), as a worker with `--max-jobs`.
+    pub jobs: usize,
 }
 
 /// One ticket of a pass.
@@ -189,6 +192,9 @@ pub struct PassReport {
     /// Of a step: sampling every row's token (on the host), and the forward call.
     pub sample_step_ms: f64,
     pub forward_step_ms: f64,
+    /// Rows per forward step, as the tickets' outputs report their steps (the candidates
+    /// with one ticket in flight).
+    pub mean_rows_per_step: f64,
     pub tickets: Vec<TicketTiming>,
 }
 
@@ -196,6 +202,8 @@ pub struct PassReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct RolloutProbe {
     pub tickets: usize,
+    /// Tickets in flight at once ([`RolloutSpec::jobs`]).
+    pub jobs: usize,
     pub candidates: u32,
     pub new_tokens: u32,
     pub temperature: f32,
@@ -249,42 +257,25 @@ pub fn rollout(
     let mut budget_exhausted = false;
     let mut sample_text = String::new();
     for _ in 0..spec.reps {
-        let mut tickets = Vec::new();
         let pass_start = Instant::now();
-        for (i, ids) in prompts.iter().enumerate() {
-            if spec.budget.is_some_and(|b| started.elapsed() >= b) {
-                budget_exhausted = true;
-                break;
-            }
-            let t = Instant::now();
-            let seed_base = i as u64 * 1000;
-            let (out, _) = engine.rollout_ids(ids, &[decode(seed_base, spec.new_tokens)], false)?;
-            let wall_s = t.elapsed().as_secs_f64();
-            let (sample_us, forward_us) = engine.decode_split_last_job();
-            sample_text = out
-                .candidates
-                .first()
-                .map(|c| c.text.chars().take(200).collect())
-                .unwrap_or_default();
-            tickets.push(TicketTiming {
-                prompt_tokens: out.prompt_tokens,
-                generated_tokens: out.candidates.iter().map(|c| c.completion_tokens).sum(),
-                prefill_s: out.prefill_us as f64 / 1e6,
-                decode_s: out.decode_us as f64 / 1e6,
-                sample_s: sample_us as f64 / 1e6,
-                forward_s: forward_us as f64 / 1e6,
-                wall_s,
-            });
+        let out_of_time = || spec.budget.is_some_and(|b| started.elapsed() >= b);
+        let (tickets, cut, steps) = match spec.jobs {
+            0 | 1 => run_sequential(engine, prompts, &decode, spec.new_tokens, &out_of_time)?,
+            k => run_batched(engine, prompts, &decode, (spec.new_tokens, k), &out_of_time)?,
+        };
+        budget_exhausted |= cut;
+        if let Some((_, text)) = tickets.last() {
+            sample_text = text.clone();
         }
         if tickets.is_empty() {
             break;
         }
         let complete = tickets.len() == prompts.len();
-        passes.push(pass_report(
+        let wall_s = pass_start.elapsed().as_secs_f64();
+        passes.push(batched_pass_report(
             tickets,
-            complete,
-            pass_start.elapsed().as_secs_f64(),
-            spec.new_tokens,
+            (complete, wall_s, steps),
+            spec,
         ));
         if !complete {
             break;
@@ -300,10 +291,125 @@ pub fn rollout(
         warmup_s,
         passes,
         best,
+        jobs: spec.jobs.max(1),
         kv_cache_bytes: crate::engine::Engine::last_kv_cache_bytes(engine),
         budget_exhausted,
         sample_text,
     })
+}
+
+/// A ticket's timing with the forward steps it took part in and the rows they computed (0, 0
+/// when it ran alone), and its first candidate's text.
+type Ran = ((TicketTiming, u64, u64), String);
+
+/// One pass, ticket after ticket; stops early when `out_of_time` (then `true`). No batch
+/// steps are counted (0).
+fn run_sequential(
+    engine: &mut CandleEngine,
+    prompts: &[Vec<u32>],
+    decode: &dyn Fn(u64, u32) -> DecodeRequest,
+    new_tokens: u32,
+    out_of_time: &dyn Fn() -> bool,
+) -> Result<(Vec<Ran>, bool, u64), EngineError> {
+    let mut ran = Vec::new();
+    for (i, ids) in prompts.iter().enumerate() {
+        if out_of_time() {
+            return Ok((ran, true, 0));
+        }
+        let t = Instant::now();
+        let (out, _) = engine.rollout_ids(ids, &[decode(i as u64 * 1000, new_tokens)], false)?;
+        let wall_s = t.elapsed().as_secs_f64();
+        let (sample_us, forward_us) = engine.decode_split_last_job();
+        let mut timing = timing_of(&out, wall_s);
+        (timing.sample_s, timing.forward_s) = (sample_us as f64 / 1e6, forward_us as f64 / 1e6);
+        ran.push(((timing, 0, 0), first_text(&out)));
+    }
+    Ok((ran, false, 0))
+}
+
+/// One pass with up to `jobs` tickets in one continuous batch; a ticket joins as another
+/// ends. Per-ticket prefill and decode times overlap (only the wall time is the pass's); also
+/// returns the batch's steps.
+fn run_batched(
+    engine: &mut CandleEngine,
+    prompts: &[Vec<u32>],
+    decode: &dyn Fn(u64, u32) -> DecodeRequest,
+    (new_tokens, jobs): (u32, usize),
+    out_of_time: &dyn Fn() -> bool,
+) -> Result<(Vec<Ran>, bool, u64), EngineError> {
+    let (mut ran, mut next, mut cut, mut steps) = (Vec::new(), 0, false, 0);
+    let mut started: Vec<Option<Instant>> = vec![None; prompts.len()];
+    loop {
+        while next < prompts.len() && engine.jobs_in_batch() < jobs && !cut {
+            cut = out_of_time();
+            if !cut {
+                let d = decode(next as u64 * 1000, new_tokens);
+                engine.admit_ids(next as u64, &prompts[next], &[d], false)?;
+                started[next] = Some(Instant::now());
+                next += 1;
+            }
+        }
+        if engine.jobs_in_batch() == 0 {
+            return Ok((ran, cut, steps));
+        }
+        steps += 1;
+        for (key, res) in engine.step_batch() {
+            let crate::engine::JobOutput::Rollout(out) = res? else {
+                return Err(EngineError::Model(
+                    "a probe job ended as a generation".into(),
+                ));
+            };
+            let wall_s = started[key as usize].map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let b = out.batch;
+            ran.push((
+                (timing_of(&out, wall_s), u64::from(b.steps), b.rows),
+                first_text(&out),
+            ));
+        }
+    }
+}
+
+fn timing_of(out: &crate::engine::RolloutOutput, wall_s: f64) -> TicketTiming {
+    TicketTiming {
+        prompt_tokens: out.prompt_tokens,
+        generated_tokens: out.candidates.iter().map(|c| c.completion_tokens).sum(),
+        prefill_s: out.prefill_us as f64 / 1e6,
+        decode_s: out.decode_us as f64 / 1e6,
+        sample_s: 0.0,
+        forward_s: 0.0,
+        wall_s,
+    }
+}
+
+fn first_text(out: &crate::engine::RolloutOutput) -> String {
+    out.candidates
+        .first()
+        .map(|c| c.text.chars().take(200).collect())
+        .unwrap_or_default()
+}
+
+/// [`pass_report`] with the rows per step the tickets' outputs report (the candidates when
+/// they ran alone). With `batch_steps` (tickets in one batch) a step's time and the decode
+/// rate are the wall time's, since the tickets' own times overlap.
+fn batched_pass_report(
+    ran: Vec<Ran>,
+    (complete, wall_s, batch_steps): (bool, f64, u64),
+    spec: &RolloutSpec,
+) -> PassReport {
+    let (steps, rows) = ran
+        .iter()
+        .fold((0, 0), |(s, r), ((_, ts, tr), _)| (s + ts, r + tr));
+    let tickets = ran.into_iter().map(|((t, ..), _)| t).collect();
+    let mut pass = pass_report(tickets, complete, wall_s, spec.new_tokens);
+    pass.mean_rows_per_step = match steps {
+        0 => f64::from(spec.candidates),
+        _ => rows as f64 / steps as f64,
+    };
+    if batch_steps > 0 {
+        pass.decode_step_ms = wall_s * 1e3 / batch_steps as f64;
+        pass.decode_tok_s = pass.generated_tok_s;
+    }
+    pass
 }
 
 fn pass_report(
@@ -329,6 +435,7 @@ fn pass_report(
         decode_step_ms: per(decode * 1e3, steps),
         sample_step_ms: per(sum(|t| t.sample_s) * 1e3, steps),
         forward_step_ms: per(sum(|t| t.forward_s) * 1e3, steps),
+        mean_rows_per_step: 0.0,
         tickets,
     }
 }
@@ -362,6 +469,7 @@ mod tests {
             decode_step_ms: 0.0,
             sample_step_ms: 0.0,
             forward_step_ms: 0.0,
+            mean_rows_per_step: 0.0,
             tickets: Vec::new(),
         }
     }
