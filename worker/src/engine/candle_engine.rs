@@ -32,7 +32,7 @@ mod prefill;
 mod rows;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use stageb_shared::domain::ChatMessage;
@@ -145,9 +145,9 @@ pub struct CandleEngine {
     /// KV-cache bytes the last job held at its peak ([`Engine::last_kv_cache_bytes`]).
     last_kv_bytes: u64,
     /// Recent rollout prompts' KV (CPU fast path; empty budget elsewhere).
-    prefix: PrefixStore<CpuCache>,
+    prefix: PrefixStore<Arc<CpuCache>>,
     /// Recent generation (reflection) prompts' KV, kept apart from the rollouts' ([`Reuse`]).
-    generate_prefix: PrefixStore<CpuCache>,
+    generate_prefix: PrefixStore<Arc<CpuCache>>,
     /// The tokenizer's image/video placeholder tokens, which a prompt may not hold.
     media_placeholders: Vec<(u32, String)>,
     /// Tokenizes prompts with special-token strings from the messages kept as text.
@@ -178,14 +178,19 @@ impl CandleEngine {
         self.generate_prefix = PrefixStore::new(if on { bytes } else { 0 });
     }
 
-    /// The store a job of kind `reuse` uses (`None` for [`Reuse::Off`] or a store turned off).
-    fn store(&mut self, reuse: Reuse) -> Option<&mut PrefixStore<CpuCache>> {
+    /// Keeps a finished job's prompt cache in the store `reuse` names (the CPU path's; a
+    /// store that is off keeps nothing).
+    fn keep_prompt(&mut self, reuse: Reuse, prompt: &[u32], cache: DecodeCache) {
+        let DecodeCache::Cpu(cache) = cache else {
+            return;
+        };
+        // Disjoint fields: the model's shape is read while the store is written.
         let store = match reuse {
-            Reuse::Off => return None,
+            Reuse::Off => return,
             Reuse::Rollouts => &mut self.prefix,
             Reuse::Generations => &mut self.generate_prefix,
         };
-        store.enabled().then_some(store)
+        prefill::keep(store, self.model.config(), prompt, cache);
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -299,9 +304,7 @@ impl CandleEngine {
     ) -> Result<(Vec<f32>, usize), EngineError> {
         self.run_pooled(|eng| {
             let (logits, cache, reused) = eng.prefill(prompt, Reuse::Rollouts)?;
-            if let (DecodeCache::Cpu(c), Some(store)) = (cache, eng.store(Reuse::Rollouts)) {
-                prefill::keep(store, prompt, c);
-            }
+            eng.keep_prompt(Reuse::Rollouts, prompt, cache);
             Ok((logits, reused))
         })
     }
@@ -472,9 +475,7 @@ impl CandleEngine {
                 r.finish = Some(FinishReason::Length);
             }
         }
-        if let (DecodeCache::Cpu(c), Some(store)) = (cache, self.store(reuse)) {
-            prefill::keep(store, prompt, c);
-        }
+        self.keep_prompt(reuse, prompt, cache);
         Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }
 }

@@ -502,9 +502,7 @@ impl CandleEngine {
             )?),
         };
         let out = out.with_batch(job.batch);
-        if let (DecodeCache::Cpu(cache), Some(store)) = (job.cache, self.store(job.keep)) {
-            super::prefill::keep(store, &job.prompt, cache);
-        }
+        self.keep_prompt(job.keep, &job.prompt, job.cache);
         Ok(out)
     }
 

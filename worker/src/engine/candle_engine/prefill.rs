@@ -5,12 +5,15 @@
 //! of their own, [`Reuse`]). Split from `candle_engine.rs`, whose
 //! fields it uses.
 
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
 use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use crate::engine::prefix_cache::PrefixStore;
+use crate::engine::transformer::TransformerConfig;
 
 impl CandleEngine {
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
@@ -71,7 +74,7 @@ impl CandleEngine {
 fn cpu_prefill(
     model: &CpuModel,
     prompt: &[u32],
-    store: Option<&mut PrefixStore<CpuCache>>,
+    store: Option<&mut PrefixStore<Arc<CpuCache>>>,
     ws: &mut Workspace,
 ) -> Result<(Vec<f32>, CpuCache, usize), String> {
     let mut cache = model.new_cache(prompt.len());
@@ -96,10 +99,15 @@ fn cpu_prefill(
 }
 
 /// Keeps a finished job's prompt cache in `store` (its candidate rows dropped).
-pub(super) fn keep(store: &mut PrefixStore<CpuCache>, prompt: &[u32], cache: CpuCache) {
+pub(super) fn keep(
+    store: &mut PrefixStore<Arc<CpuCache>>,
+    cfg: &TransformerConfig,
+    prompt: &[u32],
+    cache: CpuCache,
+) {
     if store.enabled() {
-        let cache = cache.into_prompt();
+        let cache = cache.into_prompt(cfg);
         let bytes = cache.shared_bytes();
-        store.insert(prompt.to_vec(), cache, bytes);
+        store.insert(prompt.to_vec(), Arc::new(cache), bytes);
     }
 }

@@ -12,7 +12,7 @@
 //! KV cache ([`CpuCache`]): the prompt's keys/values are stored once (`shared`), each
 //! candidate row has its own short suffix; keys are stored transposed (`d × cap` per KV head)
 //! so 16 keys load as one vector. A finished job's prompt part can seed the next job's cache
-//! ([`CpuCache::load_prefix`], the engine's prefix store).
+//! ([`CpuCache::load_prefix`], the engine's prefix store: shared, not copied).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
@@ -303,7 +303,7 @@ impl CpuModel {
         } else {
             m.div_ceil(rayon::current_num_threads().max(1))
         };
-        let (shared, sc, rc) = (&cache.shared[li], cache.shared_cap, cache.row_cap);
+        let rc = cache.row_cap;
         att.par_chunks_mut(block * nh * d)
             .enumerate()
             .for_each_init(
@@ -318,12 +318,7 @@ impl CpuModel {
                         shared_after
                     };
                     for g in 0..nkv {
-                        let common = [KvRun {
-                            kt: &shared.kt[g * d * sc..(g + 1) * d * sc],
-                            v: &shared.v[g * sc * d..(g + 1) * sc * d],
-                            cap: sc,
-                            len: common_len.min(shared_after),
-                        }];
+                        let common = cache.prompt_runs(li, g, d, common_len.min(shared_after));
                         qbuf.clear();
                         limits.clear();
                         own.clear();
@@ -616,8 +611,8 @@ impl CpuModel {
             let (seg, cap, at) = match slots[i] {
                 Slot::Shared => (
                     &mut cache.shared[li],
-                    cache.shared_cap,
-                    cache.shared_len + i,
+                    cache.shared_cap - cache.base,
+                    cache.shared_len - cache.base + i,
                 ),
                 Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, place.row_pos[i]),
             };
