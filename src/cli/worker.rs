@@ -8,7 +8,7 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use stageb::cluster;
 use stageb_shared::tls::ClientTls;
-use stageb_worker::client::{DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_JOBS, JobLimits};
+use stageb_worker::client::{DEFAULT_MAX_JOBS, JobLimits};
 use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
 
 use super::ServerTlsArgs;
@@ -53,8 +53,9 @@ pub(crate) struct ModelArgs {
     pub(crate) max_jobs: u64,
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
-    #[arg(long, env = "STAGEB_KV_CACHE_MIB", default_value_t = DEFAULT_KV_CACHE_BYTES >> 20)]
-    pub(crate) kv_cache_mib: u64,
+    /// Default: 2048 on the CPU; on a GPU 60% of the memory free after the model is loaded.
+    #[arg(long, env = "STAGEB_KV_CACHE_MIB")]
+    pub(crate) kv_cache_mib: Option<u64>,
 }
 
 impl ModelArgs {
@@ -62,7 +63,7 @@ impl ModelArgs {
     pub(crate) fn job_limits(&self) -> JobLimits {
         JobLimits {
             max_jobs: self.max_jobs as usize,
-            kv_cache_bytes: self.kv_cache_mib.saturating_mul(1 << 20),
+            kv_cache_bytes: self.kv_cache_mib.map(|m| m.saturating_mul(1 << 20)),
         }
     }
 

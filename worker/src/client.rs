@@ -65,24 +65,23 @@ pub struct JobLimits {
     /// The most jobs in hand.
     pub max_jobs: usize,
     /// KV-cache bytes the jobs in hand may take together (an upper bound per job, see
-    /// `job_kv_bound`): no job is leased past it, except one when nothing is in hand.
-    pub kv_cache_bytes: u64,
+    /// `job_kv_bound`): no job is leased past it, except one when nothing is in hand. `None`:
+    /// the engine's default for its device ([`Engine::default_kv_budget`]).
+    pub kv_cache_bytes: Option<u64>,
 }
 
 impl Default for JobLimits {
     fn default() -> Self {
         JobLimits {
             max_jobs: DEFAULT_MAX_JOBS,
-            kv_cache_bytes: DEFAULT_KV_CACHE_BYTES,
+            kv_cache_bytes: None,
         }
     }
 }
 
 /// Default [`WorkerOptions::max_jobs`].
 pub const DEFAULT_MAX_JOBS: usize = 8;
-/// Default [`WorkerOptions::kv_cache_bytes`] (the CPU default; a GPU worker's comes from its
-/// device memory, see `--kv-cache-mib`).
-pub const DEFAULT_KV_CACHE_BYTES: u64 = 2 << 30;
+pub use crate::engine::DEFAULT_KV_CACHE_BYTES;
 
 /// Default [`WorkerOptions::reconnect_timeout`].
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -435,9 +434,13 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     let (outbox, mut from_engine) = tokio::sync::mpsc::unbounded_channel();
     // An engine that runs one job at a time holds one: a queue here would keep jobs from
     // idle workers.
-    let (per_position, batches) = {
+    let (per_position, batches, device_budget) = {
         let e = engine.lock().unwrap_or_else(|e| e.into_inner());
-        (e.kv_bytes_per_position(), e.batches())
+        (
+            e.kv_bytes_per_position(),
+            e.batches(),
+            e.default_kv_budget(),
+        )
     };
     let eng = engine.clone();
     let thread = tokio::task::spawn_blocking(move || runner::run_engine(eng, inbox, outbox));
@@ -452,7 +455,12 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     } else {
         1
     };
-    let budget = opts.limits.kv_cache_bytes;
+    let budget = opts.limits.kv_cache_bytes.unwrap_or(device_budget);
+    tracing::debug!(
+        budget,
+        given = opts.limits.kv_cache_bytes.is_some(),
+        "KV-cache budget"
+    );
     let mut ending: Option<SessionEnd> = None;
     let mut interrupted = false;
     loop {

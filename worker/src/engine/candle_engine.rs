@@ -560,6 +560,13 @@ impl Engine for CandleEngine {
     fn kv_bytes_per_position(&self) -> u64 {
         self.kv_bytes(1, 0, 0)
     }
+
+    fn default_kv_budget(&self) -> u64 {
+        match self.device_free_bytes() {
+            Some(free) => (free as f64 * super::GPU_KV_SHARE) as u64,
+            None => super::DEFAULT_KV_CACHE_BYTES,
+        }
+    }
 }
 
 impl CandleEngine {
@@ -606,6 +613,28 @@ impl CandleEngine {
         let (.., reused) = self.run_rows(&prompt, &mut rows, Reuse::Generations)?;
         let latency_us = t0.elapsed().as_micros() as u64;
         self.generate_output(&rows[0], prompt.len(), reused, latency_us)
+    }
+}
+
+impl CandleEngine {
+    /// Free memory of the model's GPU (`None` on the CPU, or in a build without CUDA).
+    #[cfg(feature = "cuda")]
+    fn device_free_bytes(&self) -> Option<u64> {
+        let Backend::Candle(model) = &self.model else {
+            return None;
+        };
+        match model.device() {
+            candle_core::Device::Cuda(dev) => {
+                let info = dev.cuda_stream().context().mem_get_info();
+                info.ok().map(|(free, _total)| free as u64)
+            }
+            _ => None,
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn device_free_bytes(&self) -> Option<u64> {
+        None
     }
 }
 

@@ -334,7 +334,19 @@ pub trait Engine: Send {
     fn kv_bytes_per_position(&self) -> u64 {
         0
     }
+    /// The KV-cache budget of a worker that was given none (`--kv-cache-mib` unset): on the
+    /// CPU [`DEFAULT_KV_CACHE_BYTES`], on a GPU a share of the memory left after loading.
+    fn default_kv_budget(&self) -> u64 {
+        DEFAULT_KV_CACHE_BYTES
+    }
 }
+
+/// The KV-cache budget of a CPU worker given none (`--kv-cache-mib`).
+pub const DEFAULT_KV_CACHE_BYTES: u64 = 2 << 30;
+
+/// The share of a GPU's free memory (after the model is loaded) a worker given no KV budget
+/// takes for it: the rest is left for activations, logits and the allocator's slack.
+pub const GPU_KV_SHARE: f64 = 0.6;
 
 #[cfg(test)]
 mod tests {
