@@ -184,6 +184,38 @@ fn jobs_give_the_same_outputs_alone_together_reordered_and_joining_mid_decode() 
     assert_eq!(got, reference, "arrival order reversed");
 }
 
+#[test]
+fn jobs_joining_together_share_the_prompt_head_the_first_one_prefilled() {
+    let jobs: Vec<Job> = short_jobs().into_iter().take(2).collect();
+    let mut eng = engine();
+    eng.set_prefix_cache_bytes(0);
+    let reference: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut eng, j)).collect();
+    let mut eng = engine();
+    for (i, job) in jobs.iter().enumerate() {
+        eng.admit(i as u64, job, CancelFlag::default())
+            .expect("admit");
+    }
+    let mut out: Vec<Option<JobOutput>> = vec![None; jobs.len()];
+    while out.iter().any(Option::is_none) {
+        for (key, res) in eng.step() {
+            out[key as usize] = Some(res.expect("job"));
+        }
+    }
+    let prefix = |o: &JobOutput| match o {
+        JobOutput::Rollout(r) => r.prefix_tokens,
+        JobOutput::Generate(g) => g.prefix_tokens,
+    };
+    let out: Vec<JobOutput> = out.into_iter().map(Option::unwrap).collect();
+    assert_eq!(prefix(&out[0]), 0, "the first job found an empty store");
+    assert!(
+        prefix(&out[1]) > 10,
+        "the second job, admitted with the first, starts after its system prompt: {}",
+        prefix(&out[1])
+    );
+    let got: Vec<JobOutput> = out.into_iter().map(result_of).collect();
+    assert_eq!(got, reference, "sharing changes no bit");
+}
+
 /// The candle backend (the path CUDA runs) on the same model, dequantized to f32 or kept in
 /// its GGUF blocks: jobs there share a step through one lockstep cache each.
 fn candle_engine(format: WeightFormat) -> CandleEngine {

@@ -13,6 +13,7 @@
 //! model. Also here: building a job's rows from its request and its output from its rows,
 //! which the one-job path ([`Engine::rollout`], [`Engine::generate`]) shares.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::rows::Row;
@@ -44,8 +45,14 @@ pub(super) struct Live {
     prefilled: usize,
     /// Leading positions copied from the prefix store.
     reused: usize,
-    /// The prefix store the job's prompt came from and goes back to when it ends.
+    /// The prefix store the job's prompt comes from and goes to.
     keep: Reuse,
+    /// The store was looked up (or need not be): a job looks its prompt up when its prefill
+    /// starts, not when it joins, so it finds prompts that jobs before it just prefilled.
+    looked_up: bool,
+    /// The prompt went to the store when its prefill ended (CPU path), and the job's rows
+    /// read it from there: nothing to keep when the job ends.
+    published: bool,
     cancel: CancelFlag,
     admitted: Instant,
     prefill_us: u64,
@@ -210,6 +217,8 @@ impl CandleEngine {
             prefilled: reused,
             reused,
             keep,
+            looked_up: !matches!(self.model, Backend::Cpu(_)),
+            published: false,
             cancel,
             admitted: Instant::now(),
             prefill_us: 0,
@@ -219,38 +228,82 @@ impl CandleEngine {
         Ok(())
     }
 
-    /// A joining job's cache: on the CPU path with the longest prefix its store keeps (and how
-    /// many positions that is), on the candle backend a one-row cache for the prompt's prefill.
+    /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
+    /// looked up when the prefill starts, [`Self::look_up_prefix`]), or a one-row cache for
+    /// the prompt's prefill (candle backend). Also the prompt positions already there (0).
     fn new_job_cache(
         &mut self,
         prompt: &[u32],
-        keep: Reuse,
+        _keep: Reuse,
     ) -> Result<(DecodeCache, usize), EngineError> {
-        let model = match &self.model {
-            Backend::Cpu(model) => model,
+        match &self.model {
+            Backend::Cpu(model) => Ok((DecodeCache::Cpu(model.new_cache(prompt.len())), 0)),
             Backend::Candle(model) => {
                 let cache = model
                     .new_cache(1, prompt.len())
                     .map_err(|e| EngineError::Model(e.to_string()))?;
-                return Ok((DecodeCache::Candle(Some(cache)), 0));
+                Ok((DecodeCache::Candle(Some(cache)), 0))
             }
+        }
+    }
+
+    /// The job whose prefill runs next (the earliest still prefilling) starts after the
+    /// longest prefix its store holds, if it has not looked yet: the store may hold prompts
+    /// that jobs of the same wave prefilled meanwhile ([`Self::publish_prompt`]). Where the
+    /// prefill starts changes no bit (the prefix store's contract).
+    fn look_up_prefix(&mut self, live: &mut [Live]) -> Result<(), EngineError> {
+        let Some(j) = live.iter_mut().find(|j| !j.decoding()) else {
+            return Ok(());
         };
-        let mut cache = model.new_cache(prompt.len());
-        let mut reused = 0;
+        if std::mem::replace(&mut j.looked_up, true) || j.prefilled > 0 {
+            return Ok(());
+        }
+        let (Backend::Cpu(model), DecodeCache::Cpu(cache)) = (&self.model, &mut j.cache) else {
+            return Ok(());
+        };
         // Disjoint fields: the model is read while the job's store is looked up.
-        let store = match keep {
+        let store = match j.keep {
+            Reuse::Off => return Ok(()),
             Reuse::Rollouts => &mut self.prefix,
-            _ => &mut self.generate_prefix,
+            Reuse::Generations => &mut self.generate_prefix,
         };
         if store.enabled()
-            && let Some(hit) = store.lookup(prompt)
+            && let Some(hit) = store.lookup(&j.prompt)
         {
             cache
                 .load_prefix(&model.config, hit.value, hit.len)
                 .map_err(EngineError::Model)?;
-            reused = hit.len;
+            (j.prefilled, j.reused) = (hit.len, hit.len);
         }
-        Ok((DecodeCache::Cpu(cache), reused))
+        Ok(())
+    }
+
+    /// A job whose prompt was just prefilled (CPU path) hands it to its store at once, and
+    /// reads it from there: jobs that start their prefill after this one share it instead of
+    /// computing it again, and the job holds no second copy.
+    fn publish_prompt(&mut self, job: &mut Live) -> Result<(), EngineError> {
+        let (Backend::Cpu(model), DecodeCache::Cpu(cache)) = (&self.model, &mut job.cache) else {
+            return Ok(());
+        };
+        let store = match job.keep {
+            Reuse::Off => return Ok(()),
+            Reuse::Rollouts => &mut self.prefix,
+            Reuse::Generations => &mut self.generate_prefix,
+        };
+        if !store.enabled() {
+            return Ok(());
+        }
+        let len = job.prompt.len();
+        let prompt = std::mem::replace(cache, model.new_cache(len)).into_prompt(&model.config);
+        let bytes = prompt.shared_bytes();
+        let prompt = Arc::new(prompt);
+        store.insert(job.prompt.clone(), prompt.clone(), bytes);
+        // An empty cache of the prompt's length over a stored prompt of the same model.
+        cache
+            .load_prefix(&model.config, &prompt, len)
+            .map_err(EngineError::Model)?;
+        job.published = true;
+        Ok(())
     }
 
     /// One step of the running batch: jobs whose flag was raised leave cancelled; every live
@@ -288,7 +341,10 @@ impl CandleEngine {
             }
         }
         let mut live = keep_live;
-        if let Err(e) = self.forward_batch(&mut live, &feeds) {
+        let stepped = self
+            .look_up_prefix(&mut live)
+            .and_then(|()| self.forward_batch(&mut live, &feeds));
+        if let Err(e) = stepped {
             // A failed forward leaves caches half-written: every job in it fails.
             let msg = e.to_string();
             done.extend(
@@ -345,6 +401,7 @@ impl CandleEngine {
                     j.prefilled += i.tokens.len();
                     j.prefill_us += t0.elapsed().as_micros() as u64;
                     if j.decoding() {
+                        self.publish_prompt(j)?;
                         self.start_rows(j, logits)?;
                     }
                 }
@@ -502,7 +559,9 @@ impl CandleEngine {
             )?),
         };
         let out = out.with_batch(job.batch);
-        self.keep_prompt(job.keep, &job.prompt, job.cache);
+        if !job.published {
+            self.keep_prompt(job.keep, &job.prompt, job.cache);
+        }
         Ok(out)
     }
 
