@@ -205,7 +205,7 @@ impl CandleEngine {
     ) -> Result<(), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         self.check_fits(&prompt, max_new)?;
-        let (cache, reused) = self.new_job_cache(&prompt, keep)?;
+        let (cache, reused) = self.new_job_cache(&prompt)?;
         let n = rows.len();
         self.live.push(Live {
             key,
@@ -231,11 +231,7 @@ impl CandleEngine {
     /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
     /// looked up when the prefill starts, [`Self::look_up_prefix`]), or a one-row cache for
     /// the prompt's prefill (candle backend). Also the prompt positions already there (0).
-    fn new_job_cache(
-        &mut self,
-        prompt: &[u32],
-        _keep: Reuse,
-    ) -> Result<(DecodeCache, usize), EngineError> {
+    fn new_job_cache(&self, prompt: &[u32]) -> Result<(DecodeCache, usize), EngineError> {
         match &self.model {
             Backend::Cpu(model) => Ok((DecodeCache::Cpu(model.new_cache(prompt.len())), 0)),
             Backend::Candle(model) => {
@@ -278,13 +274,18 @@ impl CandleEngine {
         Ok(())
     }
 
-    /// A job whose prompt was just prefilled (CPU path) hands it to its store at once, and
-    /// reads it from there: jobs that start their prefill after this one share it instead of
-    /// computing it again, and the job holds no second copy.
+    /// A job whose prompt was just prefilled from nothing (CPU path) hands it to its store at
+    /// once, and reads it from there: jobs that start their prefill after this one share it
+    /// instead of computing it again, and the job holds no second copy. A job that started
+    /// from a stored prefix keeps its own tail and is stored when it ends, as before: storing
+    /// it now would copy the shared prefix into it for the whole decode.
     fn publish_prompt(&mut self, job: &mut Live) -> Result<(), EngineError> {
         let (Backend::Cpu(model), DecodeCache::Cpu(cache)) = (&self.model, &mut job.cache) else {
             return Ok(());
         };
+        if cache.has_parent() {
+            return Ok(());
+        }
         let store = match job.keep {
             Reuse::Off => return Ok(()),
             Reuse::Rollouts => &mut self.prefix,

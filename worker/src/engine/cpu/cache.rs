@@ -90,6 +90,11 @@ impl CpuCache {
         self.row_len = vec![0; n];
     }
 
+    /// Whether the prompt's first positions are shared from a stored prompt.
+    pub fn has_parent(&self) -> bool {
+        self.parent.is_some()
+    }
+
     /// Room in the own prompt segments (positions `base..shared_cap`).
     pub(super) fn own_cap(&self) -> usize {
         self.shared_cap - self.base
