@@ -212,8 +212,8 @@ pub struct RolloutProbe {
     pub passes: Vec<PassReport>,
     /// Index in `passes` of the best pass (most tickets per minute, complete passes first).
     pub best: Option<usize>,
-    /// KV-cache bytes a ticket held at its peak, as the engine counts them (f32 keys and
-    /// values per layer).
+    /// KV-cache bytes a ticket held at its peak, as the engine counts them (keys and values
+    /// of every layer in the cache's dtype: the prompt once, then each row's own).
     pub kv_cache_bytes: u64,
     /// The time budget stopped a pass early.
     pub budget_exhausted: bool,

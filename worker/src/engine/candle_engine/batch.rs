@@ -43,7 +43,7 @@ pub(super) struct Live {
     logits: Vec<Vec<f32>>,
     /// Prompt positions in the cache.
     prefilled: usize,
-    /// Leading positions copied from the prefix store.
+    /// Leading positions shared from the prefix store.
     reused: usize,
     /// The prefix store the job's prompt comes from and goes to.
     keep: Reuse,
