@@ -152,6 +152,50 @@ fn candidates_count_as_results_arrive_regression_zero_rate_until_a_step_is_decid
     assert_eq!(p.candidates, summary.candidates);
 }
 
+/// Regression: the progress line read `live_workers=0` until a step's first result arrived
+/// (the count was refreshed only per result), so a run whose workers were busy with long
+/// first jobs, a whole batch of them at once, looked as if it had no workers. Here the only
+/// worker holds its first ticket: the count must show it before any result.
+#[test]
+fn live_workers_count_the_worker_before_its_first_result_regression_zero_until_a_result() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let config = write_config(dir.path(), json!({"runner": {"epochs": 1}}));
+    let script = Script::new(Behaviour::default());
+    let gate: Gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let progress: ProgressHandle = Arc::new(Mutex::new(Default::default()));
+    let run = {
+        let (gate, progress) = (gate.clone(), progress.clone());
+        std::thread::spawn(move || {
+            support::try_run_watched(
+                &config,
+                1,
+                move |_| HeldEngine {
+                    inner: ScriptedEngine::new(script.clone()),
+                    gate: gate.clone(),
+                },
+                cluster::StartMode::Fresh,
+                std::future::pending(),
+                Some(progress),
+            )
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let p = progress.lock().unwrap().clone();
+        if p.live_workers > 0 {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the worker never counted: {p:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!((seen.live_workers, seen.done), (1, 0), "{seen:?}");
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    let summary = run.join().unwrap().expect("the run completes");
+    assert_eq!(summary.tickets, 48);
+}
+
 /// Issue 23, item 4: the progress state names every phase as the run enters it. A toy run of
 /// one epoch in two steps of 8 tickets goes: rollouts of step 1, the reflection cycles due at
 /// its boundary, rollouts of step 2, the cycles due then and those the epoch end drains, then

@@ -81,7 +81,7 @@ pub async fn await_completions(
     let mut pending: HashSet<JobId> = ids.iter().copied().collect();
     let mut out = HashMap::with_capacity(ids.len());
     while !pending.is_empty() {
-        let next = await_any(scheduler, completions, &pending, grace).await?;
+        let next = await_any(scheduler, completions, &pending, grace, &mut |_| {}).await?;
         pending.remove(&next.job);
         out.insert(next.job, next);
     }
@@ -90,12 +90,15 @@ pub async fn await_completions(
 
 /// The next completion among `ids` (a set: a large step asks once per completion), early
 /// ones first. Completions of other jobs are kept if expected, else dropped with a warning.
-/// Gives up when no worker has been alive for `grace`.
+/// Gives up when no worker has been alive for `grace`. Each second without a completion it
+/// counts the live workers and tells `live` (the progress line's count stays true while a
+/// step's first results are still being computed).
 pub(crate) async fn await_any(
     scheduler: &Scheduler,
     completions: &mut Completions,
     ids: &HashSet<JobId>,
     grace: Duration,
+    live: &mut dyn FnMut(usize),
 ) -> Result<Completion, WaitError> {
     if let Some(c) = completions.take_early(ids) {
         return Ok(c);
@@ -110,7 +113,9 @@ pub(crate) async fn await_any(
             Ok(Some(c)) => completions.arrived_early(c),
             Ok(None) => return Err(WaitError::SchedulerClosed),
             Err(_) => {
-                if scheduler.live_workers() == 0 {
+                let n = scheduler.live_workers();
+                live(n);
+                if n == 0 {
                     let since = *lonely_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= grace {
                         return Err(WaitError::NoWorkers(grace));

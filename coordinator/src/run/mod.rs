@@ -702,12 +702,20 @@ impl RunLoop {
         let mut pending: std::collections::HashSet<JobId> = ids.iter().copied().collect();
         let mut out = HashMap::with_capacity(ids.len());
         let mut live_checked: Option<Instant> = None;
+        let progress = self.progress.clone();
+        let mut live = move |n: usize| {
+            progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .live_workers = n;
+        };
         while !pending.is_empty() {
             let next = await_any(
                 &self.scheduler,
                 &mut self.completions,
                 &pending,
                 self.worker_grace,
+                &mut live,
             )
             .await?;
             let mut p = self.lock_progress();
