@@ -184,13 +184,9 @@ impl CandleEngine {
         let DecodeCache::Cpu(cache) = cache else {
             return;
         };
-        // Disjoint fields: the model's shape is read while the store is written.
-        let store = match reuse {
-            Reuse::Off => return,
-            Reuse::Rollouts => &mut self.prefix,
-            Reuse::Generations => &mut self.generate_prefix,
-        };
-        prefill::keep(store, self.model.config(), prompt, cache);
+        if let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, reuse) {
+            prefill::keep(store, self.model.config(), prompt, cache);
+        }
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -636,6 +632,22 @@ impl CandleEngine {
     fn device_free_bytes(&self) -> Option<u64> {
         None
     }
+}
+
+/// The store a job of kind `reuse` uses (`None` for [`Reuse::Off`] or a store turned off). A
+/// function of the two stores, not a method, so its caller can read the model (a disjoint
+/// field) while it writes the store.
+fn store_of<'a>(
+    rollouts: &'a mut PrefixStore<Arc<CpuCache>>,
+    generations: &'a mut PrefixStore<Arc<CpuCache>>,
+    reuse: Reuse,
+) -> Option<&'a mut PrefixStore<Arc<CpuCache>>> {
+    let store = match reuse {
+        Reuse::Off => return None,
+        Reuse::Rollouts => rollouts,
+        Reuse::Generations => generations,
+    };
+    store.enabled().then_some(store)
 }
 
 /// The model file named by `STAGEB_MODEL`, else the demo model under the workspace's

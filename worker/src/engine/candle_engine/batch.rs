@@ -19,7 +19,7 @@ use std::time::Instant;
 use super::rows::Row;
 use super::{
     Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse,
-    check_params,
+    check_params, store_of,
 };
 use crate::constraint::ConstraintSpec;
 use crate::engine::cpu::model::{CpuCache, Part, Slot};
@@ -205,7 +205,7 @@ impl CandleEngine {
     ) -> Result<(), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         self.check_fits(&prompt, max_new)?;
-        let (cache, reused) = self.new_job_cache(&prompt)?;
+        let cache = self.new_job_cache(&prompt)?;
         let n = rows.len();
         self.live.push(Live {
             key,
@@ -214,8 +214,8 @@ impl CandleEngine {
             rows,
             cache,
             logits: vec![Vec::new(); n],
-            prefilled: reused,
-            reused,
+            prefilled: 0,
+            reused: 0,
             keep,
             looked_up: !matches!(self.model, Backend::Cpu(_)),
             published: false,
@@ -230,15 +230,15 @@ impl CandleEngine {
 
     /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
     /// looked up when the prefill starts, [`Self::look_up_prefix`]), or a one-row cache for
-    /// the prompt's prefill (candle backend). Also the prompt positions already there (0).
-    fn new_job_cache(&self, prompt: &[u32]) -> Result<(DecodeCache, usize), EngineError> {
+    /// the prompt's prefill (candle backend).
+    fn new_job_cache(&self, prompt: &[u32]) -> Result<DecodeCache, EngineError> {
         match &self.model {
-            Backend::Cpu(model) => Ok((DecodeCache::Cpu(model.new_cache(prompt.len())), 0)),
+            Backend::Cpu(model) => Ok(DecodeCache::Cpu(model.new_cache(prompt.len()))),
             Backend::Candle(model) => {
                 let cache = model
                     .new_cache(1, prompt.len())
                     .map_err(|e| EngineError::Model(e.to_string()))?;
-                Ok((DecodeCache::Candle(Some(cache)), 0))
+                Ok(DecodeCache::Candle(Some(cache)))
             }
         }
     }
@@ -257,17 +257,9 @@ impl CandleEngine {
         let (Backend::Cpu(model), DecodeCache::Cpu(cache)) = (&self.model, &mut j.cache) else {
             return Ok(());
         };
-        // Disjoint fields: the model is read while the job's store is looked up.
-        let store = match j.keep {
-            Reuse::Off => return Ok(()),
-            Reuse::Rollouts => &mut self.prefix,
-            Reuse::Generations => &mut self.generate_prefix,
-        };
-        if store.enabled()
-            && let Some(hit) = store.lookup(&j.prompt)
-        {
-            cache
-                .load_prefix(&model.config, hit.value, hit.len)
+        let store = store_of(&mut self.prefix, &mut self.generate_prefix, j.keep);
+        if let Some(hit) = store.and_then(|s| s.lookup(&j.prompt)) {
+            *cache = CpuCache::on_prefix(&model.config, hit.value, hit.len, j.prompt.len())
                 .map_err(EngineError::Model)?;
             (j.prefilled, j.reused) = (hit.len, hit.len);
         }
@@ -286,23 +278,17 @@ impl CandleEngine {
         if cache.has_parent() {
             return Ok(());
         }
-        let store = match job.keep {
-            Reuse::Off => return Ok(()),
-            Reuse::Rollouts => &mut self.prefix,
-            Reuse::Generations => &mut self.generate_prefix,
-        };
-        if !store.enabled() {
+        let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, job.keep) else {
             return Ok(());
-        }
+        };
         let len = job.prompt.len();
-        let prompt = std::mem::replace(cache, model.new_cache(len)).into_prompt(&model.config);
+        let prompt = std::mem::replace(cache, model.new_cache(0)).into_prompt(&model.config);
         let bytes = prompt.shared_bytes();
         let prompt = Arc::new(prompt);
         store.insert(job.prompt.clone(), prompt.clone(), bytes);
-        // An empty cache of the prompt's length over a stored prompt of the same model.
-        cache
-            .load_prefix(&model.config, &prompt, len)
-            .map_err(EngineError::Model)?;
+        // The whole prompt from the store: no own prompt positions.
+        *cache =
+            CpuCache::on_prefix(&model.config, &prompt, len, len).map_err(EngineError::Model)?;
         job.published = true;
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse};
+use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse, store_of};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use crate::engine::prefix_cache::PrefixStore;
@@ -46,13 +46,7 @@ impl CandleEngine {
                 Ok((v, DecodeCache::Candle(Some(cache)), 0))
             }
             Backend::Cpu(model) => {
-                // Disjoint fields: the model is read while the job's store is written.
-                let store = match reuse {
-                    Reuse::Off => None,
-                    Reuse::Rollouts => Some(&mut self.prefix),
-                    Reuse::Generations => Some(&mut self.generate_prefix),
-                };
-                let store = store.filter(|s| s.enabled());
+                let store = store_of(&mut self.prefix, &mut self.generate_prefix, reuse);
                 let (logits, cache, reused) =
                     cpu_prefill(model, prompt, store, &mut self.workspace)
                         .map_err(EngineError::Model)?;
@@ -77,12 +71,13 @@ fn cpu_prefill(
     store: Option<&mut PrefixStore<Arc<CpuCache>>>,
     ws: &mut Workspace,
 ) -> Result<(Vec<f32>, CpuCache, usize), String> {
-    let mut cache = model.new_cache(prompt.len());
-    let mut pos = 0;
-    if let Some(hit) = store.and_then(|s| s.lookup(prompt)) {
-        cache.load_prefix(&model.config, hit.value, hit.len)?;
-        pos = hit.len;
-    }
+    let (mut cache, mut pos) = match store.and_then(|s| s.lookup(prompt)) {
+        Some(hit) => (
+            CpuCache::on_prefix(&model.config, hit.value, hit.len, prompt.len())?,
+            hit.len,
+        ),
+        None => (model.new_cache(prompt.len()), 0),
+    };
     let reused = pos;
     let mut logits = Vec::new();
     while pos < prompt.len() {
@@ -98,16 +93,14 @@ fn cpu_prefill(
     Ok((logits, cache, reused))
 }
 
-/// Keeps a finished job's prompt cache in `store` (its candidate rows dropped).
+/// Keeps a finished job's prompt cache in `store`, which is on (its candidate rows dropped).
 pub(super) fn keep(
     store: &mut PrefixStore<Arc<CpuCache>>,
     cfg: &TransformerConfig,
     prompt: &[u32],
     cache: CpuCache,
 ) {
-    if store.enabled() {
-        let cache = cache.into_prompt(cfg);
-        let bytes = cache.shared_bytes();
-        store.insert(prompt.to_vec(), Arc::new(cache), bytes);
-    }
+    let cache = cache.into_prompt(cfg);
+    let bytes = cache.shared_bytes();
+    store.insert(prompt.to_vec(), Arc::new(cache), bytes);
 }

@@ -2,7 +2,7 @@
 //! once (`shared`), then one short suffix per candidate row; keys stored transposed (`d × cap`
 //! per KV head) so 16 keys load as one vector. Also where a forward call's positions go
 //! ([`Slot`]). A finished job's prompt part can seed later jobs' caches
-//! ([`CpuCache::load_prefix`], the engine's prefix store): they share its positions read-only
+//! ([`CpuCache::on_prefix`], the engine's prefix store): they share its positions read-only
 //! (an `Arc`, never a copy) and hold only their own prompt positions after them. Split from
 //! `model.rs`, which reads and writes the fields.
 
@@ -170,42 +170,36 @@ impl CpuCache {
         flat
     }
 
-    /// Starts this empty cache after the first `len` prompt positions of `src` (a stored
-    /// prompt, which has no parent): they are shared, not copied, and the next forward call
-    /// continues at position `len`, writing its positions into this cache's own part. A
+    /// A cache for a prompt of `prompt_cap` positions whose first `len` are those of `src` (a
+    /// stored prompt, which has no parent): they are shared, not copied, and the next forward
+    /// call continues at position `len`, writing its positions into this cache's own part. A
     /// position's keys and values depend only on the tokens up to it, so what follows is
     /// computed exactly as after a prefill of the same tokens.
-    pub fn load_prefix(
-        &mut self,
+    pub fn on_prefix(
         cfg: &TransformerConfig,
         src: &Arc<CpuCache>,
         len: usize,
-    ) -> Result<(), String> {
+        prompt_cap: usize,
+    ) -> Result<CpuCache, String> {
         let (d, nkv) = (cfg.head_dim, cfg.n_kv_head);
-        if self.shared_len != 0 || !self.rows.is_empty() || self.parent.is_some() {
-            return Err("load_prefix: the cache is not empty".into());
-        }
         if src.parent.is_some() {
-            return Err("load_prefix: the prefix is not a stored prompt".into());
+            return Err("on_prefix: the prefix is not a stored prompt".into());
         }
-        if len > src.shared_len || len > self.shared_cap || src.shared.len() != self.shared.len() {
-            return Err("load_prefix: the prefix does not fit".into());
+        if len > src.shared_len || len > prompt_cap || src.shared.len() != cfg.n_layer {
+            return Err("on_prefix: the prefix does not fit".into());
         }
         if !src
             .shared
             .iter()
             .all(|s| s.kt.len() == nkv * d * src.shared_cap)
         {
-            return Err("load_prefix: caches of another model".into());
+            return Err("on_prefix: caches of another model".into());
         }
-        let own = nkv * d * (self.shared_cap - len);
-        for seg in &mut self.shared {
-            seg.kt = vec![0.0; own];
-            seg.v = vec![0.0; own];
-        }
-        self.parent = Some(src.clone());
-        self.base = len;
-        self.shared_len = len;
-        Ok(())
+        let mut cache = CpuCache::new(cfg, prompt_cap - len);
+        cache.parent = Some(src.clone());
+        cache.base = len;
+        cache.shared_len = len;
+        cache.shared_cap = prompt_cap;
+        Ok(cache)
     }
 }

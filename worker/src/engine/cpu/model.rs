@@ -12,7 +12,7 @@
 //! KV cache ([`CpuCache`]): the prompt's keys/values are stored once (`shared`), each
 //! candidate row has its own short suffix; keys are stored transposed (`d × cap` per KV head)
 //! so 16 keys load as one vector. A finished job's prompt part can seed the next job's cache
-//! ([`CpuCache::load_prefix`], the engine's prefix store: shared, not copied).
+//! ([`CpuCache::on_prefix`], the engine's prefix store: shared, not copied).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
