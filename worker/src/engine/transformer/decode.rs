@@ -86,6 +86,10 @@ impl Transformer {
         let ids = Tensor::from_vec(ids, padded, &self.device)?;
         let mut x = self.embedding.index_select(&ids, 0)?; // (padded, hidden)
         let width = cfg.n_head * cfg.head_dim;
+        // The pad rows' attention output: zeros, made once a step.
+        let pad = (padded > n)
+            .then(|| Tensor::zeros((padded - n, width), x.dtype(), &self.device))
+            .transpose()?;
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
             let q = tiled(&layer.wq, &h, tile)?;
@@ -103,9 +107,7 @@ impl Transformer {
                 ys.push(self.attend(li, layer, qkv, 1, p.cache, None)?);
                 at += b;
             }
-            if padded > n {
-                ys.push(Tensor::zeros((padded - n, width), x.dtype(), &self.device)?);
-            }
+            ys.extend(pad.clone());
             let y = Tensor::cat(&ys, 0)?;
             let x1 = (tiled(&layer.wo, &y, tile)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
