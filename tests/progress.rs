@@ -53,6 +53,30 @@ impl Engine for HeldEngine {
     }
 }
 
+/// Opens the gate: held rollouts go on.
+fn open(gate: &Gate) {
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+}
+
+/// The progress state once `cond` holds, polled every 20 ms; fails with `what` after `secs`.
+fn wait_for(
+    progress: &ProgressHandle,
+    secs: u64,
+    what: &str,
+    cond: impl Fn(&ProgressSnapshot) -> bool,
+) -> ProgressSnapshot {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let p = progress.lock().unwrap().clone();
+        if cond(&p) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "{what}: {p:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Either the scripted engine or the held one, so one closure can make both workers.
 enum Worker {
     Free(ScriptedEngine),
@@ -118,15 +142,7 @@ fn candidates_count_as_results_arrive_regression_zero_rate_until_a_step_is_decid
     };
 
     // The free worker's answers arrive while the held one keeps the first step open.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let seen = loop {
-        let p = progress.lock().unwrap().clone();
-        if p.candidates > 0 {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "no candidates counted: {p:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let seen = wait_for(&progress, 60, "no candidates counted", |p| p.candidates > 0);
     let selections = dir
         .path()
         .join("runs/it/挡风板安装检查")
@@ -144,8 +160,7 @@ fn candidates_count_as_results_arrive_regression_zero_rate_until_a_step_is_decid
         "4 candidates per answered ticket"
     );
 
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
+    open(&gate);
     let summary = run.join().unwrap().expect("the run completes");
     assert_eq!(summary.tickets, 48);
     let p = progress.lock().unwrap().clone();
@@ -180,18 +195,11 @@ fn live_workers_count_the_worker_before_its_first_result_regression_zero_until_a
             )
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let seen = loop {
-        let p = progress.lock().unwrap().clone();
-        if p.live_workers > 0 {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "the worker never counted: {p:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let seen = wait_for(&progress, 30, "the worker never counted", |p| {
+        p.live_workers > 0
+    });
     assert_eq!((seen.live_workers, seen.done), (1, 0), "{seen:?}");
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
+    open(&gate);
     let summary = run.join().unwrap().expect("the run completes");
     assert_eq!(summary.tickets, 48);
 }
