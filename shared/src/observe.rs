@@ -50,6 +50,7 @@ pub const WORKER_PREFIX_CACHE: &str = "stageb_worker_prefix_cache_bytes";
 pub const WORKER_JOBS_IN_HAND: &str = "stageb_worker_jobs_in_hand";
 pub const WORKER_STEP_ROWS: &str = "stageb_worker_step_rows";
 pub const WORKER_STEP_JOBS: &str = "stageb_worker_step_jobs";
+pub const WORKER_KV_BLOCKS: &str = "stageb_worker_kv_blocks";
 
 /// Bucket bounds for rows (and jobs) per decode step of a continuous batch.
 pub const STEP_ROW_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
@@ -188,6 +189,10 @@ fn describe_worker() {
     describe_histogram!(
         WORKER_STEP_JOBS,
         "Jobs sharing a forward call of the worker's batch."
+    );
+    describe_gauge!(
+        WORKER_KV_BLOCKS,
+        "KV blocks of the worker's pool, by state: used (by jobs and the prefix caches), free (left by the budget)."
     );
     describe_histogram!(
         WORKER_JOB_DURATION,

@@ -395,8 +395,9 @@ fn spawn_heartbeat(
 struct InHand {
     to_engine: Option<std::sync::mpsc::Sender<Incoming>>,
     kv: BTreeMap<u64, u64>,
-    /// The engine's KV bytes per position.
+    /// The engine's KV bytes per position and positions per block.
     per_position: u64,
+    block: u64,
     /// How many jobs finish within the lease TTL at this worker's pace.
     pace: Pace,
 }
@@ -434,10 +435,11 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     let (outbox, mut from_engine) = tokio::sync::mpsc::unbounded_channel();
     // An engine that runs one job at a time holds one: a queue here would keep jobs from
     // idle workers.
-    let (per_position, batches, device_budget) = {
+    let (per_position, block, batches, device_budget) = {
         let e = engine.lock().unwrap_or_else(|e| e.into_inner());
         (
             e.kv_bytes_per_position(),
+            e.kv_block_positions().max(1),
             e.batches(),
             e.default_kv_budget(),
         )
@@ -448,6 +450,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         to_engine: Some(to_engine),
         kv: BTreeMap::new(),
         per_position,
+        block,
         pace: Pace::new(session.lease_ttl),
     };
     let max_jobs = if batches {
@@ -456,6 +459,10 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         1
     };
     let budget = opts.limits.kv_cache_bytes.unwrap_or(device_budget);
+    engine
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .set_kv_budget(budget);
     tracing::debug!(
         budget,
         given = opts.limits.kv_cache_bytes.is_some(),
@@ -544,7 +551,7 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
         let job_or_refusal = job_from_pb(kind);
         let kv = job_or_refusal
             .as_ref()
-            .map_or(0, |j| job_kv_bound(j, hand.per_position));
+            .map_or(0, |j| job_kv_bound(j, hand.per_position, hand.block));
         if hand.count() > 0 && hand.kv_bytes() + kv > budget {
             tracing::debug!(
                 lease = job.lease_id,
@@ -608,8 +615,9 @@ async fn finish_job(
 
 /// An upper bound of the KV bytes `job` takes at its peak, without tokenizing (the engine
 /// thread holds the tokenizer): a byte-level tokenizer makes at most one token per byte, and
-/// a chat template adds a few per message.
-fn job_kv_bound(job: &Job, per_position: u64) -> u64 {
+/// a chat template adds a few per message; the prompt and each row take whole blocks of
+/// `block` positions.
+fn job_kv_bound(job: &Job, per_position: u64, block: u64) -> u64 {
     let (messages, rows, max_new) = match job {
         Job::Rollout(r) => (
             &r.messages,
@@ -623,7 +631,7 @@ fn job_kv_bound(job: &Job, per_position: u64) -> u64 {
         Job::Generate(g) => (&g.messages, 1, g.max_new_tokens as u64),
     };
     let prompt: u64 = messages.iter().map(|m| m.content.len() as u64 + 16).sum();
-    per_position * (prompt + rows * max_new)
+    per_position * block * (prompt.div_ceil(block) + rows * max_new.div_ceil(block))
 }
 
 /// One prefix-store lookup of a `kind` job (`rollout`, `generate`) that reused `prefix_tokens`.

@@ -215,6 +215,9 @@ pub struct RolloutProbe {
     /// KV-cache bytes a ticket held at its peak, as the engine counts them (keys and values
     /// of every layer in the cache's dtype: the prompt once, then each row's own).
     pub kv_cache_bytes: u64,
+    /// Bytes of the most KV blocks held at once (every job in flight and the prefix store;
+    /// the CPU path's pool, 0 on the candle backend).
+    pub kv_peak_bytes: u64,
     /// The time budget stopped a pass early.
     pub budget_exhausted: bool,
     /// The first candidate's text of the last ticket run (at most 200 characters).
@@ -293,6 +296,8 @@ pub fn rollout(
         best,
         jobs: spec.jobs.max(1),
         kv_cache_bytes: crate::engine::Engine::last_kv_cache_bytes(engine),
+        kv_peak_bytes: crate::engine::Engine::kv_blocks(engine)
+            .map_or(0, |p| (p.peak * p.block_bytes) as u64),
         budget_exhausted,
         sample_text,
     })

@@ -112,6 +112,10 @@ fn batch_step<E: Engine + ?Sized>(
         metrics::histogram!(observe::WORKER_STEP_ROWS).record(rows as f64);
         metrics::histogram!(observe::WORKER_STEP_JOBS).record(jobs as f64);
     }
+    if let Some(kv) = engine.kv_blocks() {
+        metrics::gauge!(observe::WORKER_KV_BLOCKS, "state" => "used").set(kv.used as f64);
+        metrics::gauge!(observe::WORKER_KV_BLOCKS, "state" => "free").set(kv.free as f64);
+    }
     for (key, result) in ended_now {
         let took = match started.iter().position(|(k, _)| *k == key) {
             Some(i) => started.swap_remove(i).1.elapsed(),

@@ -216,6 +216,36 @@ fn jobs_joining_together_share_the_prompt_head_the_first_one_prefilled() {
     assert_eq!(got, reference, "sharing changes no bit");
 }
 
+/// Paged KV (issue 22 item 3): a job takes blocks from the pool as its cache fills and gives
+/// every one back when it ends; with the prefix store on, the second of two jobs admitted
+/// together reads the head the first one prefilled from the same blocks (the pool's peak is
+/// lower), and the store keeps the prompts' blocks after the jobs end. The outputs are the
+/// same bits either way.
+#[test]
+fn a_batch_takes_kv_blocks_as_it_fills_shares_a_stored_head_and_gives_every_block_back() {
+    let jobs: Vec<Job> = short_jobs().into_iter().take(2).collect();
+    let run = |store_bytes: usize| {
+        let mut eng = engine();
+        eng.set_prefix_cache_bytes(store_bytes);
+        eng.set_kv_budget(64 << 20);
+        let out = batched(&mut eng, &jobs, &[0, 0]);
+        (out, eng.kv_blocks().expect("the CPU path keeps a pool"))
+    };
+    let (plain, off) = run(0);
+    assert_eq!(off.used, 0, "every block is back in the pool: {off:?}");
+    assert_eq!(off.capacity, (64 << 20) / off.block_bytes, "{off:?}");
+    assert!(off.peak > 2, "{off:?}");
+    let (shared, on) = run(256 << 20);
+    assert_eq!(shared, plain, "sharing blocks changes no bit");
+    assert!(on.used > 0, "the store keeps the prompts' blocks: {on:?}");
+    assert!(
+        on.peak < off.peak,
+        "the second job reads the stored head's blocks: peak {} with the store, {} without",
+        on.peak,
+        off.peak
+    );
+}
+
 /// The candle backend (the path CUDA runs) on the same model, dequantized to f32 or kept in
 /// its GGUF blocks: jobs there share a step through one lockstep cache each.
 fn candle_engine(format: WeightFormat) -> CandleEngine {

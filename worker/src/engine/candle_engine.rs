@@ -156,6 +156,9 @@ pub struct CandleEngine {
     live: Vec<batch::Live>,
     /// Positions and jobs of the batch's last forward call.
     last_step: (usize, usize),
+    /// What the worker's jobs in hand may take ([`Engine::set_kv_budget`]); with the prefix
+    /// stores' budgets, the capacity of the CPU path's pool of KV blocks.
+    kv_budget: u64,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -176,6 +179,17 @@ impl CandleEngine {
         let on = matches!(self.model, Backend::Cpu(_));
         self.prefix = PrefixStore::new(if on { bytes } else { 0 });
         self.generate_prefix = PrefixStore::new(if on { bytes } else { 0 });
+        self.size_kv_pool();
+    }
+
+    /// The CPU path's pool of KV blocks holds the jobs' budget and what the prefix stores
+    /// may keep.
+    fn size_kv_pool(&self) {
+        if let Backend::Cpu(m) = &self.model {
+            let stores = (self.prefix.budget() + self.generate_prefix.budget()) as u64;
+            m.kv_pool()
+                .set_capacity_bytes(self.kv_budget.saturating_add(stores));
+        }
     }
 
     /// Keeps a finished job's prompt cache in the store `reuse` names (the CPU path's; a
@@ -185,7 +199,7 @@ impl CandleEngine {
             return;
         };
         if let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, reuse) {
-            prefill::keep(store, self.model.config(), prompt, cache);
+            prefill::keep(store, prompt, cache);
         }
     }
 
@@ -325,7 +339,7 @@ impl CandleEngine {
                     );
                 }
             }
-            DecodeCache::Cpu(c) => c.add_rows(self.model.config(), n, max_new),
+            DecodeCache::Cpu(c) => c.add_rows(n, max_new),
         }
         Ok(())
     }
@@ -561,6 +575,25 @@ impl Engine for CandleEngine {
         match self.device_free_bytes() {
             Some(free) => (free as f64 * super::GPU_KV_SHARE) as u64,
             None => super::DEFAULT_KV_CACHE_BYTES,
+        }
+    }
+
+    fn kv_block_positions(&self) -> u64 {
+        match &self.model {
+            Backend::Cpu(_) => crate::engine::cpu::kv_pool::BLOCK_POSITIONS as u64,
+            Backend::Candle(_) => 1,
+        }
+    }
+
+    fn set_kv_budget(&mut self, bytes: u64) {
+        self.kv_budget = bytes;
+        self.size_kv_pool();
+    }
+
+    fn kv_blocks(&self) -> Option<super::PoolStats> {
+        match &self.model {
+            Backend::Cpu(m) => Some(m.kv_pool().stats()),
+            Backend::Candle(_) => None,
         }
     }
 }

@@ -44,6 +44,7 @@ pub use candle_engine::{
     CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
 };
 pub use cpu::isa::KernelChoice;
+pub use cpu::kv_pool::PoolStats;
 pub use cpu::model::CpuNumerics;
 pub use gguf::WeightFormat;
 pub use options::Numerics;
@@ -338,6 +339,18 @@ pub trait Engine: Send {
     /// CPU [`DEFAULT_KV_CACHE_BYTES`], on a GPU a share of the memory left after loading.
     fn default_kv_budget(&self) -> u64 {
         DEFAULT_KV_CACHE_BYTES
+    }
+    /// Positions of one KV block: a job's prompt and each of its rows take whole blocks (1
+    /// where the cache is not paged).
+    fn kv_block_positions(&self) -> u64 {
+        1
+    }
+    /// The worker's KV budget from now on (what its jobs in hand may take at their worst):
+    /// sizes the engine's pool of KV blocks.
+    fn set_kv_budget(&mut self, _bytes: u64) {}
+    /// The engine's pool of KV blocks now (a metric); `None` where it keeps no pool.
+    fn kv_blocks(&self) -> Option<PoolStats> {
+        None
     }
 }
 

@@ -55,6 +55,11 @@ impl<T> PrefixStore<T> {
         }
     }
 
+    /// Bytes it may hold.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
     pub fn enabled(&self) -> bool {
         self.budget > 0
     }

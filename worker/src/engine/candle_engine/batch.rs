@@ -254,41 +254,32 @@ impl CandleEngine {
         if std::mem::replace(&mut j.looked_up, true) || j.prefilled > 0 {
             return Ok(());
         }
-        let (Backend::Cpu(model), DecodeCache::Cpu(cache)) = (&self.model, &mut j.cache) else {
+        let (Backend::Cpu(_), DecodeCache::Cpu(cache)) = (&self.model, &mut j.cache) else {
             return Ok(());
         };
         let store = store_of(&mut self.prefix, &mut self.generate_prefix, j.keep);
         if let Some(hit) = store.and_then(|s| s.lookup(&j.prompt)) {
-            *cache = CpuCache::on_prefix(&model.config, hit.value, hit.len, j.prompt.len())
+            *cache = CpuCache::on_prefix(hit.value, hit.len, j.prompt.len())
                 .map_err(EngineError::Model)?;
             (j.prefilled, j.reused) = (hit.len, hit.len);
         }
         Ok(())
     }
 
-    /// A job whose prompt was just prefilled from nothing (CPU path) hands it to its store at
-    /// once, and reads it from there: jobs that start their prefill after this one share it
-    /// instead of computing it again, and the job holds no second copy. A job that started
-    /// from a stored prefix keeps its own tail and is stored when it ends, as before: storing
-    /// it now would copy the shared prefix into it for the whole decode.
+    /// A job whose prompt was just prefilled (CPU path) hands its blocks to its store at
+    /// once: jobs that start their prefill after this one share them instead of computing
+    /// them again. The job keeps reading the same blocks (shared, not copied), and has nothing
+    /// to keep when it ends.
     fn publish_prompt(&mut self, job: &mut Live) -> Result<(), EngineError> {
-        let (Backend::Cpu(model), DecodeCache::Cpu(cache)) = (&self.model, &mut job.cache) else {
+        let DecodeCache::Cpu(cache) = &job.cache else {
             return Ok(());
         };
-        if cache.has_parent() {
-            return Ok(());
-        }
         let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, job.keep) else {
             return Ok(());
         };
-        let len = job.prompt.len();
-        let prompt = std::mem::replace(cache, model.new_cache(0)).into_prompt(&model.config);
+        let prompt = cache.prompt_part();
         let bytes = prompt.shared_bytes();
-        let prompt = Arc::new(prompt);
-        store.insert(job.prompt.clone(), prompt.clone(), bytes);
-        // The whole prompt from the store: no own prompt positions.
-        *cache =
-            CpuCache::on_prefix(&model.config, &prompt, len, len).map_err(EngineError::Model)?;
+        store.insert(job.prompt.clone(), Arc::new(prompt), bytes);
         job.published = true;
         Ok(())
     }

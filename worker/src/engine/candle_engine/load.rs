@@ -228,6 +228,7 @@ impl CandleEngine {
             prompt_encoder: PromptEncoder::new(&tokenizer)?,
             live: Vec::new(),
             last_step: (0, 0),
+            kv_budget: crate::engine::DEFAULT_KV_CACHE_BYTES,
             context_limit: model.max_context(),
             cancel: CancelFlag::default(),
             last_kv_bytes: 0,

@@ -13,7 +13,6 @@ use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse, store_of};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use crate::engine::prefix_cache::PrefixStore;
-use crate::engine::transformer::TransformerConfig;
 
 impl CandleEngine {
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
@@ -73,7 +72,7 @@ fn cpu_prefill(
 ) -> Result<(Vec<f32>, CpuCache, usize), String> {
     let (mut cache, mut pos) = match store.and_then(|s| s.lookup(prompt)) {
         Some(hit) => (
-            CpuCache::on_prefix(&model.config, hit.value, hit.len, prompt.len())?,
+            CpuCache::on_prefix(hit.value, hit.len, prompt.len())?,
             hit.len,
         ),
         None => (model.new_cache(prompt.len()), 0),
@@ -93,14 +92,9 @@ fn cpu_prefill(
     Ok((logits, cache, reused))
 }
 
-/// Keeps a finished job's prompt cache in `store`, which is on (its candidate rows dropped).
-pub(super) fn keep(
-    store: &mut PrefixStore<Arc<CpuCache>>,
-    cfg: &TransformerConfig,
-    prompt: &[u32],
-    cache: CpuCache,
-) {
-    let cache = cache.into_prompt(cfg);
+/// Keeps a finished job's prompt blocks in `store`, which is on (its candidate rows dropped).
+pub(super) fn keep(store: &mut PrefixStore<Arc<CpuCache>>, prompt: &[u32], cache: CpuCache) {
+    let cache = cache.prompt_part();
     let bytes = cache.shared_bytes();
     store.insert(prompt.to_vec(), Arc::new(cache), bytes);
 }

@@ -2,7 +2,7 @@
 //! queries of one KV head per call, each with its own visible keys.
 //!
 //! # Numerics: one recipe per query
-//! A query sees the `common` runs of keys (the shared prompt), then its `own` run (its candidate
+//! A query sees the `common` runs of keys (the shared prompt), then its `own` runs (its candidate
 //! row's suffix), up to its limit. Its scores are `Σ_d q[d]·k[d]` by sequential fused
 //! multiply-add over `d`, times `scale`; then `e_j = exp(s_j − max)` ([`kernels::exp`]) and
 //! `z = Σ e_j` ([`kernels::exp_sub`]: 8 lanes, a fixed tree); the output is `Σ_j e_j·v_j` by
@@ -46,6 +46,35 @@ impl KvRun<'_> {
     };
 }
 
+/// Each query's own runs, read after the common ones (a candidate row's blocks): query `i`'s
+/// are `runs[ends[i - 1]..ends[i]]` (from 0 for the first); no query has any when `ends` is
+/// empty.
+#[derive(Clone, Copy)]
+pub struct Own<'r, 'a> {
+    pub runs: &'r [KvRun<'a>],
+    pub ends: &'r [usize],
+}
+
+impl<'r, 'a> Own<'r, 'a> {
+    pub const NONE: Own<'static, 'static> = Own {
+        runs: &[],
+        ends: &[],
+    };
+
+    /// Query `i`'s own runs.
+    pub fn of(&self, i: usize) -> &'r [KvRun<'a>] {
+        match self.ends.get(i) {
+            Some(&end) => &self.runs[if i == 0 { 0 } else { self.ends[i - 1] }..end],
+            None => &[],
+        }
+    }
+
+    /// Positions in query `i`'s own runs.
+    fn len_of(&self, i: usize) -> usize {
+        self.of(i).iter().map(|r| r.len).sum()
+    }
+}
+
 #[inline(always)]
 fn score_one(q: &[f32], run: &KvRun, j: usize, d: usize) -> f32 {
     let mut s = 0f32;
@@ -61,7 +90,7 @@ fn attend_impl(
     nq: usize,
     limits: &[usize],
     common: &[KvRun],
-    own: &[KvRun],
+    own: Own,
     d: usize,
     scale: f32,
     s: &mut Vec<f32>,
@@ -69,7 +98,7 @@ fn attend_impl(
 ) {
     for i in 0..nq {
         let qi = &q[i * d..(i + 1) * d];
-        let runs: Vec<&KvRun> = common.iter().chain(own.get(i)).collect();
+        let runs: Vec<&KvRun> = common.iter().chain(own.of(i)).collect();
         let total: usize = runs.iter().map(|r| r.len).sum();
         let lim = limits[i].min(total);
         s.clear();
@@ -103,14 +132,14 @@ fn attend_impl(
 }
 
 /// Attention of `nq` queries (`q`, each `d`) sharing one KV head. Query `i` sees the `common`
-/// runs, then `own[i]` (`own` is empty or holds one run per query), up to its first
-/// `limits[i]` keys. Writes `nq × d` into `out`; `s` is scratch.
+/// runs, then its `own` runs, up to its first `limits[i]` keys. Writes `nq × d` into `out`;
+/// `s` is scratch.
 pub fn attend(
     q: &[f32],
     nq: usize,
     limits: &[usize],
     common: &[KvRun],
-    own: &[KvRun],
+    own: Own,
     d: usize,
     scale: f32,
     s: &mut Vec<f32>,
@@ -118,17 +147,19 @@ pub fn attend(
 ) {
     assert!(q.len() >= nq * d && out.len() >= nq * d && limits.len() >= nq);
     assert!(
-        own.is_empty() || own.len() == nq,
-        "one own run per query, or none"
+        (own.ends.is_empty() || own.ends.len() == nq)
+            && own.ends.windows(2).all(|w| w[0] <= w[1])
+            && own.ends.last().is_none_or(|&e| e <= own.runs.len()),
+        "own runs for every query, or none"
     );
-    for r in common.iter().chain(own) {
+    for r in common.iter().chain(own.runs) {
         assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
     }
     #[cfg(target_arch = "x86_64")]
     if f32_isa() == F32Isa::Avx2 && (d == 64 || d == 128) {
         // SAFETY: AVX2 and FMA were detected at run time (`f32_isa`); every run holds `d × cap`
-        // keys and `cap × d` values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` is
-        // empty or one run per query (asserted above): the bounds the kernel relies on.
+        // keys and `cap × d` values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` has
+        // runs for every query or none (asserted above): the bounds the kernel relies on.
         unsafe { avx2::attend(q, nq, limits, common, own, d, scale, s, out) };
         return;
     }
@@ -142,7 +173,7 @@ mod avx2 {
 
     use std::arch::x86_64::*;
 
-    use super::{KvRun, LANES, VALUE_TILE};
+    use super::{KvRun, LANES, Own, VALUE_TILE};
 
     /// Scores of `Q` queries (rows of `q`, each `d`) against 8·`V` keys from `j` of `run`.
     ///
@@ -273,17 +304,17 @@ mod avx2 {
     }
 
     /// The weighted sums of every query into `out` (zeroed first): the common runs in tiles of
-    /// [`VALUE_TILE`] values met by every query, then each query's own run.
+    /// [`VALUE_TILE`] values met by every query, then each query's own runs.
     ///
     /// # Safety
-    /// As [`attend`]; `lims[i] <= common_len + own[i].len`.
+    /// As [`attend`]; `lims[i] <= common_len + own.len_of(i)`.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn weighted_sums<const D8: usize>(
         s: &[f32],
         stride: usize,
         lims: &[usize],
         common: &[KvRun],
-        own: &[KvRun],
+        own: Own,
         out: &mut [f32],
     ) {
         let d = D8 * LANES;
@@ -307,11 +338,15 @@ mod avx2 {
             }
             base += run.len;
         }
-        for (i, run) in own.iter().enumerate() {
-            let end = run.len.min(lims[i].saturating_sub(base));
-            let e = &s[i * stride + base..];
-            // SAFETY: as above.
-            unsafe { accumulate::<D8>(e, run, 0, end, &mut out[i * d..(i + 1) * d]) };
+        for i in 0..own.ends.len() {
+            let mut at = base;
+            for run in own.of(i) {
+                let end = run.len.min(lims[i].saturating_sub(at));
+                let e = &s[i * stride + at..];
+                // SAFETY: as above.
+                unsafe { accumulate::<D8>(e, run, 0, end, &mut out[i * d..(i + 1) * d]) };
+                at += run.len;
+            }
         }
     }
 
@@ -325,14 +360,15 @@ mod avx2 {
         nq: usize,
         limits: &[usize],
         common: &[KvRun],
-        own: &[KvRun],
+        own: Own,
         d: usize,
         scale: f32,
         s: &mut Vec<f32>,
         out: &mut [f32],
     ) {
         let common_len: usize = common.iter().map(|r| r.len).sum();
-        let stride = common_len + own.iter().map(|r| r.len).max().unwrap_or(0);
+        let own_max = (0..own.ends.len()).map(|i| own.len_of(i)).max();
+        let stride = common_len + own_max.unwrap_or(0);
         s.resize(nq * stride, 0.0);
         let mut base = 0;
         for run in common {
@@ -340,14 +376,19 @@ mod avx2 {
             unsafe { score_run(q, 0, nq, run, d, s, stride, base) };
             base += run.len;
         }
-        for (i, run) in own.iter().enumerate() {
-            // SAFETY: as above for query i alone; common_len + len <= stride.
-            unsafe { score_run(q, i, 1, run, d, s, stride, common_len) };
+        for i in 0..own.ends.len() {
+            let mut at = common_len;
+            for run in own.of(i) {
+                // SAFETY: as above for query i alone; at + len <= common_len + own.len_of(i)
+                // <= stride.
+                unsafe { score_run(q, i, 1, run, d, s, stride, at) };
+                at += run.len;
+            }
         }
         let mut lims = Vec::with_capacity(nq);
         let mut zs = Vec::with_capacity(nq);
         for i in 0..nq {
-            let total = common_len + own.get(i).map_or(0, |r| r.len);
+            let total = common_len + own.len_of(i);
             let lim = limits[i].min(total);
             let si = &mut s[i * stride..i * stride + lim];
             let max = crate::engine::cpu::kernels::scale_max(si, scale);

@@ -1,24 +1,22 @@
-//! The KV cache of one job on the CPU fast path ([`CpuCache`]): the prompt's keys and values
-//! once (`shared`), then one short suffix per candidate row; keys stored transposed (`d × cap`
-//! per KV head) so 16 keys load as one vector. Also where a forward call's positions go
-//! ([`Slot`]). A finished job's prompt part can seed later jobs' caches
-//! ([`CpuCache::on_prefix`], the engine's prefix store): they share its positions read-only
-//! (an `Arc`, never a copy) and hold only their own prompt positions after them. Split from
-//! `model.rs`, which reads and writes the fields.
+//! The KV cache of one job on the CPU fast path ([`CpuCache`]), paged: a table of
+//! [`Block`]s for the prompt, read by every candidate row, then one table per row for its own
+//! positions after the prompt; keys stored transposed (`d × B` per KV head and block) so 16
+//! keys load as one vector. Also where a forward call's positions go ([`Slot`]).
+//!
+//! Blocks come from the model's [`KvPool`] when a forward call first writes into them
+//! ([`CpuCache::make_room`]), so a job holds what it has computed, not its worst case. The
+//! prompt's blocks are `Arc`s: a finished prefill's prompt goes to the engine's prefix store
+//! as the same blocks ([`CpuCache::prompt_part`]), and a later job with the same head starts
+//! from them ([`CpuCache::on_prefix`]): shared, never copied, except the one block a job
+//! writes into while another holds it (copy-on-write, its first positions copied). Rows never
+//! write into the prompt's blocks (their positions go to blocks of their own), so they share
+//! even the prompt's last, partial block without a copy. Split from `model.rs`, which reads and
+//! writes the fields.
 
 use std::sync::Arc;
 
 use super::attention::KvRun;
-use crate::engine::transformer::TransformerConfig;
-
-/// Per-layer keys/values of one run of positions.
-#[derive(Debug)]
-pub(super) struct Seg {
-    /// `n_kv × d × cap`.
-    pub(super) kt: Vec<f32>,
-    /// `n_kv × cap × d`.
-    pub(super) v: Vec<f32>,
-}
+use super::kv_pool::{BLOCK_POSITIONS as B, Block, KvPool};
 
 /// Where a position of a forward call goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,36 +28,58 @@ pub enum Slot {
 }
 
 /// The attention state of one ticket: the prompt once, then one suffix per candidate row.
-///
-/// The prompt's first `base` positions may live in a `parent` prompt cache shared with other
-/// jobs (a stored prefix, read-only); `shared` holds positions `base..shared_cap` (so its
-/// segments have room for `shared_cap - base`). `shared_len` and `shared_cap` count from
-/// position 0.
+/// `shared_len` and `shared_cap` count prompt positions, `row_len[r]` and `row_cap` row `r`'s
+/// own positions after the prompt.
 #[derive(Debug)]
 pub struct CpuCache {
-    pub(super) parent: Option<Arc<CpuCache>>,
-    pub(super) base: usize,
-    pub(super) shared: Vec<Seg>,
+    pool: Arc<KvPool>,
+    /// Block `i` holds prompt positions `i·B..(i+1)·B`.
+    pub(super) prompt: Vec<Arc<Block>>,
     pub(super) shared_len: usize,
     pub(super) shared_cap: usize,
-    pub(super) rows: Vec<Vec<Seg>>,
+    /// Row `r`'s block `i` holds its own positions `i·B..(i+1)·B`.
+    pub(super) rows: Vec<Vec<Block>>,
     pub(super) row_len: Vec<usize>,
     pub(super) row_cap: usize,
 }
 
+/// Layer `li`, KV head `g`'s run of the first `len` positions of `block`.
+fn run<'a>(block: &'a Block, li: usize, g: usize, d: usize, len: usize) -> KvRun<'a> {
+    let (kt, v) = block.layer(li);
+    KvRun {
+        kt: &kt[g * d * B..(g + 1) * d * B],
+        v: &v[g * B * d..(g + 1) * B * d],
+        cap: B,
+        len,
+    }
+}
+
+/// Pushes the runs of the first `upto` positions of a table of blocks onto `out`.
+fn runs_of<'a, T: AsRef<Block> + 'a>(
+    table: &'a [T],
+    li: usize,
+    g: usize,
+    d: usize,
+    upto: usize,
+    out: &mut Vec<KvRun<'a>>,
+) {
+    for (i, b) in table.iter().enumerate().take(upto.div_ceil(B)) {
+        out.push(run(b.as_ref(), li, g, d, (upto - i * B).min(B)));
+    }
+}
+
+impl AsRef<Block> for Block {
+    fn as_ref(&self) -> &Block {
+        self
+    }
+}
+
 impl CpuCache {
-    /// An empty cache with room for `prompt_cap` prompt positions.
-    pub fn new(c: &TransformerConfig, prompt_cap: usize) -> CpuCache {
-        let sz = c.n_kv_head * c.head_dim * prompt_cap;
+    /// An empty cache with room for `prompt_cap` prompt positions, its blocks from `pool`.
+    pub fn new(pool: &Arc<KvPool>, prompt_cap: usize) -> CpuCache {
         CpuCache {
-            parent: None,
-            base: 0,
-            shared: (0..c.n_layer)
-                .map(|_| Seg {
-                    kt: vec![0.0; sz],
-                    v: vec![0.0; sz],
-                })
-                .collect(),
+            pool: pool.clone(),
+            prompt: Vec::new(),
             shared_len: 0,
             shared_cap: prompt_cap,
             rows: Vec::new(),
@@ -73,133 +93,113 @@ impl CpuCache {
         self.shared_len
     }
 
-    /// Adds `n` candidate rows with room for `cap` positions each (after the prompt).
-    pub fn add_rows(&mut self, cfg: &TransformerConfig, n: usize, cap: usize) {
+    /// Adds `n` candidate rows with room for `cap` positions each (after the prompt); their
+    /// blocks come as they fill.
+    pub fn add_rows(&mut self, n: usize, cap: usize) {
         self.row_cap = cap;
-        let sz = cfg.n_kv_head * cfg.head_dim * cap;
-        self.rows = (0..n)
-            .map(|_| {
-                (0..cfg.n_layer)
-                    .map(|_| Seg {
-                        kt: vec![0.0; sz],
-                        v: vec![0.0; sz],
-                    })
-                    .collect()
-            })
-            .collect();
+        self.rows = (0..n).map(|_| Vec::new()).collect();
         self.row_len = vec![0; n];
     }
 
-    /// Whether the prompt's first positions are shared from a stored prompt.
-    pub fn has_parent(&self) -> bool {
-        self.parent.is_some()
+    /// Blocks this cache holds (some perhaps shared with others).
+    pub fn blocks(&self) -> usize {
+        self.prompt.len() + self.rows.iter().map(Vec::len).sum::<usize>()
     }
 
-    /// Room in the own prompt segments (positions `base..shared_cap`).
-    pub(super) fn own_cap(&self) -> usize {
-        self.shared_cap - self.base
-    }
-
-    /// The prompt's keys and values of layer `li`, KV head `g`, for its first `upto`
-    /// positions (at most `shared_cap`; positions a forward call is writing count): the
-    /// parent's part, then the own part (in position order, as attention reads them).
-    pub(super) fn prompt_runs(&self, li: usize, g: usize, d: usize, upto: usize) -> [KvRun<'_>; 2] {
-        fn run(seg: &Seg, g: usize, d: usize, cap: usize, len: usize) -> KvRun<'_> {
-            KvRun {
-                kt: &seg.kt[g * d * cap..(g + 1) * d * cap],
-                v: &seg.v[g * cap * d..(g + 1) * cap * d],
-                cap,
-                len,
-            }
-        }
-        let inherited = match &self.parent {
-            Some(p) => run(&p.shared[li], g, d, p.shared_cap, upto.min(self.base)),
-            None => KvRun::EMPTY,
-        };
-        let own = run(
-            &self.shared[li],
-            g,
-            d,
-            self.own_cap(),
-            upto.saturating_sub(self.base),
-        );
-        [inherited, own]
-    }
-
-    /// Bytes of the prompt's own keys and values (what a stored prefix holds: a stored
-    /// prompt has no parent, see [`Self::into_prompt`]).
+    /// Bytes of the prompt's blocks (what a stored prefix holds).
     pub fn shared_bytes(&self) -> usize {
-        let floats: usize = self.shared.iter().map(|s| s.kt.len() + s.v.len()).sum();
-        floats * std::mem::size_of::<f32>()
+        self.prompt.len() * self.pool.block_bytes()
     }
 
-    /// The prompt part alone, in one piece: the candidate rows are dropped (a finished job's
-    /// cache kept for prefix reuse needs only the prompt's positions), and positions shared
-    /// from a parent are copied in, so a stored prompt never keeps another alive.
-    pub fn into_prompt(mut self, cfg: &TransformerConfig) -> CpuCache {
-        self.rows = Vec::new();
-        self.row_len = Vec::new();
-        self.row_cap = 0;
-        let Some(parent) = self.parent.take() else {
-            return self;
-        };
-        let (d, nkv) = (cfg.head_dim, cfg.n_kv_head);
-        let (len, base, own, pc) = (
-            self.shared_len,
-            self.base,
-            self.own_cap(),
-            parent.shared_cap,
-        );
-        let mut flat = CpuCache::new(cfg, len);
-        for ((dst, from), mine) in flat.shared.iter_mut().zip(&parent.shared).zip(&self.shared) {
-            // Keys: `n_kv·d` rows of `cap` positions.
-            for r in 0..nkv * d {
-                dst.kt[r * len..r * len + base].copy_from_slice(&from.kt[r * pc..r * pc + base]);
-                dst.kt[r * len + base..(r + 1) * len]
-                    .copy_from_slice(&mine.kt[r * own..r * own + len - base]);
-            }
-            // Values: per KV head, `cap` positions of `d`.
-            for g in 0..nkv {
-                dst.v[g * len * d..(g * len + base) * d]
-                    .copy_from_slice(&from.v[g * pc * d..(g * pc + base) * d]);
-                dst.v[(g * len + base) * d..(g + 1) * len * d]
-                    .copy_from_slice(&mine.v[g * own * d..(g * own + len - base) * d]);
+    /// Pushes the runs of layer `li`, KV head `g` of the prompt's first `upto` positions onto
+    /// `out`, in position order (as attention reads them).
+    pub(super) fn prompt_runs<'a>(
+        &'a self,
+        li: usize,
+        g: usize,
+        d: usize,
+        upto: usize,
+        out: &mut Vec<KvRun<'a>>,
+    ) {
+        runs_of(&self.prompt, li, g, d, upto, out)
+    }
+
+    /// Pushes the runs of row `r`'s first `upto` own positions onto `out`.
+    pub(super) fn row_runs<'a>(
+        &'a self,
+        r: usize,
+        li: usize,
+        g: usize,
+        d: usize,
+        upto: usize,
+        out: &mut Vec<KvRun<'a>>,
+    ) {
+        runs_of(&self.rows[r], li, g, d, upto, out)
+    }
+
+    /// Makes every block that prompt positions `shared_len..prompt_to` and row positions
+    /// `row_len[r]..row_to[r]` go to present and this cache's alone: new blocks from the pool,
+    /// a copy of a prompt block another cache or the prefix store also holds.
+    pub(super) fn make_room(&mut self, prompt_to: usize, row_to: &[usize]) {
+        if prompt_to > self.shared_len {
+            for bi in self.shared_len / B..prompt_to.div_ceil(B) {
+                if bi == self.prompt.len() {
+                    self.prompt.push(Arc::new(self.pool.alloc()));
+                } else if Arc::get_mut(&mut self.prompt[bi]).is_none() {
+                    self.prompt[bi] = Arc::new(self.prompt[bi].copy());
+                }
             }
         }
-        flat.shared_len = len;
-        flat
+        for ((table, &len), &to) in self.rows.iter_mut().zip(&self.row_len).zip(row_to) {
+            while to > len && table.len() < to.div_ceil(B) {
+                table.push(self.pool.alloc());
+            }
+        }
+    }
+
+    /// The block and offset prompt position `p` is written to: `None` unless
+    /// [`Self::make_room`] made it this cache's alone.
+    pub(super) fn prompt_slot(&mut self, p: usize) -> Option<(&mut Block, usize)> {
+        let b = Arc::get_mut(self.prompt.get_mut(p / B)?)?;
+        Some((b, p % B))
+    }
+
+    /// The block and offset row `r`'s own position `p` is written to.
+    pub(super) fn row_slot(&mut self, r: usize, p: usize) -> Option<(&mut Block, usize)> {
+        Some((self.rows.get_mut(r)?.get_mut(p / B)?, p % B))
+    }
+
+    /// The prompt part alone (what the prefix store keeps): the same blocks, shared, and no
+    /// rows.
+    pub fn prompt_part(&self) -> CpuCache {
+        CpuCache {
+            pool: self.pool.clone(),
+            prompt: self.prompt.clone(),
+            shared_len: self.shared_len,
+            shared_cap: self.shared_len,
+            rows: Vec::new(),
+            row_len: Vec::new(),
+            row_cap: 0,
+        }
     }
 
     /// A cache for a prompt of `prompt_cap` positions whose first `len` are those of `src` (a
-    /// stored prompt, which has no parent): they are shared, not copied, and the next forward
-    /// call continues at position `len`, writing its positions into this cache's own part. A
-    /// position's keys and values depend only on the tokens up to it, so what follows is
-    /// computed exactly as after a prefill of the same tokens.
-    pub fn on_prefix(
-        cfg: &TransformerConfig,
-        src: &Arc<CpuCache>,
-        len: usize,
-        prompt_cap: usize,
-    ) -> Result<CpuCache, String> {
-        let (d, nkv) = (cfg.head_dim, cfg.n_kv_head);
-        if src.parent.is_some() {
-            return Err("on_prefix: the prefix is not a stored prompt".into());
-        }
-        if len > src.shared_len || len > prompt_cap || src.shared.len() != cfg.n_layer {
+    /// stored prompt): its blocks are shared, and the next forward call continues at position
+    /// `len` (into a copy of the block holding it, if `len` ends inside one). A position's keys
+    /// and values depend only on the tokens up to it, so what follows is computed exactly as
+    /// after a prefill of the same tokens.
+    pub fn on_prefix(src: &CpuCache, len: usize, prompt_cap: usize) -> Result<CpuCache, String> {
+        if len > src.shared_len || len > prompt_cap {
             return Err("on_prefix: the prefix does not fit".into());
         }
-        if !src
-            .shared
-            .iter()
-            .all(|s| s.kt.len() == nkv * d * src.shared_cap)
-        {
-            return Err("on_prefix: caches of another model".into());
-        }
-        let mut cache = CpuCache::new(cfg, prompt_cap - len);
-        cache.parent = Some(src.clone());
-        cache.base = len;
+        let mut cache = CpuCache::new(&src.pool, prompt_cap);
+        cache.prompt = src.prompt[..len.div_ceil(B)].to_vec();
         cache.shared_len = len;
-        cache.shared_cap = prompt_cap;
         Ok(cache)
+    }
+
+    /// Whether this cache's blocks come from `pool`.
+    pub fn is_of(&self, pool: &Arc<KvPool>) -> bool {
+        Arc::ptr_eq(&self.pool, pool)
     }
 }

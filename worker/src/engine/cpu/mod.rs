@@ -3,8 +3,9 @@
 //!
 //! - [`model`]: the transformer (llama, qwen2, qwen3), its KV cache (the prompt once, a suffix
 //!   per candidate row) and the matmul [`model::Numerics`].
-//! - [`cache`]: a job's KV cache (the prompt once, a suffix per candidate row) and the slots
-//!   a forward call's positions go to.
+//! - [`cache`]: a job's KV cache (the prompt once, a suffix per candidate row, in blocks) and
+//!   the slots a forward call's positions go to.
+//! - [`kv_pool`]: the fixed-size KV blocks, handed out and taken back by one pool per model.
 //! - [`weights`]: the weight matrices: GGUF Q4_1/Q8_0 blocks, f32, and the interleaved copy the
 //!   integer kernels read; parsing, stacking and exact dequantization.
 //! - [`kernels`]: f32 kernels: matmul, RMS norm, SiLU, `exp`, softmax sums (the AVX2 matmul
@@ -14,7 +15,7 @@
 //! - [`attention`]: attention over the transposed KV cache, many queries of one KV head per call.
 //! - [`isa`]: the instruction sets the kernels run with, chosen once per process (`--kernels`).
 //!
-//! Imports run one way: `model` → `cache`, `attention` → `kernels`; `model`, `kernels` and `int8` →
+//! Imports run one way: `model` → `cache` → `kv_pool`, `attention` → `kernels`; `model`, `kernels` and `int8` →
 //! `weights` and `isa`, which import neither.
 
 pub mod attention;
@@ -22,6 +23,7 @@ pub mod cache;
 pub mod int8;
 pub mod isa;
 pub mod kernels;
+pub mod kv_pool;
 pub mod model;
 pub mod weights;
 

@@ -9,18 +9,23 @@
 //! depend on which other rows are in the batch: finished rows are simply dropped from the
 //! batch, and a row decoded alone gives the same bits.
 //!
-//! KV cache ([`CpuCache`]): the prompt's keys/values are stored once (`shared`), each
-//! candidate row has its own short suffix; keys are stored transposed (`d × cap` per KV head)
-//! so 16 keys load as one vector. A finished job's prompt part can seed the next job's cache
-//! ([`CpuCache::on_prefix`], the engine's prefix store: shared, not copied).
+//! KV cache ([`CpuCache`], paged: blocks from the model's [`KvPool`]): the prompt's
+//! keys/values are stored once, each candidate row has its own short suffix; keys are stored
+//! transposed (`d × B` per KV head and block) so 16 keys load as one vector. A finished job's
+//! prompt blocks can seed the next job's cache ([`CpuCache::on_prefix`], the engine's prefix
+//! store: shared, not copied).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
-use super::attention::{self, KvRun};
+use std::sync::Arc;
+
+use super::attention::{self, Own};
 pub use super::cache::{CpuCache, Slot};
 use super::int8::{self, Int8Workspace};
 use super::kernels;
+use super::kv_pool::BLOCK_POSITIONS as B;
+pub use super::kv_pool::{KvPool, PoolStats};
 use super::weights::{Interleaved, PackedMatrix};
 use crate::engine::transformer::{RopeStyle, TransformerConfig};
 
@@ -80,6 +85,8 @@ pub struct CpuModel {
     sin: Vec<f32>,
     max_context: usize,
     numerics: CpuNumerics,
+    /// The blocks of this model's caches (capacity set by the engine: the worker's budget).
+    pool: Arc<KvPool>,
 }
 
 /// A weight from GGUF: Q4_1 and Q8_0 stay in their blocks, anything else becomes f32 (exact).
@@ -190,7 +197,9 @@ impl CpuModel {
                 return Err(format!("layer {i}: unexpected projection shapes"));
             }
         }
+        let pool = KvPool::new(&config, 0);
         Ok(CpuModel {
+            pool,
             config,
             embedding,
             lm_head,
@@ -250,9 +259,15 @@ impl CpuModel {
         l + self.embedding.bytes() + self.lm_head.as_ref().map_or(0, |h| h.bytes())
     }
 
-    /// An empty cache with room for `prompt_cap` prompt positions.
+    /// An empty cache with room for `prompt_cap` prompt positions (it takes blocks from the
+    /// model's pool as it fills).
     pub fn new_cache(&self, prompt_cap: usize) -> CpuCache {
-        CpuCache::new(&self.config, prompt_cap)
+        CpuCache::new(&self.pool, prompt_cap)
+    }
+
+    /// The pool of this model's KV blocks.
+    pub fn kv_pool(&self) -> &Arc<KvPool> {
+        &self.pool
     }
 
     fn rope(&self, x: &mut [f32], pos: usize) {
@@ -303,12 +318,14 @@ impl CpuModel {
         } else {
             m.div_ceil(rayon::current_num_threads().max(1))
         };
-        let rc = cache.row_cap;
         att.par_chunks_mut(block * nh * d)
             .enumerate()
             .for_each_init(
-                || (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()),
-                |(s, qbuf, obuf, limits, own), (bi, out)| {
+                || {
+                    let b = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                    (b, Vec::new(), Vec::new(), Vec::new())
+                },
+                |((s, qbuf, obuf, limits), common, own, ends), (bi, out)| {
                     let i0 = bi * block;
                     let nb = out.len() / (nh * d);
                     // Prefill: keys up to the block's last position; decode: the whole prompt.
@@ -318,10 +335,12 @@ impl CpuModel {
                         shared_after
                     };
                     for g in 0..nkv {
-                        let common = cache.prompt_runs(li, g, d, common_len.min(shared_after));
+                        common.clear();
+                        cache.prompt_runs(li, g, d, common_len.min(shared_after), common);
                         qbuf.clear();
                         limits.clear();
                         own.clear();
+                        ends.clear();
                         for i in i0..i0 + nb {
                             qbuf.extend_from_slice(
                                 &qkv[i * qkv_n + g * n_rep * d..i * qkv_n + (g + 1) * n_rep * d],
@@ -329,14 +348,15 @@ impl CpuModel {
                             let limit = match slots[i] {
                                 Slot::Shared => positions[i] + 1,
                                 Slot::Row(r) => {
-                                    let seg = &cache.rows[r][li];
-                                    let run = KvRun {
-                                        kt: &seg.kt[g * d * rc..(g + 1) * d * rc],
-                                        v: &seg.v[g * rc * d..(g + 1) * rc * d],
-                                        cap: rc,
-                                        len: row_pos[i] + 1,
-                                    };
-                                    own.extend(std::iter::repeat_n(run, n_rep));
+                                    // The row's runs once per query head of the group.
+                                    let from = own.len();
+                                    cache.row_runs(r, li, g, d, row_pos[i] + 1, own);
+                                    let n = own.len() - from;
+                                    ends.push(own.len());
+                                    for _ in 1..n_rep {
+                                        own.extend_from_within(from..from + n);
+                                        ends.push(own.len());
+                                    }
                                     shared_after + row_pos[i] + 1
                                 }
                             };
@@ -344,7 +364,11 @@ impl CpuModel {
                         }
                         let nq = nb * n_rep;
                         obuf.resize(nq * d, 0.0);
-                        attention::attend(qbuf, nq, limits, &common, own, d, scale, s, obuf);
+                        let own = Own {
+                            runs: &own[..],
+                            ends: &ends[..],
+                        };
+                        attention::attend(qbuf, nq, limits, common, own, d, scale, s, obuf);
                         for pi in 0..nb {
                             let at = pi * nh * d + g * n_rep * d;
                             out[at..at + n_rep * d]
@@ -425,6 +449,16 @@ impl CpuModel {
             return Err("forward: no input".into());
         }
         self.embed(&tokens, ws)?;
+        for (p, place) in parts.iter_mut().zip(&places) {
+            let row_to: Vec<usize> = p
+                .cache
+                .row_len
+                .iter()
+                .zip(&place.fed)
+                .map(|(l, f)| l + f)
+                .collect();
+            p.cache.make_room(place.shared_after, &row_to);
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             self.block(li, layer, parts, &places, ws);
         }
@@ -607,21 +641,21 @@ impl CpuModel {
             }
             self.rope(q, place.positions[i]);
             self.rope(k, place.positions[i]);
-            // Store k (transposed) and v at this position's slot.
-            let (seg, cap, at) = match slots[i] {
-                Slot::Shared => (
-                    &mut cache.shared[li],
-                    cache.shared_cap - cache.base,
-                    cache.shared_len - cache.base + i,
-                ),
-                Slot::Row(r) => (&mut cache.rows[r][li], cache.row_cap, place.row_pos[i]),
+            // Store k (transposed) and v at this position's slot (`make_room` made its block
+            // present and this cache's alone: `forward_parts` calls it before any layer).
+            let slot = match slots[i] {
+                Slot::Shared => cache.prompt_slot(cache.shared_len + i),
+                Slot::Row(r) => cache.row_slot(r, place.row_pos[i]),
             };
+            let Some((block, at)) = slot else {
+                unreachable!("make_room gives every written position a block of its own");
+            };
+            let (kt, vs) = block.layer_mut(li);
             for g in 0..nkv {
                 for dd in 0..d {
-                    seg.kt[(g * d + dd) * cap + at] = k[g * d + dd];
+                    kt[(g * d + dd) * B + at] = k[g * d + dd];
                 }
-                seg.v[(g * cap + at) * d..(g * cap + at + 1) * d]
-                    .copy_from_slice(&v[g * d..(g + 1) * d]);
+                vs[(g * B + at) * d..(g * B + at + 1) * d].copy_from_slice(&v[g * d..(g + 1) * d]);
             }
         }
     }

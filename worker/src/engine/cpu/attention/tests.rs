@@ -74,9 +74,14 @@ fn grouped_queries_with_their_own_runs_match_the_recipe_and_softmax() {
             .collect();
         let mut s = Vec::new();
         let mut out = vec![0f32; nq * d];
-        attend(&q, nq, &limits, &common, &own, d, 0.125, &mut s, &mut out);
+        let ends: Vec<usize> = (1..=nq).collect();
+        let owned = Own {
+            runs: &own,
+            ends: &ends,
+        };
+        attend(&q, nq, &limits, &common, owned, d, 0.125, &mut s, &mut out);
         let mut want = vec![0f32; nq * d];
-        attend_impl(&q, nq, &limits, &common, &own, d, 0.125, &mut s, &mut want);
+        attend_impl(&q, nq, &limits, &common, owned, d, 0.125, &mut s, &mut want);
         assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
         for i in 0..nq {
             let qi = &q[i * d..(i + 1) * d];
@@ -87,7 +92,10 @@ fn grouped_queries_with_their_own_runs_match_the_recipe_and_softmax() {
                 1,
                 &limits[i..i + 1],
                 &common,
-                &own_i,
+                Own {
+                    runs: &own_i,
+                    ends: &[1],
+                },
                 d,
                 0.125,
                 &mut s,
@@ -105,7 +113,7 @@ fn grouped_queries_with_their_own_runs_match_the_recipe_and_softmax() {
                 1,
                 &limits[i..i + 1],
                 &both,
-                &[],
+                Own::NONE,
                 d,
                 0.125,
                 &mut s,
@@ -142,7 +150,17 @@ fn a_prefill_block_gives_each_position_its_own_causal_result() {
     let q = rnd(nq * d, 8);
     let mut s = Vec::new();
     let mut out = vec![0f32; nq * d];
-    attend(&q, nq, &limits, &common, &[], d, 0.125, &mut s, &mut out);
+    attend(
+        &q,
+        nq,
+        &limits,
+        &common,
+        Own::NONE,
+        d,
+        0.125,
+        &mut s,
+        &mut out,
+    );
     for i in 0..nq {
         let mut one = vec![0f32; d];
         let alone = [KvRun {
@@ -154,7 +172,7 @@ fn a_prefill_block_gives_each_position_its_own_causal_result() {
             1,
             &limits[i..i + 1],
             &alone,
-            &[],
+            Own::NONE,
             d,
             0.125,
             &mut s,
@@ -165,5 +183,120 @@ fn a_prefill_block_gives_each_position_its_own_causal_result() {
             bits(&out[i * d..(i + 1) * d]),
             "position query {i}"
         );
+    }
+}
+
+/// Keys `from..from + n` of `run` copied into a run of their own (a block of `cap` positions).
+fn block_of(run: &KvRun, from: usize, n: usize, cap: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut kt = vec![0f32; d * cap];
+    let mut v = vec![0f32; cap * d];
+    for t in 0..n {
+        for dd in 0..d {
+            kt[dd * cap + t] = run.kt[dd * run.cap + from + t];
+        }
+        v[t * d..(t + 1) * d].copy_from_slice(&run.v[(from + t) * d..(from + t + 1) * d]);
+    }
+    (kt, v)
+}
+
+#[test]
+fn keys_paged_into_blocks_give_the_bits_of_one_run() {
+    for d in [64, 128] {
+        let cap = 100;
+        let (kt, v) = (rnd(d * cap, 31), rnd(cap * d, 32));
+        let whole = KvRun {
+            kt: &kt,
+            v: &v,
+            cap,
+            len: 75,
+        };
+        // Prompt 0..43 (common), three rows owning 44..75 at different lengths.
+        let (b, prompt_len) = (16, 43);
+        let blocks: Vec<(Vec<f32>, Vec<f32>)> = (0..cap.div_ceil(b))
+            .map(|i| block_of(&whole, i * b, b.min(cap - i * b), b, d))
+            .collect();
+        let paged = |from: usize, to: usize| -> Vec<KvRun> {
+            // Blocks of positions from..to, `from` at a block boundary.
+            (from / b..to.div_ceil(b))
+                .map(|i| KvRun {
+                    kt: &blocks[i].0,
+                    v: &blocks[i].1,
+                    cap: b,
+                    len: to.min((i + 1) * b) - i * b,
+                })
+                .collect()
+        };
+        let common_paged = paged(0, prompt_len);
+        let q = rnd(3 * d, 33);
+        let row_ends = [60, 75, 44];
+        // Own positions in blocks of their own, from the block after the prompt's last.
+        let own_blocks: Vec<Vec<(Vec<f32>, Vec<f32>)>> = row_ends
+            .iter()
+            .map(|&e| {
+                (prompt_len..e)
+                    .step_by(b)
+                    .map(|f| block_of(&whole, f, b.min(e - f), b, d))
+                    .collect()
+            })
+            .collect();
+        let mut runs = Vec::new();
+        let mut ends = Vec::new();
+        for (r, &e) in row_ends.iter().enumerate() {
+            for (i, (kt, v)) in own_blocks[r].iter().enumerate() {
+                let len = (e - prompt_len - i * b).min(b);
+                runs.push(KvRun { kt, v, cap: b, len });
+            }
+            ends.push(runs.len());
+        }
+        let limits = row_ends;
+        let mut s = Vec::new();
+        let mut out = vec![0f32; 3 * d];
+        let own = Own {
+            runs: &runs,
+            ends: &ends,
+        };
+        attend(
+            &q,
+            3,
+            &limits,
+            &common_paged,
+            own,
+            d,
+            0.125,
+            &mut s,
+            &mut out,
+        );
+        let mut want = vec![0f32; 3 * d];
+        attend_impl(
+            &q,
+            3,
+            &limits,
+            &common_paged,
+            own,
+            d,
+            0.125,
+            &mut s,
+            &mut want,
+        );
+        assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
+        for i in 0..3 {
+            let mut one = vec![0f32; d];
+            let all = [KvRun {
+                len: limits[i],
+                ..whole
+            }];
+            attend(
+                &q[i * d..(i + 1) * d],
+                1,
+                &limits[i..i + 1],
+                &all,
+                Own::NONE,
+                d,
+                0.125,
+                &mut s,
+                &mut one,
+            );
+            assert_eq!(bits(&one), bits(&out[i * d..(i + 1) * d]), "d={d} row {i}");
+        }
     }
 }
