@@ -40,7 +40,8 @@ pub(crate) struct ModelArgs {
     #[arg(long, env = "STAGEB_KERNELS", default_value = "auto")]
     pub(crate) kernels: KernelChoice,
     /// MiB of recent rollout prompts' KV a worker keeps, so the next ticket's prefill starts
-    /// after the system prompt and guidance they share (CPU fast path; 0 = off). Reflection
+    /// after the system prompt and guidance they share (0 = off; on a GPU whole 512-token
+    /// chunks of it). Reflection
     /// prompts have a second store of the same size, so a worker keeps up to twice this in
     /// all. Results are the same bits either way.
     #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]

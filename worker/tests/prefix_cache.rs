@@ -188,3 +188,63 @@ fn generations_reuse_their_shared_head_bit_for_bit_and_leave_the_rollouts_store_
     let next = engine.rollout(&rollout("1. 挡风板已安装.")).unwrap();
     assert!(next.prefix_tokens > 512, "{}", next.prefix_tokens);
 }
+
+/// The candle backend (the path CUDA runs; here the demo model dequantized to f32 on the CPU)
+/// reuses whole prefill chunks: a chunk's keys and values come from the same shapes in every
+/// prompt that holds it, so a prefill that starts after a stored run of whole chunks gives
+/// the bits of one from position 0; a partial chunk is computed again. Checked one job at a
+/// time and in the running batch, where the second of two jobs admitted together reuses the
+/// chunk the first one prefilled.
+#[test]
+fn the_candle_backend_reuses_whole_prefill_chunks_bit_for_bit() {
+    use stageb_worker::engine::{CancelFlag, Job, JobOutput, Numerics, WeightFormat};
+    let opts = EngineOptions {
+        weight_format: WeightFormat::Dequantized,
+        numerics: Numerics::F32,
+        ..EngineOptions::default()
+    };
+    let mut engine = CandleEngine::load(&model_path(), &opts).unwrap();
+    let (a, b) = (
+        rollout("无"),
+        rollout("1. 挡风板已安装, 4个卡扣到位.\n请给出结论。"),
+    );
+    engine.set_prefix_cache_bytes(0);
+    let reference = engine.rollout(&b).unwrap();
+    assert_eq!(reference.prefix_tokens, 0, "store off");
+    assert!(reference.prompt_tokens > 512 && reference.prompt_tokens < 1024);
+
+    engine.set_prefix_cache_bytes(DEFAULT_PREFIX_CACHE_BYTES);
+    assert_eq!(
+        engine.rollout(&a).unwrap().prefix_tokens,
+        0,
+        "an empty store"
+    );
+    let out = engine.rollout(&b).unwrap();
+    assert_eq!(out.prefix_tokens, 512, "one whole chunk of the shared head");
+    assert_eq!(out.candidates, reference.candidates, "one job at a time");
+
+    // The running batch, from an empty store: the first job publishes its chunk when its
+    // prefill ends, the second starts after it.
+    engine.set_prefix_cache_bytes(DEFAULT_PREFIX_CACHE_BYTES);
+    for (key, job) in [a, b].into_iter().enumerate() {
+        engine
+            .admit(key as u64, &Job::Rollout(job), CancelFlag::default())
+            .unwrap();
+    }
+    let mut got = None;
+    while got.is_none() {
+        for (key, res) in engine.step() {
+            if key == 1 {
+                got = Some(res.unwrap());
+            }
+        }
+    }
+    let Some(JobOutput::Rollout(batched)) = got else {
+        panic!("a rollout's output")
+    };
+    assert_eq!(
+        batched.prefix_tokens, 512,
+        "the batch reused the first job's chunk"
+    );
+    assert_eq!(batched.candidates, reference.candidates, "in the batch");
+}

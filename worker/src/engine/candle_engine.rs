@@ -32,7 +32,7 @@ mod prefill;
 mod rows;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use stageb_shared::domain::ChatMessage;
@@ -144,10 +144,10 @@ pub struct CandleEngine {
     cancel: CancelFlag,
     /// KV-cache bytes the last job held at its peak ([`Engine::last_kv_cache_bytes`]).
     last_kv_bytes: u64,
-    /// Recent rollout prompts' KV (CPU fast path; empty budget elsewhere).
-    prefix: PrefixStore<Arc<CpuCache>>,
+    /// Recent rollout prompts' KV ([`prefill::Kept`]).
+    prefix: prefill::Store,
     /// Recent generation (reflection) prompts' KV, kept apart from the rollouts' ([`Reuse`]).
-    generate_prefix: PrefixStore<Arc<CpuCache>>,
+    generate_prefix: prefill::Store,
     /// The tokenizer's image/video placeholder tokens, which a prompt may not hold.
     media_placeholders: Vec<(u32, String)>,
     /// Tokenizes prompts with special-token strings from the messages kept as text.
@@ -172,13 +172,11 @@ impl std::fmt::Debug for CandleEngine {
 
 impl CandleEngine {
     /// Replaces both prompt-prefix stores (rollouts', generations') with empty ones of `bytes`
-    /// each (0 = off). Only the CPU fast path reuses prefixes: on the candle backend chunk
-    /// boundaries change logits, and reusing only at [`PREFILL_CHUNK`] multiples would rarely
-    /// hit prompts of a few hundred tokens, so it keeps none.
+    /// each (0 = off). The CPU fast path reuses any prefix; the candle backend whole
+    /// [`PREFILL_CHUNK`]s of it (see [`prefill`]).
     pub fn set_prefix_cache_bytes(&mut self, bytes: usize) {
-        let on = matches!(self.model, Backend::Cpu(_));
-        self.prefix = PrefixStore::new(if on { bytes } else { 0 });
-        self.generate_prefix = PrefixStore::new(if on { bytes } else { 0 });
+        self.prefix = PrefixStore::new(bytes);
+        self.generate_prefix = PrefixStore::new(bytes);
         self.size_kv_pool();
     }
 
@@ -194,12 +192,19 @@ impl CandleEngine {
 
     /// Keeps a finished job's prompt cache in the store `reuse` names (the CPU path's; a
     /// store that is off keeps nothing).
-    fn keep_prompt(&mut self, reuse: Reuse, prompt: &[u32], cache: DecodeCache) {
-        let DecodeCache::Cpu(cache) = cache else {
+    fn keep_prompt(&mut self, reuse: Reuse, prompt: &[u32], cache: &DecodeCache) {
+        let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, reuse) else {
             return;
         };
-        if let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, reuse) {
-            prefill::keep(store, prompt, cache);
+        match cache {
+            DecodeCache::Cpu(c) => prefill::keep(store, prompt, c),
+            DecodeCache::Candle(Some(c)) => {
+                // The store only saves work: a prompt it cannot copy is not kept.
+                if let Err(e) = prefill::keep_candle(store, prompt, c) {
+                    tracing::debug!("prompt not kept for reuse: {e}");
+                }
+            }
+            DecodeCache::Candle(None) => {}
         }
     }
 
@@ -314,7 +319,7 @@ impl CandleEngine {
     ) -> Result<(Vec<f32>, usize), EngineError> {
         self.run_pooled(|eng| {
             let (logits, cache, reused) = eng.prefill(prompt, Reuse::Rollouts)?;
-            eng.keep_prompt(Reuse::Rollouts, prompt, cache);
+            eng.keep_prompt(Reuse::Rollouts, prompt, &cache);
             Ok((logits, reused))
         })
     }
@@ -485,7 +490,7 @@ impl CandleEngine {
                 r.finish = Some(FinishReason::Length);
             }
         }
-        self.keep_prompt(reuse, prompt, cache);
+        self.keep_prompt(reuse, prompt, &cache);
         Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
     }
 }
@@ -671,10 +676,10 @@ impl CandleEngine {
 /// function of the two stores, not a method, so its caller can read the model (a disjoint
 /// field) while it writes the store.
 fn store_of<'a>(
-    rollouts: &'a mut PrefixStore<Arc<CpuCache>>,
-    generations: &'a mut PrefixStore<Arc<CpuCache>>,
+    rollouts: &'a mut prefill::Store,
+    generations: &'a mut prefill::Store,
     reuse: Reuse,
-) -> Option<&'a mut PrefixStore<Arc<CpuCache>>> {
+) -> Option<&'a mut prefill::Store> {
     let store = match reuse {
         Reuse::Off => return None,
         Reuse::Rollouts => rollouts,

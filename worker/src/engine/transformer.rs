@@ -152,6 +152,34 @@ pub struct KvCache {
     capacity: usize,
 }
 
+/// The keys and values of a prompt's first positions, one row, copied out of a
+/// [`KvCache`] ([`KvCache::prefix`]): the candle backend's entry in the prefix store.
+#[derive(Debug)]
+pub struct KvPrefix {
+    /// Per layer `(k, v)`, each `(1, n_kv_head, len, head_dim)`.
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+}
+
+impl KvPrefix {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of the keys and values held.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+}
+
 impl KvCache {
     pub fn new(
         config: &TransformerConfig,
@@ -230,6 +258,52 @@ impl KvCache {
             len: 0,
             capacity: own,
         })
+    }
+
+    /// A copy of the first `len` prompt positions: from a one-row cache before
+    /// [`expand`](Self::expand), or from the shared part after it (what the prefix store
+    /// keeps on the candle backend).
+    pub fn prefix(&self, len: usize) -> candle_core::Result<KvPrefix> {
+        let from = if self.shared.is_empty() {
+            if self.batch != 1 || len > self.len {
+                candle_core::bail!("a prefix of {len} positions from a cache of {}", self.len)
+            }
+            &self.layers
+        } else {
+            if len > self.shared_len {
+                candle_core::bail!("a prefix of {len} positions from {}", self.shared_len)
+            }
+            &self.shared
+        };
+        let copy = |t: &Tensor| -> candle_core::Result<Tensor> {
+            let (b, h, _, d) = t.dims4()?;
+            let out = Tensor::zeros((b, h, len, d), t.dtype(), t.device())?;
+            out.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            Ok(out)
+        };
+        let layers = from
+            .iter()
+            .map(|(k, v)| Ok((copy(k)?, copy(v)?)))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(KvPrefix { layers, len })
+    }
+
+    /// Starts this empty one-row cache at position `len`, its first `len` positions copied
+    /// from `p`: what follows is computed as after a prefill of the same tokens in the same
+    /// chunks.
+    pub fn load_prefix(&mut self, p: &KvPrefix, len: usize) -> candle_core::Result<()> {
+        if self.batch != 1 || !self.shared.is_empty() || self.len != 0 {
+            candle_core::bail!("a prefix loads into an empty one-row cache only")
+        }
+        if len > p.len || len > self.capacity || p.layers.len() != self.layers.len() {
+            candle_core::bail!("a prefix of {len} positions does not fit")
+        }
+        for ((kc, vc), (k, v)) in self.layers.iter().zip(&p.layers) {
+            kc.slice_set(&k.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            vc.slice_set(&v.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+        }
+        self.len = len;
+        Ok(())
     }
 
     /// Writes this step's keys/values (`(b, n_kv, t, d)`, contiguous) at the current position of

@@ -13,9 +13,9 @@
 //! model. Also here: building a job's rows from its request and its output from its rows,
 //! which the one-job path ([`Engine::rollout`], [`Engine::generate`]) shares.
 
-use std::sync::Arc;
 use std::time::Instant;
 
+use super::prefill::{self, Kept};
 use super::rows::Row;
 use super::{
     Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse,
@@ -23,6 +23,7 @@ use super::{
 };
 use crate::constraint::ConstraintSpec;
 use crate::engine::cpu::model::{CpuCache, Part, Slot};
+use crate::engine::prefix_cache::PrefixHit;
 use crate::engine::sampler::SeenTokens;
 use crate::engine::transformer::{DecodePart, DecodeTile, KvCache};
 use crate::engine::{
@@ -217,7 +218,7 @@ impl CandleEngine {
             prefilled: 0,
             reused: 0,
             keep,
-            looked_up: !matches!(self.model, Backend::Cpu(_)),
+            looked_up: false,
             published: false,
             cancel,
             admitted: Instant::now(),
@@ -246,7 +247,8 @@ impl CandleEngine {
     /// The job whose prefill runs next (the earliest still prefilling) starts after the
     /// longest prefix its store holds, if it has not looked yet: the store may hold prompts
     /// that jobs of the same wave prefilled meanwhile ([`Self::publish_prompt`]). Where the
-    /// prefill starts changes no bit (the prefix store's contract).
+    /// prefill starts changes no bit (the prefix store's contract; on the candle backend only
+    /// whole chunks are reused, see [`prefill`](super::prefill)).
     fn look_up_prefix(&mut self, live: &mut [Live]) -> Result<(), EngineError> {
         let Some(j) = live.iter_mut().find(|j| !j.decoding()) else {
             return Ok(());
@@ -254,32 +256,41 @@ impl CandleEngine {
         if std::mem::replace(&mut j.looked_up, true) || j.prefilled > 0 {
             return Ok(());
         }
-        let (Backend::Cpu(_), DecodeCache::Cpu(cache)) = (&self.model, &mut j.cache) else {
-            return Ok(());
-        };
         let store = store_of(&mut self.prefix, &mut self.generate_prefix, j.keep);
-        if let Some(hit) = store.and_then(|s| s.lookup(&j.prompt)) {
-            *cache = CpuCache::on_prefix(hit.value, hit.len, j.prompt.len())
-                .map_err(EngineError::Model)?;
-            (j.prefilled, j.reused) = (hit.len, hit.len);
-        }
+        let reused = match &mut j.cache {
+            DecodeCache::Cpu(cache) => match store.and_then(|s| s.lookup(&j.prompt)) {
+                Some(PrefixHit {
+                    len,
+                    value: Kept::Cpu(stored),
+                }) => {
+                    *cache = CpuCache::on_prefix(stored, len, j.prompt.len())
+                        .map_err(EngineError::Model)?;
+                    len
+                }
+                _ => 0,
+            },
+            DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache)
+                .map_err(|e| EngineError::Model(e.to_string()))?,
+            DecodeCache::Candle(None) => 0,
+        };
+        (j.prefilled, j.reused) = (reused, reused);
         Ok(())
     }
 
-    /// A job whose prompt was just prefilled (CPU path) hands its blocks to its store at
-    /// once: jobs that start their prefill after this one share them instead of computing
-    /// them again. The job keeps reading the same blocks (shared, not copied), and has nothing
-    /// to keep when it ends.
+    /// A job whose prompt was just prefilled hands it to its store at once: jobs that start
+    /// their prefill after this one reuse it instead of computing it again. On the CPU path
+    /// the store gets the same blocks (the job keeps reading them, shared, not copied); on the
+    /// candle backend a copy of the prompt's whole chunks. Nothing to keep when the job ends.
     fn publish_prompt(&mut self, job: &mut Live) -> Result<(), EngineError> {
-        let DecodeCache::Cpu(cache) = &job.cache else {
-            return Ok(());
-        };
         let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, job.keep) else {
             return Ok(());
         };
-        let prompt = cache.prompt_part();
-        let bytes = prompt.shared_bytes();
-        store.insert(job.prompt.clone(), Arc::new(prompt), bytes);
+        match &job.cache {
+            DecodeCache::Cpu(cache) => prefill::keep(store, &job.prompt, cache),
+            DecodeCache::Candle(Some(cache)) => prefill::keep_candle(store, &job.prompt, cache)
+                .map_err(|e| EngineError::Model(e.to_string()))?,
+            DecodeCache::Candle(None) => return Ok(()),
+        }
         job.published = true;
         Ok(())
     }
@@ -538,7 +549,7 @@ impl CandleEngine {
         };
         let out = out.with_batch(job.batch);
         if !job.published {
-            self.keep_prompt(job.keep, &job.prompt, job.cache);
+            self.keep_prompt(job.keep, &job.prompt, &job.cache);
         }
         Ok(out)
     }

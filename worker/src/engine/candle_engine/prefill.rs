@@ -1,23 +1,36 @@
 //! The prefill of a job's prompt in the fixed schedule (chunks of [`PREFILL_CHUNK`] from
-//! position 0, the candle backend's and the CPU fast path's), and on the CPU path the prompt
-//! prefix stores around it: a prefill starts after the longest prefix kept from an earlier
-//! prompt of its kind, and a finished job's prompt is kept (rollouts and generations in stores
-//! of their own, [`Reuse`]). Split from `candle_engine.rs`, whose
-//! fields it uses.
-
-use std::sync::Arc;
+//! position 0, the candle backend's and the CPU fast path's), and the prompt prefix stores
+//! around it: a prefill starts after the longest prefix kept from an earlier prompt of its
+//! kind, and a job's prompt is kept ([`Kept`]; rollouts and generations in stores of their
+//! own, [`Reuse`]). On the CPU path any prefix length is reused (a position's arithmetic does
+//! not depend on the call that computes it); on the candle backend only whole chunks (a
+//! chunk's arithmetic depends on its shape, and whole chunks have the same shapes in every
+//! prompt that holds them). Split from `candle_engine.rs`, whose fields it uses.
 
 use candle_core::Tensor;
 
 use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse, store_of};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
-use crate::engine::prefix_cache::PrefixStore;
+use crate::engine::prefix_cache::{PrefixHit, PrefixStore};
+use crate::engine::transformer::{KvCache, KvPrefix};
+
+/// A prompt the prefix store keeps: the CPU path's blocks (shared with the jobs that read
+/// them), or on the candle backend a copy of its whole chunks' keys and values.
+#[derive(Debug)]
+pub(super) enum Kept {
+    Cpu(CpuCache),
+    Candle(KvPrefix),
+}
+
+/// A prefix store of either backend's prompts.
+pub(super) type Store = PrefixStore<Kept>;
 
 impl CandleEngine {
     /// Logits of the last prompt token after the fixed prefill schedule (chunks of
     /// [`PREFILL_CHUNK`] from position 0), the prompt's cache, and the leading positions
-    /// copied from the prefix store `reuse` names (on the CPU fast path).
+    /// taken from the prefix store `reuse` names (any length on the CPU fast path, whole
+    /// chunks on the candle backend).
     pub(super) fn prefill(
         &mut self,
         prompt: &[u32],
@@ -30,8 +43,10 @@ impl CandleEngine {
         match &self.model {
             Backend::Candle(model) => {
                 let mut cache = model.new_cache(1, prompt.len()).map_err(me)?;
+                let store = store_of(&mut self.prefix, &mut self.generate_prefix, reuse);
+                let reused = candle_lookup(store, prompt, &mut cache).map_err(me)?;
                 let mut logits = None;
-                for chunk in prompt.chunks(PREFILL_CHUNK) {
+                for chunk in prompt[reused..].chunks(PREFILL_CHUNK) {
                     let input = Tensor::new(chunk, model.device())
                         .and_then(|t| t.unsqueeze(0))
                         .map_err(me)?;
@@ -42,7 +57,7 @@ impl CandleEngine {
                     .squeeze(0)
                     .and_then(|t| t.to_vec1::<f32>())
                     .map_err(me)?;
-                Ok((v, DecodeCache::Candle(Some(cache)), 0))
+                Ok((v, DecodeCache::Candle(Some(cache)), reused))
             }
             Backend::Cpu(model) => {
                 let store = store_of(&mut self.prefix, &mut self.generate_prefix, reuse);
@@ -62,20 +77,19 @@ impl CandleEngine {
 /// at the prompt's end), entered at the reused length. On this path a position's keys,
 /// values and logits follow one recipe whatever the call they are computed in (see
 /// [`crate::engine::cpu::kernels`]): so where the prefix ends changes no bit, which
-/// `tests/prefix_cache.rs` checks on the real model. (The candle backend has no such
-/// guarantee, and no prefix reuse.)
+/// `tests/prefix_cache.rs` checks on the real model.
 fn cpu_prefill(
     model: &CpuModel,
     prompt: &[u32],
-    store: Option<&mut PrefixStore<Arc<CpuCache>>>,
+    store: Option<&mut Store>,
     ws: &mut Workspace,
 ) -> Result<(Vec<f32>, CpuCache, usize), String> {
     let (mut cache, mut pos) = match store.and_then(|s| s.lookup(prompt)) {
-        Some(hit) => (
-            CpuCache::on_prefix(hit.value, hit.len, prompt.len())?,
-            hit.len,
-        ),
-        None => (model.new_cache(prompt.len()), 0),
+        Some(PrefixHit {
+            len,
+            value: Kept::Cpu(c),
+        }) => (CpuCache::on_prefix(c, len, prompt.len())?, len),
+        _ => (model.new_cache(prompt.len()), 0),
     };
     let reused = pos;
     let mut logits = Vec::new();
@@ -92,9 +106,46 @@ fn cpu_prefill(
     Ok((logits, cache, reused))
 }
 
-/// Keeps a finished job's prompt blocks in `store`, which is on (its candidate rows dropped).
-pub(super) fn keep(store: &mut PrefixStore<Arc<CpuCache>>, prompt: &[u32], cache: CpuCache) {
+/// Keeps a job's prompt blocks in `store`, which is on (the same blocks, rows left out).
+pub(super) fn keep(store: &mut Store, prompt: &[u32], cache: &CpuCache) {
     let cache = cache.prompt_part();
     let bytes = cache.shared_bytes();
-    store.insert(prompt.to_vec(), Arc::new(cache), bytes);
+    store.insert(prompt.to_vec(), Kept::Cpu(cache), bytes);
+}
+
+/// Keeps the whole chunks of a candle job's prompt (`cache`: its one-row prompt cache, or the
+/// expanded cache whose rows share it) in `store`, which is on; nothing for a prompt shorter
+/// than a chunk. The entry's tokens are the kept ones, so a match never runs past them.
+pub(super) fn keep_candle(
+    store: &mut Store,
+    prompt: &[u32],
+    cache: &KvCache,
+) -> candle_core::Result<()> {
+    let whole = prompt.len() / PREFILL_CHUNK * PREFILL_CHUNK;
+    if whole > 0 {
+        let p = cache.prefix(whole)?;
+        let bytes = p.bytes();
+        store.insert(prompt[..whole].to_vec(), Kept::Candle(p), bytes);
+    }
+    Ok(())
+}
+
+/// Starts the empty one-row `cache` of `prompt` after the longest run of whole chunks the
+/// store holds for it; returns the positions reused (0 on a miss or without a store).
+pub(super) fn candle_lookup(
+    store: Option<&mut Store>,
+    prompt: &[u32],
+    cache: &mut KvCache,
+) -> candle_core::Result<usize> {
+    let Some(hit) = store.and_then(|s| s.lookup(prompt)) else {
+        return Ok(0);
+    };
+    let Kept::Candle(p) = hit.value else {
+        return Ok(0);
+    };
+    let whole = hit.len / PREFILL_CHUNK * PREFILL_CHUNK;
+    if whole > 0 {
+        cache.load_prefix(p, whole)?;
+    }
+    Ok(whole)
 }
