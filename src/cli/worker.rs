@@ -54,7 +54,8 @@ pub(crate) struct ModelArgs {
     pub(crate) max_jobs: u64,
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
-    /// Default: 2048 on the CPU; on a GPU 60% of the memory free after the model is loaded.
+    /// Default: 2048 on the CPU; on a GPU 60% of the memory free after the model is loaded,
+    /// less the two prefix stores (`--prefix-cache-mib` each).
     #[arg(long, env = "STAGEB_KV_CACHE_MIB")]
     pub(crate) kv_cache_mib: Option<u64>,
 }

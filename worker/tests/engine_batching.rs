@@ -246,6 +246,42 @@ fn a_batch_takes_kv_blocks_as_it_fills_shares_a_stored_head_and_gives_every_bloc
     );
 }
 
+/// A full pool makes a new job wait (issue 22 item 3): with a KV budget too small for two
+/// jobs' worst cases, the second job's prefill starts only once the first has ended (one job
+/// always runs, whatever its size), so the jobs never share a step and the pool's peak is one
+/// job's; nothing fails, nothing is evicted, and the outputs are the bits they are with room
+/// for both.
+#[test]
+fn a_job_that_does_not_fit_the_kv_budget_waits_for_the_others_to_end() {
+    let jobs: Vec<Job> = short_jobs().into_iter().take(2).collect();
+    let run = |budget: u64| {
+        let mut eng = engine();
+        eng.set_prefix_cache_bytes(0);
+        eng.set_kv_budget(budget);
+        let mut out: Vec<Option<JobOutput>> = vec![None; jobs.len()];
+        let mut overlapped = false;
+        for (i, job) in jobs.iter().enumerate() {
+            eng.admit(i as u64, job, CancelFlag::default())
+                .expect("admit");
+        }
+        while out.iter().any(Option::is_none) {
+            for (key, res) in eng.step() {
+                out[key as usize] = Some(res.expect("job"));
+            }
+            overlapped |= eng.last_step_size().1 > 1;
+        }
+        let out: Vec<JobOutput> = out.into_iter().map(Option::unwrap).map(result_of).collect();
+        (out, eng.kv_blocks().unwrap().peak, overlapped)
+    };
+    let (roomy, peak_roomy, overlapped) = run(64 << 20);
+    assert!(overlapped, "with room, the jobs share steps");
+    let block = engine().kv_blocks().unwrap().block_bytes as u64;
+    let (tight, peak_tight, overlapped) = run(block);
+    assert!(!overlapped, "the second job waited for the first to end");
+    assert_eq!(tight, roomy, "waiting changes no bit");
+    assert!(peak_tight < peak_roomy, "{peak_tight} vs {peak_roomy}");
+}
+
 /// The candle backend (the path CUDA runs) on the same model, dequantized to f32 or kept in
 /// its GGUF blocks: jobs there share a step through one lockstep cache each.
 fn candle_engine(format: WeightFormat) -> CandleEngine {

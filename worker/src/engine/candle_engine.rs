@@ -576,9 +576,13 @@ impl Engine for CandleEngine {
         self.kv_bytes(1, 0, 0)
     }
 
+    /// On a GPU the share of its free memory, less what the prefix stores may hold there.
     fn default_kv_budget(&self) -> u64 {
         match self.device_free_bytes() {
-            Some(free) => (free as f64 * super::GPU_KV_SHARE) as u64,
+            Some(free) => {
+                let stores = (self.prefix.budget() + self.generate_prefix.budget()) as u64;
+                ((free as f64 * super::GPU_KV_SHARE) as u64).saturating_sub(stores)
+            }
             None => super::DEFAULT_KV_CACHE_BYTES,
         }
     }

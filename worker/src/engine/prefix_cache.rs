@@ -109,6 +109,19 @@ impl<T> PrefixStore<T> {
     /// recently used entries until it fits. Not kept when it alone exceeds the budget, or when
     /// an entry already starts with all of `tokens` (that entry serves every lookup this one
     /// would; it is marked used instead).
+    /// Marks the entry whose tokens start with `tokens` as just used, as
+    /// [`insert`](Self::insert) would; false when none does (so a caller can skip making a
+    /// value the store would not keep).
+    pub fn refresh(&mut self, tokens: &[u32]) -> bool {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries
+            .iter_mut()
+            .find(|e| e.tokens.starts_with(tokens))
+            .map(|e| e.last_used = clock)
+            .is_some()
+    }
+
     pub fn insert(&mut self, tokens: Vec<u32>, value: T, bytes: usize) {
         if bytes > self.budget || tokens.is_empty() {
             return;
@@ -159,6 +172,24 @@ mod tests {
         s.insert(prompt(&head, 1, 10), "t1", 100);
         let hit = s.lookup(&prompt(&head, 2, 7)).expect("hit");
         assert_eq!((hit.len, *hit.value), (50, "t1"));
+    }
+
+    #[test]
+    fn a_refreshed_entry_is_kept_and_a_prompt_no_entry_holds_is_not_refreshed() {
+        let mut s = PrefixStore::new(20);
+        s.insert(vec![1, 2, 3], "a", 10);
+        s.insert(vec![4, 5], "b", 10);
+        assert!(s.refresh(&[1, 2]), "an entry starts with these tokens");
+        assert!(!s.refresh(&[9]), "none does");
+        s.insert(vec![6], "c", 10);
+        assert!(
+            s.lookup(&[1, 2, 3, 0]).is_some(),
+            "the refreshed entry stays"
+        );
+        assert!(
+            s.lookup(&[4, 5, 0]).is_none(),
+            "the least recently used one went"
+        );
     }
 
     #[test]

@@ -51,8 +51,8 @@ pub(super) struct Live {
     /// The store was looked up (or need not be): a job looks its prompt up when its prefill
     /// starts, not when it joins, so it finds prompts that jobs before it just prefilled.
     looked_up: bool,
-    /// The prompt went to the store when its prefill ended (CPU path), and the job's rows
-    /// read it from there: nothing to keep when the job ends.
+    /// The prompt went to the store when its prefill ended: nothing to keep when the job
+    /// ends.
     published: bool,
     cancel: CancelFlag,
     admitted: Instant,
@@ -81,8 +81,11 @@ struct Input {
 /// What one forward call takes: the next prefill chunk of the earliest job still prefilling
 /// (the fixed schedule: chunks end at multiples of [`PREFILL_CHUNK`]), and every fed row's
 /// tokens (a row's forced run in order), job by job.
-fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>]) -> Vec<Input> {
-    let filling = live.iter().position(|j| !j.decoding());
+fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Input> {
+    let filling = live
+        .iter()
+        .position(|j| !j.decoding())
+        .filter(|_| may_prefill);
     let mut inputs = Vec::new();
     for (ji, (j, f)) in live.iter().zip(feeds).enumerate() {
         if Some(ji) == filling {
@@ -269,8 +272,7 @@ impl CandleEngine {
                 }
                 _ => 0,
             },
-            DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache)
-                .map_err(|e| EngineError::Model(e.to_string()))?,
+            DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache),
             DecodeCache::Candle(None) => 0,
         };
         (j.prefilled, j.reused) = (reused, reused);
@@ -287,8 +289,12 @@ impl CandleEngine {
         };
         match &job.cache {
             DecodeCache::Cpu(cache) => prefill::keep(store, &job.prompt, cache),
-            DecodeCache::Candle(Some(cache)) => prefill::keep_candle(store, &job.prompt, cache)
-                .map_err(|e| EngineError::Model(e.to_string()))?,
+            DecodeCache::Candle(Some(cache)) => {
+                // The store only saves work: a prompt it cannot copy is not kept.
+                if let Err(e) = prefill::keep_candle(store, &job.prompt, cache) {
+                    tracing::debug!("prompt not kept for reuse: {e}");
+                }
+            }
             DecodeCache::Candle(None) => return Ok(()),
         }
         job.published = true;
@@ -365,7 +371,7 @@ impl CandleEngine {
         live: &mut [Live],
         feeds: &[Vec<Vec<u32>>],
     ) -> Result<(), EngineError> {
-        let inputs = gather(live, feeds);
+        let inputs = gather(live, feeds, self.may_prefill(live));
         self.last_step = (inputs.iter().map(|i| i.tokens.len()).sum(), inputs.len());
         let rows: usize = inputs
             .iter()
@@ -403,6 +409,37 @@ impl CandleEngine {
             }
         }
         Ok(())
+    }
+
+    /// Whether the earliest job still prefilling may run its next chunk (CPU path): always
+    /// once its prefill has begun, or when no other job has; else only while the worst cases
+    /// of the jobs begun and its own (prompt blocks and every row at `max_new`, in whole
+    /// blocks) fit the worker's KV budget. So the pool never holds more than the budget and the
+    /// stores' (the worker's own bound, `job_kv_bound`, keeps it too): a job that does not fit
+    /// waits for others to end, and none fails or is evicted. The step a prefill runs in
+    /// changes no bit.
+    fn may_prefill(&self, live: &[Live]) -> bool {
+        let Backend::Cpu(model) = &self.model else {
+            return true;
+        };
+        let begun = |j: &Live| j.decoding() || j.prefilled > j.reused;
+        let Some(next) = live.iter().position(|j| !j.decoding()) else {
+            return true;
+        };
+        if begun(&live[next]) {
+            return true;
+        }
+        let need = |j: &Live| {
+            let b = crate::engine::cpu::kv_pool::BLOCK_POSITIONS;
+            let max_new = j.rows.iter().map(|r| r.max_new).max().unwrap_or(0);
+            (j.prompt.len().div_ceil(b) + j.rows.len() * max_new.div_ceil(b)) as u64
+        };
+        let held: Vec<u64> = live.iter().filter(|j| begun(j)).map(need).collect();
+        if held.is_empty() {
+            return true;
+        }
+        let blocks = self.kv_budget / model.kv_pool().block_bytes().max(1) as u64;
+        held.iter().sum::<u64>() + need(&live[next]) <= blocks
     }
 
     /// The CPU fast path's forward call: every input's positions in one

@@ -44,7 +44,7 @@ impl CandleEngine {
             Backend::Candle(model) => {
                 let mut cache = model.new_cache(1, prompt.len()).map_err(me)?;
                 let store = store_of(&mut self.prefix, &mut self.generate_prefix, reuse);
-                let reused = candle_lookup(store, prompt, &mut cache).map_err(me)?;
+                let reused = candle_lookup(store, prompt, &mut cache);
                 let mut logits = None;
                 for chunk in prompt[reused..].chunks(PREFILL_CHUNK) {
                     let input = Tensor::new(chunk, model.device())
@@ -122,7 +122,8 @@ pub(super) fn keep_candle(
     cache: &KvCache,
 ) -> candle_core::Result<()> {
     let whole = prompt.len() / PREFILL_CHUNK * PREFILL_CHUNK;
-    if whole > 0 {
+    // A wave of jobs with the same head: the first one's copy serves, the others make none.
+    if whole > 0 && !store.refresh(&prompt[..whole]) {
         let p = cache.prefix(whole)?;
         let bytes = p.bytes();
         store.insert(prompt[..whole].to_vec(), Kept::Candle(p), bytes);
@@ -131,21 +132,28 @@ pub(super) fn keep_candle(
 }
 
 /// Starts the empty one-row `cache` of `prompt` after the longest run of whole chunks the
-/// store holds for it; returns the positions reused (0 on a miss or without a store).
+/// store holds for it; returns the positions reused (0 on a miss or without a store). The
+/// store only saves work: a prefix that cannot be loaded (device memory) is a miss, logged.
 pub(super) fn candle_lookup(
     store: Option<&mut Store>,
     prompt: &[u32],
     cache: &mut KvCache,
-) -> candle_core::Result<usize> {
+) -> usize {
     let Some(hit) = store.and_then(|s| s.lookup(prompt)) else {
-        return Ok(0);
+        return 0;
     };
     let Kept::Candle(p) = hit.value else {
-        return Ok(0);
+        return 0;
     };
     let whole = hit.len / PREFILL_CHUNK * PREFILL_CHUNK;
-    if whole > 0 {
-        cache.load_prefix(p, whole)?;
+    if whole == 0 {
+        return 0;
     }
-    Ok(whole)
+    match cache.load_prefix(p, whole) {
+        Ok(()) => whole,
+        Err(e) => {
+            tracing::debug!("stored prefix not reused: {e}");
+            0
+        }
+    }
 }

@@ -63,6 +63,7 @@ fn runs_of<'a, T: AsRef<Block> + 'a>(
     upto: usize,
     out: &mut Vec<KvRun<'a>>,
 ) {
+    debug_assert!(table.len() >= upto.div_ceil(B), "positions without a block");
     for (i, b) in table.iter().enumerate().take(upto.div_ceil(B)) {
         out.push(run(b.as_ref(), li, g, d, (upto - i * B).min(B)));
     }
@@ -196,10 +197,5 @@ impl CpuCache {
         cache.prompt = src.prompt[..len.div_ceil(B)].to_vec();
         cache.shared_len = len;
         Ok(cache)
-    }
-
-    /// Whether this cache's blocks come from `pool`.
-    pub fn is_of(&self, pool: &Arc<KvPool>) -> bool {
-        Arc::ptr_eq(&self.pool, pool)
     }
 }

@@ -5,9 +5,11 @@
 //! by later jobs with the same prompt head, and copied only when a job writes into one it
 //! shares ([`super::cache`]: copy-on-write).
 //!
-//! The pool counts the blocks in use against its capacity (the worker's KV budget): the
-//! worker admits a job only while the worst case of every job in hand fits the budget, so a
-//! full pool makes new jobs wait and never fails or evicts a running one. Returned blocks are
+//! The pool counts the blocks in use and its capacity (the worker's KV budget plus the prefix
+//! stores'); it never refuses a block: the bound is kept by admission, the worker leasing a
+//! job only while the worst case of every job in hand fits the budget (one job is taken
+//! whatever its size when none is in hand), so a full pool makes new jobs wait and never
+//! fails or evicts a running one. Returned blocks are
 //! kept for reuse up to the capacity; a block's stale positions are never read (attention
 //! reads a block's first `len` positions, all written by its owner).
 
