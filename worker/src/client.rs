@@ -435,15 +435,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     let (outbox, mut from_engine) = tokio::sync::mpsc::unbounded_channel();
     // An engine that runs one job at a time holds one: a queue here would keep jobs from
     // idle workers.
-    let (per_position, block, batches, device_budget) = {
-        let e = engine.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            e.kv_bytes_per_position(),
-            e.kv_block_positions().max(1),
-            e.batches(),
-            e.default_kv_budget(),
-        )
-    };
+    let (per_position, block, batches, budget) = kv_setup(engine, opts);
     let eng = engine.clone();
     let thread = tokio::task::spawn_blocking(move || runner::run_engine(eng, inbox, outbox));
     let mut hand = InHand {
@@ -458,16 +450,6 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     } else {
         1
     };
-    let budget = opts.limits.kv_cache_bytes.unwrap_or(device_budget);
-    engine
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .set_kv_budget(budget);
-    tracing::debug!(
-        budget,
-        given = opts.limits.kv_cache_bytes.is_some(),
-        "KV-cache budget"
-    );
     let mut ending: Option<SessionEnd> = None;
     let mut interrupted = false;
     loop {
@@ -537,6 +519,21 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     let _ = thread.await;
     heartbeat.abort();
     ending.unwrap_or(SessionEnd::Lost)
+}
+
+/// The engine's KV facts for a session, its budget set (`--kv-cache-mib`, else the device's
+/// default): bytes per position, positions per block, whether it batches, the budget.
+fn kv_setup<E: Engine>(engine: &Mutex<E>, opts: &WorkerOptions) -> (u64, u64, bool, u64) {
+    let mut e = engine.lock().unwrap_or_else(|e| e.into_inner());
+    let budget = opts
+        .limits
+        .kv_cache_bytes
+        .unwrap_or_else(|| e.default_kv_budget());
+    e.set_kv_budget(budget);
+    let given = opts.limits.kv_cache_bytes.is_some();
+    tracing::debug!(budget, given, "KV-cache budget");
+    let facts = (e.kv_bytes_per_position(), e.kv_block_positions());
+    (facts.0, facts.1.max(1), e.batches(), budget)
 }
 
 /// Hands leased jobs to the engine thread, each under its lease id with its own cancel flag.
