@@ -73,16 +73,12 @@ fn grouped_queries_with_their_own_runs_match_the_recipe_and_softmax() {
             .map(|i| if i % 4 == 3 { 17 + i } else { 61 + own[i].len })
             .collect();
         let mut s = Vec::new();
-        let mut out = vec![0f32; nq * d];
         let ends: Vec<usize> = (1..=nq).collect();
         let owned = Own {
             runs: &own,
             ends: &ends,
         };
-        attend(&q, nq, &limits, &common, owned, d, 0.125, &mut s, &mut out);
-        let mut want = vec![0f32; nq * d];
-        attend_impl(&q, nq, &limits, &common, owned, d, 0.125, &mut s, &mut want);
-        assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
+        let out = both_copies(&q, &limits, &common, owned, d);
         for i in 0..nq {
             let qi = &q[i * d..(i + 1) * d];
             let mut one = vec![0f32; d];
@@ -162,28 +158,33 @@ fn a_prefill_block_gives_each_position_its_own_causal_result() {
         &mut out,
     );
     for i in 0..nq {
-        let mut one = vec![0f32; d];
-        let alone = [KvRun {
-            len: limits[i],
-            ..common[0]
-        }];
-        attend(
-            &q[i * d..(i + 1) * d],
-            1,
-            &limits[i..i + 1],
-            &alone,
-            Own::NONE,
-            d,
-            0.125,
-            &mut s,
-            &mut one,
-        );
+        let one = alone(&q[i * d..(i + 1) * d], common[0], limits[i], d);
         assert_eq!(
             bits(&one),
             bits(&out[i * d..(i + 1) * d]),
             "position query {i}"
         );
     }
+}
+
+/// Attention of the queries `q` (one per limit) by the AVX2 copy, checked bit for bit
+/// against the recipe (the scalar copy).
+fn both_copies(q: &[f32], limits: &[usize], common: &[KvRun], own: Own, d: usize) -> Vec<f32> {
+    let nq = limits.len();
+    let (mut s, mut out, mut want) = (Vec::new(), vec![0f32; nq * d], vec![0f32; nq * d]);
+    attend(q, nq, limits, common, own, d, 0.125, &mut s, &mut out);
+    attend_impl(q, nq, limits, common, own, d, 0.125, &mut s, &mut want);
+    assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
+    out
+}
+
+/// One query alone against the first `limit` keys of `run`, as one common run.
+fn alone(q: &[f32], run: KvRun, limit: usize, d: usize) -> Vec<f32> {
+    let mut one = vec![0f32; d];
+    let run = [KvRun { len: limit, ..run }];
+    let mut s = Vec::new();
+    attend(q, 1, &[limit], &run, Own::NONE, d, 0.125, &mut s, &mut one);
+    one
 }
 
 /// Keys `from..from + n` of `run` copied into a run of their own (a block of `cap` positions).
@@ -249,53 +250,13 @@ fn keys_paged_into_blocks_give_the_bits_of_one_run() {
             ends.push(runs.len());
         }
         let limits = row_ends;
-        let mut s = Vec::new();
-        let mut out = vec![0f32; 3 * d];
         let own = Own {
             runs: &runs,
             ends: &ends,
         };
-        attend(
-            &q,
-            3,
-            &limits,
-            &common_paged,
-            own,
-            d,
-            0.125,
-            &mut s,
-            &mut out,
-        );
-        let mut want = vec![0f32; 3 * d];
-        attend_impl(
-            &q,
-            3,
-            &limits,
-            &common_paged,
-            own,
-            d,
-            0.125,
-            &mut s,
-            &mut want,
-        );
-        assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
+        let out = both_copies(&q, &limits, &common_paged, own, d);
         for i in 0..3 {
-            let mut one = vec![0f32; d];
-            let all = [KvRun {
-                len: limits[i],
-                ..whole
-            }];
-            attend(
-                &q[i * d..(i + 1) * d],
-                1,
-                &limits[i..i + 1],
-                &all,
-                Own::NONE,
-                d,
-                0.125,
-                &mut s,
-                &mut one,
-            );
+            let one = alone(&q[i * d..(i + 1) * d], whole, limits[i], d);
             assert_eq!(bits(&one), bits(&out[i * d..(i + 1) * d]), "d={d} row {i}");
         }
     }
