@@ -31,6 +31,7 @@ use crate::engine::{
     GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
 };
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 /// A job in the running batch.
 pub(super) struct Live {
@@ -318,12 +319,16 @@ impl CandleEngine {
             }
             !gone
         });
-        // Sample every decoding row; a job whose rows all ended leaves.
+        // Sample every decoding row of every job at once (on a GPU the host's cores, while
+        // the device waits for the next step's tokens); a job whose rows all ended leaves.
+        let this = &*self;
+        let sampled: Vec<Result<Vec<Vec<u32>>, EngineError>> =
+            live.par_iter_mut().map(|j| this.sample_job(j)).collect();
         let mut feeds: Vec<Vec<Vec<u32>>> = Vec::with_capacity(live.len());
         let mut keep_live = Vec::with_capacity(live.len());
-        for mut j in live {
+        for (j, sampled) in live.into_iter().zip(sampled) {
             let key = j.key;
-            match self.sample_job(&mut j) {
+            match sampled {
                 Ok(f) if j.decoding() && f.iter().all(|r| r.is_empty()) => {
                     let out = self.finish_job(j);
                     done.push((key, out));
@@ -353,14 +358,15 @@ impl CandleEngine {
 
     /// The next tokens of `job`'s live rows (forced runs included), or nothing while it is
     /// still prefilling.
-    fn sample_job(&mut self, job: &mut Live) -> Result<Vec<Vec<u32>>, EngineError> {
+    fn sample_job(&self, job: &mut Live) -> Result<Vec<Vec<u32>>, EngineError> {
         if !job.decoding() {
             return Ok(vec![Vec::new(); job.rows.len()]);
         }
         job.decode_from.get_or_insert_with(Instant::now);
         // Forced runs go in one multi-token forward: per-row positions, the CPU path's alone.
         let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
-        self.sample_rows(&mut job.rows, &job.logits, fast_forward)
+        let (feeds, _forced) = self.sample_rows_of(&mut job.rows, &job.logits, fast_forward)?;
+        Ok(feeds)
     }
 
     /// One forward call: the rows' tokens in `feeds` (one entry per job of `live`) and one

@@ -2,7 +2,8 @@
 //! constraint (with the finishing mask of its last tokens), accepting it, forced-token
 //! fast-forward, and its text. Split from `candle_engine.rs`, whose fields it uses.
 //!
-//! The rows of a step are sampled in parallel ([`CandleEngine::sample_rows`]): a row's token
+//! The rows of a step are sampled in parallel ([`CandleEngine::sample_rows_of`]; in a running
+//! batch every row of every job at once): a row's token
 //! depends only on its own logits, seed and state, so the threads change no result. On a GPU the
 //! host-side sampling is otherwise serial work that grows with the rows of a step (measured on
 //! an H100, docs/PERFORMANCE.md: 8 rows of a flat 151,936-token distribution took ~120 ms of a
@@ -66,9 +67,21 @@ impl CandleEngine {
         logits: &[Vec<f32>],
         fast_forward: bool,
     ) -> Result<Vec<Vec<u32>>, EngineError> {
-        let this = &*self;
+        let (feeds, forced) = self.sample_rows_of(rows, logits, fast_forward)?;
+        self.forced_tokens += forced;
+        Ok(feeds)
+    }
+
+    /// [`Self::sample_rows`] without the engine's count: the feeds and the tokens the rows'
+    /// forced runs took. Reads the engine only, so many jobs' rows can be sampled at once.
+    pub(super) fn sample_rows_of(
+        &self,
+        rows: &mut [Row],
+        logits: &[Vec<f32>],
+        fast_forward: bool,
+    ) -> Result<(Vec<Vec<u32>>, u64), EngineError> {
         let sample =
-            |(row, logits): (&mut Row, &Vec<f32>)| this.sample_one(row, logits, fast_forward);
+            |(row, logits): (&mut Row, &Vec<f32>)| self.sample_one(row, logits, fast_forward);
         let live = rows.iter().filter(|r| r.finish.is_none()).count();
         let results: Vec<Result<(Vec<u32>, u64), EngineError>> = if live > 1 {
             rows.par_iter_mut()
@@ -79,12 +92,13 @@ impl CandleEngine {
             rows.iter_mut().zip(logits.iter()).map(sample).collect()
         };
         let mut feeds = Vec::with_capacity(results.len());
+        let mut forced = 0;
         for r in results {
-            let (feed, forced) = r?;
-            self.forced_tokens += forced;
+            let (feed, n) = r?;
+            forced += n;
             feeds.push(feed);
         }
-        Ok(feeds)
+        Ok((feeds, forced))
     }
 
     /// One row's feed for the next forward and the tokens its forced run took.
