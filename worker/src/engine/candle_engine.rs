@@ -184,10 +184,14 @@ impl CandleEngine {
     /// may keep.
     fn size_kv_pool(&self) {
         if let Backend::Cpu(m) = &self.model {
-            let stores = (self.prefix.budget() + self.generate_prefix.budget()) as u64;
             m.kv_pool()
-                .set_capacity_bytes(self.kv_budget.saturating_add(stores));
+                .set_capacity_bytes(self.kv_budget.saturating_add(self.stores_budget()));
         }
+    }
+
+    /// Bytes the two prefix stores may hold together.
+    fn stores_budget(&self) -> u64 {
+        (self.prefix.budget() + self.generate_prefix.budget()) as u64
     }
 
     /// Keeps a finished job's prompt cache in the store `reuse` names (the CPU path's; a
@@ -580,8 +584,7 @@ impl Engine for CandleEngine {
     fn default_kv_budget(&self) -> u64 {
         match self.device_free_bytes() {
             Some(free) => {
-                let stores = (self.prefix.budget() + self.generate_prefix.budget()) as u64;
-                ((free as f64 * super::GPU_KV_SHARE) as u64).saturating_sub(stores)
+                ((free as f64 * super::GPU_KV_SHARE) as u64).saturating_sub(self.stores_budget())
             }
             None => super::DEFAULT_KV_CACHE_BYTES,
         }

@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use super::prefill::{self, Kept};
+use super::prefill;
 use super::rows::Row;
 use super::{
     Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse,
@@ -23,7 +23,6 @@ use super::{
 };
 use crate::constraint::ConstraintSpec;
 use crate::engine::cpu::model::{CpuCache, Part, Slot};
-use crate::engine::prefix_cache::PrefixHit;
 use crate::engine::sampler::SeenTokens;
 use crate::engine::transformer::{DecodePart, DecodeTile, KvCache};
 use crate::engine::{
@@ -262,16 +261,13 @@ impl CandleEngine {
         }
         let store = store_of(&mut self.prefix, &mut self.generate_prefix, j.keep);
         let reused = match &mut j.cache {
-            DecodeCache::Cpu(cache) => match store.and_then(|s| s.lookup(&j.prompt)) {
-                Some(PrefixHit {
-                    len,
-                    value: Kept::Cpu(stored),
-                }) => {
-                    *cache = CpuCache::on_prefix(stored, len, j.prompt.len())
-                        .map_err(EngineError::Model)?;
+            DecodeCache::Cpu(cache) => match prefill::cpu_lookup(store, &j.prompt) {
+                Ok(Some((found, len))) => {
+                    *cache = found;
                     len
                 }
-                _ => 0,
+                Ok(None) => 0,
+                Err(e) => return Err(EngineError::Model(e)),
             },
             DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache),
             DecodeCache::Candle(None) => 0,

@@ -84,12 +84,9 @@ fn cpu_prefill(
     store: Option<&mut Store>,
     ws: &mut Workspace,
 ) -> Result<(Vec<f32>, CpuCache, usize), String> {
-    let (mut cache, mut pos) = match store.and_then(|s| s.lookup(prompt)) {
-        Some(PrefixHit {
-            len,
-            value: Kept::Cpu(c),
-        }) => (CpuCache::on_prefix(c, len, prompt.len())?, len),
-        _ => (model.new_cache(prompt.len()), 0),
+    let (mut cache, mut pos) = match cpu_lookup(store, prompt)? {
+        Some(hit) => hit,
+        None => (model.new_cache(prompt.len()), 0),
     };
     let reused = pos;
     let mut logits = Vec::new();
@@ -104,6 +101,21 @@ fn cpu_prefill(
         return Err("empty prompt".into());
     }
     Ok((logits, cache, reused))
+}
+
+/// A CPU-path cache of `prompt` over the longest prefix the store holds for it (its blocks
+/// shared), and that prefix's length; `None` on a miss or without a store.
+pub(super) fn cpu_lookup(
+    store: Option<&mut Store>,
+    prompt: &[u32],
+) -> Result<Option<(CpuCache, usize)>, String> {
+    match store.and_then(|s| s.lookup(prompt)) {
+        Some(PrefixHit {
+            len,
+            value: Kept::Cpu(c),
+        }) => Ok(Some((CpuCache::on_prefix(c, len, prompt.len())?, len))),
+        _ => Ok(None),
+    }
 }
 
 /// Keeps a job's prompt blocks in `store`, which is on (the same blocks, rows left out).
