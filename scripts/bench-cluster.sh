@@ -15,7 +15,8 @@
 #          [--reflection "off on"] [--pipeline "0"] [--step-tickets N] [--epochs E]
 #          [--tickets T] [--out DIR]
 # --pipeline: the runner.pipeline_steps values of the scaling runs (each a run of its own,
-# baseline 0 first); --step-tickets: tickets per step (default max(5 x workers, 8)); --epochs:
+# baseline 0 first), each D or D/C with C runner.pipeline_cycles (reflection cycles whose
+# calls are queued ahead; e.g. "0 4 4/4"); --step-tickets: tickets per step (default max(5 x workers, 8)); --epochs:
 # epochs per scaling run (1); --tickets: the same T-ticket mission for every worker count
 # (default workers x jobs-per-worker). The load generator's reflection answers propose no edit, so the
 # guidance never changes and every step queued ahead is used: the case where the step
@@ -90,11 +91,12 @@ free_port() {
 # coordinator + one load generator; appends one JSON line to $RESULTS.
 run_one() {
     local label=$1 n=$2 tickets=$3 refl=$4 lat=$5 step=$6 pipe=${7:-0} epochs=${8:-1}
-    local dir="$OUT/runs/$label" port
+    local dir="$OUT/runs/$label" port cycles=0
+    if [[ $pipe == */* ]]; then cycles=${pipe#*/}; pipe=${pipe%/*}; fi
     rm -rf "$dir"; mkdir -p "$dir"
     python3 "$ROOT/scripts/lib/cluster_config.py" "$dir/config.yaml" --stage-a "$(mission "$tickets")" \
         --root "$dir/out" --run-name "$label" --step-tickets "$step" --reflection "$refl" \
-        --pipeline-steps "$pipe" --epochs "$epochs"
+        --pipeline-steps "$pipe" --pipeline-cycles "$cycles" --epochs "$epochs"
     port=$(free_port)
     python3 "$ROOT/scripts/lib/rusage.py" "$dir/rank0.json" -- "$STAGEB" coordinator \
         --config "$dir/config.yaml" --listen "127.0.0.1:$port" --token-file "$OUT/token" \
@@ -104,15 +106,16 @@ run_one() {
     "$LOADGEN" --coordinator "127.0.0.1:$port" --token-file "$OUT/token" --workers "$n" \
         --latency "fixed:$lat" --seed 7 --reconnect-s 20 >"$dir/loadgen.json" 2>"$dir/loadgen.log" || true
     wait "$rank0" || echo "rank 0 of $label exited $? (see $dir/rank0.log)" >&2
-    python3 - "$dir" "$label" "$n" "$tickets" "$refl" "$lat" "$pipe" "$epochs" "$step" >>"$RESULTS" <<'EOF'
+    python3 - "$dir" "$label" "$n" "$tickets" "$refl" "$lat" "$pipe" "$epochs" "$step" "$cycles" >>"$RESULTS" <<'EOF'
 import json, os, sys
-d, label, n, tickets, refl, lat, pipe, epochs, step = sys.argv[1:]
+d, label, n, tickets, refl, lat, pipe, epochs, step, cycles = sys.argv[1:]
 lg = json.load(open(f"{d}/loadgen.json"))
 r0 = json.load(open(f"{d}/rank0.json"))
 size = sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(f"{d}/out") for f in fs)
 print(json.dumps({"label": label, "workers": int(n), "tickets": int(tickets), "reflection": refl,
                   "latency_ms": float(lat), "loadgen": lg, "rank0": r0, "artifact_bytes": size,
-                  "pipeline_steps": int(pipe), "epochs": int(epochs), "step_tickets": int(step)}))
+                  "pipeline_steps": int(pipe), "pipeline_cycles": int(cycles), "epochs": int(epochs),
+                  "step_tickets": int(step)}))
 EOF
 }
 
@@ -125,7 +128,8 @@ def baseline(r):
     """The pipeline-0 run of the same workers, reflection and steps (the named baseline)."""
     for b in rows:
         same = all(b.get(k) == r.get(k) for k in ("workers", "reflection", "tickets", "epochs", "step_tickets"))
-        if same and b.get("pipeline_steps", 0) == 0 and b["label"].startswith("scale"):
+        if (same and b.get("pipeline_steps", 0) == 0 and b.get("pipeline_cycles", 0) == 0
+                and b["label"].startswith("scale")):
             return b
     return None
 def line(r, growth=False):
@@ -136,7 +140,7 @@ def line(r, growth=False):
     ideal = r["workers"] * 1000 / r["latency_ms"] if r["latency_ms"] > 0 else None
     eff = f'{lg["jobs_per_s"] / ideal:.3f}' if ideal else "—"
     cells = [r["tickets"] if growth else r["workers"], r["reflection"],
-             r.get("pipeline_steps", 0), r.get("step_tickets", "—"), f'{lg["wall_s"]:.1f}', speedup,
+             f'{r.get("pipeline_steps", 0)}/{r.get("pipeline_cycles", 0)}', r.get("step_tickets", "—"), f'{lg["wall_s"]:.1f}', speedup,
              lg["jobs_accepted"],
              f'{lg["jobs_per_s"]:.0f}', f'{lg["lease_wait_ms"]["p50"]:.2f}',
              f'{lg["lease_wait_ms"]["p99"]:.2f}', f'{lg["submit_ms"]["p50"]:.2f}',
@@ -144,7 +148,7 @@ def line(r, growth=False):
              f'{r0["max_rss_kib"] / 1024:.1f}', f'{r["artifact_bytes"] / r["tickets"]:.0f}', eff,
              r0["rc"]]
     return "| " + " | ".join(str(c) for c in cells) + " |"
-head = ("| {} | reflection | pipeline_steps | step tickets | wall s | × pipeline 0 (wall) | jobs | "
+head = ("| {} | reflection | pipeline steps/cycles | step tickets | wall s | × pipeline 0 (wall) | jobs | "
         "jobs/s | lease p50 ms | lease p99 ms | submit p50 ms | submit p99 ms | "
         "rank 0 CPU s / 1k jobs | rank 0 peak RSS MiB | artifact B / ticket | efficiency | "
         "rank 0 rc |")
@@ -169,7 +173,7 @@ main() {
         for n in $WORKERS; do
             step=${STEP_TICKETS:-$((n * 5 > 8 ? n * 5 : 8))}
             for pipe in $PIPELINE; do
-                run_one "scale-$n-$refl-p$pipe" "$n" "${TICKETS:-$((n * JOBS_PER_WORKER))}" "$refl" "$LATENCY_MS" \
+                run_one "scale-$n-$refl-p${pipe/\//c}" "$n" "${TICKETS:-$((n * JOBS_PER_WORKER))}" "$refl" "$LATENCY_MS" \
                     "$step" "$pipe" "$EPOCHS"
             done
         done

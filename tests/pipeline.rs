@@ -14,6 +14,7 @@ mod support;
 use std::path::Path;
 
 use serde_json::json;
+use stageb_coordinator::learn::reflection::CallsAheadStats;
 use stageb_coordinator::run::RunSummary;
 use stageb_coordinator::run::pipeline::PipelineStats;
 use support::compare::assert_same_artifacts;
@@ -162,4 +163,80 @@ fn demo_keys(label: &str) -> std::collections::BTreeSet<String> {
         .filter(|v| v["label"] == label)
         .map(|v| format!("{}::{label}", v["group_id"].as_str().unwrap()))
         .collect()
+}
+
+// Reflection calls queued ahead (`runner.pipeline_cycles`): while a cycle runs, the next
+// cycles' likely calls are queued under the guidance of the moment; a cycle uses one only
+// when it asks for exactly the same job.
+
+/// The demo mission as run `name`, two epochs, with `pipeline_cycles` and `workers`.
+fn run_cycles(dir: &Path, name: &str, cycles: u32, workers: usize, b: &Behaviour) -> RunSummary {
+    let config = write_config(
+        dir,
+        json!({"output": {"run_name": name},
+               "runner": {"epochs": 2, "pipeline_cycles": cycles}}),
+    );
+    let summary = run_scripted(&config, workers, b);
+    assert_audit_ok(&summary.run_dir);
+    summary
+}
+
+/// Three cycles ahead on the demo mission, 1 and 3 workers, against the sequential run: the
+/// same artifacts. Returns what each run queued ahead.
+fn compare_cycles_ahead(b: &Behaviour) -> Vec<CallsAheadStats> {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let sequential = run_cycles(dir.path(), "sequential", 0, 1, b);
+    let none = sequential.runtime_facts().pipeline.reflection;
+    assert_eq!(none, CallsAheadStats::default());
+    let mut stats = Vec::new();
+    for workers in [1, 3] {
+        let ahead = run_cycles(dir.path(), &format!("cycles3-{workers}"), 3, workers, b);
+        assert_same_artifacts(&sequential.run_dir, &ahead.run_dir);
+        let c = ahead.runtime_facts().pipeline.reflection;
+        eprintln!("{workers} workers: {c:?}");
+        // Whatever no cycle used is withdrawn by the end of its boundary.
+        assert_eq!(c.calls_used + c.calls_withdrawn, c.calls_ahead, "{c:?}");
+        stats.push(c);
+    }
+    stats
+}
+
+#[test]
+fn reflection_calls_queued_ahead_change_no_byte_when_the_guidance_changes_under_them() {
+    for c in compare_cycles_ahead(&Behaviour::default()) {
+        assert!(c.calls_used > 0, "some guesses held: {c:?}");
+        assert!(
+            c.calls_withdrawn > 0,
+            "an applied edit made guesses wrong: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn reflection_calls_queued_ahead_are_used_when_the_guidance_holds() {
+    // No ops pass cites any case: nothing is applied and the guidance never changes, so
+    // every cycle's decision call, and the ops call of each cycle whose decision answer came
+    // in ahead, is used as queued.
+    let mut every_key = demo_keys("pass");
+    every_key.extend(demo_keys("fail"));
+    let b = Behaviour {
+        never_cover: every_key,
+        ..Behaviour::default()
+    };
+    for c in compare_cycles_ahead(&b) {
+        assert!(c.calls_used * 2 > c.calls_ahead, "most guesses held: {c:?}");
+    }
+}
+
+#[test]
+fn a_pipeline_of_more_than_sixteen_cycles_is_refused_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), json!({"runner": {"pipeline_cycles": 17}}));
+    let err = stageb_shared::config::load_config(&path).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("pipeline_cycles") && text.contains("0..=16"),
+        "{text}"
+    );
 }

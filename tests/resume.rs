@@ -74,18 +74,41 @@ impl Counters {
 
 /// Two epochs of the 48-ticket demo mission, steps of 8 tickets, reflection after each step.
 fn config(dir: &Path, run_name: &str) -> PathBuf {
-    config_piped(dir, run_name, 0)
+    config_piped(dir, run_name, Ahead::NONE)
 }
 
-/// [`config`] with `runner.pipeline_steps` (0: every job computed is used, so the specs can
-/// count them; 1: the next step is queued ahead while reflection runs).
-fn config_piped(dir: &Path, run_name: &str, pipeline_steps: u32) -> PathBuf {
-    config_with(dir, run_name, pipeline_steps, false)
+/// How far ahead a run queues work: `runner.pipeline_steps` and `runner.pipeline_cycles`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ahead {
+    steps: u32,
+    cycles: u32,
+}
+
+impl Ahead {
+    /// Nothing queued ahead: every job computed is used, so the specs can count them.
+    const NONE: Ahead = Ahead {
+        steps: 0,
+        cycles: 0,
+    };
+
+    fn steps(steps: u32) -> Ahead {
+        Ahead { steps, cycles: 0 }
+    }
+
+    fn cycles(cycles: u32) -> Ahead {
+        Ahead { steps: 0, cycles }
+    }
+}
+
+/// [`config`] with steps (the next steps' rollouts, while reflection runs) or reflection
+/// cycles (their calls, while a cycle runs) queued ahead.
+fn config_piped(dir: &Path, run_name: &str, ahead: Ahead) -> PathBuf {
+    config_with(dir, run_name, ahead, false)
 }
 
 /// [`config_piped`], with `reflection.gate` on (held-out splits, rejected edits remembered)
 /// when `gate`.
-fn config_with(dir: &Path, run_name: &str, pipeline_steps: u32, gate: bool) -> PathBuf {
+fn config_with(dir: &Path, run_name: &str, ahead: Ahead, gate: bool) -> PathBuf {
     // Edits checked on the gate split without the bootstrap: a candidate that holds its gate
     // accuracy is applied, so some are and claims are made, and some may be refused.
     let gate = gate.then(
@@ -94,7 +117,7 @@ fn config_with(dir: &Path, run_name: &str, pipeline_steps: u32, gate: bool) -> P
     let mut config = json!({
             "output": {"root": dir.join("runs"), "run_name": run_name},
             "runner": {"epochs": 2, "per_rank_rollout_batch_size": 1, "logging_steps": 16,
-                       "pipeline_steps": pipeline_steps},
+                       "pipeline_steps": ahead.steps, "pipeline_cycles": ahead.cycles},
             "reflection": {
                 "batch_size": 8, "max_operations": 3, "max_new_tokens": 384,
                 "retry_budget_per_group_per_epoch": 2, "max_calls_per_epoch": 12,
@@ -135,13 +158,13 @@ async fn stop_after(counters: Counters, at: StopAfter) {
 #[test]
 fn a_run_stopped_mid_epoch_and_resumed_equals_the_uninterrupted_run() {
     // Inside the second step of epoch 2, after several reflection cycles.
-    stop_and_resume(StopAfter::Rollouts(60), 0);
+    stop_and_resume(StopAfter::Rollouts(60), Ahead::NONE);
 }
 
 #[test]
 fn a_run_stopped_inside_a_reflection_cycle_and_resumed_equals_the_uninterrupted_run() {
     // Between the passes (or retries) of an epoch-1 reflection cycle.
-    stop_and_resume(StopAfter::Generations(5), 0);
+    stop_and_resume(StopAfter::Generations(5), Ahead::NONE);
 }
 
 /// Issue 23, item 5: stopped while reflection ran and the next step's rollouts were queued
@@ -149,9 +172,18 @@ fn a_run_stopped_inside_a_reflection_cycle_and_resumed_equals_the_uninterrupted_
 /// three steps ahead too.
 #[test]
 fn a_run_stopped_while_a_step_was_queued_ahead_resumes_to_the_uninterrupted_artifacts() {
-    stop_and_resume(StopAfter::Generations(5), 1);
-    stop_and_resume(StopAfter::Rollouts(30), 1);
-    stop_and_resume(StopAfter::Generations(5), 3);
+    stop_and_resume(StopAfter::Generations(5), Ahead::steps(1));
+    stop_and_resume(StopAfter::Rollouts(30), Ahead::steps(1));
+    stop_and_resume(StopAfter::Generations(5), Ahead::steps(3));
+}
+
+/// Stopped while the next reflection cycles' calls were queued ahead (some answered and
+/// journaled, some in flight, some planned under a guidance the cycle then changed): the
+/// resumed run replays only answers whose payload digest a cycle asks for.
+#[test]
+fn a_run_stopped_while_reflection_calls_were_queued_ahead_resumes_to_the_uninterrupted_artifacts() {
+    stop_and_resume(StopAfter::Generations(7), Ahead::cycles(3));
+    stop_and_resume(StopAfter::Rollouts(60), Ahead::cycles(3));
 }
 
 /// Issue 25: with the held-out splits on and a reflector that keeps proposing a rejected edit,
@@ -160,22 +192,22 @@ fn a_run_stopped_while_a_step_was_queued_ahead_resumes_to_the_uninterrupted_arti
 /// the second are being settled).
 #[test]
 fn a_run_with_the_gate_on_resumes_to_the_uninterrupted_artifacts() {
-    stop_and_resume_with(StopAfter::Rollouts(110), 0, true);
+    stop_and_resume_with(StopAfter::Rollouts(110), Ahead::NONE, true);
 }
 
 /// Stops a run at `at`, resumes it, and checks it equals an uninterrupted run; with
-/// `pipeline_steps` 0 also that no job was computed twice (queued-ahead jobs whose guidance
+/// nothing queued ahead also that no job was computed twice (queued-ahead jobs whose guidance
 /// changed are computed and discarded by design, so the count is checked without them).
-fn stop_and_resume(at: StopAfter, pipeline_steps: u32) {
-    stop_and_resume_with(at, pipeline_steps, false)
+fn stop_and_resume(at: StopAfter, ahead: Ahead) {
+    stop_and_resume_with(at, ahead, false)
 }
 
 /// [`stop_and_resume`], with `reflection.gate` on and a reflector repeating a rejected edit
 /// when `gate`.
-fn stop_and_resume_with(at: StopAfter, pipeline_steps: u32, gate: bool) {
+fn stop_and_resume_with(at: StopAfter, ahead: Ahead, gate: bool) {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
-    let config = |dir: &Path, name: &str| config_with(dir, name, pipeline_steps, gate);
+    let config = |dir: &Path, name: &str| config_with(dir, name, ahead, gate);
     let behaviour = Behaviour {
         repeat_bad_op: gate,
         ..Behaviour::default()
@@ -237,7 +269,7 @@ fn stop_and_resume_with(at: StopAfter, pipeline_steps: u32, gate: bool) {
     assert_eq!(resumed.epoch_accuracy, whole.epoch_accuracy);
     assert_eq!(resumed.guidance_hash, whole.guidance_hash);
     assert_audit_ok(resumed_dir);
-    if pipeline_steps > 0 || gate {
+    if ahead != Ahead::NONE || gate {
         return;
     }
 

@@ -5,7 +5,7 @@ has (the load generator's scripted fingerprint pins the run), and the knobs thos
 
 usage: cluster_config.py OUT.yaml --stage-a F --root DIR --run-name NAME [--step-tickets N]
        [--epochs E] [--reflection on|off] [--ttl S] [--heartbeat S] [--speculation M]
-       [--pipeline-steps D] [--real-model GGUF]
+       [--pipeline-steps D] [--pipeline-cycles C] [--real-model GGUF]
 
 --real-model: real `stageb worker`s serve the run (the real-model soak), so the model's work
 is kept small: 2 candidates of 24 tokens per ticket, reflection answers of at most 96 tokens
@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--heartbeat", type=int, default=5)
     ap.add_argument("--speculation", type=int, default=3)
     ap.add_argument("--pipeline-steps", type=int, default=0, choices=range(0, 17))
+    ap.add_argument("--pipeline-cycles", type=int, default=0, choices=range(0, 17))
     ap.add_argument("--real-model", type=Path)
     a = ap.parse_args()
     on = a.reflection == "on"
@@ -55,7 +56,8 @@ def main() -> None:
         "runner": {"epochs": a.epochs,
                    "per_rank_rollout_batch_size": max(1, -(-a.step_tickets // 8)),
                    "logging_steps": 8, "lease_ttl_s": a.ttl, "heartbeat_interval_s": a.heartbeat,
-                   "speculation_multiple": a.speculation, "pipeline_steps": a.pipeline_steps},
+                   "speculation_multiple": a.speculation, "pipeline_steps": a.pipeline_steps,
+                   "pipeline_cycles": a.pipeline_cycles},
         "reflection": {"batch_size": 4, "max_operations": 3, "temperature": 0.3, "top_p": 0.9,
                        "repetition_penalty": 1.05, "max_new_tokens": 384,
                        "max_reflection_length": 2048, "token_budget": 2048,

@@ -53,6 +53,26 @@ impl Completions {
         }
     }
 
+    /// The results already delivered (nobody waiting for them), kept if expected: after this,
+    /// [`Completions::peek`] sees every answer that has arrived so far.
+    pub fn collect_ready(&mut self) {
+        while let Ok(c) = self.rx.try_recv() {
+            self.arrived_early(c);
+        }
+    }
+
+    /// The result of `id`, if it arrived early and is kept; it stays kept.
+    pub fn peek(&self, id: JobId) -> Option<&Completion> {
+        self.early.get(&id)
+    }
+
+    /// A result taken by [`await_any`] that the caller keeps for later: it is expected again
+    /// and waits among the early ones.
+    pub fn put_back(&mut self, c: Completion) {
+        self.expected.insert(c.job);
+        self.early.insert(c.job, c);
+    }
+
     /// An early result among `ids`, taken out.
     fn take_early(&mut self, ids: &HashSet<JobId>) -> Option<Completion> {
         let id = *self.early.keys().find(|id| ids.contains(id))?;
@@ -93,7 +113,7 @@ pub async fn await_completions(
 /// Gives up when no worker has been alive for `grace`. Each second without a completion it
 /// counts the live workers and tells `live` (the progress line's count stays true while a
 /// step's first results are still being computed).
-pub(crate) async fn await_any(
+pub async fn await_any(
     scheduler: &Scheduler,
     completions: &mut Completions,
     ids: &HashSet<JobId>,

@@ -321,6 +321,8 @@ impl RunLoop {
         .map(|mut r| {
             r.reflector.set_guidance_reused(reuse);
             r.reflector.set_progress(r.progress.clone());
+            let cycles = r.inputs.config.runner.pipeline_cycles;
+            r.reflector.set_pipeline_cycles(cycles);
             r
         })
     }

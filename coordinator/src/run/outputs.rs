@@ -10,6 +10,7 @@ use serde::Serialize;
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::digest;
 
+use super::PipelineStats;
 use super::prefix_reuse::PrefixReuse;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
@@ -134,7 +135,10 @@ impl RunLoop {
             elapsed_seconds: started.elapsed().as_secs_f64(),
             batching: Batching::from_stats(&scheduler),
             workers: WorkerTime::from_stats(&scheduler),
-            pipeline: self.pipeline.clone(),
+            pipeline: PipelineStats {
+                reflection: self.reflector.calls_ahead().clone(),
+                ..self.pipeline.clone()
+            },
             scheduler,
             prefix_cache: PrefixReuse {
                 reflection: self.reflector.prefix_reuse().clone(),

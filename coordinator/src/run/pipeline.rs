@@ -6,13 +6,15 @@
 //! are withdrawn (their leases fenced) and queued again. At each boundary the steps already
 //! queued under an older guidance are queued again under the current one (the best guess of
 //! what their step will render). Never past the epoch's end. Artifacts never depend on it;
-//! `summary.json` `runtime.pipeline` counts what was queued ahead, used and discarded.
+//! `summary.json` `runtime.pipeline` counts what was queued ahead, used and discarded (with
+//! the reflection calls queued ahead, `learn::reflection`'s `ahead`).
 
 use serde::{Deserialize, Serialize};
 
 use super::rollout_prompt::rollout_payload;
 use super::{EpochRun, RunLoop};
 use crate::cluster::scheduler::JobId;
+use crate::learn::reflection::CallsAheadStats;
 
 /// A step's rollouts queued ahead, and the guidance they were built with.
 pub(super) struct Ahead {
@@ -43,6 +45,8 @@ pub struct PipelineStats {
     pub jobs_ahead: u64,
     pub jobs_used: u64,
     pub jobs_discarded: u64,
+    /// Reflection calls queued ahead of their cycle (`runner.pipeline_cycles`).
+    pub reflection: CallsAheadStats,
 }
 
 impl RunLoop {

@@ -7,7 +7,8 @@ use super::types::{
     GateConfig, GridEntry, GuidanceConfig, LifecycleConfig, MIN_CONSTRAINED_NEW_TOKENS,
     MIN_MODEL_LEN, ManualReviewConfig, ModelConfig, OutputConfig, ReflectionConfig, RunConfig,
     RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak,
-    default_pipeline_steps, default_speculation_min_ms, default_speculation_multiple,
+    default_pipeline_cycles, default_pipeline_steps, default_speculation_min_ms,
+    default_speculation_multiple,
 };
 use crate::error::{ErrorCode, InputError};
 use serde_norway::Value;
@@ -16,6 +17,8 @@ use std::path::PathBuf;
 /// The most steps `runner.pipeline_steps` may queue ahead: each holds a step's rollout answers at
 /// rank 0 until its turn.
 pub const MAX_PIPELINE_STEPS: u32 = 16;
+/// The most reflection cycles `runner.pipeline_cycles` may queue calls for ahead.
+pub const MAX_PIPELINE_CYCLES: u32 = 16;
 
 /// f64 → f32 for decode parameters; the values are range-checked small numbers.
 fn to_f32(value: f64) -> f32 {
@@ -356,6 +359,7 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
             0,
         )?,
         pipeline_steps: runner.opt_u32(doc, "pipeline_steps", default_pipeline_steps(), 0)?,
+        pipeline_cycles: runner.opt_u32(doc, "pipeline_cycles", default_pipeline_cycles(), 0)?,
     };
     if config.pipeline_steps > MAX_PIPELINE_STEPS {
         return Err(runner.invalid(
@@ -364,6 +368,17 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
             format!(
                 "must be 0..={MAX_PIPELINE_STEPS} (steps queued ahead while reflection runs), got {}",
                 config.pipeline_steps
+            ),
+        ));
+    }
+    if config.pipeline_cycles > MAX_PIPELINE_CYCLES {
+        return Err(runner.invalid(
+            doc,
+            "pipeline_cycles",
+            format!(
+                "must be 0..={MAX_PIPELINE_CYCLES} (reflection cycles whose calls are queued \
+                 ahead), got {}",
+                config.pipeline_cycles
             ),
         ));
     }

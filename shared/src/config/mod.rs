@@ -37,6 +37,8 @@
 //!   (default 2000): when rank 0 leases a second copy of a straggling job.
 //! - `runner.pipeline_steps` (0..=16, default 0): queue the next steps' rollouts while the
 //!   current step's reflection runs.
+//! - `runner.pipeline_cycles` (0..=16, default 0): queue the next reflection cycles' calls
+//!   while a cycle runs.
 //!
 //! # Paths
 //! Paths are kept exactly as written. Like the original, relative paths mean "relative to

@@ -165,6 +165,7 @@ const RUNNER_SCHEMA: SectionSchema = SectionSchema {
         "speculation_multiple",
         "speculation_min_ms",
         "pipeline_steps",
+        "pipeline_cycles",
     ],
     ignored: &[],
 };

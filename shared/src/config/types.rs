@@ -232,9 +232,21 @@ pub struct RunnerConfig {
     /// docs/PERFORMANCE.md); it is for workers with capacity to spare.
     #[serde(default = "default_pipeline_steps")]
     pub pipeline_steps: u32,
+    /// stageb addition: reflection cycles whose model calls are queued ahead while a cycle
+    /// runs (0 to 16): the next cycles' decision calls under the guidance of the moment, and
+    /// the ops call of a cycle whose decision answer is already in. A call's answer is used
+    /// only when the sequential loop asks for exactly the same job (prompt, seed and
+    /// parameters), so artifacts never depend on it. Default 0: with one worker on two CPU
+    /// cores the calls queued ahead share their steps with the call on the critical path.
+    #[serde(default = "default_pipeline_cycles")]
+    pub pipeline_cycles: u32,
 }
 
 pub(super) fn default_pipeline_steps() -> u32 {
+    0
+}
+
+pub(super) fn default_pipeline_cycles() -> u32 {
     0
 }
 

@@ -10,8 +10,9 @@ use stageb_shared::seed::derived_seed;
 
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
 use super::{JSON_RETRIES, ReflectionError, Reflector};
-use crate::cluster::completions::{Completions, await_completions};
+use crate::cluster::completions::{Completions, await_any};
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER, Scheduler};
+use crate::guidance::GuidanceRepo;
 use crate::progress::{Phase, ReflectPass};
 
 /// Where reflection calls go: the scheduler that leases them to workers, and the channel their
@@ -77,8 +78,8 @@ impl Reflector {
         &mut self,
         row: &mut ReflectionRow,
         pass: CallPass,
-        messages: Vec<ChatMessage>,
-        schema: &Value,
+        (messages, schema): (Vec<ChatMessage>, &Value),
+        guidance: &GuidanceRepo,
         workers: &mut Workers<'_>,
         parse: impl Fn(&str) -> Result<T, ReflectionParseError>,
     ) -> Result<Option<T>, ReflectionError> {
@@ -88,17 +89,9 @@ impl Reflector {
             }
             self.state.calls_epoch += 1;
             self.show_call(row.reflection_cycle, pass);
-            let seed = derived_seed(
-                self.run_seed,
-                "reflection-call",
-                &[
-                    &row.epoch.to_le_bytes(),
-                    &row.reflection_cycle.to_le_bytes(),
-                    pass.as_str().as_bytes(),
-                    &attempt.to_le_bytes(),
-                ],
-            );
-            let completion = self.generate(&messages, schema, seed, workers).await?;
+            let seed = self.call_seed(row.epoch, row.reflection_cycle, pass, attempt);
+            let payload = self.call_payload(&messages, schema, seed);
+            let completion = self.generate(payload, guidance, workers).await?;
             let (record, outcome) = judge(pass, attempt, seed, completion, &parse);
             self.prefix_reuse.count(&record);
             row.calls.push(record);
@@ -109,6 +102,38 @@ impl Reflector {
             }
         }
         Ok(None)
+    }
+
+    /// The seed of attempt `attempt` of `pass` in `cycle`.
+    pub(super) fn call_seed(&self, epoch: u32, cycle: u64, pass: CallPass, attempt: u32) -> u64 {
+        derived_seed(
+            self.run_seed,
+            "reflection-call",
+            &[
+                &epoch.to_le_bytes(),
+                &cycle.to_le_bytes(),
+                pass.as_str().as_bytes(),
+                &attempt.to_le_bytes(),
+            ],
+        )
+    }
+
+    /// The job of one call: everything its answer depends on.
+    pub(super) fn call_payload(
+        &self,
+        messages: &[ChatMessage],
+        schema: &Value,
+        seed: u64,
+    ) -> JobPayload {
+        JobPayload::Generate {
+            messages: messages.to_vec(),
+            json_schema: Some(schema.to_string()),
+            seed,
+            temperature: self.config.temperature,
+            top_p: self.config.top_p,
+            repetition_penalty: self.config.repetition_penalty,
+            max_new_tokens: self.config.max_new_tokens,
+        }
     }
 
     /// The progress state names the call's cycle and pass.
@@ -123,31 +148,41 @@ impl Reflector {
         }
     }
 
-    /// Lease one generation and wait for its answer.
+    /// Lease one generation (or take the same job queued ahead) and wait for its answer. While
+    /// it waits, each decision answer of a call queued ahead that arrives re-plans the calls
+    /// ahead, so that its cycle's ops call is queued at once.
     async fn generate(
-        &self,
-        messages: &[ChatMessage],
-        schema: &Value,
-        seed: u64,
+        &mut self,
+        payload: JobPayload,
+        guidance: &GuidanceRepo,
         workers: &mut Workers<'_>,
     ) -> Result<Completion, ReflectionError> {
-        let job = workers.scheduler.enqueue(JobPayload::Generate {
-            messages: messages.to_vec(),
-            json_schema: Some(schema.to_string()),
-            seed,
-            temperature: self.config.temperature,
-            top_p: self.config.top_p,
-            repetition_penalty: self.config.repetition_penalty,
-            max_new_tokens: self.config.max_new_tokens,
-        });
-        let mut done = await_completions(
-            workers.scheduler,
-            workers.completions,
-            &[job],
-            self.worker_grace,
-        )
-        .await?;
-        Ok(done.remove(&job).expect("awaited"))
+        let job = match self.ahead.take(&payload) {
+            Some(job) => {
+                workers.scheduler.promote(&[job]);
+                job
+            }
+            None => workers.scheduler.enqueue(payload),
+        };
+        // Kept if it arrives while the calls ahead are re-planned (which collects what came).
+        workers.completions.expect([job]);
+        loop {
+            let mut watch = self.ahead.decisions_in_flight(workers);
+            watch.insert(job);
+            let done = await_any(
+                workers.scheduler,
+                workers.completions,
+                &watch,
+                self.worker_grace,
+                &mut |_| {},
+            )
+            .await?;
+            if done.job == job {
+                return Ok(done);
+            }
+            workers.completions.put_back(done);
+            self.plan_calls_ahead(guidance, workers);
+        }
     }
 }
 

@@ -73,6 +73,37 @@ pub(super) struct Learnable {
     pub(super) keys: BTreeSet<TicketKey>,
 }
 
+/// A decision answer applied to the kept cases: the ids it named, resolved against them, the
+/// cases it stopped (in prompt order) and `L`, the rest.
+pub(super) struct StopSplit {
+    pub(super) resolved: op_check::ResolvedIds,
+    pub(super) stopped: Vec<GradientRecord>,
+    pub(super) learnable: Learnable,
+}
+
+/// Which kept cases `decision` stops (its no-evidence ids, resolved against the batch), and
+/// `L`. Pure: the cycle routes the stopped ones, calls queued ahead plan the ops pass on `L`.
+pub(super) fn split_stop_gradient(
+    kept: Vec<GradientRecord>,
+    kept_keys: &BTreeSet<TicketKey>,
+    decision: &DecisionOutput,
+) -> StopSplit {
+    let resolved = op_check::resolve_ids(
+        &decision.no_evidence_group_ids,
+        &shorthand(&kept),
+        kept_keys,
+    );
+    let stop: BTreeSet<&TicketKey> = resolved.keys.iter().collect();
+    let (stopped, records): (Vec<_>, Vec<_>) =
+        kept.into_iter().partition(|r| stop.contains(&r.ticket_key));
+    let keys = records.iter().map(|r| r.ticket_key.clone()).collect();
+    StopSplit {
+        resolved,
+        stopped,
+        learnable: Learnable { records, keys },
+    }
+}
+
 impl Reflector {
     /// One reflection cycle on `batch`: its phases, then its row.
     pub(super) async fn run_cycle(
@@ -177,14 +208,7 @@ impl Reflector {
         batch: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
     ) -> Packed {
-        let mut ordered = batch;
-        ordered.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.order.cmp(&b.order))
-                .then(a.ticket_key.cmp(&b.ticket_key))
-        });
-        let (kept, dropped) = self.fit_cases(&ordered, guidance);
+        let (kept, dropped) = self.pack_cases(batch, guidance);
         if !dropped.is_empty() {
             row.warnings
                 .push(format!("dropped_by_token_budget={}", dropped.len()));
@@ -192,6 +216,23 @@ impl Reflector {
             row.dropped_by_token_budget = Some(keys_of(&dropped));
         }
         Packed { kept, dropped }
+    }
+
+    /// The batch in prompt order (priority, then arrival, then key), split into the cases
+    /// that fit the prompt budget and those left out whole.
+    pub(super) fn pack_cases(
+        &self,
+        batch: Vec<GradientRecord>,
+        guidance: &GuidanceRepo,
+    ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
+        let mut ordered = batch;
+        ordered.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.order.cmp(&b.order))
+                .then(a.ticket_key.cmp(&b.ticket_key))
+        });
+        self.fit_cases(&ordered, guidance)
     }
 
     /// Decision pass: which kept cases are unlearnable even with their label (stop-gradient);
@@ -208,7 +249,14 @@ impl Reflector {
         let schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
         let parse = reflection_schema::parse_decision;
         let decision = self
-            .call_json(row, CallPass::Decision, messages, &schema, workers, parse)
+            .call_json(
+                row,
+                CallPass::Decision,
+                (messages, &schema),
+                guidance,
+                workers,
+                parse,
+            )
             .await?;
         self.state.decisions_epoch.0 += 1;
         if decision.is_some() {
@@ -237,36 +285,25 @@ impl Reflector {
         kept_keys: &BTreeSet<TicketKey>,
         decision: DecisionOutput,
     ) -> Result<Learnable, ReflectionError> {
-        let resolved = op_check::resolve_ids(
-            &decision.no_evidence_group_ids,
-            &shorthand(&kept),
-            kept_keys,
-        );
-        if !resolved.unknown.is_empty() {
+        let split = split_stop_gradient(kept, kept_keys, &decision);
+        if !split.resolved.unknown.is_empty() {
             row.warnings
-                .push(format!("unknown_ids={}", resolved.unknown.len()));
+                .push(format!("unknown_ids={}", split.resolved.unknown.len()));
         }
-        let stop: BTreeSet<TicketKey> = resolved.keys.iter().cloned().collect();
-        let mut records = Vec::new();
-        for r in kept {
-            if stop.contains(&r.ticket_key) {
-                let note = Some(decision.decision_analysis.clone());
-                let reason = NeedReviewReason::ReflectionNoEvidenceAfterGt;
-                self.route(&r, reason, Some(&row.reflection_id), note)?;
-            } else {
-                records.push(r);
-            }
+        for r in &split.stopped {
+            let note = Some(decision.decision_analysis.clone());
+            let reason = NeedReviewReason::ReflectionNoEvidenceAfterGt;
+            self.route(r, reason, Some(&row.reflection_id), note)?;
         }
-        let keys: BTreeSet<TicketKey> = records.iter().map(|r| r.ticket_key.clone()).collect();
-        row.stop_gradient = Some(stop);
-        row.learnable = Some(keys.clone());
+        row.stop_gradient = Some(split.resolved.keys.iter().cloned().collect());
+        row.learnable = Some(split.learnable.keys.clone());
         row.decision = Some(DecisionRecord {
             no_evidence_group_ids: decision.no_evidence_group_ids,
-            resolved: resolved.keys,
-            unknown_ids: resolved.unknown,
+            resolved: split.resolved.keys,
+            unknown_ids: split.resolved.unknown,
             decision_analysis: decision.decision_analysis,
         });
-        Ok(Learnable { records, keys })
+        Ok(split.learnable)
     }
 
     /// Apply: the accepted ops become one guidance version, unless the epoch's change cap is

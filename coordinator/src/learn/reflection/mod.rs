@@ -27,6 +27,7 @@
 //! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
 //! - `ablation`: each learned rule left out in turn, on the gate split (every N epochs).
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
+//! - `ahead`: the next cycles' likely calls, queued ahead while a cycle runs.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
 //! - `state`: what a checkpoint carries.
@@ -49,6 +50,7 @@ use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
 
 mod ablation;
+mod ahead;
 mod call;
 mod cycle;
 mod gate;
@@ -59,6 +61,7 @@ mod record;
 pub mod row;
 mod state;
 pub use ablation::RuleAblation;
+pub use ahead::CallsAheadStats;
 pub use call::CallPrefixReuse;
 use call::Workers;
 pub use gate::{GateCost, GateProbe, RolloutPayloadFn, rendered_digest};
@@ -134,6 +137,8 @@ pub struct Reflector {
     /// Gate outcomes known this epoch (runtime only: recomputed identically after a resume).
     gate_outcomes: gate::GateOutcomes,
     gate_cost: gate::GateCost,
+    /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
+    ahead: ahead::CallsAhead,
 }
 
 impl Reflector {
@@ -192,6 +197,7 @@ impl Reflector {
             gate_probe: None,
             gate_outcomes: gate::GateOutcomes::default(),
             gate_cost: gate::GateCost::default(),
+            ahead: ahead::CallsAhead::default(),
         })
     }
 
@@ -216,6 +222,17 @@ impl Reflector {
     /// Shows each call's cycle and pass in `progress` (`reflecting cycle 2 (decision)`).
     pub fn set_progress(&mut self, progress: ProgressHandle) {
         self.progress = Some(progress);
+    }
+
+    /// Queue the calls of up to `cycles` upcoming cycles ahead while a cycle runs
+    /// (`runner.pipeline_cycles`; 0: none).
+    pub fn set_pipeline_cycles(&mut self, cycles: u32) {
+        self.ahead.depth = cycles as usize;
+    }
+
+    /// The calls queued ahead in this attempt, and what became of them.
+    pub fn calls_ahead(&self) -> &CallsAheadStats {
+        &self.ahead.stats
     }
 
     pub fn set_guidance_reused(&mut self, reused: bool) {
@@ -317,8 +334,27 @@ impl Reflector {
             scheduler,
             completions,
         };
+        self.ahead.start_boundary(drain);
+        let done = self
+            .run_due_cycles(epoch, global_step, guidance, &mut workers, drain)
+            .await;
+        self.ahead.withdraw_all(&mut workers);
+        done
+    }
+
+    /// Every cycle due at this boundary, one after the other, with the next ones' likely
+    /// calls queued ahead as each starts.
+    async fn run_due_cycles(
+        &mut self,
+        epoch: u32,
+        global_step: u64,
+        guidance: &mut GuidanceRepo,
+        workers: &mut Workers<'_>,
+        drain: bool,
+    ) -> Result<(), ReflectionError> {
         while let Some((attempt, batch)) = self.next_batch(drain) {
-            self.run_cycle(epoch, global_step, attempt, batch, guidance, &mut workers)
+            self.plan_calls_ahead(guidance, workers);
+            self.run_cycle(epoch, global_step, attempt, batch, guidance, workers)
                 .await?;
         }
         Ok(())

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use stageb_shared::domain::TicketKey;
+use stageb_shared::domain::{ChatMessage, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::reflection_schema::{self, OpsOutput, ProposedOp};
 
@@ -17,6 +17,7 @@ use super::cycle::{CycleEnd, Flow, Learnable};
 use super::prompt::shorthand;
 use super::row::{CallPass, Proposal, ReflectionRow};
 use super::{REVISION_ROUNDS, ReflectionError, Reflector, tailor_ops_schema};
+use crate::cluster::scheduler::JobPayload;
 use crate::guidance::{GuidanceOp, GuidanceRepo};
 use crate::learn::op_check::{
     self, AcceptedOp, OpsContext, OpsValidation, RejectReason, RejectedOp,
@@ -139,6 +140,32 @@ impl Reflector {
         }
     }
 
+    /// A round's messages: the cases of `L`, and for a revision the ops rejected last round.
+    fn round_messages(
+        &self,
+        inputs: &OpsInputs<'_>,
+        cycle: u64,
+        revision: Option<&[RejectedOp]>,
+    ) -> Vec<ChatMessage> {
+        let cases = &inputs.learnable.records;
+        let memory = inputs.memory.as_ref();
+        self.ops_messages(cases, inputs.guidance, cycle, revision, memory)
+    }
+
+    /// The job of `cycle`'s ops pass on `learnable` (its first attempt), built as
+    /// [`Reflector::ops_rounds`] builds it: for a call queued ahead.
+    pub(super) fn first_ops_payload(
+        &self,
+        learnable: &Learnable,
+        guidance: &GuidanceRepo,
+        cycle: u64,
+    ) -> JobPayload {
+        let inputs = self.ops_inputs(learnable, guidance);
+        let messages = self.round_messages(&inputs, cycle, None);
+        let seed = self.call_seed(self.state.epoch, cycle, CallPass::Ops, 0);
+        self.call_payload(&messages, &inputs.schema, seed)
+    }
+
     /// How many rejected edits are remembered: `reflection.gate.remember_rejected` with the
     /// gate on, else none.
     pub(super) fn remembered_cap(&self) -> usize {
@@ -161,22 +188,16 @@ impl Reflector {
         so_far: &OpsValidation,
         workers: &mut Workers<'_>,
     ) -> Result<Option<(Proposal, OpsValidation)>, ReflectionError> {
-        let cases = &inputs.learnable.records;
-        let messages = self.ops_messages(
-            cases,
-            inputs.guidance,
-            row.reflection_cycle,
-            revision,
-            inputs.memory.as_ref(),
-        );
+        let messages = self.round_messages(inputs, row.reflection_cycle, revision);
         let pass = if round == 0 {
             CallPass::Ops
         } else {
             CallPass::OpsRevision
         };
         let parse = reflection_schema::parse_ops;
+        let (schema, guidance) = (&inputs.schema, inputs.guidance);
         let answer = self
-            .call_json(row, pass, messages, &inputs.schema, workers, parse)
+            .call_json(row, pass, (messages, schema), guidance, workers, parse)
             .await?;
         let Some(out) = answer else {
             row.warnings.push(format!("{}_error", pass.as_str()));

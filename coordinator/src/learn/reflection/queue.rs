@@ -2,6 +2,8 @@
 //! buckets (batches halve per retry), the epoch's call and change budgets, and routing to
 //! need-review.
 
+use std::collections::BTreeMap;
+
 use stageb_shared::domain::TicketKey;
 
 use super::{GradientRecord, ReflectionError, Reflector, io_err};
@@ -13,30 +15,63 @@ pub fn retry_batch_size(batch_size: u32, attempt: u32) -> usize {
     ((batch_size as usize) >> attempt.min(31)).max(1)
 }
 
+/// Take the next due batch from `pending` and the `retry` buckets (with its retry attempt).
+/// Mid-epoch only full batches are taken; at epoch end (`drain`) everything is.
+fn take_batch(
+    pending: &mut Vec<GradientRecord>,
+    retry: &mut BTreeMap<u32, Vec<GradientRecord>>,
+    batch_size: u32,
+    drain: bool,
+) -> Option<(u32, Vec<GradientRecord>)> {
+    let size = batch_size.max(1) as usize;
+    if pending.len() >= size || (drain && !pending.is_empty()) {
+        let n = size.min(pending.len());
+        return Some((0, pending.drain(..n).collect()));
+    }
+    let attempts: Vec<u32> = retry.keys().copied().collect();
+    for attempt in attempts {
+        let bucket = retry.get_mut(&attempt).expect("listed above");
+        bucket.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
+        let want = retry_batch_size(batch_size, attempt);
+        if bucket.len() >= want || (drain && !bucket.is_empty()) {
+            let n = want.min(bucket.len());
+            let batch: Vec<_> = bucket.drain(..n).collect();
+            if bucket.is_empty() {
+                retry.remove(&attempt);
+            }
+            return Some((attempt, batch));
+        }
+    }
+    None
+}
+
 impl Reflector {
     /// The next batch to reflect on, if one is due. Mid-epoch only full batches are taken;
     /// at epoch end (`drain`) everything is, including retries created while draining.
     pub(super) fn next_batch(&mut self, drain: bool) -> Option<(u32, Vec<GradientRecord>)> {
+        let state = &mut self.state;
+        take_batch(
+            &mut state.pending,
+            &mut state.retry,
+            self.config.batch_size,
+            drain,
+        )
+    }
+
+    /// The batches the next `n` cycles would take if no cycle put anything back in the queues
+    /// (nothing retried, nothing dropped by the token budget): the guess that calls queued
+    /// ahead are built from.
+    pub(super) fn upcoming_batches(&self, drain: bool, n: usize) -> Vec<Vec<GradientRecord>> {
+        // Only the head of the pending queue can be due within `n` batches.
         let size = self.config.batch_size.max(1) as usize;
-        if self.state.pending.len() >= size || (drain && !self.state.pending.is_empty()) {
-            let n = size.min(self.state.pending.len());
-            return Some((0, self.state.pending.drain(..n).collect()));
-        }
-        let attempts: Vec<u32> = self.state.retry.keys().copied().collect();
-        for attempt in attempts {
-            let bucket = self.state.retry.get_mut(&attempt).expect("listed above");
-            bucket.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
-            let want = retry_batch_size(self.config.batch_size, attempt);
-            if bucket.len() >= want || (drain && !bucket.is_empty()) {
-                let n = want.min(bucket.len());
-                let batch: Vec<_> = bucket.drain(..n).collect();
-                if bucket.is_empty() {
-                    self.state.retry.remove(&attempt);
-                }
-                return Some((attempt, batch));
-            }
-        }
-        None
+        let head = self.state.pending.len().min(n.saturating_mul(size));
+        let mut pending = self.state.pending[..head].to_vec();
+        let mut retry = self.state.retry.clone();
+        let size = self.config.batch_size;
+        std::iter::from_fn(|| take_batch(&mut pending, &mut retry, size, drain))
+            .take(n)
+            .map(|(_, batch)| batch)
+            .collect()
     }
 
     pub(super) fn route(

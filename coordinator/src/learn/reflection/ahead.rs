@@ -1,0 +1,221 @@
+//! Reflection calls queued ahead (`runner.pipeline_cycles: D`). Reflection is a chain: a
+//! cycle starts from the guidance the one before it wrote, so its calls run one at a time
+//! while workers with room idle. While a cycle runs, the calls the next D cycles will most
+//! likely make are queued ahead, built the way those cycles build them from what is known
+//! now: the batches the queues would give if nothing were put back, under the current
+//! guidance, the decision call of each, and the ops call of each whose decision answer is
+//! already in (re-planned as soon as one arrives).
+//!
+//! A cycle uses a call queued ahead only when it asks for exactly the same job: the digest of
+//! the whole payload (messages, schema, seed, sampling parameters) that the job journal keys
+//! answers by, and a job's answer depends on nothing else. So artifacts never depend on it; a
+//! guess that turns out wrong (the guidance changed, a case was retried, a call failed) only
+//! costs the work, and its job is withdrawn (its lease fenced). Calls still queued ahead when
+//! a boundary's cycles are done are withdrawn too. `summary.json` `runtime.pipeline` counts
+//! the calls queued ahead, used and withdrawn.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use serde::{Deserialize, Serialize};
+use stageb_shared::reflection_schema;
+
+use super::call::Workers;
+use super::cycle::split_stop_gradient;
+use super::row::CallPass;
+use super::{GradientRecord, Reflector, tailor_decision_schema};
+use crate::cluster::scheduler::journal::payload_digest;
+use crate::cluster::scheduler::{JobId, JobOutput, JobPayload};
+use crate::guidance::GuidanceRepo;
+use stageb_shared::domain::TicketKey;
+
+/// Calls queued ahead in this attempt, and what became of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CallsAheadStats {
+    /// Calls queued ahead of their cycle.
+    pub calls_ahead: u64,
+    /// Of those, the calls a cycle used as they were.
+    pub calls_used: u64,
+    /// Of those, the calls withdrawn unused (a wrong guess, or left over at a boundary).
+    pub calls_withdrawn: u64,
+}
+
+/// One call queued ahead.
+struct Queued {
+    job: JobId,
+    cycle: u64,
+    pass: CallPass,
+}
+
+/// The calls queued ahead, by payload digest.
+#[derive(Default)]
+pub(super) struct CallsAhead {
+    /// Cycles ahead (`runner.pipeline_cycles`); 0 queues nothing.
+    pub(super) depth: usize,
+    /// Whether the boundary being reflected on is the epoch's end (its partial batches are due).
+    drain: bool,
+    queued: BTreeMap<String, Queued>,
+    pub(super) stats: CallsAheadStats,
+}
+
+impl CallsAhead {
+    /// The job queued ahead for exactly `payload`, taken out of the table (the caller now waits
+    /// for it as its own call).
+    pub(super) fn take(&mut self, payload: &JobPayload) -> Option<JobId> {
+        if self.queued.is_empty() {
+            return None;
+        }
+        let queued = self.queued.remove(&payload_digest(payload))?;
+        self.stats.calls_used += 1;
+        Some(queued.job)
+    }
+
+    /// Decision calls queued ahead whose answer has not arrived: an arrival may let its
+    /// cycle's ops call be queued too.
+    pub(super) fn decisions_in_flight(&self, workers: &Workers<'_>) -> HashSet<JobId> {
+        self.queued
+            .values()
+            .filter(|q| q.pass == CallPass::Decision)
+            .filter(|q| workers.completions.peek(q.job).is_none())
+            .map(|q| q.job)
+            .collect()
+    }
+
+    /// The job for `payload` of `cycle`: the one queued already, else a new one queued ahead.
+    fn want(
+        &mut self,
+        cycle: u64,
+        pass: CallPass,
+        payload: JobPayload,
+        workers: &mut Workers<'_>,
+    ) -> (String, JobId) {
+        let digest = payload_digest(&payload);
+        if let Some(q) = self.queued.get(&digest) {
+            return (digest, q.job);
+        }
+        let job = workers.scheduler.enqueue_ahead(payload);
+        workers.completions.expect([job]);
+        self.queued
+            .insert(digest.clone(), Queued { job, cycle, pass });
+        self.stats.calls_ahead += 1;
+        (digest, job)
+    }
+
+    /// Withdraw every call for which `unwanted` holds.
+    fn withdraw_where(
+        &mut self,
+        workers: &mut Workers<'_>,
+        unwanted: impl Fn(&str, &Queued) -> bool,
+    ) {
+        let gone: Vec<String> = self
+            .queued
+            .iter()
+            .filter(|(d, q)| unwanted(d, q))
+            .map(|(d, _)| d.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let jobs: Vec<JobId> = gone
+            .iter()
+            .filter_map(|d| self.queued.remove(d))
+            .map(|q| q.job)
+            .collect();
+        workers.completions.collect_ready();
+        workers.scheduler.withdraw(&jobs);
+        workers.completions.forget(&jobs);
+        self.stats.calls_withdrawn += jobs.len() as u64;
+    }
+
+    /// The boundary's cycles are done: nothing queued ahead will be asked for.
+    pub(super) fn withdraw_all(&mut self, workers: &mut Workers<'_>) {
+        self.withdraw_where(workers, |_, _| true);
+    }
+
+    pub(super) fn start_boundary(&mut self, drain: bool) {
+        self.drain = drain;
+    }
+}
+
+impl Reflector {
+    /// Queue ahead the calls the next cycles will most likely make (see the module header);
+    /// calls queued for cycles now past, or for upcoming cycles under another guess, are
+    /// withdrawn. The current cycle's own calls are left as they are.
+    pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, workers: &mut Workers<'_>) {
+        if self.ahead.depth == 0 {
+            return;
+        }
+        workers.completions.collect_ready();
+        let current = self.state.cycles;
+        let mut wanted: BTreeSet<String> = BTreeSet::new();
+        let batches = self.upcoming_batches(self.ahead.drain, self.ahead.depth);
+        for (j, batch) in batches.into_iter().enumerate() {
+            let cycle = current + 1 + j as u64;
+            if !self.budget_allows(j) {
+                break;
+            }
+            for (pass, payload) in self.likely_calls(cycle, batch, guidance, workers) {
+                let (digest, _) = self.ahead.want(cycle, pass, payload, workers);
+                wanted.insert(digest);
+            }
+        }
+        self.ahead.withdraw_where(workers, |digest, q| {
+            q.cycle < current || (q.cycle > current && !wanted.contains(digest))
+        });
+    }
+
+    /// Whether upcoming cycle `j` (0: the next) is likely to get its calls: the epoch's change
+    /// cap is not reached and the call budget covers this cycle's two calls and theirs.
+    fn budget_allows(&self, j: usize) -> bool {
+        if self.change_cap_reached() {
+            return false;
+        }
+        let needed = self.state.calls_epoch as u64 + 2 * (j as u64 + 2);
+        self.config
+            .max_calls_per_epoch
+            .is_none_or(|cap| needed <= cap as u64)
+    }
+
+    /// The decision call `cycle` would make on `batch`, and its ops call when the decision's
+    /// answer (queued ahead before) is in and leaves cases to learn from.
+    fn likely_calls(
+        &mut self,
+        cycle: u64,
+        batch: Vec<GradientRecord>,
+        guidance: &GuidanceRepo,
+        workers: &mut Workers<'_>,
+    ) -> Vec<(CallPass, JobPayload)> {
+        let (kept, _) = self.pack_cases(batch, guidance);
+        let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
+        let messages = self.decision_messages(&kept, guidance, cycle);
+        let schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
+        let seed = self.call_seed(self.state.epoch, cycle, CallPass::Decision, 0);
+        let decision = self.call_payload(&messages, &schema, seed);
+        let mut calls = Vec::with_capacity(2);
+        let decision_job = self
+            .ahead
+            .queued
+            .get(&payload_digest(&decision))
+            .map(|q| q.job);
+        calls.push((CallPass::Decision, decision));
+        let answer = decision_job.and_then(|job| match workers.completions.peek(job) {
+            Some(c) => match &c.result {
+                Ok(JobOutput::Generate { text, .. }) => {
+                    reflection_schema::parse_decision(text).ok()
+                }
+                _ => None,
+            },
+            None => None,
+        });
+        if let Some(decision) = answer {
+            let learnable = split_stop_gradient(kept, &kept_keys, &decision).learnable;
+            if !learnable.records.is_empty() {
+                calls.push((
+                    CallPass::Ops,
+                    self.first_ops_payload(&learnable, guidance, cycle),
+                ));
+            }
+        }
+        calls
+    }
+}
