@@ -2,8 +2,8 @@
 //! cycle starts from the guidance the one before it wrote, so its calls run one at a time
 //! while workers with room idle. While a cycle runs, the calls the next D cycles will most
 //! likely make are queued ahead, built the way those cycles build them from what is known
-//! now: the batches the queues would give if nothing were put back, under the current
-//! guidance, the decision call of each, and the ops call of each whose decision answer is
+//! now: the batches the queues would give if nothing but the cases packing leaves out were put
+//! back, packed under the current guidance, the decision call of each, and the ops call of each whose decision answer is
 //! already in (re-planned as soon as one arrives).
 //!
 //! A cycle uses a call queued ahead only when it asks for exactly the same job: the digest of
@@ -148,13 +148,13 @@ impl Reflector {
         workers.completions.collect_ready();
         let current = self.state.cycles;
         let mut wanted: BTreeSet<String> = BTreeSet::new();
-        let batches = self.upcoming_batches(self.ahead.drain, self.ahead.depth);
-        for (j, batch) in batches.into_iter().enumerate() {
+        let upcoming = self.upcoming_cases(self.ahead.drain, self.ahead.depth, guidance);
+        for (j, kept) in upcoming.into_iter().enumerate() {
             let cycle = current + 1 + j as u64;
             if !self.budget_allows(j) {
                 break;
             }
-            for (pass, payload) in self.likely_calls(cycle, batch, guidance, workers) {
+            for (pass, payload) in self.likely_calls(cycle, kept, guidance, workers) {
                 let (digest, _) = self.ahead.want(cycle, pass, payload, workers);
                 wanted.insert(digest);
             }
@@ -176,16 +176,15 @@ impl Reflector {
             .is_none_or(|cap| needed <= cap as u64)
     }
 
-    /// The decision call `cycle` would make on `batch`, and its ops call when the decision's
-    /// answer (queued ahead before) is in and leaves cases to learn from.
+    /// The decision call `cycle` would make on its packed cases `kept`, and its ops call when
+    /// the decision's answer (queued ahead before) is in and leaves cases to learn from.
     fn likely_calls(
         &mut self,
         cycle: u64,
-        batch: Vec<GradientRecord>,
+        kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
         workers: &mut Workers<'_>,
     ) -> Vec<(CallPass, JobPayload)> {
-        let (kept, _) = self.pack_cases(batch, guidance);
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
         let messages = self.decision_messages(&kept, guidance, cycle);
         let schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);

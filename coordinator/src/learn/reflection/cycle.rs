@@ -61,12 +61,6 @@ pub(super) enum Flow<T> {
     End(CycleEnd),
 }
 
-/// The cases of a batch that fit the prompt (in prompt order), and those left out whole.
-struct Packed {
-    kept: Vec<GradientRecord>,
-    dropped: Vec<GradientRecord>,
-}
-
 /// `L`: the kept cases the decision pass did not stop, in prompt order, and their keys.
 pub(super) struct Learnable {
     pub(super) records: Vec<GradientRecord>,
@@ -132,8 +126,11 @@ impl Reflector {
             Flow::Next(batch) => batch,
             Flow::End(end) => return Ok(end),
         };
-        let packed = self.pack(row, batch, guidance);
-        let learnable = match self.decision_pass(row, packed, guidance, workers).await? {
+        let kept = self.pack(row, batch, guidance);
+        // The queues now hold what the next cycles will take (this batch's dropped cases are
+        // back): the time to queue their likely calls ahead.
+        self.plan_calls_ahead(guidance, workers);
+        let learnable = match self.decision_pass(row, kept, guidance, workers).await? {
             Flow::Next(learnable) => learnable,
             Flow::End(end) => return Ok(end),
         };
@@ -202,20 +199,22 @@ impl Reflector {
     }
 
     /// Pack: whole cases under the token budget, highest priority first; at least one case.
+    /// The cases left out go back to the queue they came from, uncharged (they never reach a
+    /// model), whatever the decision pass then makes of the kept ones.
     fn pack(
-        &self,
+        &mut self,
         row: &mut ReflectionRow,
         batch: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
-    ) -> Packed {
+    ) -> Vec<GradientRecord> {
         let (kept, dropped) = self.pack_cases(batch, guidance);
         if !dropped.is_empty() {
             row.warnings
                 .push(format!("dropped_by_token_budget={}", dropped.len()));
-            // Re-batched uncharged: they never reached a model.
             row.dropped_by_token_budget = Some(keys_of(&dropped));
+            self.requeue_uncharged(row.retry_attempt, dropped);
         }
-        Packed { kept, dropped }
+        kept
     }
 
     /// The batch in prompt order (priority, then arrival, then key), split into the cases
@@ -236,11 +235,11 @@ impl Reflector {
     }
 
     /// Decision pass: which kept cases are unlearnable even with their label (stop-gradient);
-    /// the others are `L`. Dropped cases go back to their queue uncharged either way.
+    /// the others are `L`.
     async fn decision_pass(
         &mut self,
         row: &mut ReflectionRow,
-        Packed { kept, dropped }: Packed,
+        kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
         workers: &mut Workers<'_>,
     ) -> Result<Flow<Learnable>, ReflectionError> {
@@ -264,12 +263,10 @@ impl Reflector {
         }
         let Some(decision) = decision else {
             row.warnings.push("decision_error".into());
-            self.requeue_uncharged(row.retry_attempt, dropped);
             let routed = self.retry_or_route(kept, Some(&row.reflection_id))?;
             return Ok(Flow::End(CycleEnd::DecisionFailed(routed)));
         };
         let learnable = self.stop_gradient(row, kept, &kept_keys, decision)?;
-        self.requeue_uncharged(row.retry_attempt, dropped);
         if learnable.records.is_empty() {
             return Ok(Flow::End(CycleEnd::NothingLearnable));
         }

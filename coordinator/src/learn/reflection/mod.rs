@@ -342,8 +342,8 @@ impl Reflector {
         done
     }
 
-    /// Every cycle due at this boundary, one after the other, with the next ones' likely
-    /// calls queued ahead as each starts.
+    /// Every cycle due at this boundary, one after the other (each queues the next ones'
+    /// likely calls ahead once it has packed its batch).
     async fn run_due_cycles(
         &mut self,
         epoch: u32,
@@ -353,7 +353,6 @@ impl Reflector {
         drain: bool,
     ) -> Result<(), ReflectionError> {
         while let Some((attempt, batch)) = self.next_batch(drain) {
-            self.plan_calls_ahead(guidance, workers);
             self.run_cycle(epoch, global_step, attempt, batch, guidance, workers)
                 .await?;
         }

@@ -8,6 +8,7 @@ use stageb_shared::domain::TicketKey;
 
 use super::{GradientRecord, ReflectionError, Reflector, io_err};
 use crate::artifacts::files;
+use crate::guidance::GuidanceRepo;
 use crate::learn::need_review::{self, NeedReviewReason, NeedReviewRow};
 
 /// Batch size of retry round `attempt` (16 → 8 → 4 …, never below 1).
@@ -58,20 +59,38 @@ impl Reflector {
         )
     }
 
-    /// The batches the next `n` cycles would take if no cycle put anything back in the queues
-    /// (nothing retried, nothing dropped by the token budget): the guess that calls queued
-    /// ahead are built from.
-    pub(super) fn upcoming_batches(&self, drain: bool, n: usize) -> Vec<Vec<GradientRecord>> {
-        // Only the head of the pending queue can be due within `n` batches.
+    /// The cases the next `n` cycles would send, packed under `guidance`, if no cycle put
+    /// anything back but the cases its packing leaves out (nothing retried): the guess that
+    /// calls queued ahead are built from.
+    pub(super) fn upcoming_cases(
+        &self,
+        drain: bool,
+        n: usize,
+        guidance: &GuidanceRepo,
+    ) -> Vec<Vec<GradientRecord>> {
+        // Only the head of the pending queue can be due within `n` batches (a batch takes at
+        // most `size` from it, net of the cases its packing puts back).
         let size = self.config.batch_size.max(1) as usize;
         let head = self.state.pending.len().min(n.saturating_mul(size));
         let mut pending = self.state.pending[..head].to_vec();
         let mut retry = self.state.retry.clone();
-        let size = self.config.batch_size;
-        std::iter::from_fn(|| take_batch(&mut pending, &mut retry, size, drain))
-            .take(n)
-            .map(|(_, batch)| batch)
-            .collect()
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let batch_size = self.config.batch_size;
+            let Some((attempt, batch)) = take_batch(&mut pending, &mut retry, batch_size, drain)
+            else {
+                break;
+            };
+            let (kept, dropped) = self.pack_cases(batch, guidance);
+            if attempt == 0 {
+                pending.extend(dropped);
+                pending.sort_by_key(|r| r.order);
+            } else if !dropped.is_empty() {
+                retry.entry(attempt).or_default().extend(dropped);
+            }
+            out.push(kept);
+        }
+        out
     }
 
     pub(super) fn route(
