@@ -287,10 +287,13 @@ fn real_model_learning_loop_runs_two_epochs_with_sound_reflection() {
     assert_reflection_outputs_are_sound(&dir);
 }
 
-/// Issue 23: the next step's rollouts queued ahead while reflection runs change no byte on
-/// the real model. Ten demo tickets make a step of eight and one of two; every split vote is a
-/// gradient candidate, so the first boundary reflects while the second step is queued ahead.
-/// (Sixteen tickets took 94 s for both runs here, ten take 78 s: the CI budget is tight.)
+/// Issue 23: the next step's rollouts queued ahead while reflection runs, and the next
+/// reflection cycles' calls queued ahead while a cycle runs, change no byte on the real model.
+/// Ten demo tickets make a step of eight and one of two; every split vote is a gradient
+/// candidate, so the first boundary reflects while the second step is queued ahead, and six
+/// calls an epoch leave room for a cycle after the first. (Sixteen tickets took 94 s for both
+/// runs here, ten take 78 s, and the calls ahead with their budget 16 s more: the CI budget is
+/// tight.)
 #[test]
 fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -298,7 +301,7 @@ fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
     let mut dirs = Vec::new();
     for (run_name, runner_extra) in [
         ("sequential", ", pipeline_steps: 0"),
-        ("ahead", ", pipeline_steps: 1"),
+        ("ahead", ", pipeline_steps: 1, pipeline_cycles: 2"),
     ] {
         let knobs = Knobs {
             source: "examples/demo/stage_a.jsonl",
@@ -306,7 +309,7 @@ fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
             run_name,
             runner_extra,
             reflection_tokens: 96,
-            max_calls: 2,
+            max_calls: 6,
             min_verdict_agreement: 1.0,
             ..Knobs::default()
         };
@@ -318,6 +321,12 @@ fn real_model_artifacts_are_the_same_with_the_next_step_queued_ahead() {
         assert_eq!(
             (pipeline.steps_ahead, pipeline.jobs_ahead),
             (ahead, 2 * ahead)
+        );
+        let calls = pipeline.reflection;
+        assert_eq!(
+            calls.calls_ahead > 0,
+            ahead == 1,
+            "a next cycle's call: {calls:?}"
         );
         dirs.push(mission_dir(tmp.path(), run_name));
     }
