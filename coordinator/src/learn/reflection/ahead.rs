@@ -81,24 +81,24 @@ impl CallsAhead {
             .collect()
     }
 
-    /// The job for `payload` of `cycle`: the one queued already, else a new one queued ahead.
+    /// Queue `payload` of `cycle` ahead unless it is queued already; returns its digest.
     fn want(
         &mut self,
         cycle: u64,
         pass: CallPass,
         payload: JobPayload,
         workers: &mut Workers<'_>,
-    ) -> (String, JobId) {
+    ) -> String {
         let digest = payload_digest(&payload);
-        if let Some(q) = self.queued.get(&digest) {
-            return (digest, q.job);
+        if self.queued.contains_key(&digest) {
+            return digest;
         }
         let job = workers.scheduler.enqueue_ahead(payload);
         workers.completions.expect([job]);
         self.queued
             .insert(digest.clone(), Queued { job, cycle, pass });
         self.stats.calls_ahead += 1;
-        (digest, job)
+        digest
     }
 
     /// Withdraw every call for which `unwanted` holds.
@@ -132,6 +132,7 @@ impl CallsAhead {
         self.withdraw_where(workers, |_, _| true);
     }
 
+    /// A boundary's cycles begin; `drain`: it is the epoch's end (partial batches are due).
     pub(super) fn start_boundary(&mut self, drain: bool) {
         self.drain = drain;
     }
@@ -155,8 +156,7 @@ impl Reflector {
                 break;
             }
             for (pass, payload) in self.likely_calls(cycle, kept, guidance, workers) {
-                let (digest, _) = self.ahead.want(cycle, pass, payload, workers);
-                wanted.insert(digest);
+                wanted.insert(self.ahead.want(cycle, pass, payload, workers));
             }
         }
         self.ahead.withdraw_where(workers, |digest, q| {
