@@ -343,15 +343,17 @@ step_parity() {
 # ~1 s. ~2 min in all.
 step_mission() {
   local r cfg rd rc=0
-  # Run a batches with the prefix store on, run b runs one job at a time with it off: the
-  # same artifacts show that neither changes a bit on this device.
+  # Run a batches with the prefix store on and queues the next step and reflection cycles'
+  # calls ahead, run b runs one job at a time with neither: the same artifacts show that none
+  # of it changes a bit on this device.
   local -A run_dir=() jobs=([a]=8 [b]=1) store=([a]=256 [b]=0)
+  local -A ahead=([a]='s/^runner:$/runner:\n  pipeline_steps: 1\n  pipeline_cycles: 4/' [b]='')
   reassemble_model || return 1
   echo "{\"device\": \"$device\", \"model\": \"$model\"}" >"$step_dir/meta.json"
   for r in a b; do
     cfg=$step_dir/config-$r.yaml
     sed -e "s|^\(\s*model_name_or_path:\).*|\1 $model|" -e "s|^\(\s*root:\).*|\1 $step_dir/run-$r|" \
-      examples/demo/small/config.yaml >"$cfg"
+      -e "${ahead[$r]}" examples/demo/small/config.yaml >"$cfg"
     measure "run-$r" "$bin" run --config "$cfg" --device "$device" --numerics "$mission_numerics" \
       --workers 1 --max-jobs "${jobs[$r]}" --prefix-cache-mib "${store[$r]}" || rc=1
     rd=$(ls "$step_dir/run-$r"/*/*/manifest.json 2>/dev/null | head -n1)

@@ -291,7 +291,7 @@ def mission(d):
             f"({a['wall_s'] or 0:.0f} s, {b['wall_s'] or 0:.0f} s); contract "
             f"{a['format_ok']}/{a['candidates']} and {b['format_ok']}/{b['candidates']} "
             f"candidates; audit {'OK' if audit else 'FAILED'}; runs "
-            f"{'byte-identical' if r['identical'] else 'DIFFERENT'} (8 jobs in flight, prefix store on, vs 1 job, store off); fingerprint "
+            f"{'byte-identical' if r['identical'] else 'DIFFERENT'} (8 jobs in flight, prefix store on, steps and cycles ahead, vs 1 job, store off, nothing ahead); fingerprint "
             f"{a['fingerprint']}; {fmt_mem(a['gpu_peak_gib'], a['peak_rss_mib'])} -> "
             f"{'PASS' if r['ok'] else 'FAIL'}")
     return r, [line]
