@@ -13,7 +13,7 @@ mod support;
 
 use std::path::Path;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use stageb_coordinator::learn::reflection::CallsAheadStats;
 use stageb_coordinator::run::RunSummary;
 use stageb_coordinator::run::pipeline::PipelineStats;
@@ -26,11 +26,19 @@ use support::{
 /// The mission written in `dir` (toy or demo) as run `name`, two epochs, with `pipeline_steps`
 /// and `workers`.
 fn run(dir: &Path, name: &str, pipeline_steps: u32, workers: usize, b: &Behaviour) -> RunSummary {
-    let config = write_config(
-        dir,
-        json!({"output": {"run_name": name},
-               "runner": {"epochs": 2, "pipeline_steps": pipeline_steps}}),
-    );
+    let ahead = json!({"pipeline_steps": pipeline_steps});
+    run_ahead(dir, name, ahead, workers, b)
+}
+
+/// The mission written in `dir` as run `name`, two epochs, with the `runner` keys of `ahead`
+/// and `workers`; its audit passes.
+fn run_ahead(dir: &Path, name: &str, ahead: Value, workers: usize, b: &Behaviour) -> RunSummary {
+    let mut runner = json!({"epochs": 2});
+    runner
+        .as_object_mut()
+        .unwrap()
+        .extend(ahead.as_object().unwrap().clone());
+    let config = write_config(dir, json!({"output": {"run_name": name}, "runner": runner}));
     let summary = run_scripted(&config, workers, b);
     assert_audit_ok(&summary.run_dir);
     summary
@@ -98,29 +106,40 @@ fn queued_ahead_steps_are_used_as_they_are_when_the_guidance_holds() {
 
 #[test]
 fn a_pipeline_deeper_than_sixteen_steps_is_refused_at_its_line() {
+    assert_refused_past_sixteen("pipeline_steps");
+}
+
+/// `runner.{key}: 17` is refused, the message naming the key and its range.
+fn assert_refused_past_sixteen(key: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), json!({"runner": {"pipeline_steps": 17}}));
+    let path = write_config(dir.path(), json!({"runner": {key: 17}}));
     let err = stageb_shared::config::load_config(&path).unwrap_err();
     let text = err.to_string();
-    assert!(
-        text.contains("pipeline_steps") && text.contains("0..=16"),
-        "{text}"
-    );
+    assert!(text.contains(key) && text.contains("0..=16"), "{text}");
+}
+
+/// The demo mission with the `runner` keys of `ahead` (runs named `label-N`) on 1 and 3
+/// workers, each against the sequential run: the same artifacts. Returns what each queued ahead.
+fn demo_against_sequential(b: &Behaviour, label: &str, ahead: Value) -> Vec<PipelineStats> {
+    let dir = tempfile::tempdir().unwrap();
+    copy_demo_mission(dir.path());
+    let sequential = run_ahead(dir.path(), "sequential", json!({}), 1, b);
+    let mut stats = Vec::new();
+    for workers in [1, 3] {
+        let name = format!("{label}-{workers}");
+        let pipelined = run_ahead(dir.path(), &name, ahead.clone(), workers, b);
+        assert_same_artifacts(&sequential.run_dir, &pipelined.run_dir);
+        stats.push(pipelined.runtime_facts().pipeline);
+    }
+    stats
 }
 
 /// Three steps ahead on the demo mission, 1 and 3 workers, against the sequential run.
 fn compare_three_ahead(b: &Behaviour) -> Vec<PipelineStats> {
-    let dir = tempfile::tempdir().unwrap();
-    copy_demo_mission(dir.path());
-    let sequential = run(dir.path(), "sequential", 0, 1, b);
-    let mut stats = Vec::new();
-    for workers in [1, 3] {
-        let ahead = run(dir.path(), &format!("ahead3-{workers}"), 3, workers, b);
-        assert_same_artifacts(&sequential.run_dir, &ahead.run_dir);
-        let p = ahead.runtime_facts().pipeline;
+    let stats = demo_against_sequential(b, "ahead3", json!({"pipeline_steps": 3}));
+    for p in &stats {
         assert_eq!(p.steps_used + p.steps_discarded, p.steps_ahead, "{p:?}");
         assert_eq!(p.jobs_ahead, 8 * p.steps_ahead, "{p:?}");
-        stats.push(p);
     }
     stats
 }
@@ -169,37 +188,16 @@ fn demo_keys(label: &str) -> std::collections::BTreeSet<String> {
 // cycles' likely calls are queued under the guidance of the moment; a cycle uses one only
 // when it asks for exactly the same job.
 
-/// The demo mission as run `name`, two epochs, with `pipeline_cycles` and `workers`.
-fn run_cycles(dir: &Path, name: &str, cycles: u32, workers: usize, b: &Behaviour) -> RunSummary {
-    let config = write_config(
-        dir,
-        json!({"output": {"run_name": name},
-               "runner": {"epochs": 2, "pipeline_cycles": cycles}}),
-    );
-    let summary = run_scripted(&config, workers, b);
-    assert_audit_ok(&summary.run_dir);
-    summary
-}
-
 /// Three cycles ahead on the demo mission, 1 and 3 workers, against the sequential run: the
 /// same artifacts. Returns what each run queued ahead.
 fn compare_cycles_ahead(b: &Behaviour) -> Vec<CallsAheadStats> {
-    let dir = tempfile::tempdir().unwrap();
-    copy_demo_mission(dir.path());
-    let sequential = run_cycles(dir.path(), "sequential", 0, 1, b);
-    let none = sequential.runtime_facts().pipeline.reflection;
-    assert_eq!(none, CallsAheadStats::default());
-    let mut stats = Vec::new();
-    for workers in [1, 3] {
-        let ahead = run_cycles(dir.path(), &format!("cycles3-{workers}"), 3, workers, b);
-        assert_same_artifacts(&sequential.run_dir, &ahead.run_dir);
-        let c = ahead.runtime_facts().pipeline.reflection;
-        eprintln!("{workers} workers: {c:?}");
+    let stats = demo_against_sequential(b, "cycles3", json!({"pipeline_cycles": 3}));
+    let calls: Vec<CallsAheadStats> = stats.into_iter().map(|p| p.reflection).collect();
+    for c in &calls {
         // Whatever no cycle used is withdrawn by the end of its boundary.
         assert_eq!(c.calls_used + c.calls_withdrawn, c.calls_ahead, "{c:?}");
-        stats.push(c);
     }
-    stats
+    calls
 }
 
 #[test]
@@ -231,12 +229,5 @@ fn reflection_calls_queued_ahead_are_used_when_the_guidance_holds() {
 
 #[test]
 fn a_pipeline_of_more_than_sixteen_cycles_is_refused_at_its_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(dir.path(), json!({"runner": {"pipeline_cycles": 17}}));
-    let err = stageb_shared::config::load_config(&path).unwrap_err();
-    let text = err.to_string();
-    assert!(
-        text.contains("pipeline_cycles") && text.contains("0..=16"),
-        "{text}"
-    );
+    assert_refused_past_sixteen("pipeline_cycles");
 }
