@@ -100,12 +100,13 @@ setup() {
     python3 "$ROOT/examples/demo/generate.py" --seed 20260101 --tickets "$TICKETS" --out "$OUT/mission" >&2
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/token"
     local name
-    # Steps queued ahead while reflection runs (pipeline_steps 1): kills and pauses land in
-    # that work too (issue 23, item 5).
+    # Steps queued ahead while reflection runs (pipeline_steps 1) and the next reflection
+    # cycles' calls queued ahead while a cycle runs (pipeline_cycles 4): kills and pauses land
+    # in that work too (issue 23, item 5).
     for name in reference soak; do
         python3 "$ROOT/scripts/lib/cluster_config.py" "$OUT/$name.yaml" --stage-a "$OUT/mission/stage_a.jsonl" \
             --root "$OUT/$name" --run-name soak --step-tickets "$STEP" --epochs "$EPOCHS" --reflection on \
-            --ttl "$TTL" --heartbeat 1 --pipeline-steps 1 "${real[@]}"
+            --ttl "$TTL" --heartbeat 1 --pipeline-steps 1 --pipeline-cycles 4 "${real[@]}"
     done
     PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     METRICS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
