@@ -3,8 +3,8 @@
 //! while workers with room idle. While a cycle runs, the calls the next D cycles will most
 //! likely make are queued ahead, built the way those cycles build them from what is known
 //! now: the batches the queues would give if nothing but the cases packing leaves out were put
-//! back, packed under the current guidance, the decision call of each, and the ops call of each whose decision answer is
-//! already in (re-planned as soon as one arrives).
+//! back, packed under the current guidance; the decision call of each; and the ops call of
+//! each whose decision answer is already in (re-planned as soon as one arrives).
 //!
 //! A cycle uses a call queued ahead only when it asks for exactly the same job: the digest of
 //! the whole payload (messages, schema, seed, sampling parameters) that the job journal keys
@@ -22,7 +22,7 @@ use stageb_shared::reflection_schema;
 use super::call::Workers;
 use super::cycle::split_stop_gradient;
 use super::row::CallPass;
-use super::{GradientRecord, Reflector, tailor_decision_schema};
+use super::{GradientRecord, Reflector};
 use crate::cluster::scheduler::journal::payload_digest;
 use crate::cluster::scheduler::{JobId, JobOutput, JobPayload};
 use crate::guidance::GuidanceRepo;
@@ -81,24 +81,25 @@ impl CallsAhead {
             .collect()
     }
 
-    /// Queue `payload` of `cycle` ahead unless it is queued already; returns its digest.
+    /// Queue `payload` of `cycle` ahead unless it is queued already; returns its digest and
+    /// its job.
     fn want(
         &mut self,
         cycle: u64,
         pass: CallPass,
         payload: JobPayload,
         workers: &mut Workers<'_>,
-    ) -> String {
+    ) -> (String, JobId) {
         let digest = payload_digest(&payload);
-        if self.queued.contains_key(&digest) {
-            return digest;
+        if let Some(q) = self.queued.get(&digest) {
+            return (digest, q.job);
         }
         let job = workers.scheduler.enqueue_ahead(payload);
         workers.completions.expect([job]);
         self.queued
             .insert(digest.clone(), Queued { job, cycle, pass });
         self.stats.calls_ahead += 1;
-        digest
+        (digest, job)
     }
 
     /// Withdraw every call for which `unwanted` holds.
@@ -107,20 +108,17 @@ impl CallsAhead {
         workers: &mut Workers<'_>,
         unwanted: impl Fn(&str, &Queued) -> bool,
     ) {
-        let gone: Vec<String> = self
-            .queued
-            .iter()
-            .filter(|(d, q)| unwanted(d, q))
-            .map(|(d, _)| d.clone())
-            .collect();
-        if gone.is_empty() {
+        let mut jobs: Vec<JobId> = Vec::new();
+        self.queued.retain(|digest, q| {
+            let gone = unwanted(digest, q);
+            if gone {
+                jobs.push(q.job);
+            }
+            !gone
+        });
+        if jobs.is_empty() {
             return;
         }
-        let jobs: Vec<JobId> = gone
-            .iter()
-            .filter_map(|d| self.queued.remove(d))
-            .map(|q| q.job)
-            .collect();
         workers.completions.collect_ready();
         workers.scheduler.withdraw(&jobs);
         workers.completions.forget(&jobs);
@@ -151,13 +149,11 @@ impl Reflector {
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         let upcoming = self.upcoming_cases(self.ahead.drain, self.ahead.depth, guidance);
         for (j, kept) in upcoming.into_iter().enumerate() {
-            let cycle = current + 1 + j as u64;
             if !self.budget_allows(j) {
                 break;
             }
-            for (pass, payload) in self.likely_calls(cycle, kept, guidance, workers) {
-                wanted.insert(self.ahead.want(cycle, pass, payload, workers));
-            }
+            let cycle = current + 1 + j as u64;
+            self.queue_likely_calls(cycle, kept, guidance, workers, &mut wanted);
         }
         self.ahead.withdraw_where(workers, |digest, q| {
             q.cycle < current || (q.cycle > current && !wanted.contains(digest))
@@ -176,45 +172,37 @@ impl Reflector {
             .is_none_or(|cap| needed <= cap as u64)
     }
 
-    /// The decision call `cycle` would make on its packed cases `kept`, and its ops call when
-    /// the decision's answer (queued ahead before) is in and leaves cases to learn from.
-    fn likely_calls(
+    /// Queue the decision call `cycle` would make on its packed cases `kept`, and its ops call
+    /// when the decision's answer (queued ahead before) is in and leaves cases to learn from;
+    /// their digests go into `wanted`.
+    fn queue_likely_calls(
         &mut self,
         cycle: u64,
         kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
         workers: &mut Workers<'_>,
-    ) -> Vec<(CallPass, JobPayload)> {
+        wanted: &mut BTreeSet<String>,
+    ) {
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
-        let messages = self.decision_messages(&kept, guidance, cycle);
-        let schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
+        let (messages, schema) = self.decision_prompt(&kept, &kept_keys, guidance, cycle);
         let seed = self.call_seed(self.state.epoch, cycle, CallPass::Decision, 0);
         let decision = self.call_payload(&messages, &schema, seed);
-        let mut calls = Vec::with_capacity(2);
-        let decision_job = self
+        let (digest, job) = self
             .ahead
-            .queued
-            .get(&payload_digest(&decision))
-            .map(|q| q.job);
-        calls.push((CallPass::Decision, decision));
-        let answer = decision_job.and_then(|job| match workers.completions.peek(job) {
-            Some(c) => match &c.result {
-                Ok(JobOutput::Generate { text, .. }) => {
-                    reflection_schema::parse_decision(text).ok()
-                }
-                _ => None,
-            },
-            None => None,
+            .want(cycle, CallPass::Decision, decision, workers);
+        wanted.insert(digest);
+        let answer = workers.completions.peek(job).and_then(|c| match &c.result {
+            Ok(JobOutput::Generate { text, .. }) => reflection_schema::parse_decision(text).ok(),
+            _ => None,
         });
-        if let Some(decision) = answer {
-            let learnable = split_stop_gradient(kept, &kept_keys, &decision).learnable;
-            if !learnable.records.is_empty() {
-                calls.push((
-                    CallPass::Ops,
-                    self.first_ops_payload(&learnable, guidance, cycle),
-                ));
-            }
+        let Some(decision) = answer else {
+            return;
+        };
+        let learnable = split_stop_gradient(kept, &kept_keys, &decision).learnable;
+        if learnable.records.is_empty() {
+            return;
         }
-        calls
+        let ops = self.first_ops_payload(&learnable, guidance, cycle);
+        wanted.insert(self.ahead.want(cycle, CallPass::Ops, ops, workers).0);
     }
 }

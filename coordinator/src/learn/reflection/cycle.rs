@@ -9,8 +9,9 @@
 
 use std::collections::BTreeSet;
 
+use serde_json::Value;
 use stageb_shared::digest::{digest_of, sha256_hex};
-use stageb_shared::domain::TicketKey;
+use stageb_shared::domain::{ChatMessage, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::reflection_schema::{self, DecisionOutput};
 
@@ -244,8 +245,8 @@ impl Reflector {
         workers: &mut Workers<'_>,
     ) -> Result<Flow<Learnable>, ReflectionError> {
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
-        let messages = self.decision_messages(&kept, guidance, row.reflection_cycle);
-        let schema = tailor_decision_schema(&kept_keys, self.config.max_new_tokens);
+        let (messages, schema) =
+            self.decision_prompt(&kept, &kept_keys, guidance, row.reflection_cycle);
         let parse = reflection_schema::parse_decision;
         let decision = self
             .call_json(
@@ -271,6 +272,20 @@ impl Reflector {
             return Ok(Flow::End(CycleEnd::NothingLearnable));
         }
         Ok(Flow::Next(learnable))
+    }
+
+    /// The decision pass's messages and schema for `cycle` on the kept cases: as the cycle
+    /// sends them, and as a call queued ahead builds them.
+    pub(super) fn decision_prompt(
+        &self,
+        kept: &[GradientRecord],
+        kept_keys: &BTreeSet<TicketKey>,
+        guidance: &GuidanceRepo,
+        cycle: u64,
+    ) -> (Vec<ChatMessage>, Value) {
+        let messages = self.decision_messages(kept, guidance, cycle);
+        let schema = tailor_decision_schema(kept_keys, self.config.max_new_tokens);
+        (messages, schema)
     }
 
     /// The decision's stop-gradient cases go to need-review (their feedback dropped, excluded

@@ -46,6 +46,25 @@ fn take_batch(
     None
 }
 
+/// Cases of a batch of retry round `attempt` that no model saw go back to the queue they came
+/// from: `pending` in arrival order (round 0), else their retry bucket.
+fn put_back(
+    pending: &mut Vec<GradientRecord>,
+    retry: &mut BTreeMap<u32, Vec<GradientRecord>>,
+    attempt: u32,
+    records: Vec<GradientRecord>,
+) {
+    if records.is_empty() {
+        return;
+    }
+    if attempt == 0 {
+        pending.extend(records);
+        pending.sort_by_key(|r| r.order);
+    } else {
+        retry.entry(attempt).or_default().extend(records);
+    }
+}
+
 impl Reflector {
     /// The next batch to reflect on, if one is due. Mid-epoch only full batches are taken;
     /// at epoch end (`drain`) everything is, including retries created while draining.
@@ -70,24 +89,22 @@ impl Reflector {
     ) -> Vec<Vec<GradientRecord>> {
         // Only the head of the pending queue can be due within `n` batches (a batch takes at
         // most `size` from it, net of the cases its packing puts back).
-        let size = self.config.batch_size.max(1) as usize;
-        let head = self.state.pending.len().min(n.saturating_mul(size));
+        let batch_size = self.config.batch_size;
+        let head = self
+            .state
+            .pending
+            .len()
+            .min(n.saturating_mul(batch_size.max(1) as usize));
         let mut pending = self.state.pending[..head].to_vec();
         let mut retry = self.state.retry.clone();
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            let batch_size = self.config.batch_size;
             let Some((attempt, batch)) = take_batch(&mut pending, &mut retry, batch_size, drain)
             else {
                 break;
             };
             let (kept, dropped) = self.pack_cases(batch, guidance);
-            if attempt == 0 {
-                pending.extend(dropped);
-                pending.sort_by_key(|r| r.order);
-            } else if !dropped.is_empty() {
-                retry.entry(attempt).or_default().extend(dropped);
-            }
+            put_back(&mut pending, &mut retry, attempt, dropped);
             out.push(kept);
         }
         out
@@ -162,15 +179,8 @@ impl Reflector {
     /// Cases dropped by the token budget never reached a model: they go back to the queue
     /// they came from (arrival order kept) without being charged a retry.
     pub(super) fn requeue_uncharged(&mut self, attempt: u32, records: Vec<GradientRecord>) {
-        if records.is_empty() {
-            return;
-        }
-        if attempt == 0 {
-            self.state.pending.extend(records);
-            self.state.pending.sort_by_key(|r| r.order);
-        } else {
-            self.state.retry.entry(attempt).or_default().extend(records);
-        }
+        let state = &mut self.state;
+        put_back(&mut state.pending, &mut state.retry, attempt, records);
     }
 
     /// Has the epoch applied `change_cap_per_epoch` reflections already?
