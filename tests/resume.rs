@@ -474,6 +474,9 @@ fn regression_crash_while_writing_a_checkpoint_leaves_a_temp_file_that_the_resum
     // A checkpoint half written by a killed process, and a torn row after the checkpoint.
     let temp = run_dir.join(format!(".{CHECKPOINT}.tmp-999999"));
     std::fs::write(&temp, b"{\"checkpoint_version\":1,\"run\":").unwrap();
+    // And a manifest half written (regression: the soak found one among the artifacts).
+    let manifest_temp = run_dir.join(format!(".{}.tmp-999998", files::MANIFEST));
+    std::fs::write(&manifest_temp, b"{\"schema").unwrap();
     let mut selections = std::fs::OpenOptions::new()
         .append(true)
         .open(run_dir.join(files::SELECTIONS))
@@ -481,6 +484,10 @@ fn regression_crash_while_writing_a_checkpoint_leaves_a_temp_file_that_the_resum
     std::io::Write::write_all(&mut selections, b"{\"schema_version\":1,\"gro").unwrap();
     let (resumed, _) = resume_to_end(&config_path, &script);
     assert!(!temp.exists(), "the leftover temp file is removed");
+    assert!(
+        !manifest_temp.exists(),
+        "the manifest's leftover temp file too"
+    );
     assert_same_artifacts(&whole, &resumed);
     assert_audit_ok(&resumed);
 }

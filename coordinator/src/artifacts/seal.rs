@@ -140,6 +140,25 @@ impl Sealer {
     }
 }
 
+/// Seal the first `len` bytes of `file` (when its run has a key), before the file is cut back
+/// to them: a crash between the cut and the writer's next sync then leaves a seal that covers
+/// what the file holds, never more (which a resume would refuse as `Short`). Streamed.
+pub fn seal_prefix(file: &Path, len: u64) -> io::Result<()> {
+    let Some(mut sealer) = Sealer::for_file(file, b"")? else {
+        return Ok(());
+    };
+    let mut reader = io::Read::take(fs::File::open(file)?, len);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = io::Read::read(&mut reader, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        sealer.update(&buf[..n]);
+    }
+    sealer.write(len)
+}
+
 /// Why a file failed its seal.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SealError {
@@ -284,5 +303,28 @@ mod tests {
             verify_file(dir.path(), "b.jsonl"),
             Err(SealError::Missing { .. })
         ));
+    }
+
+    #[test]
+    fn regression_a_file_cut_back_after_resealing_its_prefix_passes_its_seal() {
+        // A resumed rank 0 cut a file back to its checkpoint and was killed before the file's
+        // next sync: the seal of the longer file stayed, and no later resume could pass it.
+        let dir = tempfile::tempdir().unwrap();
+        create_key(dir.path()).unwrap();
+        let file = dir.path().join("a.jsonl");
+        fs::write(&file, b"{\"x\":1}\n{\"x\":2}\n").unwrap();
+        let mut s = Sealer::for_file(&file, b"").unwrap().unwrap();
+        s.update(b"{\"x\":1}\n{\"x\":2}\n");
+        s.write(16).unwrap();
+        seal_prefix(&file, 8).unwrap();
+        // Before the cut the longer file still passes (its prefix is sealed), and after it too.
+        assert_eq!(verify_file(dir.path(), "a.jsonl"), Ok(Some(8)));
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(8)
+            .unwrap();
+        assert_eq!(verify_file(dir.path(), "a.jsonl"), Ok(Some(8)));
     }
 }

@@ -182,6 +182,10 @@ impl Checkpoint {
                 .write(true)
                 .open(dir.join(name))?;
             if f.metadata()?.len() != *len {
+                // Sealed first: a crash right after the cut must not leave the seal of the
+                // longer file (regression: the soak's resumed rank 0, killed before the next
+                // sync of metrics.jsonl, left a seal no resume could pass).
+                crate::artifacts::seal::seal_prefix(&dir.join(name), *len)?;
                 f.set_len(*len)?;
                 f.sync_all()?;
             }
@@ -194,17 +198,25 @@ impl Checkpoint {
     }
 }
 
-/// Temp files of a checkpoint write that a crash interrupted (`.checkpoint.json.tmp-<pid>`):
-/// never read, and removed so that they do not pile up over many crashes. The run directory's
-/// lock guarantees no other process is writing one.
+/// Temp files of atomic writes that a crash interrupted (`.checkpoint.json.tmp-<pid>`,
+/// `.manifest.json.tmp-<pid>`, a seal's under `integrity/`): never read, and removed so that
+/// they neither pile up over many crashes nor sit among the artifacts (regression: the soak
+/// found a killed rank 0's `.manifest.json.tmp-<pid>` beside the resumed run's artifacts).
+/// The run directory's lock guarantees no other process is writing one.
 fn remove_leftover_temp_files(dir: &Path) {
-    let prefix = format!(".{CHECKPOINT_FILE}.tmp-");
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&prefix) {
-            let _ = std::fs::remove_file(e.path());
+    for d in [
+        dir.to_path_buf(),
+        dir.join(crate::artifacts::seal::INTEGRITY_DIR),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.contains(".tmp-") {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
     }
 }
