@@ -234,7 +234,14 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(6))]
+        // A statistical claim, so its inputs are drawn from a fixed seed: with fresh seeds
+        // every run, a rate a little over the margin now and then failed CI (seen at 39 of
+        // 150, n 41, min_p_better 0.8) without anything having changed.
+        #![proptest_config(ProptestConfig {
+            cases: 6,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(20_261_127),
+            ..ProptestConfig::default()
+        })]
         /// Over many seeds, with 10% label noise and a noisy sampler, a no-op edit passes the
         /// bootstrap at most at about `1 − min_p_better` (the configured false-acceptance rate).
         #[test]
@@ -253,7 +260,13 @@ mod tests {
                 .count();
             let rate = accepted as f64 / trials as f64;
             let allowed = (1.0 - min_p_better) + 0.06;
-            prop_assert!(rate <= allowed, "no-op accepted {rate} > {allowed} (n {n})");
+            // The bound in whole trials: 0.26 × 150 must allow 39, which 1 − 0.8 + 0.06
+            // (0.25999999999999995 in floating point) did not.
+            let allowed_trials = (allowed * trials as f64 + 1e-9).floor() as usize;
+            prop_assert!(
+                accepted <= allowed_trials,
+                "no-op accepted {rate} > {allowed} (n {n})"
+            );
         }
     }
 }
