@@ -12,7 +12,8 @@
 //!
 //! Latency per job is simulated by a sleep drawn from a seeded distribution (fixed, or
 //! lognormal with a long tail). Measured client-side: Lease RPC time when it returned a job
-//! (lease wait) and Submit RPC time, p50/p99, jobs answered, wall time; one JSON object on
+//! (lease wait; apart, the calls that found work queued, by the response's
+//! `waited_for_work_us`) and Submit RPC time, p50/p99, jobs answered, wall time; one JSON object on
 //! stdout at the end. Exits when rank 0 says `STOP` (0), `DRAIN` (75), or stays unreachable
 //! past `--reconnect-s` (3).
 //!
@@ -270,6 +271,9 @@ async fn connect(opts: &Opts, window: Duration) -> Option<Client> {
 #[derive(Default)]
 struct Stats {
     lease_wait_us: Vec<u64>,
+    /// The lease waits of calls that found work queued (rank 0 held them for no work:
+    /// `waited_for_work_us` 0): the cost of the call itself.
+    lease_queued_us: Vec<u64>,
     submit_us: Vec<u64>,
     accepted: u64,
     duplicate: u64,
@@ -286,6 +290,7 @@ struct Stats {
 impl Stats {
     fn absorb(&mut self, other: Stats) {
         self.lease_wait_us.extend(other.lease_wait_us);
+        self.lease_queued_us.extend(other.lease_queued_us);
         self.submit_us.extend(other.submit_us);
         self.accepted += other.accepted;
         self.duplicate += other.duplicate;
@@ -482,9 +487,11 @@ async fn serve_session(
             break None;
         };
         if !resp.jobs.is_empty() {
-            stats
-                .lease_wait_us
-                .push(started.elapsed().as_micros() as u64);
+            let took = started.elapsed().as_micros() as u64;
+            stats.lease_wait_us.push(took);
+            if resp.waited_for_work_us == 0 {
+                stats.lease_queued_us.push(took);
+            }
             let now = START.elapsed().as_micros() as u64;
             stats.first_job_us.get_or_insert(now);
         }
@@ -550,6 +557,7 @@ fn percentile_ms(sorted: &[u64], p: f64) -> f64 {
 
 fn report(opts: &Opts, ends: &[End], mut stats: Stats, wall: Duration) -> Value {
     stats.lease_wait_us.sort_unstable();
+    stats.lease_queued_us.sort_unstable();
     stats.submit_us.sort_unstable();
     let count = |e: End| ends.iter().filter(|&&x| x == e).count();
     let jobs = stats.accepted + stats.duplicate + stats.fenced;
@@ -570,6 +578,11 @@ fn report(opts: &Opts, ends: &[End], mut stats: Stats, wall: Duration) -> Value 
         "lease_wait_ms": {"p50": percentile_ms(&stats.lease_wait_us, 50.0),
                           "p99": percentile_ms(&stats.lease_wait_us, 99.0),
                           "max": percentile_ms(&stats.lease_wait_us, 100.0)},
+        // The calls that found work queued: what a worker waits when there is work.
+        "lease_queued_ms": {"count": stats.lease_queued_us.len(),
+                            "p50": percentile_ms(&stats.lease_queued_us, 50.0),
+                            "p99": percentile_ms(&stats.lease_queued_us, 99.0),
+                            "max": percentile_ms(&stats.lease_queued_us, 100.0)},
         "submit_ms": {"p50": percentile_ms(&stats.submit_us, 50.0),
                       "p99": percentile_ms(&stats.submit_us, 99.0),
                       "max": percentile_ms(&stats.submit_us, 100.0)},

@@ -4,7 +4,8 @@
 # For each worker count N a real `stageb coordinator` serves a synthetic mission and the load
 # generator (examples/loadgen.rs) runs N simulated workers against it over loopback gRPC, with
 # a fixed simulated job latency. Per run: jobs/s through rank 0, client-side lease-wait and
-# submit latency p50/p99, rank 0's CPU seconds per 1,000 jobs and peak RSS (getrusage of the
+# submit latency p50/p99 (and the lease p99 of the calls that found work queued: rank 0 says
+# in each response how long it held the call for work), rank 0's CPU seconds per 1,000 jobs and peak RSS (getrusage of the
 # coordinator process, scripts/lib/rusage.py), artifact bytes per ticket, and the scaling
 # efficiency against the ideal N x 1000/latency_ms jobs/s. Reflection on and off (off = the
 # cheapest setting, one call per epoch: stageb has no off switch). Then the growth in tickets
@@ -132,6 +133,10 @@ def baseline(r):
                 and b["label"].startswith("scale")):
             return b
     return None
+def queued_p99(lg):
+    """Lease p99 of the calls that found work queued (the issue's "while work is queued")."""
+    q = lg.get("lease_queued_ms")
+    return f'{q["p99"]:.2f}' if q and q["count"] else "—"
 def line(r, growth=False):
     lg, r0 = r["loadgen"], r["rank0"]
     b = None if growth else baseline(r)
@@ -143,16 +148,16 @@ def line(r, growth=False):
              f'{r.get("pipeline_steps", 0)}/{r.get("pipeline_cycles", 0)}', r.get("step_tickets", "—"), f'{lg["wall_s"]:.1f}', speedup,
              lg["jobs_accepted"],
              f'{lg["jobs_per_s"]:.0f}', f'{lg["lease_wait_ms"]["p50"]:.2f}',
-             f'{lg["lease_wait_ms"]["p99"]:.2f}', f'{lg["submit_ms"]["p50"]:.2f}',
+             f'{lg["lease_wait_ms"]["p99"]:.2f}', queued_p99(lg), f'{lg["submit_ms"]["p50"]:.2f}',
              f'{lg["submit_ms"]["p99"]:.2f}', f'{r0["cpu_s"] * 1000 / jobs:.2f}',
              f'{r0["max_rss_kib"] / 1024:.1f}', f'{r["artifact_bytes"] / r["tickets"]:.0f}', eff,
              r0["rc"]]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 head = ("| {} | reflection | pipeline steps/cycles | step tickets | wall s | × pipeline 0 (wall) | jobs | "
-        "jobs/s | lease p50 ms | lease p99 ms | submit p50 ms | submit p99 ms | "
+        "jobs/s | lease p50 ms | lease p99 ms | lease p99 ms, work queued | submit p50 ms | submit p99 ms | "
         "rank 0 CPU s / 1k jobs | rank 0 peak RSS MiB | artifact B / ticket | efficiency | "
         "rank 0 rc |")
-sep = "|" + "---|" * 17
+sep = "|" + "---|" * 18
 scale = [r for r in rows if r["label"].startswith("scale")]
 growth = [r for r in rows if r["label"].startswith("growth")]
 if scale:

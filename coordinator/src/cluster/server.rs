@@ -283,17 +283,19 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
         let wait = Duration::from_millis(req.wait_ms as u64).min(MAX_LEASE_WAIT);
         let max = (req.max_jobs as usize).clamp(1, 16);
-        let (jobs, control) = self
+        let leased = self
             .scheduler
-            .lease(&req.session, max, wait)
+            .lease_timed(&req.session, max, wait)
             .await
             .map_err(session_error)?;
         Ok(Response::new(pb::LeaseResponse {
-            jobs: jobs
+            jobs: leased
+                .jobs
                 .into_iter()
                 .map(|(id, p)| payload_to_pb(id, p))
                 .collect(),
-            control: control_to_pb(control),
+            control: control_to_pb(leased.control),
+            waited_for_work_us: leased.waited_for_work.as_micros() as u64,
         }))
     }
 

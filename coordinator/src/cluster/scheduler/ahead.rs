@@ -1,11 +1,59 @@
-//! Jobs queued ahead of their turn: the run loop queues the next step's rollouts while the
-//! current step's reflection runs (`runner.pipeline_steps`). They are leased only when nothing
-//! else is queued, so a reflection call never waits behind them; when their step starts they
-//! are promoted to the ordinary queue, or withdrawn if the guidance changed under them.
+//! Jobs queued ahead of their turn: the run loop queues the next steps' rollouts while the
+//! current step's reflection runs (`runner.pipeline_steps`), and reflection queues the next
+//! cycles' calls (`runner.pipeline_cycles`). They are leased only when nothing else is queued,
+//! so a call due now never waits behind them; among them the reflection calls go first, since
+//! the steps queued ahead cannot start before the boundary's chain of calls is done (calls
+//! ahead behind thousands of rollouts left that chain waiting for them). When their turn comes
+//! they are promoted to the ordinary queue, or withdrawn if the guidance changed under them.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
-use super::{JobId, JobPayload, Scheduler};
+use super::{JobId, JobKind, JobPayload, Scheduler};
+
+/// The jobs queued ahead of their turn, in the order they are leased: reflection calls first,
+/// then rollouts, each in the order queued.
+#[derive(Debug, Default)]
+pub(super) struct AheadQueue {
+    calls: VecDeque<JobId>,
+    rollouts: VecDeque<JobId>,
+}
+
+impl AheadQueue {
+    pub(super) fn push(&mut self, id: JobId, kind: JobKind) {
+        match kind {
+            JobKind::Generate => self.calls.push_back(id),
+            JobKind::Rollout => self.rollouts.push_back(id),
+        }
+    }
+
+    pub(super) fn pop_front(&mut self) -> Option<JobId> {
+        self.calls.pop_front().or_else(|| self.rollouts.pop_front())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.calls.len() + self.rollouts.len()
+    }
+
+    pub(super) fn retain(&mut self, keep: impl Fn(&JobId) -> bool) {
+        self.calls.retain(&keep);
+        self.rollouts.retain(&keep);
+    }
+
+    /// Take the jobs in `wanted` out, in lease order.
+    fn take(&mut self, wanted: &HashSet<JobId>) -> Vec<JobId> {
+        let mut taken = Vec::new();
+        for queue in [&mut self.calls, &mut self.rollouts] {
+            queue.retain(|id| {
+                let hit = wanted.contains(id);
+                if hit {
+                    taken.push(*id);
+                }
+                !hit
+            });
+        }
+        taken
+    }
+}
 
 impl Scheduler {
     /// Queue a job ahead of its turn; returns its id. A journaled answer is replayed at once,
@@ -19,10 +67,7 @@ impl Scheduler {
     pub fn promote(&self, ids: &[JobId]) {
         let wanted: HashSet<JobId> = ids.iter().copied().collect();
         let mut g = self.lock();
-        let ahead = std::mem::take(&mut g.ahead);
-        let (promoted, stay): (Vec<JobId>, Vec<JobId>) =
-            ahead.into_iter().partition(|id| wanted.contains(id));
-        g.ahead = stay.into();
+        let promoted = g.ahead.take(&wanted);
         g.queue.extend(promoted);
     }
 

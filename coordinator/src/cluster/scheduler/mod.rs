@@ -15,7 +15,8 @@
 //! Here: the table, leasing, heartbeats, the checklist of a submission and expiry. Beside it:
 //! [`job`] (what a job asks and answers), `sessions.rs` (worker sessions), [`result_check`]
 //! (an answer fits its job), [`speculation`] (second copies of stragglers), [`journal`]
-//! (accepted answers, for `--resume`), `stats.rs` (the counters), `ahead.rs` (jobs queued ahead of their turn: leased
+//! (accepted answers, for `--resume`), `stats.rs` (the counters), `lease.rs` (the long-poll
+//! `Lease`: which queued jobs a call takes), `ahead.rs` (jobs queued ahead of their turn: leased
 //! after all others, withdrawn when their answer is no longer wanted).
 
 use std::collections::{HashMap, VecDeque};
@@ -28,6 +29,7 @@ use tokio::sync::{Notify, mpsc};
 mod ahead;
 pub mod job;
 pub mod journal;
+mod lease;
 pub mod lifetime;
 pub mod result_check;
 mod sessions;
@@ -42,6 +44,7 @@ use journal::{Journal, ReplayCache, payload_digest};
 use result_check::validate_output;
 use sessions::SessionState;
 
+pub use lease::Leased;
 pub use lifetime::LeaseLifetime;
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
@@ -181,7 +184,7 @@ struct Inner {
     next_worker: u64,
     queue: VecDeque<JobId>,
     /// Jobs queued ahead of their turn, leased only when `queue` is empty.
-    ahead: VecDeque<JobId>,
+    ahead: ahead::AheadQueue,
     jobs: HashMap<JobId, JobState>,
     leases: HashMap<LeaseId, LeaseState>,
     accepted: HashMap<LeaseId, String>,
@@ -278,10 +281,11 @@ impl Scheduler {
             let mut g = self.lock();
             let id = g.next_job;
             g.next_job += 1;
+            let kind = kind_of(&payload);
             g.jobs.insert(
                 id,
                 JobState {
-                    kind: kind_of(&payload),
+                    kind,
                     // A replayed job is done at once: nothing will be leased.
                     payload: replayed.is_none().then_some(payload),
                     digest,
@@ -296,7 +300,7 @@ impl Scheduler {
             if replayed.is_some() {
                 g.stats.replayed += 1;
             } else if ahead {
-                g.ahead.push_back(id);
+                g.ahead.push(id, kind);
             } else {
                 g.queue.push_back(id);
             }
@@ -335,100 +339,6 @@ impl Scheduler {
     /// Leases issued and not yet answered, expired or fenced: the jobs workers are running.
     pub fn in_flight(&self) -> usize {
         self.lock().leases.len()
-    }
-
-    /// Take up to `max_jobs` queued jobs for `session`, waiting up to `wait` for one to appear.
-    /// A session takes no more than its [`fair share`](Self::fair_share) of the work.
-    pub async fn lease(
-        &self,
-        session: &str,
-        max_jobs: usize,
-        wait: Duration,
-    ) -> Result<(Vec<(LeaseId, JobPayload)>, ControlSignal), SubmitError> {
-        let deadline = Instant::now() + wait;
-        loop {
-            // Register interest before checking, so an enqueue between the check and the
-            // wait is not missed.
-            let notified = self.work_available.notified();
-            {
-                let mut g = self.lock();
-                let now = Instant::now();
-                match g.sessions.get_mut(session) {
-                    Some(s) => s.last_seen = now,
-                    None => return Err(SubmitError::UnknownSession),
-                }
-                let control = g.control.unwrap_or(ControlSignal::Continue);
-                if control != ControlSignal::Continue {
-                    return Ok((Vec::new(), control));
-                }
-                let mut out = Vec::new();
-                let take = max_jobs.max(1).min(self.fair_share(&g, session, now));
-                while out.len() < take {
-                    let Some(job_id) = g.queue.pop_front().or_else(|| g.ahead.pop_front()) else {
-                        break;
-                    };
-                    if let Some(leased) = self.issue_lease(&mut g, job_id, session, now, false) {
-                        out.push(leased);
-                    }
-                }
-                if out.is_empty()
-                    && let Some(job_id) = self.straggler(&g, session, now)
-                    && let Some(leased) = self.issue_lease(&mut g, job_id, session, now, true)
-                {
-                    g.stats.speculative_leases += 1;
-                    tracing::info!(
-                        job = job_id,
-                        lease = leased.0,
-                        "straggler: leasing a second copy"
-                    );
-                    out.push(leased);
-                }
-                if !out.is_empty() {
-                    metrics::counter!(observe::LEASES_ISSUED).increment(out.len() as u64);
-                    metrics::histogram!(observe::LEASE_WAIT)
-                        .record((wait - deadline.saturating_duration_since(now)).as_secs_f64());
-                    return Ok((out, ControlSignal::Continue));
-                }
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return Ok((Vec::new(), self.control()));
-            }
-            let _ = tokio::time::timeout(remaining, notified).await;
-        }
-    }
-
-    /// Lease `job_id` to `session` (`None` when the job is already done).
-    fn issue_lease(
-        &self,
-        g: &mut Inner,
-        job_id: JobId,
-        session: &str,
-        now: Instant,
-        speculative: bool,
-    ) -> Option<(LeaseId, JobPayload)> {
-        let lease_id = g.next_lease;
-        let job = g.jobs.get_mut(&job_id).filter(|j| !j.done)?;
-        let payload = job.payload.clone()?;
-        job.attempts += 1;
-        job.live.push(lease_id);
-        job.speculated |= speculative;
-        let attempt = job.attempts;
-        g.next_lease += 1;
-        g.leases.insert(
-            lease_id,
-            LeaseState {
-                job: job_id,
-                session: session.to_string(),
-                deadline: now + self.config.lease_ttl,
-                attempt,
-                issued: now,
-                speculative,
-                at_lifetime: false,
-            },
-        );
-        g.stats.leases_issued += 1;
-        Some((lease_id, payload))
     }
 
     /// The oldest straggling job `session` could take a second copy of: its only lease is held

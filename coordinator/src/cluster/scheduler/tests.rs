@@ -422,6 +422,75 @@ async fn jobs_queued_ahead_are_leased_only_when_nothing_else_waits() {
     assert_eq!(seeds_of(&second[0].1), vec![1], "then the one queued ahead");
 }
 
+fn call_job(seed: u64) -> JobPayload {
+    JobPayload::Generate {
+        messages: vec![ChatMessage::user("reflect")],
+        json_schema: None,
+        seed,
+        temperature: 0.7,
+        top_p: 0.9,
+        repetition_penalty: 1.0,
+        max_new_tokens: 8,
+    }
+}
+
+#[tokio::test]
+async fn reflection_calls_queued_ahead_are_leased_before_rollouts_queued_ahead() {
+    // The steps queued ahead wait for the boundary's chain of calls; calls queued ahead
+    // behind them left that chain waiting (issue 23).
+    let (s, _rx) = scheduler(10_000);
+    s.enqueue_ahead(rollout_job(vec![1]));
+    s.enqueue_ahead(call_job(5));
+    s.enqueue_ahead(rollout_job(vec![2]));
+    s.enqueue_ahead(call_job(6));
+    s.enqueue(rollout_job(vec![3]));
+    let (_, w) = s.register().unwrap();
+    let (leased, _) = s.lease(&w, 5, Duration::ZERO).await.unwrap();
+    let order: Vec<String> = leased
+        .iter()
+        .map(|(_, p)| match p {
+            JobPayload::Generate { seed, .. } => format!("call {seed}"),
+            rollout => format!("rollout {:?}", seeds_of(rollout)),
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "rollout [3]",
+            "call 5",
+            "call 6",
+            "rollout [1]",
+            "rollout [2]"
+        ],
+        "due now, then calls ahead, then rollouts ahead, each in queue order"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_says_how_long_it_waited_for_work_and_zero_when_work_was_queued() {
+    let (s, _rx) = scheduler(10_000);
+    let s = std::sync::Arc::new(s);
+    let (_, w) = s.register().unwrap();
+    s.enqueue(rollout_job(vec![1]));
+    let at_once = s.lease_timed(&w, 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(at_once.jobs.len(), 1);
+    assert_eq!(at_once.waited_for_work, Duration::ZERO, "work was queued");
+    let later = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s.enqueue(rollout_job(vec![2]));
+        })
+    };
+    let held = s.lease_timed(&w, 1, Duration::from_secs(5)).await.unwrap();
+    later.await.unwrap();
+    assert_eq!(held.jobs.len(), 1);
+    assert!(
+        held.waited_for_work >= Duration::from_millis(50),
+        "{held:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_withdrawn_job_is_never_leased_and_its_lease_is_fenced_without_a_completion() {
     let (s, mut rx) = scheduler(10_000);
