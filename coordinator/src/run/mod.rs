@@ -486,9 +486,11 @@ impl RunLoop {
     }
 
     /// One step: its rollouts queued under the step's guidance (or taken from those queued
-    /// ahead), its tickets decided in step order once all have answered, then the step made
-    /// durable, the `upcoming` steps' rollouts queued ahead (`runner.pipeline_steps` of them),
-    /// and the step handed to reflection.
+    /// ahead), the `upcoming` steps' rollouts queued ahead (`runner.pipeline_steps` of them:
+    /// workers that run out of this step's jobs take them instead of idling through its last
+    /// answers and its decisions), its tickets decided in step order once all have answered,
+    /// then the step made durable, the steps ahead checked against the guidance again, and the
+    /// step handed to reflection.
     async fn run_step(
         &mut self,
         run: &mut EpochRun<'_>,
@@ -510,6 +512,7 @@ impl RunLoop {
                 .then(|| rendered_digest(&self.guidance.render_for_prompt())),
         };
         let jobs = self.queue_step(run, step);
+        self.queue_ahead(run, upcoming);
         let ids: Vec<JobId> = jobs.iter().map(|(j, _)| *j).collect();
         self.lock_progress().begin_rollouts(Instant::now());
         let mut done = self.await_jobs(&ids).await?;

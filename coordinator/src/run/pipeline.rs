@@ -1,6 +1,7 @@
-//! Rollouts queued ahead (`runner.pipeline_steps: D`): while a step's reflection runs, the
-//! next D steps' rollouts are already queued under the guidance of that moment, so workers with
-//! room compute them instead of idling. When a step starts, its queued jobs are used if the
+//! Rollouts queued ahead (`runner.pipeline_steps: D`): from the moment a step's own rollouts
+//! are queued, through its last answers, its decisions and its reflection, the next D steps'
+//! rollouts are queued too under the guidance of that moment, so workers with room compute
+//! them instead of idling. When a step starts, its queued jobs are used if the
 //! guidance it renders is still the one they ran under (a rollout's answer depends only on its
 //! payload: the prompt, which holds the guidance, and seeds derived from the ticket), else they
 //! are withdrawn (their leases fenced) and queued again. At each boundary the steps already
@@ -74,7 +75,8 @@ impl RunLoop {
     }
 
     /// Queue the `upcoming` steps' rollouts ahead (the next D of the epoch, in order) under the
-    /// guidance as it stands (before this step's reflection), when the config asks for it:
+    /// guidance as it stands (at the step's start, and again before its reflection), when the
+    /// config asks for it:
     /// steps queued at an earlier boundary under another guidance are queued again (with
     /// every step after them), the others stay, and the steps not yet queued are added.
     pub(super) fn queue_ahead(&mut self, run: &EpochRun<'_>, upcoming: &[&[usize]]) {

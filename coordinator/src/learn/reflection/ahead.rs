@@ -147,11 +147,13 @@ impl Reflector {
         workers.completions.collect_ready();
         let current = self.state.cycles;
         let mut wanted: BTreeSet<String> = BTreeSet::new();
-        let upcoming = self.upcoming_cases(self.ahead.drain, self.ahead.depth, guidance);
+        // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
+        // remaining cycles route their cases without a call: nothing to guess).
+        let depth = (0..self.ahead.depth)
+            .take_while(|&j| self.budget_allows(j))
+            .count();
+        let upcoming = self.upcoming_cases(self.ahead.drain, depth, guidance);
         for (j, kept) in upcoming.into_iter().enumerate() {
-            if !self.budget_allows(j) {
-                break;
-            }
             let cycle = current + 1 + j as u64;
             self.queue_likely_calls(cycle, kept, guidance, workers, &mut wanted);
         }

@@ -319,7 +319,7 @@ impl Reflector {
     }
 
     /// Called at every step boundary (and with `drain` at epoch end): commit buffered
-    /// feedback, then run every due reflection cycle.
+    /// feedback, then run every due reflection cycle, then sync the rows they wrote.
     pub async fn on_step_end(
         &mut self,
         epoch: u32,
@@ -339,7 +339,9 @@ impl Reflector {
             .run_due_cycles(epoch, global_step, guidance, &mut workers, drain)
             .await;
         self.ahead.withdraw_all(&mut workers);
-        done
+        done?;
+        let path = self.dir.join(files::REFLECTION);
+        self.sync_logs().map_err(io_err(&path))
     }
 
     /// Every cycle due at this boundary, one after the other (each queues the next ones'
