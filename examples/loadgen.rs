@@ -36,7 +36,7 @@ static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::n
 
 const USAGE: &str = "loadgen --coordinator HOST:PORT [--token-file F] [--workers N]
   [--latency fixed:MS | lognormal:MEDIAN_MS:SIGMA] [--seed S] [--reconnect-s S]
-  [--name PREFIX] [--max-context TOKENS] [--keepalive-s S]";
+  [--name PREFIX] [--max-context TOKENS] [--keepalive-s S] [--max-jobs K]";
 
 /// Command line.
 #[derive(Debug, Clone)]
@@ -52,6 +52,9 @@ struct Opts {
     /// HTTP/2 keepalive ping interval and ack timeout, as the real worker's (20 s): how long
     /// a silently partitioned connection takes to be noticed.
     keepalive: Duration,
+    /// Jobs a simulated worker holds at once (1..=16), as the real worker's `--max-jobs`:
+    /// it leases up to this many and serves them side by side, each with its own latency.
+    max_jobs: usize,
 }
 
 /// How long a simulated job takes.
@@ -85,6 +88,7 @@ fn parse_args() -> Result<Opts, String> {
         name: format!("loadgen-{}", std::process::id()),
         max_context: 8192,
         keepalive: Duration::from_secs(20),
+        max_jobs: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -104,12 +108,16 @@ fn parse_args() -> Result<Opts, String> {
             "--name" => opts.name = value()?,
             "--max-context" => opts.max_context = value()?.parse().map_err(bad)?,
             "--keepalive-s" => opts.keepalive = Duration::from_secs(value()?.parse().map_err(bad)?),
+            "--max-jobs" => opts.max_jobs = value()?.parse().map_err(bad)?,
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
     if opts.coordinator.is_empty() || opts.workers == 0 {
         return Err(USAGE.to_string());
+    }
+    if !(1..=16).contains(&opts.max_jobs) {
+        return Err(format!("--max-jobs {}: expected 1 to 16", opts.max_jobs));
     }
     Ok(opts)
 }
@@ -281,6 +289,8 @@ struct Stats {
     abandoned: u64,
     registrations: u64,
     sessions_lost: u64,
+    /// The most jobs one simulated worker held at once.
+    peak_in_hand: usize,
     /// Offsets from the process start (µs) of the first job leased and the last answer
     /// accepted: the span over which throughput is measured.
     first_job_us: Option<u64>,
@@ -298,6 +308,7 @@ impl Stats {
         self.abandoned += other.abandoned;
         self.registrations += other.registrations;
         self.sessions_lost += other.sessions_lost;
+        self.peak_in_hand = self.peak_in_hand.max(other.peak_in_hand);
         self.first_job_us = match (self.first_job_us, other.first_job_us) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -364,7 +375,7 @@ async fn register(
             name: format!("{}:{index}", opts.name),
             device: "cpu".into(),
             model_fingerprint: "loadgen-scripted-v1|none|none|cpu".into(),
-            capacity: 1,
+            capacity: opts.max_jobs as u32,
             version: "loadgen".into(),
             max_context: opts.max_context,
         }),
@@ -419,32 +430,35 @@ async fn work(shared: &Shared, lease_id: u64, took: Duration) -> bool {
     }
 }
 
-/// Run one leased job and submit its answer.
+/// Run one leased job and submit its answer; what it measured comes back. The lease is in
+/// `shared.held` already (put there when it was leased, so heartbeats cover it at once).
 async fn serve_job(
-    client: &mut Client,
-    session: &str,
+    mut client: Client,
+    session: String,
     job: pb::Job,
-    shared: &Shared,
-    sleeper: &mut Sleeper,
-    stats: &mut Stats,
-) {
-    let Some(kind) = job.kind else { return };
-    shared.held.lock().unwrap().insert(job.lease_id);
-    let finished = work(shared, job.lease_id, sleeper.next()).await;
+    shared: Arc<Shared>,
+    took: Duration,
+) -> Stats {
+    let mut stats = Stats::default();
+    let Some(kind) = job.kind else {
+        shared.held.lock().unwrap().remove(&job.lease_id);
+        return stats;
+    };
+    let finished = work(&shared, job.lease_id, took).await;
     if !finished {
         shared.held.lock().unwrap().remove(&job.lease_id);
         stats.abandoned += 1;
-        return;
+        return stats;
     }
     let request = pb::SubmitRequest {
-        session: session.to_string(),
+        session,
         lease_id: job.lease_id,
         result: Some(answer(&kind)),
     };
     let started = Instant::now();
     let reply = client.submit(request).await;
     shared.held.lock().unwrap().remove(&job.lease_id);
-    let Ok(reply) = reply else { return };
+    let Ok(reply) = reply else { return stats };
     stats.submit_us.push(started.elapsed().as_micros() as u64);
     shared.done.fetch_add(1, Ordering::Relaxed);
     match pb::SubmitStatus::try_from(reply.into_inner().status) {
@@ -455,12 +469,15 @@ async fn serve_job(
         Ok(pb::SubmitStatus::Duplicate) => stats.duplicate += 1,
         _ => stats.fenced += 1,
     }
+    stats
 }
 
-/// Lease and serve jobs under one session; `None` when the session was lost.
+/// Lease and serve jobs under one session, up to `max_jobs` at once; `None` when the session
+/// was lost. Told `DRAIN`, it leases nothing more and finishes the jobs in hand.
 async fn serve_session(
     client: &Client,
     session: &pb::RegisterResponse,
+    max_jobs: usize,
     sleeper: &mut Sleeper,
     stats: &mut Stats,
 ) -> Option<End> {
@@ -473,14 +490,25 @@ async fn serve_session(
         every,
         shared.clone(),
     );
+    let mut running = tokio::task::JoinSet::new();
     let ended = loop {
+        while let Some(done) = running.try_join_next() {
+            stats.absorb(done.expect("a simulated job panicked"));
+        }
         if let Some(end) = shared.asked_end() {
             break Some(end);
         }
+        if running.len() >= max_jobs {
+            if let Some(done) = running.join_next().await {
+                stats.absorb(done.expect("a simulated job panicked"));
+            }
+            continue;
+        }
         let request = pb::LeaseRequest {
             session: session.session.clone(),
-            max_jobs: 1,
-            wait_ms: 5_000,
+            max_jobs: (max_jobs - running.len()) as u32,
+            // With jobs in hand, come back soon to lease more as they end.
+            wait_ms: if running.is_empty() { 5_000 } else { 200 },
         };
         let started = Instant::now();
         let Ok(resp) = client.lease(request).await.map(|r| r.into_inner()) else {
@@ -497,9 +525,15 @@ async fn serve_session(
         }
         shared.note(resp.control);
         for job in resp.jobs {
-            serve_job(&mut client, &session.session, job, &shared, sleeper, stats).await;
+            shared.held.lock().unwrap().insert(job.lease_id);
+            let (c, s) = (client.clone(), session.session.clone());
+            running.spawn(serve_job(c, s, job, shared.clone(), sleeper.next()));
         }
+        stats.peak_in_hand = stats.peak_in_hand.max(running.len());
     };
+    while let Some(done) = running.join_next().await {
+        stats.absorb(done.expect("a simulated job panicked"));
+    }
     heartbeat.abort();
     ended
 }
@@ -538,7 +572,9 @@ async fn simulated_worker(opts: Arc<Opts>, index: usize) -> (End, Stats) {
         };
         stats.registrations += 1;
         previous = session.session.clone();
-        if let Some(end) = serve_session(&client, &session, &mut sleeper, &mut stats).await {
+        if let Some(end) =
+            serve_session(&client, &session, opts.max_jobs, &mut sleeper, &mut stats).await
+        {
             return (end, stats);
         }
         stats.sessions_lost += 1;
@@ -563,6 +599,8 @@ fn report(opts: &Opts, ends: &[End], mut stats: Stats, wall: Duration) -> Value 
     let jobs = stats.accepted + stats.duplicate + stats.fenced;
     json!({
         "workers": opts.workers,
+        "max_jobs": opts.max_jobs,
+        "peak_jobs_in_hand": stats.peak_in_hand,
         "latency": format!("{:?}", opts.latency),
         "wall_s": wall.as_secs_f64(),
         "jobs_submitted": jobs,

@@ -10,6 +10,10 @@
 # one yet, so every soak, the quick CI one included, resumes from a checkpoint at least once;
 # the table counts those kills, and a soak with none fails.
 #
+# Every worker holds up to --max-jobs jobs at once (default 4; the real worker's --max-jobs,
+# the load generator's too), so a worker SIGKILL drops several leases in hand; the reference
+# run's workers hold one at a time, so equal artifacts also show the batch changes nothing.
+#
 # --real-model: the same soak with real `stageb worker` processes running the real model
 # (SmolLM2-135M, one thread each) instead of load generators: a small mission (24 tickets, 2
 # epochs, 2 workers), a few faults spaced seconds apart (3 worker SIGKILLs, 1 pause past the
@@ -22,7 +26,7 @@
 #
 # usage: scripts/soak.sh [--quick] [--seed S] [--tickets T] [--epochs E] [--procs P]
 #          [--workers-per-proc W] [--worker-kills K] [--pauses P] [--rank0-kills R] [--out DIR]
-#          [--profile release|dev] [--real-model [--model GGUF]]
+#          [--profile release|dev] [--max-jobs K] [--real-model [--model GGUF]]
 # --quick is the CI variant (about a minute) and uses the dev profile, which CI has built for
 # the tests already (a release build would add a quarter of an hour to CI); the full soak
 # uses release binaries.
@@ -34,6 +38,7 @@ TICKETS=3000
 EPOCHS=3
 PROCS=4
 PER_PROC=5
+MAX_JOBS=4
 LATENCY="lognormal:150:0.8"
 WANT_WORKER_KILLS=100
 WANT_PAUSES=20
@@ -58,6 +63,7 @@ while [[ $# -gt 0 ]]; do
         --epochs) EPOCHS=$2; shift 2 ;;
         --procs) PROCS=$2; shift 2 ;;
         --workers-per-proc) PER_PROC=$2; shift 2 ;;
+        --max-jobs) MAX_JOBS=$2; shift 2 ;;
         --worker-kills) WANT_WORKER_KILLS=$2; shift 2 ;;
         --pauses) WANT_PAUSES=$2; shift 2 ;;
         --rank0-kills) WANT_RANK0_KILLS=$2; shift 2 ;;
@@ -66,7 +72,7 @@ while [[ $# -gt 0 ]]; do
             WANT_PAUSES=1; WANT_RANK0_KILLS=2; TTL=4; STEP=8; FAULT_MIN_MS=0; FAULT_SPAN_MS=3000; FAULT_EVERY_ROWS=6
             PROFILE=dev; OUT="$ROOT/.cache/soak-real"; shift ;;
         --model) MODEL=$2; shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -121,7 +127,7 @@ reference() {
     if ((REAL)); then
         local i
         for ((i = 0; i < PROCS; i++)); do
-            real_worker >>"$OUT/reference-workers.log" 2>&1 &
+            real_worker 1 >>"$OUT/reference-workers.log" 2>&1 &
             WORKERS[i]=$!
         done
         wait "$RANK0"
@@ -129,17 +135,18 @@ reference() {
         WORKERS=()
     else
         "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers $((PROCS * PER_PROC)) \
-            --latency "fixed:5" --seed "$SEED" >"$OUT/reference-loadgen.json" 2>>"$OUT/reference-loadgen.log"
+            --max-jobs 1 --latency "fixed:5" --seed "$SEED" >"$OUT/reference-loadgen.json" 2>>"$OUT/reference-loadgen.log"
         wait "$RANK0"
     fi
     RANK0=""
 }
 
-# One real worker (--real-model): the real model on one compute thread. `exec`: started in the
-# background, the function's subshell *becomes* the worker, so its PID is the one SIGKILLed.
+# One real worker (--real-model) holding up to $1 jobs: the real model on one compute thread.
+# `exec`: started in the background, the function's subshell *becomes* the worker, so its PID
+# is the one SIGKILLed.
 real_worker() {
     exec "$STAGEB" worker --coordinator "127.0.0.1:$PORT" --model "$MODEL" \
-        --token-file "$OUT/token" --threads 1 --reconnect-timeout-s 60
+        --token-file "$OUT/token" --threads 1 --reconnect-timeout-s 60 --max-jobs "$1"
 }
 
 start_rank0() {
@@ -155,12 +162,12 @@ start_rank0() {
 start_worker() {
     local i=$1
     if ((REAL)); then
-        real_worker >>"$OUT/soak-worker-$i.log" 2>&1 &
+        real_worker "$MAX_JOBS" >>"$OUT/soak-worker-$i.log" 2>&1 &
         WORKERS[i]=$!
         return
     fi
     "$LOADGEN" --coordinator "127.0.0.1:$PORT" --token-file "$OUT/token" --workers "$PER_PROC" \
-        --latency "$LATENCY" --seed $((SEED * 1000 + i)) --reconnect-s 60 --name "soak$i" \
+        --max-jobs "$MAX_JOBS" --latency "$LATENCY" --seed $((SEED * 1000 + i)) --reconnect-s 60 --name "soak$i" \
         >>"$OUT/soak-loadgen-$i.json" 2>>"$OUT/soak-loadgen.log" &
     WORKERS[i]=$!
 }
@@ -259,7 +266,7 @@ inject_one() {
 }
 
 soak() {
-    log "soak run: $PROCS worker processes x $PER_PROC workers, seed $SEED"
+    log "soak run: $PROCS worker processes x $PER_PROC workers, up to $MAX_JOBS jobs each, seed $SEED"
     ATTEMPTS=0; WORKER_KILLS=0; PAUSES=0; RANK0_KILLS=0; CHECKPOINT_KILLS=0
     TOTAL_EXPIRED=0; TOTAL_FENCED=0; SCRAPED_EXPIRED=0; SCRAPED_FENCED=0
     start_rank0
@@ -294,10 +301,14 @@ verdict() {
     "$STAGEB" audit "$dir" >"$OUT/audit.log" 2>&1 && AUDIT=pass || { AUDIT=FAIL; ok=1; }
     python3 "$ROOT/scripts/lib/compare_runs.py" "$ref" "$dir" >"$OUT/compare.json" || ok=1
     python3 - "$dir/summary.json" "$OUT/compare.json" <<EOF
-import json, sys
+import glob, json, sys
 s = json.load(open(sys.argv[1]))["runtime"]["scheduler"]
 c = json.load(open(sys.argv[2]))
-rows = [("seed", $SEED), ("rank 0 attempts", $ATTEMPTS),
+peak = max((json.loads(l).get("peak_jobs_in_hand", 0) for f in glob.glob("$OUT/soak-loadgen-*.json")
+            for l in open(f) if l.strip()), default="n/a")
+rows = [("seed", $SEED), ("jobs a worker may hold at once (reference run: 1)", $MAX_JOBS),
+        ("most a worker held at once (load generators that ended)", peak),
+        ("rank 0 attempts", $ATTEMPTS),
         ("worker SIGKILLs (restarted)", $WORKER_KILLS), ("SIGSTOP/SIGCONT pauses > TTL ($TTL s)", $PAUSES),
         ("rank 0 SIGKILLs (+ --resume)", $RANK0_KILLS),
         ("of them after a step checkpoint", $CHECKPOINT_KILLS),
