@@ -14,9 +14,9 @@
 #   llama.cpp the requests alone, server warm. Peak RSS of each stageb run
 #   (scripts/lib/rusage.py).
 # Workload 2 (the README demo as users run it: 2 epochs, reflection on): `stageb run` with the
-#   defaults (batching, the next step queued ahead while reflection runs) and as it ran before
-#   both (`--max-jobs 1`, `runner.pipeline_steps: 0`), same binary, alternated; wall time, and
-#   from the run's log where it went.
+#   defaults (batching, `--max-jobs 8`; nothing queued ahead, `runner.pipeline_steps` and
+#   `pipeline_cycles` default to 0) and one job at a time (`--max-jobs 1`, `pipeline_steps: 0`
+#   written out), same binary, alternated; wall time, and from the run's log where it went.
 # Every run's artifacts are compared with the first run's (scripts/compare-runs.py): batching
 # must not change a byte.
 set -euo pipefail
