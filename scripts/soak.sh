@@ -305,7 +305,7 @@ import glob, json, sys
 s = json.load(open(sys.argv[1]))["runtime"]["scheduler"]
 c = json.load(open(sys.argv[2]))
 peak = max((json.loads(l).get("peak_jobs_in_hand", 0) for f in glob.glob("$OUT/soak-loadgen-*.json")
-            for l in open(f) if l.strip()), default="n/a")
+            for l in open(f) if l.strip()), default="not reported" if $REAL else "n/a: no load generator ended")
 rows = [("seed", $SEED), ("jobs a worker may hold at once (reference run: 1)", $MAX_JOBS),
         ("most a worker held at once (load generators that ended)", peak),
         ("rank 0 attempts", $ATTEMPTS),
