@@ -127,6 +127,11 @@ fn attention_t<T: CudaDType + DeviceRepr>(
         dim(max_parts)?,
     );
     let shared = (n_rep * d + n_rep * PARTITION + 32) * std::mem::size_of::<f32>();
+    if shared > 48 * 1024 {
+        candle_core::bail!(
+            "paged attention kernel: {n_rep} heads per KV head of {d} need {shared} bytes of shared memory (48 KiB at most)"
+        )
+    }
     let partial = load!(dev, true, "paged_attn_partial", s1.dtype());
     let mut b = partial.builder();
     b.arg(&q)

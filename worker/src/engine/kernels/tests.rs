@@ -488,3 +488,59 @@ fn pad_rows_write_nothing_and_attend_to_zeros() {
         "one position: its value"
     );
 }
+
+/// Runs only where a CUDA device is present (a GPU check); elsewhere it says so and passes.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_a_cuda_device_every_kernel_passes_its_self_check_and_rows_are_batch_invariant() {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: the device half of the kernel checks did not run");
+        return;
+    };
+    let report = self_check(&dev);
+    for c in &report.checks {
+        assert!(c.passed(), "{c:?}");
+    }
+    for dtype in [DType::F32, DType::BF16] {
+        let (d, n_head, n_kv) = (128, 8, 2);
+        let mut rng = Rng(3);
+        let shape = PoolShape {
+            n_layer: 1,
+            n_kv_head: n_kv,
+            head_dim: d,
+            num_blocks: 160,
+        };
+        let mut pool = PagedKvPool::new(shape, dtype, &dev).unwrap();
+        let fill = rand(&mut rng, &[160, 2, BLOCK, n_kv, d], dtype);
+        pool.layer(0)
+            .slice_set(&fill.to_device(&dev).unwrap(), 0, 0)
+            .unwrap();
+        let tables = tables_of(&mut pool, &[1, 300, PARTITION + 40, 1500]);
+        let q = rand(&mut rng, &[4, n_head, d], dtype)
+            .to_device(&dev)
+            .unwrap();
+        let scale = 1.0 / (d as f32).sqrt();
+        let run = |order: &[usize]| {
+            let idx: Vec<u32> = order.iter().map(|&i| i as u32).collect();
+            let qb = q.index_select(&Tensor::new(idx, &dev).unwrap(), 0).unwrap();
+            let rows: Vec<&BlockTable> = order.iter().map(|&i| &tables[i]).collect();
+            let table = row_table_tensor(&rows, &dev).unwrap();
+            paged_decode_attention(&qb, pool.layer(0), &table, scale).unwrap()
+        };
+        let all = run(&[0, 1, 2, 3]);
+        let reversed = run(&[3, 2, 1, 0]);
+        for i in 0..4 {
+            let alone = bits(&run(&[i]));
+            assert_eq!(
+                bits(&all.get(i).unwrap()),
+                alone,
+                "{dtype:?} row {i} in order"
+            );
+            assert_eq!(
+                bits(&reversed.get(3 - i).unwrap()),
+                alone,
+                "{dtype:?} row {i} reversed"
+            );
+        }
+    }
+}
