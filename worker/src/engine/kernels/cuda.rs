@@ -117,8 +117,11 @@ fn attention_t<T: CudaDType + DeviceRepr>(
     let (q, pool, table) = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<u32>(s3, l3)?);
     // Partitions a row can have at most: bounded by its table's width, not by the batch.
     let max_parts = ((width - 1) * BLOCK).div_ceil(PARTITION).max(1);
-    let mut acc = dev.alloc_zeros::<f32>(rows * n_head * max_parts * d)?;
-    let mut ml = dev.alloc_zeros::<f32>(rows * n_head * max_parts * 2)?;
+    // SAFETY: the combine kernel reads a row's partitions below its count only, each written
+    // by the partial kernel; the rest stays unread.
+    let mut acc = unsafe { dev.alloc::<f32>(rows * n_head * max_parts * d)? };
+    // SAFETY: as above.
+    let mut ml = unsafe { dev.alloc::<f32>(rows * n_head * max_parts * 2)? };
     let (w, nh, nk, dd, mp) = (
         dim(width)?,
         dim(n_head)?,
