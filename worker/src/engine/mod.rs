@@ -32,6 +32,7 @@ pub mod candle_engine;
 pub mod chat_template;
 pub mod cpu;
 pub mod gguf;
+pub mod kernels;
 pub mod options;
 pub mod prefix_cache;
 pub mod prompt_text;

@@ -1,0 +1,135 @@
+//! Each kernel's computation composed from plain candle ops (the way the unfused decode path
+//! computes it): what [`super::self_check`] and the tests measure the kernels against. Not
+//! built from the kernels' CPU references, so a mistake shared by a kernel and its CPU twin
+//! still shows.
+
+use candle_core::{D, DType, Device, Tensor};
+
+use super::params::{QkvSpec, Rope, RopePairs};
+use super::pool::BLOCK;
+
+/// RMS norm with f32 statistics and an f32 weight over the last dimension, in `x`'s dtype.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    let xf = x.to_dtype(DType::F32)?.contiguous()?;
+    candle_nn::ops::rms_norm(&xf, w, eps)?.to_dtype(x.dtype())
+}
+
+/// `(x + residual, rms_norm(x + residual))`.
+pub fn add_rms_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    w: &Tensor,
+    eps: f32,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let s = (x + residual)?;
+    let n = rms_norm(&s, w, eps)?;
+    Ok((s, n))
+}
+
+/// `silu(gate) * up` from `gate | up`.
+pub fn silu_mul(gate_up: &Tensor) -> candle_core::Result<Tensor> {
+    let ff = gate_up.dim(D::Minus1)? / 2;
+    let g = gate_up.narrow(D::Minus1, 0, ff)?;
+    let u = gate_up.narrow(D::Minus1, ff, ff)?;
+    candle_nn::ops::silu(&g)? * u
+}
+
+/// Heads `first..first+n` of `qkv` `(rows, width)`, normed by `norm` and rotated at each
+/// row's position: `(rows, n, head_dim)`.
+fn heads_rope(
+    qkv: &Tensor,
+    (first, n, d): (usize, usize, usize),
+    norm: Option<&Tensor>,
+    eps: f32,
+    rope: &Rope,
+    positions: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let rows = qkv.dim(0)?;
+    let x = qkv.narrow(1, first * d, n * d)?.reshape((rows, n, d))?;
+    let x = match norm {
+        Some(w) => rms_norm(&x, w, eps)?,
+        None => x,
+    };
+    // RoPE as one sequence of `rows` positions, each at its own table row.
+    let x = x.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+    let cos = rope.cos.index_select(positions, 0)?.contiguous()?;
+    let sin = rope.sin.index_select(positions, 0)?.contiguous()?;
+    let x = match rope.pairs {
+        RopePairs::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
+        RopePairs::Halves => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
+    };
+    x.squeeze(0)?.transpose(0, 1)?.contiguous()
+}
+
+/// The rotated queries `(rows, n_head, head_dim)`.
+pub fn q_norm_rope(
+    qkv: &Tensor,
+    spec: &QkvSpec,
+    rope: &Rope,
+    positions: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let heads = (0, spec.n_head, spec.head_dim);
+    heads_rope(qkv, heads, spec.q_norm, spec.eps, rope, positions)
+}
+
+/// The rotated keys and the values `(rows, n_kv, head_dim)` the write puts into the pool.
+pub fn kv_norm_rope(
+    qkv: &Tensor,
+    spec: &QkvSpec,
+    rope: &Rope,
+    positions: &Tensor,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let (rows, d) = (qkv.dim(0)?, spec.head_dim);
+    let heads = (spec.n_head, spec.n_kv, d);
+    let k = heads_rope(qkv, heads, spec.k_norm, spec.eps, rope, positions)?;
+    let v = qkv
+        .narrow(1, (spec.n_head + spec.n_kv) * d, spec.n_kv * d)?
+        .reshape((rows, spec.n_kv, d))?;
+    Ok((k, v))
+}
+
+/// The keys and values `(slots, n_kv, head_dim)` a pool layer holds at `slots` (u32).
+pub fn gather_slots(pool_layer: &Tensor, slots: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let (nb, _, _, n_kv, d) = pool_layer.dims5()?;
+    let part = |i: usize| -> candle_core::Result<Tensor> {
+        pool_layer
+            .narrow(1, i, 1)?
+            .contiguous()?
+            .reshape((nb * BLOCK, n_kv, d))?
+            .index_select(slots, 0)
+    };
+    Ok((part(0)?, part(1)?))
+}
+
+/// Dense decode attention of each row over its table's positions, in f32 with one softmax
+/// (gathering the row's keys and values by slot first): `(rows, n_head, head_dim)` in `q`'s
+/// dtype. The table is the one [`super::pool::row_table_tensor`] makes.
+pub fn paged_decode_attention(
+    q: &Tensor,
+    pool_layer: &Tensor,
+    table: &Tensor,
+    scale: f32,
+) -> candle_core::Result<Tensor> {
+    let (rows, n_head, d) = q.dims3()?;
+    let n_kv = pool_layer.dim(3)?;
+    let table = table.to_vec2::<u32>()?;
+    let mut outs = Vec::with_capacity(rows);
+    for (r, row) in table.iter().enumerate() {
+        let len = row[0] as usize;
+        let slots: Vec<u32> = (0..len)
+            .map(|p| row[1 + p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32)
+            .collect();
+        let slots = Tensor::from_vec(slots, len, &Device::Cpu)?.to_device(q.device())?;
+        let (k, v) = gather_slots(pool_layer, &slots)?;
+        let f32_heads = |x: &Tensor| x.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous();
+        let (k, v) = (f32_heads(&k)?, f32_heads(&v)?); // (n_kv, len, d)
+        let qr = q
+            .get(r)?
+            .to_dtype(DType::F32)?
+            .reshape((n_kv, n_head / n_kv, d))?;
+        let scores = (qr.matmul(&k.t()?)? * scale as f64)?;
+        let w = candle_nn::ops::softmax_last_dim(&scores)?;
+        outs.push(w.matmul(&v)?.reshape((n_head, d))?);
+    }
+    Tensor::stack(&outs, 0)?.to_dtype(q.dtype())
+}

@@ -1,0 +1,309 @@
+//! The kernels' self-check: on the first model load on a device, each kernel runs on a small
+//! random input (a fixed host-side generator, so every device sees the same numbers) and is
+//! compared with its composition from plain candle ops ([`super::reference`]) on that device,
+//! in f32 and bf16, head dims 64 and 128. A kernel whose error exceeds its dtype's tolerance,
+//! or that fails to run, is marked unusable and logged loudly with the measured error: the
+//! caller then runs the reference path for it. The report renders into a short fingerprint
+//! suffix naming the kernels in use, so results of workers using different kernels never
+//! compare as the same numerics.
+//!
+//! The error is `max |kernel - reference| / max(1, max |reference|)`. Tolerances: f32 1e-4
+//! (summation order and `exp` differ, nothing else), bf16 1.6e-2 (four bf16 ulps at 1.0: the
+//! kernels round once where the compositions round after every op).
+
+use candle_core::{DType, Device, Tensor};
+
+use super::fused;
+use super::params::{QkvSpec, Rope, RopePairs};
+use super::pool::{BLOCK, BlockTable, PagedKvPool, PoolShape, row_table_tensor};
+use super::qkv_rope;
+use super::{paged_attention, reference};
+
+/// A kernel that can be checked and switched off on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    PagedAttention,
+    AddRmsNorm,
+    QkNormRopeKv,
+    SiluMul,
+}
+
+impl KernelId {
+    pub const ALL: [KernelId; 4] = [
+        KernelId::PagedAttention,
+        KernelId::AddRmsNorm,
+        KernelId::QkNormRopeKv,
+        KernelId::SiluMul,
+    ];
+
+    /// The short name the fingerprint suffix and the logs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelId::PagedAttention => "paged-attn",
+            KernelId::AddRmsNorm => "add-rmsnorm",
+            KernelId::QkNormRopeKv => "qk-rope-kv",
+            KernelId::SiluMul => "silu-mul",
+        }
+    }
+
+    /// Whether the `paged` switch (else the `fused` switch) selects this kernel.
+    pub fn is_paged(self) -> bool {
+        self == KernelId::PagedAttention
+    }
+}
+
+/// One kernel checked in one dtype and head dim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelCheck {
+    pub kernel: KernelId,
+    pub dtype: DType,
+    pub head_dim: usize,
+    /// The measured error (see the module header); infinite when the kernel failed to run.
+    pub error: f32,
+    pub tolerance: f32,
+    /// Why the kernel failed to run, if it did.
+    pub failure: Option<String>,
+}
+
+impl KernelCheck {
+    pub fn passed(&self) -> bool {
+        self.failure.is_none() && self.error <= self.tolerance
+    }
+}
+
+/// Every check run on one device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelfCheckReport {
+    pub checks: Vec<KernelCheck>,
+}
+
+impl SelfCheckReport {
+    /// Whether every check of `k` passed (never true for a kernel not checked).
+    pub fn usable(&self, k: KernelId) -> bool {
+        let mut of_k = self.checks.iter().filter(|c| c.kernel == k).peekable();
+        of_k.peek().is_some() && of_k.all(KernelCheck::passed)
+    }
+
+    /// The kernels to use: usable ones the switches select (`paged` the attention, `fused` the
+    /// others).
+    pub fn in_use(&self, paged: bool, fused: bool) -> Vec<KernelId> {
+        KernelId::ALL
+            .into_iter()
+            .filter(|k| if k.is_paged() { paged } else { fused })
+            .filter(|&k| self.usable(k))
+            .collect()
+    }
+
+    /// The fingerprint suffix naming the kernels in use, e.g. `kernels=paged-attn+silu-mul`,
+    /// or `kernels=none`.
+    pub fn fingerprint_suffix(&self, paged: bool, fused: bool) -> String {
+        let names: Vec<_> = self.in_use(paged, fused).iter().map(|k| k.name()).collect();
+        match names.is_empty() {
+            true => "kernels=none".into(),
+            false => format!("kernels={}", names.join("+")),
+        }
+    }
+}
+
+/// Checks every kernel on `device` (see the module header).
+pub fn self_check(device: &Device) -> SelfCheckReport {
+    check_all(device, None)
+}
+
+/// The self-check with `perturb`'s output shifted before it is compared (tests only: a kernel
+/// forced to disagree).
+pub(super) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheckReport {
+    let mut checks = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let tolerance = if dtype == DType::F32 { 1e-4 } else { 1.6e-2 };
+        for head_dim in [64, 128] {
+            for kernel in KernelId::ALL {
+                let shift = if perturb == Some(kernel) { 0.5 } else { 0.0 };
+                let run = Input {
+                    device,
+                    dtype,
+                    head_dim,
+                    shift,
+                };
+                let (error, failure) = match run.check(kernel) {
+                    Ok(e) => (e, None),
+                    Err(e) => (f32::INFINITY, Some(e.to_string())),
+                };
+                let check = KernelCheck {
+                    kernel,
+                    dtype,
+                    head_dim,
+                    error,
+                    tolerance,
+                    failure,
+                };
+                if !check.passed() {
+                    tracing::error!(
+                        kernel = kernel.name(),
+                        ?dtype,
+                        head_dim,
+                        error,
+                        tolerance,
+                        failure = check.failure.as_deref().unwrap_or(""),
+                        "KERNEL SELF-CHECK FAILED on {device:?}: the kernel disagrees with its \
+                         reference composition and will not be used; the reference path runs"
+                    );
+                }
+                checks.push(check);
+            }
+        }
+    }
+    SelfCheckReport { checks }
+}
+
+/// A small deterministic generator (xorshift), so every device checks the same inputs.
+pub(super) struct Rng(pub(super) u64);
+
+impl Rng {
+    pub(super) fn uniform(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                lo + (hi - lo) * ((self.0 >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect()
+    }
+}
+
+struct Input<'a> {
+    device: &'a Device,
+    dtype: DType,
+    head_dim: usize,
+    shift: f64,
+}
+
+/// `max |a - b| / max(1, max |b|)`.
+fn error(a: &Tensor, b: &Tensor) -> candle_core::Result<f32> {
+    let a = a.to_dtype(DType::F32)?;
+    let b = b.to_dtype(DType::F32)?;
+    let diff = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1.0);
+    Ok(diff / scale)
+}
+
+impl Input<'_> {
+    fn tensor(
+        &self,
+        rng: &mut Rng,
+        dims: &[usize],
+        lo: f32,
+        hi: f32,
+    ) -> candle_core::Result<Tensor> {
+        let n = dims.iter().product();
+        Tensor::from_vec(rng.uniform(n, lo, hi), dims, self.device)?.to_dtype(self.dtype)
+    }
+
+    fn check(&self, kernel: KernelId) -> candle_core::Result<f32> {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ self.head_dim as u64);
+        match kernel {
+            KernelId::AddRmsNorm => self.add_rms_norm(&mut rng),
+            KernelId::SiluMul => {
+                let gu = self.tensor(&mut rng, &[3, 2 * 160], -4.0, 4.0)?;
+                let got = (fused::silu_mul(&gu)? + self.shift)?;
+                error(&got, &reference::silu_mul(&gu)?)
+            }
+            KernelId::QkNormRopeKv => self.qk_rope_kv(&mut rng),
+            KernelId::PagedAttention => self.paged_attention(&mut rng),
+        }
+    }
+
+    fn add_rms_norm(&self, rng: &mut Rng) -> candle_core::Result<f32> {
+        let x = self.tensor(rng, &[3, 256], -1.0, 1.0)?;
+        let r = self.tensor(rng, &[3, 256], -1.0, 1.0)?;
+        let w = Tensor::from_vec(rng.uniform(256, 0.5, 1.5), 256, self.device)?;
+        let (s, n) = fused::add_rms_norm(&x, &r, &w, 1e-6)?;
+        let (rs, rn) = reference::add_rms_norm(&x, &r, &w, 1e-6)?;
+        Ok(error(&(s + self.shift)?, &rs)?.max(error(&n, &rn)?))
+    }
+
+    fn qk_rope_kv(&self, rng: &mut Rng) -> candle_core::Result<f32> {
+        let d = self.head_dim;
+        let (n_head, n_kv, ctx) = (4, 2, 64);
+        let w_q = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
+        let w_k = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
+        let spec = QkvSpec {
+            n_head,
+            n_kv,
+            head_dim: d,
+            q_norm: Some(&w_q),
+            k_norm: Some(&w_k),
+            eps: 1e-6,
+        };
+        let angles: Vec<f32> = (0..ctx * d / 2)
+            .map(|i| (i / (d / 2)) as f32 / 10000f32.powf((2 * (i % (d / 2))) as f32 / d as f32))
+            .collect();
+        let angles = Tensor::from_vec(angles, (ctx, d / 2), self.device)?;
+        let (cos, sin) = (
+            angles.cos()?.to_dtype(self.dtype)?,
+            angles.sin()?.to_dtype(self.dtype)?,
+        );
+        let qkv = self.tensor(rng, &[3, spec.width()], -2.0, 2.0)?;
+        let positions = Tensor::new(&[0u32, 7, 33], self.device)?;
+        let slots = Tensor::new(&[5u32, BLOCK as u32 + 3, 2 * BLOCK as u32], self.device)?;
+        let mut worst = 0f32;
+        for pairs in [RopePairs::Halves, RopePairs::Interleaved] {
+            let rope = Rope {
+                cos: &cos,
+                sin: &sin,
+                pairs,
+            };
+            let shape = PoolShape {
+                n_layer: 1,
+                n_kv_head: n_kv,
+                head_dim: d,
+                num_blocks: 4,
+            };
+            let pool = PagedKvPool::new(shape, self.dtype, self.device).map_err(to_candle)?;
+            let q = qkv_rope::q_norm_rope(&qkv, &spec, &rope, &positions)?;
+            qkv_rope::kv_norm_rope_write(pool.layer(0), &qkv, &spec, &rope, &positions, &slots)?;
+            let (k, v) = reference::gather_slots(pool.layer(0), &slots)?;
+            let (rk, rv) = reference::kv_norm_rope(&qkv, &spec, &rope, &positions)?;
+            let rq = reference::q_norm_rope(&qkv, &spec, &rope, &positions)?;
+            worst = worst
+                .max(error(&q, &rq)?)
+                .max(error(&(k + self.shift)?, &rk)?)
+                .max(error(&v, &rv)?);
+        }
+        Ok(worst)
+    }
+
+    fn paged_attention(&self, rng: &mut Rng) -> candle_core::Result<f32> {
+        let d = self.head_dim;
+        let (n_head, n_kv, blocks) = (8, 2, 48);
+        let shape = PoolShape {
+            n_layer: 1,
+            n_kv_head: n_kv,
+            head_dim: d,
+            num_blocks: blocks,
+        };
+        let mut pool = PagedKvPool::new(shape, self.dtype, self.device).map_err(to_candle)?;
+        let fill = self.tensor(rng, &[blocks, 2, BLOCK, n_kv, d], -1.5, 1.5)?;
+        pool.layer(0).slice_set(&fill, 0, 0)?;
+        // Three rows: one position, a shared prompt and a row past one partition.
+        let mut tables: Vec<BlockTable> = Vec::new();
+        for len in [1, 37, super::params::PARTITION + 88] {
+            let mut t = pool.empty_table();
+            pool.append_slots(&mut t, len).map_err(to_candle)?;
+            tables.push(t);
+        }
+        let row = pool.fork(&tables[1]);
+        tables.push(row);
+        let table = row_table_tensor(&tables.iter().collect::<Vec<_>>(), self.device)?;
+        let q = self.tensor(rng, &[tables.len(), n_head, d], -1.0, 1.0)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let got = paged_attention::paged_decode_attention(&q, pool.layer(0), &table, scale)?;
+        let want = reference::paged_decode_attention(&q, pool.layer(0), &table, scale)?;
+        error(&(got + self.shift)?, &want)
+    }
+}
+
+fn to_candle(e: super::pool::PoolError) -> candle_core::Error {
+    candle_core::Error::Msg(e.to_string())
+}
