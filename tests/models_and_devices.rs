@@ -1,12 +1,16 @@
 //! Models users have and the devices their workers land on, as a user meets them through the
 //! `stageb` binary: a GPU asked of a CPU build is refused before anything starts (exit 2,
 //! `E_INVALID_DEVICE`), never a silent CPU run; the GPU ordinal rule itself is unit-tested over
-//! a table of launcher environments in `shared/src/placement.rs`.
+//! a table of launcher environments in `shared/src/placement.rs`. The settings that default by
+//! device (`runner.pipeline_*`) take the device's values when unset and change no artifact byte.
 
 mod support;
 
 use std::process::{Command, Output};
 
+use serde_json::json;
+use stageb::cluster;
+use stageb_shared::config::DeviceKind;
 use support::harness::real_model;
 
 fn stageb(args: &[&str]) -> Output {
@@ -156,4 +160,60 @@ fn image_placeholder_markers_typed_into_a_prompt_are_text_and_run() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("placeholder token"), "{err}");
+}
+
+/// The toy mission's run `name` in `dir`, rank 0 told its workers compute on `device`; the
+/// run directory.
+fn toy_run_on(dir: &std::path::Path, name: &str, device: Option<DeviceKind>) -> std::path::PathBuf {
+    let config = support::write_config(dir, json!({"output": {"run_name": name}}));
+    let inputs = cluster::prepare_inputs(&config, "embedded").expect("inputs");
+    let script = support::Script::new(Default::default());
+    let settings = cluster::CoordinatorSettings {
+        workers_device: device,
+        ..support::coordinator_settings(cluster::StartMode::Fresh)
+    };
+    support::run_prepared(
+        inputs,
+        2,
+        move |_| support::ScriptedEngine::new(script.clone()),
+        settings,
+        std::future::pending(),
+    )
+    .expect("the run completes")
+    .run_dir
+}
+
+#[test]
+fn on_a_gpu_the_settings_left_unset_take_its_defaults_and_no_artifact_byte_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    support::write_toy_mission(dir.path());
+    let cpu = toy_run_on(dir.path(), "cpu", Some(DeviceKind::Cpu));
+    let gpu = toy_run_on(dir.path(), "gpu", Some(DeviceKind::Cuda));
+    let unknown = toy_run_on(dir.path(), "unknown", None);
+    let tuning = |run: &std::path::Path| {
+        support::read_json(run, "manifest.json")["runtime"]["tuning"].clone()
+    };
+    let from_device = |value: u32| json!({"value": value, "from": "device_default"});
+    // The CPU's are the two-core defaults every CPU run had: nothing queued ahead.
+    assert_eq!(
+        tuning(&cpu),
+        json!({"device": "cpu", "max_jobs": null,
+               "pipeline_steps": from_device(0), "pipeline_cycles": from_device(0)})
+    );
+    // A GPU's queue work ahead, and the manifest's config holds the values in force.
+    assert_eq!(
+        tuning(&gpu),
+        json!({"device": "cuda", "max_jobs": null,
+               "pipeline_steps": from_device(1), "pipeline_cycles": from_device(4)})
+    );
+    let config = &support::read_json(&gpu, "manifest.json")["config"]["runner"];
+    assert_eq!(
+        (&config["pipeline_steps"], &config["pipeline_cycles"]),
+        (&json!(1), &json!(4))
+    );
+    // Rank 0 not knowing the device takes the CPU's, and says so.
+    assert_eq!(tuning(&unknown)["device"], json!(null));
+    assert_eq!(tuning(&unknown)["pipeline_steps"], from_device(0));
+    // Queued ahead or not, the run computes the same bytes.
+    support::compare::assert_same_artifacts(&cpu, &gpu);
 }

@@ -910,3 +910,165 @@ fn off_loopback_without_a_worker_of_its_own_rank_0_needs_the_numerics_decided() 
         "stderr: {stderr}"
     );
 }
+
+// --- Who pins the run's weights when rank 0 cannot read the model ---
+
+/// A copy of the demo's small config whose model rank 0 cannot read and whose runs go under
+/// `dir`: a head node without the weights.
+fn config_without_a_readable_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo/small/config.yaml"),
+    )
+    .unwrap()
+    .replace(
+        ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "/nonexistent/weights-elsewhere.gguf",
+    )
+    .replace(
+        "root: runs",
+        &format!("root: {}", dir.join("runs").display()),
+    );
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `stageb coordinator` on `listen` with `config` and `args`, giving up a second after no worker
+/// came: its exit code and stderr.
+fn coordinator_without_workers(
+    config: &std::path::Path,
+    listen: &str,
+    args: &[&str],
+) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stageb"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["coordinator", "--config"])
+        .arg(config)
+        .args(["--listen", listen, "--worker-grace-s", "1", "--no-report"])
+        .args(args)
+        .env("STAGEB_TOKEN", "t".repeat(64))
+        .env_remove("STAGEB_TOKEN_FILE")
+        .env_remove("STAGEB_MODEL_DIGEST")
+        .env_remove("STAGEB_WORKER_NUMERICS")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn off_loopback_a_coordinator_that_cannot_read_the_model_needs_its_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_without_a_readable_model(dir.path());
+    let (code, stderr) = coordinator_without_workers(&config, "0.0.0.0:0", &[]);
+    assert_eq!(code, Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains("E_MODEL_UNDECIDED") && stderr.contains("--model-digest"),
+        "stderr: {stderr}"
+    );
+    assert!(
+        !dir.path().join("runs").exists(),
+        "refused before anything was written"
+    );
+    // Told the digest (and the numerics), it pins the run itself and serves.
+    let digest = "ab".repeat(32);
+    let (_, stderr) = coordinator_without_workers(
+        &config,
+        "0.0.0.0:0",
+        &[
+            "--model-digest",
+            &digest,
+            "--worker-numerics",
+            "cpu-q8-fixed-order/cpu",
+        ],
+    );
+    assert!(!stderr.contains("E_MODEL_UNDECIDED"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("pinned by the weights digest it was given")
+            && stderr.contains("coordinator listening"),
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn on_loopback_a_coordinator_that_cannot_read_the_model_still_lets_the_first_worker_pin_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_without_a_readable_model(dir.path());
+    let (_, stderr) = coordinator_without_workers(&config, "127.0.0.1:0", &[]);
+    assert!(!stderr.contains("E_MODEL_UNDECIDED"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("the first worker to register pins the run's model")
+            && stderr.contains("coordinator listening"),
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn a_coordinator_told_the_weights_digest_admits_no_worker_with_other_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    support::write_toy_mission(dir.path());
+    // The scripted model path names no file: rank 0 cannot read the model.
+    let config = support::write_config(dir.path(), serde_json::json!({}));
+    let inputs = cluster::prepare_inputs(&config, "cluster").unwrap();
+    let digest = "a".repeat(64);
+    let settings = cluster::CoordinatorSettings {
+        token: None,
+        rank0_runs_no_worker: true,
+        model_digest: Some(digest.clone()),
+        ..support::coordinator_settings(cluster::StartMode::Fresh)
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ended = runtime.block_on(async {
+        let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let rank0 = cluster::run_coordinator_until(
+            inputs,
+            settings,
+            move |start| {
+                let _ = addr_tx.send(start.addr);
+                Vec::new()
+            },
+            async {
+                let _ = stop_rx.await;
+            },
+        );
+        let workers = async move {
+            let addr = addr_rx.await.unwrap();
+            let mut c = client(&format!("http://{addr}")).await;
+            let numerics = format!("candle-{CANDLE_VERSION}|cpu-q8-fixed-order|cpu");
+            let other = c
+                .register(register_request(&format!("{}|{numerics}", "b".repeat(64))))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                other.code(),
+                Code::FailedPrecondition,
+                "{}",
+                other.message()
+            );
+            assert!(
+                other.message().contains("not the run's model")
+                    && !other.message().contains(&digest),
+                "{}",
+                other.message()
+            );
+            let same = c
+                .register(register_request(&format!("{digest}|{numerics}")))
+                .await;
+            assert!(same.is_ok(), "{same:?}");
+            let _ = stop_tx.send(());
+        };
+        tokio::join!(rank0, workers).0
+    });
+    let Err(cluster::ClusterError::Interrupted { run_dir, .. }) = ended else {
+        panic!("the run ended otherwise: {ended:?}");
+    };
+    let manifest = support::read_json(&run_dir, "manifest.json");
+    assert_eq!(manifest["runtime"]["model_pinned_by"], "operator");
+}

@@ -64,6 +64,13 @@ pub enum ErrorCode {
     /// `stageb coordinator` off loopback, with a model rank 0 can read, and nothing to decide
     /// the workers' numerics (`--worker-numerics`): the first peer to register would.
     NumericsUndecided,
+    /// `stageb coordinator` off loopback, unable to read the model, not told its weights digest
+    /// (`--model-digest`, `model.weights_sha256`) and with nothing to resume: the first peer to
+    /// register would decide the run's weights.
+    ModelUndecided,
+    /// The weights digest rank 0 was told (`--model-digest`, `model.weights_sha256`) is not the
+    /// digest of the model file it reads.
+    ModelDigestMismatch,
 }
 
 impl ErrorCode {
@@ -94,6 +101,8 @@ impl ErrorCode {
             ErrorCode::InvalidDevice => "E_INVALID_DEVICE",
             ErrorCode::InputBudget => "E_INPUT_BUDGET",
             ErrorCode::NumericsUndecided => "E_NUMERICS_UNDECIDED",
+            ErrorCode::ModelUndecided => "E_MODEL_UNDECIDED",
+            ErrorCode::ModelDigestMismatch => "E_MODEL_DIGEST_MISMATCH",
         }
     }
 }

@@ -158,6 +158,17 @@ fn float_where_an_integer_is_required_is_rejected() {
 }
 
 #[test]
+fn a_weights_digest_that_is_not_64_hex_digits_is_rejected_at_its_line() {
+    edited_fails(
+        "  model_name_or_path: models/model.gguf\n",
+        "  model_name_or_path: models/model.gguf\n  weights_sha256: abc123\n",
+        InvalidConfigValue,
+        6,
+        &["`model.weights_sha256`", "64 hex digits", "\"abc123\""],
+    );
+}
+
+#[test]
 fn missing_required_key_points_at_its_section() {
     fixture_fails(
         "missing_required_retention.yaml",

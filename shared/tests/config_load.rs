@@ -194,7 +194,17 @@ fn stageb_additions_are_read() {
         "  samples_per_decode: 2\n",
         "  samples_per_decode: 2\n  constrained: false\n",
     );
+    let digest = "AB".repeat(32);
+    let text = text.replace(
+        "  model_name_or_path: models/model.gguf\n",
+        &format!("  model_name_or_path: models/model.gguf\n  weights_sha256: {digest}\n"),
+    );
     let config = parse_config(&text, "inline.yaml").unwrap().config;
+    assert_eq!(
+        config.model.weights_sha256.as_deref(),
+        Some("ab".repeat(32).as_str()),
+        "kept lowercase, as fingerprints write it"
+    );
     assert!(!config.sampler.constrained);
     assert_eq!(config.runner.lease_ttl_s, 30);
     assert_eq!(config.runner.heartbeat_interval_s, 3);
@@ -258,6 +268,9 @@ fn paths_stay_as_written_and_resolve_on_request() {
         resolve_config_path(Path::new("/abs/x"), Path::new("/srv")),
         PathBuf::from("/abs/x")
     );
+    // What a run records: the resolved config's values with the paths as written.
+    assert_eq!(resolved.with_paths_of(&config), config);
+    assert_eq!(config.with_paths_of(&resolved), resolved);
 }
 
 #[test]

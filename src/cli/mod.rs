@@ -36,7 +36,7 @@ mod worker;
 pub(crate) use probe::{Probe, ProbeArgs, ProbeIdsArgs, ProbeLogitsArgs, ProbeRolloutArgs};
 pub(crate) use rank0::{EdgeArgs, Rank0Args, ReportArgs, ServerTlsArgs};
 pub(crate) use tools::{AuditArgs, GenerateArgs, ReportCommandArgs, TlsInitArgs, ValidateArgs};
-pub(crate) use worker::{LaunchTlsArgs, ModelArgs, WorkerTlsArgs};
+pub(crate) use worker::{LaunchTlsArgs, ModelArgs, WorkerTlsArgs, device_kind};
 
 /// `stageb --version`: the version and the compute backend this binary was built with, so a
 /// launcher can tell a CPU-only build before it asks for GPUs (`scripts/stage_b.sh` does):
@@ -127,6 +127,18 @@ pub(crate) struct CoordinatorArgs {
     /// Without it the first worker to register decides them (rank 0 runs no worker here).
     #[arg(long, env = "STAGEB_WORKER_NUMERICS", value_parser = parse_worker_numerics)]
     pub(crate) worker_numerics: Option<String>,
+    /// The sha256 of the model's weights (64 hex digits, as a worker logs it as
+    /// `weights_sha256=` when its model is loaded; a GGUF file's sha256sum), for a host that
+    /// cannot read the model: every worker's weights must have it. Else the config's
+    /// `model.weights_sha256`, else rank 0 hashes the model itself; off loopback one of them
+    /// is required.
+    #[arg(long, env = "STAGEB_MODEL_DIGEST", value_parser = parse_model_digest)]
+    pub(crate) model_digest: Option<String>,
+}
+
+/// `--model-digest`: 64 hex digits, kept lowercase.
+fn parse_model_digest(value: &str) -> Result<String, String> {
+    stageb_shared::config::parse_weights_sha256(value)
 }
 
 /// `--worker-numerics DTYPE/DEVICE` as the fingerprint's numerics
@@ -241,6 +253,14 @@ impl TokenArgs {
 #[cfg(test)]
 mod tests {
     use super::parse_worker_numerics;
+
+    #[test]
+    fn a_model_digest_is_64_hex_digits_kept_lowercase() {
+        let digest = "AB".repeat(32);
+        assert_eq!(super::parse_model_digest(&digest).unwrap(), "ab".repeat(32));
+        assert!(super::parse_model_digest("abc").is_err());
+        assert!(super::parse_model_digest(&"g".repeat(64)).is_err());
+    }
 
     #[test]
     fn worker_numerics_are_dtype_slash_device_of_this_build() {

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, anyhow};
 use clap::Args;
 use stageb::cluster;
+use stageb_shared::config::{DeviceKind, Origin, Tuned};
 use stageb_shared::tls::ClientTls;
-use stageb_worker::client::{DEFAULT_MAX_JOBS, JobLimits};
+use stageb_worker::client::JobLimits;
 use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
 
 use super::ServerTlsArgs;
@@ -48,10 +49,10 @@ pub(crate) struct ModelArgs {
     pub(crate) prefix_cache_mib: usize,
     /// Jobs a worker holds at once, run in one continuous batch: rollouts and reflection
     /// calls decode together, each joining at the next step (1 = one job at a time, the old
-    /// behaviour). Results are the same bits either way.
-    #[arg(long, env = "STAGEB_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS as u64,
-          value_parser = clap::value_parser!(u64).range(1..=16))]
-    pub(crate) max_jobs: u64,
+    /// behaviour). Results are the same bits either way. Default by device: 8 on the CPU, 16
+    /// on a GPU.
+    #[arg(long, env = "STAGEB_MAX_JOBS", value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub(crate) max_jobs: Option<u64>,
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
     /// Default: 2048 on the CPU; on a GPU 60% of the memory free after the model is loaded,
@@ -61,10 +62,18 @@ pub(crate) struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// How many jobs each worker holds at once (`--max-jobs`, `--kv-cache-mib`).
-    pub(crate) fn job_limits(&self) -> JobLimits {
+    /// The jobs a worker on `device` holds at once, and where that came from: `--max-jobs`,
+    /// else the device's default.
+    pub(crate) fn max_jobs(&self, device: &DeviceSpec) -> Tuned {
+        let given = self.max_jobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        Tuned::pick(given, Origin::Flag, device_kind(device).defaults().max_jobs)
+    }
+
+    /// How many jobs each worker on `device` holds at once (`--max-jobs`, else the device's
+    /// default; `--kv-cache-mib`).
+    pub(crate) fn job_limits(&self, device: &DeviceSpec) -> JobLimits {
         JobLimits {
-            max_jobs: self.max_jobs as usize,
+            max_jobs: self.max_jobs(device).value as usize,
             kv_cache_bytes: self.kv_cache_mib.map(|m| m.saturating_mul(1 << 20)),
         }
     }
@@ -100,6 +109,14 @@ impl ModelArgs {
     pub(crate) fn load(&self, model: &Path) -> Result<CandleEngine> {
         let options = self.engine_options()?;
         Ok(cluster::load_model(model, &options)?)
+    }
+}
+
+/// The kind of device a placed worker opens (`auto` is placed before this is asked).
+pub(crate) fn device_kind(device: &DeviceSpec) -> DeviceKind {
+    match device {
+        DeviceSpec::Cuda(_) => DeviceKind::Cuda,
+        DeviceSpec::Cpu | DeviceSpec::Auto => DeviceKind::Cpu,
     }
 }
 
@@ -157,5 +174,39 @@ impl LaunchTlsArgs {
             tls_server_name: self.tls_server_name.clone(),
         }
         .load()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    fn max_jobs(args: &[&str], device: DeviceSpec) -> Tuned {
+        let flags =
+            Flags::try_parse_from(std::iter::once("stageb").chain(args.iter().copied())).unwrap();
+        flags.model.max_jobs(&device)
+    }
+
+    #[test]
+    fn max_jobs_defaults_by_the_placed_device_unless_given() {
+        let default = |value| Tuned {
+            value,
+            from: Origin::DeviceDefault,
+        };
+        assert_eq!(max_jobs(&[], DeviceSpec::Cpu), default(8));
+        assert_eq!(max_jobs(&[], DeviceSpec::Cuda(1)), default(16));
+        let given = Tuned {
+            value: 4,
+            from: Origin::Flag,
+        };
+        assert_eq!(max_jobs(&["--max-jobs", "4"], DeviceSpec::Cuda(0)), given);
+        assert!(Flags::try_parse_from(["stageb", "--max-jobs", "17"]).is_err());
     }
 }

@@ -6,7 +6,7 @@
 //! - this file: [`ClusterError`], [`CoordinatorSettings`] and the roles' timing defaults
 //!   (drain, worker grace, progress period, connect timeouts).
 //! - `inputs.rs`: the config and Stage-A inputs a role starts from ([`prepare_inputs`],
-//!   [`model_path_of`]).
+//!   [`model_path_of`]), recorded as the config wrote them.
 //! - `model.rs`: the model: loading it at startup ([`load_model`]: a missing or unreadable
 //!   file is bad input), the one rank 0 pins a run to, the context the run plans with
 //!   ([`run_context`], [`declared_context`]).
@@ -27,6 +27,7 @@ use stageb_coordinator::run::start::StartError;
 pub use stageb_coordinator::run::start::StartMode;
 use stageb_coordinator::run::{ProgressHandle, RunError};
 use stageb_shared::auth::AuthToken;
+use stageb_shared::config::{DeviceKind, Tuned};
 use stageb_shared::error::InputError;
 use stageb_shared::tls::ServerTls;
 
@@ -38,7 +39,7 @@ mod rank0;
 mod topology;
 
 pub use device::place_device;
-pub use inputs::{model_path_of, prepare_inputs};
+pub use inputs::{model_path_of, prepare_inputs, prepare_inputs_in};
 pub use local_workers::{LocalPin, LocalStart, LocalWorkers, spawn_local_workers, worker_name};
 pub use model::{declared_context, load_model, run_context};
 pub use rank0::{run_coordinator, run_coordinator_until};
@@ -102,9 +103,21 @@ pub struct CoordinatorSettings {
     /// operator (`stageb coordinator --worker-numerics`); `None`: rank 0's own worker decides,
     /// else the first acceptable worker.
     pub worker_numerics: Option<String>,
-    /// Rank 0 starts no worker of its own (`stageb coordinator`): off loopback, with a model it
-    /// hashed and nothing resumed, it then refuses to start without `worker_numerics`.
+    /// Rank 0 starts no worker of its own (`stageb coordinator`): off loopback and nothing
+    /// resumed, it then refuses to start without the weights decided (`model_digest` or a
+    /// model it can read) and without `worker_numerics`.
     pub rank0_runs_no_worker: bool,
+    /// The weights digest every worker's model must have, as the operator gave it
+    /// (`--model-digest`, else the config's `model.weights_sha256`): for a rank 0 that cannot
+    /// read the model. `None`: rank 0 hashes the config's model itself.
+    pub model_digest: Option<String>,
+    /// The kind of device the workers compute on, as far as rank 0 knows (its own workers'
+    /// `--device`, the device of `--worker-numerics`): unset `runner.pipeline_*` keys take its
+    /// defaults. `None`: unknown, the CPU's.
+    pub workers_device: Option<DeviceKind>,
+    /// The jobs each of rank 0's own workers holds (`--max-jobs`, else the device's default)
+    /// and where that came from; `None` when it runs none.
+    pub local_max_jobs: Option<Tuned>,
 }
 
 impl From<StartError> for ClusterError {
@@ -162,6 +175,9 @@ impl CoordinatorSettings {
             expected_workers: 0,
             worker_numerics: None,
             rank0_runs_no_worker: false,
+            model_digest: None,
+            workers_device: None,
+            local_max_jobs: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use stageb_coordinator::cluster::model_pin::weights_of;
 use stageb_coordinator::cluster::server::ModelPin;
 use stageb_coordinator::run::RunInputs;
 use stageb_coordinator::run::start;
@@ -35,7 +36,9 @@ pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine,
 }
 
 /// Which model the run accepts: the one an earlier attempt recorded (resume), else the one
-/// the config names when rank 0 can read it, else the first worker's (said in the log). The
+/// the config names when rank 0 can read it, else the weights digest rank 0 was told
+/// (`--model-digest`, `model.weights_sha256`), else the first worker's (said in the log; refused
+/// off loopback without a worker of its own). A digest told and a model read must agree. The
 /// run's context is decided with it: the earlier attempt's, else `model.max_model_len` or the
 /// model's declaration, else the first worker's.
 pub(super) async fn model_pin(
@@ -59,18 +62,50 @@ pub(super) async fn model_pin(
     .await
     .map_err(|e| ClusterError::Serve(format!("reading the model failed: {e}")))?;
     let (hashed, declared) = read;
+    let told = told_digest(inputs, settings);
     let pin = match (plan.pinned_fingerprint.clone(), hashed) {
-        (Some(fingerprint), _) => ModelPin::by_resumed_run(fingerprint),
+        (Some(fingerprint), _) => {
+            if let Some((digest, from)) = &told
+                && weights_of(&fingerprint) != digest
+            {
+                return Err(digest_refused(
+                    ErrorCode::ResumeMismatch,
+                    from,
+                    "the run being resumed ran with other model weights".into(),
+                ));
+            }
+            ModelPin::by_resumed_run(fingerprint)
+        }
         (None, Some(Ok(weights))) => {
+            if let Some((digest, from)) = &told
+                && *digest != weights
+            {
+                return Err(digest_refused(
+                    ErrorCode::ModelDigestMismatch,
+                    from,
+                    format!(
+                        "{digest} is not the weights digest of {} ({weights})",
+                        path.display()
+                    ),
+                ));
+            }
             tracing::info!(model = %path.display(), weights_sha256 = %&weights[..weights.len().min(16)], "run model pinned by the config");
             ModelPin::by_config(weights).with_numerics_check(stageb_worker::engine::numerics_known)
         }
-        (None, Some(Err(e))) => {
-            tracing::warn!(model = %path.display(), "rank 0 cannot read the config's model ({e}): the first worker to register pins the run's model");
-            ModelPin::by_first_worker()
-        }
+        (None, Some(Err(e))) => match told {
+            Some((digest, from)) => {
+                tracing::info!(model = %path.display(), weights_sha256 = %&digest[..digest.len().min(16)], %from, "rank 0 cannot read the config's model ({e}): run model pinned by the weights digest it was given");
+                ModelPin::by_operator(digest)
+                    .with_numerics_check(stageb_worker::engine::numerics_known)
+            }
+            None => {
+                tracing::warn!(model = %path.display(), "rank 0 cannot read the config's model ({e}): the first worker to register pins the run's model (--model-digest pins it instead)");
+                ModelPin::by_first_worker()
+            }
+        },
         (None, None) => ModelPin::by_first_worker(),
     };
+    model_decided(&pin, settings)?;
     numerics_decided(&pin, settings)?;
     let pin = match worker_numerics {
         Some(numerics) => pin.with_expected_numerics(numerics).map_err(|refusal| {
@@ -93,14 +128,53 @@ pub(super) async fn model_pin(
     })
 }
 
-/// Off loopback, rank 0 without a worker of its own, with weights it hashed and no numerics
-/// decided yet, needs `--worker-numerics`: otherwise the first peer holding the token would
-/// decide them (issue 26 item 9).
+/// The weights digest rank 0 was told, and by what: `--model-digest`, else the config's
+/// `model.weights_sha256`.
+fn told_digest(inputs: &RunInputs, settings: &CoordinatorSettings) -> Option<(String, String)> {
+    match (&settings.model_digest, &inputs.config.model.weights_sha256) {
+        (Some(d), _) => Some((d.clone(), "--model-digest".into())),
+        (None, Some(d)) => Some((d.clone(), "model.weights_sha256".into())),
+        (None, None) => None,
+    }
+}
+
+fn digest_refused(code: ErrorCode, from: &str, why: String) -> ClusterError {
+    ClusterError::Input(InputError::new(code, from.to_string(), None, why))
+}
+
+/// Off loopback, rank 0 without a worker of its own and with nothing to resume must know the
+/// run's weights (a model it reads, or the digest it is told): otherwise the first peer holding
+/// the token would decide them.
+fn model_decided(pin: &ModelPin, settings: &CoordinatorSettings) -> Result<(), ClusterError> {
+    let undecided = settings.rank0_runs_no_worker
+        && !settings.listen.ip().is_loopback()
+        && pin.pinned_by == "first_worker";
+    if !undecided {
+        return Ok(());
+    }
+    Err(ClusterError::Input(InputError::new(
+        ErrorCode::ModelUndecided,
+        "--model-digest".to_string(),
+        None,
+        format!(
+            "listening on {} with no worker of its own, rank 0 cannot read the config's model \
+             and needs its weights digest: --model-digest SHA256 (STAGEB_MODEL_DIGEST) or \
+             model.weights_sha256 in the config (a worker logs it as weights_sha256=… when its \
+             model is loaded; for a GGUF file it is the file's sha256sum); otherwise the first \
+             peer to register would decide the run's weights",
+            settings.listen
+        ),
+    )))
+}
+
+/// Off loopback, rank 0 without a worker of its own, with weights it hashed or was told and no
+/// numerics decided yet, needs `--worker-numerics`: otherwise the first peer holding the token
+/// would decide them.
 fn numerics_decided(pin: &ModelPin, settings: &CoordinatorSettings) -> Result<(), ClusterError> {
     let undecided = settings.rank0_runs_no_worker
         && settings.worker_numerics.is_none()
         && !settings.listen.ip().is_loopback()
-        && pin.pinned_by == "config";
+        && matches!(pin.pinned_by, "config" | "operator");
     if !undecided {
         return Ok(());
     }

@@ -49,7 +49,8 @@ pub async fn run_coordinator(
 /// half-written step behind.
 ///
 /// The steps, in this order: bind the port (the listen policy first: refusing an
-/// unauthenticated public address outranks anything about the run directory), plan the start,
+/// unauthenticated public address outranks anything about the run directory), decide the
+/// device-tuned settings left unset (said in one line), plan the start,
 /// pin the model, lock the run directory, open the job journal, start the local workers, serve
 /// and the progress display, run the epoch loop until it ends or `interrupt` drains it, then
 /// stop the workers, the display and the server.
@@ -60,6 +61,13 @@ pub async fn run_coordinator_until(
     interrupt: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, ClusterError> {
     let (listener, edge) = bind(&settings).await?;
+    let mut inputs = inputs;
+    let tuning = inputs
+        .config
+        .runner
+        .tune_for(settings.workers_device, settings.local_max_jobs);
+    tracing::info!("throughput settings in force: {tuning}");
+    inputs.tuning = Some(tuning);
     let plan = start::plan(&inputs, settings.start)?;
     let model = model_pin(&inputs, &plan, &settings).await?;
     let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);

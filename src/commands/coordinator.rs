@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use stageb::cluster::{self, CoordinatorSettings, LocalStart, LocalWorkers};
 use stageb_coordinator::run::RunInputs;
+use stageb_shared::config::DeviceKind;
 
 use super::outcome::finish_run;
 use super::shutdown_signal;
@@ -24,6 +25,12 @@ pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
         worker_grace: Duration::from_secs(args.worker_grace_s),
         worker_numerics: args.worker_numerics.clone(),
         rank0_runs_no_worker: true,
+        model_digest: args.model_digest.clone(),
+        // The device of the numerics every worker must present, when the operator named them.
+        workers_device: args
+            .worker_numerics
+            .as_deref()
+            .and_then(|n| n.rsplit('|').find_map(DeviceKind::from_name)),
         ..args.rank0.settings(args.listen)
     };
     if settings.worker_numerics.is_none() {

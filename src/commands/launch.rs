@@ -15,7 +15,7 @@ use stageb_worker::engine::CandleEngine;
 use super::coordinator::serve;
 use super::shutdown_signal;
 use super::worker::work;
-use crate::cli::LaunchArgs;
+use crate::cli::{LaunchArgs, device_kind};
 
 pub(crate) async fn run(args: LaunchArgs) -> Result<u8> {
     let interrupt = shutdown_signal();
@@ -29,8 +29,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<u8> {
         serve_rank0(args, token, client_tls, interrupt, &topo).await
     } else {
         let model_path = cluster::model_path_of(&args.rank0.config)?;
-        let limits = args.model.job_limits();
-        let options = worker_options(topo, token, client_tls, args.reconnect_timeout_s, limits);
+        let options = worker_options(topo, token, client_tls, args.reconnect_timeout_s);
         work(model_path, args.model, options, interrupt).await
     }
 }
@@ -47,15 +46,17 @@ async fn serve_rank0(
     let model_path = cluster::model_path_of(&args.rank0.config)?;
     let inputs = cluster::prepare_inputs(&args.rank0.config, "cluster")?;
     let listen: SocketAddr = ([0, 0, 0, 0], topo.listen_port).into();
+    let options = args.model.engine_options()?;
     let settings = CoordinatorSettings {
         token,
         expected_workers: topo.world_size.map_or(0, |n| n as usize),
         tls: args.tls.server.load()?,
         edge_limits: args.edge.limits(),
+        workers_device: Some(device_kind(&options.device)),
+        local_max_jobs: Some(args.model.max_jobs(&options.device)),
         ..args.rank0.settings(listen)
     };
-    let options = args.model.engine_options()?;
-    let limits = args.model.job_limits();
+    let limits = args.model.job_limits(&options.device);
     let spawn_local = move |start: LocalStart| {
         let addr: SocketAddr = ([127, 0, 0, 1], start.addr.port()).into();
         let start = LocalStart { addr, ..start };
@@ -73,7 +74,6 @@ fn worker_options(
     token: Option<AuthToken>,
     tls: Option<ClientTls>,
     reconnect_timeout_s: u64,
-    limits: JobLimits,
 ) -> WorkerOptions {
     WorkerOptions {
         coordinator: topo.coordinator,
@@ -84,6 +84,7 @@ fn worker_options(
         run_id: String::new(),
         connect_timeout: cluster::LAUNCH_CONNECT_TIMEOUT,
         reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
-        limits,
+        // `work` sets the limits once the device is placed.
+        limits: JobLimits::default(),
     }
 }

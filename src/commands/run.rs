@@ -11,7 +11,7 @@ use stageb_worker::engine::{CandleEngine, Engine, EngineOptions};
 
 use super::coordinator::serve;
 use super::shutdown_signal;
-use crate::cli::RunArgs;
+use crate::cli::{RunArgs, device_kind};
 
 pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let interrupt = shutdown_signal();
@@ -35,15 +35,18 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let fingerprint = first.fingerprint().id();
     start::check_resume_model(&inputs, args.rank0.start.mode(), &model_path, &fingerprint)
         .map_err(ClusterError::Input)?;
+    let device = options[0].device;
     let settings = CoordinatorSettings {
         // The embedded run makes its own token: loopback today, but never unauthenticated.
         token: Some(AuthToken::generate()),
         worker_grace: cluster::EMBEDDED_WORKER_GRACE,
         expected_workers: args.workers,
+        workers_device: Some(device_kind(&device)),
+        local_max_jobs: Some(args.model.max_jobs(&device)),
         ..args.rank0.settings(args.listen)
     };
+    let limits = args.model.job_limits(&device);
     let (workers, engines) = (args.workers, engines(first, model_path, options));
-    let limits = args.model.job_limits();
     let spawn_local =
         move |start| cluster::spawn_local_workers(workers, start, None, limits, engines);
     serve(inputs, settings, spawn_local, interrupt, args.rank0.report).await

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use stageb::cluster;
-use stageb_worker::client::{WorkerOptions, run_worker};
+use stageb_worker::client::{JobLimits, WorkerOptions, run_worker};
 use stageb_worker::engine::Engine;
 
 use super::outcome::worker_code;
@@ -26,26 +26,35 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<u8> {
         run_id: String::new(),
         connect_timeout: Duration::from_secs(args.connect_timeout_s),
         reconnect_timeout: Duration::from_secs(args.reconnect_timeout_s),
-        limits: args.model_args.job_limits(),
+        // `work` sets the limits once the device is placed.
+        limits: JobLimits::default(),
     };
     work(args.model, args.model_args, options, interrupt).await
 }
 
-/// Load the model (on a blocking thread: it is CPU-heavy), then work for rank 0 until the run
-/// is over, `interrupt` arrives or a draining rank 0 sends the worker away. `options.device`
-/// is the loaded engine's.
+/// Place the device, load the model (on a blocking thread: it is CPU-heavy), then work for
+/// rank 0 until the run is over, `interrupt` arrives or a draining rank 0 sends the worker
+/// away. `options.device` is the loaded engine's; `options.limits` the flags' for the placed
+/// device (`--max-jobs`, else the device's default).
 pub(super) async fn work(
     model: PathBuf,
     model_args: ModelArgs,
     mut options: WorkerOptions,
     interrupt: impl std::future::Future<Output = ()> + Send,
 ) -> Result<u8> {
-    let engine = tokio::task::spawn_blocking(move || model_args.load(&model)).await??;
+    let engine_options = model_args.engine_options()?;
+    let max_jobs = model_args.max_jobs(&engine_options.device);
+    options.limits = model_args.job_limits(&engine_options.device);
+    let engine =
+        tokio::task::spawn_blocking(move || cluster::load_model(&model, &engine_options)).await??;
     let fingerprint = engine.fingerprint();
     options.device = fingerprint.device.clone();
-    // What `stageb coordinator --worker-numerics` takes, for whoever runs rank 0.
+    // What `stageb coordinator --worker-numerics` and `--model-digest` take, for whoever runs
+    // rank 0.
     tracing::info!(
         numerics = %format!("{}/{}", fingerprint.dtype, fingerprint.device),
+        weights_sha256 = %fingerprint.weights_sha256,
+        max_jobs = %format!("{} ({})", max_jobs.value, max_jobs.from),
         "model loaded"
     );
     let summary = run_worker(engine, options, interrupt).await?;

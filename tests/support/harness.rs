@@ -16,7 +16,7 @@ use stageb::cluster::{self, CoordinatorSettings};
 use stageb_coordinator::cluster::edge::EdgeLimits;
 use stageb_coordinator::cluster::scheduler::Scheduler;
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
-use stageb_coordinator::run::RunSummary;
+use stageb_coordinator::run::{RunInputs, RunSummary};
 use stageb_shared::auth::AuthToken;
 use stageb_worker::client::WorkerOptions;
 use stageb_worker::engine::{Engine, ModelFingerprint};
@@ -50,6 +50,9 @@ pub fn coordinator_settings(start: cluster::StartMode) -> CoordinatorSettings {
         expected_workers: 0,
         worker_numerics: None,
         rank0_runs_no_worker: false,
+        model_digest: None,
+        workers_device: None,
+        local_max_jobs: None,
     }
 }
 
@@ -89,6 +92,23 @@ where
         expected_workers: workers,
         ..coordinator_settings(start)
     };
+    run_prepared(inputs, workers, make_engine, settings, interrupt)
+}
+
+/// Runs prepared `inputs` through the real coordinator with `settings` and `workers`
+/// in-process workers over loopback gRPC, stopping early when `interrupt` resolves (for specs
+/// that prepare the inputs or the settings themselves).
+pub fn run_prepared<E, F>(
+    inputs: RunInputs,
+    workers: usize,
+    make_engine: F,
+    settings: CoordinatorSettings,
+    interrupt: impl std::future::Future<Output = ()>,
+) -> Result<RunSummary, cluster::ClusterError>
+where
+    E: Engine + 'static,
+    F: Fn(usize) -> E + Send + Sync + 'static,
+{
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

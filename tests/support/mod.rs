@@ -28,9 +28,9 @@ pub use engine::{Script, ScriptedEngine};
 pub use harness::{
     Loopback, Proc, RunDir, ScriptedMission, ScriptedRun, assert_audit_ok, audit_checks,
     coordinator_command, coordinator_settings, copy_of_run, fingerprint, journal_rows,
-    open_service, read_json, read_jsonl, real_model, rewrite_jsonl, rollout_job, run_scripted,
-    serve_for_workers, serve_loopback, str_set, try_run, try_run_watched, wait_for_exit,
-    worker_options,
+    open_service, read_json, read_jsonl, real_model, rewrite_jsonl, rollout_job, run_prepared,
+    run_scripted, serve_for_workers, serve_loopback, str_set, try_run, try_run_watched,
+    wait_for_exit, worker_options,
 };
 pub use missions::{
     MISSION, TOY_CONFIRMATION, TOY_DEFECTS, TicketSpec, copy_demo_mission, toy_fail_key,

@@ -79,8 +79,10 @@ impl Default for JobLimits {
     }
 }
 
-/// Default [`WorkerOptions::max_jobs`].
-pub const DEFAULT_MAX_JOBS: usize = 8;
+/// Default [`JobLimits::max_jobs`]: the CPU's (`stageb_shared::config::DeviceKind::defaults`,
+/// the one table of defaults by device; the CLI takes the placed device's).
+pub const DEFAULT_MAX_JOBS: usize =
+    stageb_shared::config::DeviceKind::Cpu.defaults().max_jobs as usize;
 pub use crate::engine::DEFAULT_KV_CACHE_BYTES;
 
 /// Default [`WorkerOptions::reconnect_timeout`].

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use stageb_shared::config::RunConfig;
+use stageb_shared::config::{RunConfig, Tuning};
 use stageb_shared::limits::EffectiveLimits;
 
 use crate::cluster::scheduler::SchedulerStats;
@@ -104,11 +104,15 @@ pub struct ManifestRuntime {
     /// This attempt continues an earlier one (`--resume`).
     pub resumed: bool,
     pub replayed_answers: u64,
-    /// Who pinned the model (`config`, `resumed_run`, `first_worker`): it differs between an
-    /// attempt and its resume.
+    /// Who pinned the model (`config`, `operator`, `resumed_run`, `first_worker`): it differs
+    /// between an attempt and its resume.
     pub model_pinned_by: String,
     /// Who decided the numerics (`rank0_worker`, `first_worker`, `resumed_run`).
     pub numerics_pinned_by: String,
+    /// The device-tuned settings in force (`--max-jobs`, `runner.pipeline_*`) and where each
+    /// came from (config, flag, device default): they change no artifact byte, and may differ
+    /// between an attempt and its resume on another device.
+    pub tuning: Option<Tuning>,
 }
 
 /// What a run produced, also written as `summary.json`.

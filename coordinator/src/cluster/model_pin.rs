@@ -30,8 +30,9 @@ pub struct ModelPin {
     /// The weights digest every worker's fingerprint must start with, when rank 0 computed it
     /// from `model.model_name_or_path` itself.
     pub weights_sha256: Option<String>,
-    /// `config` (rank 0 hashed the model file), `resumed_run` (the manifest of the run being
-    /// resumed) or `first_worker` (rank 0 cannot read the model: the first worker's pins it).
+    /// `config` (rank 0 hashed the model file), `operator` (rank 0 was told the weights
+    /// digest), `resumed_run` (the manifest of the run being resumed) or `first_worker`
+    /// (rank 0 cannot read the model and was told nothing: the first worker's pins it).
     pub pinned_by: &'static str,
     /// The run's context, once known (from the model file, the config, an earlier attempt,
     /// or else the first admitted worker).
@@ -79,6 +80,16 @@ impl ModelPin {
             awaiting_local: false,
             expected_numerics: None,
             numerics_check: None,
+        }
+    }
+
+    /// Pinned to the weights digest the operator gave rank 0 (`--model-digest`,
+    /// `model.weights_sha256`), for a rank 0 that cannot read the model: as
+    /// [`ModelPin::by_config`], the first matching worker completes the id.
+    pub fn by_operator(weights_sha256: String) -> Self {
+        ModelPin {
+            pinned_by: "operator",
+            ..ModelPin::by_config(weights_sha256)
         }
     }
 
@@ -270,6 +281,20 @@ mod tests {
             !refusal.contains("aaaa"),
             "never print the expected fingerprint"
         );
+    }
+
+    #[test]
+    fn weights_the_operator_gave_admit_no_other_and_say_who_pinned_them() {
+        let mut pin = ModelPin::by_operator("aaaa".into()).with_numerics_check(known);
+        assert_eq!(pin.pinned_by, "operator");
+        let other = pin.admit("bbbb|candle-0.11|cpu-q8-fixed-order|cpu", 8192);
+        assert!(matches!(other, Err(PinRefusal::Refused(_))), "{other:?}");
+        assert_eq!(pin.fingerprint, None, "a refused worker pins nothing");
+        assert!(
+            pin.admit("aaaa|candle-0.11|cpu-q8-fixed-order|cpu", 8192)
+                .is_ok()
+        );
+        assert_eq!(pin.numerics_pinned_by, "first_worker");
     }
 
     #[test]

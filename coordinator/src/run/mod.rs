@@ -148,12 +148,20 @@ pub fn run_dir(config: &RunConfig, mission: &str) -> Result<PathBuf, RunError> {
 pub struct RunInputs {
     /// With paths resolved.
     pub config: RunConfig,
+    /// The same config with its paths as the file wrote them: what the manifest records (with
+    /// `config`'s values otherwise), so the same config run from two checkouts records the
+    /// same.
+    pub config_as_written: RunConfig,
+    /// As given, relative to the working directory when it lies inside it.
     pub config_path: PathBuf,
     pub config_sha256: String,
     pub notices: Vec<ConfigNotice>,
     pub ingested: Ingested,
     /// Shown in the manifest (`embedded` or `cluster`).
     pub mode: String,
+    /// The device-tuned settings in force (`--max-jobs`, `runner.pipeline_*`) and where each
+    /// came from, once rank 0 decided them at start (the manifest's `runtime.tuning`).
+    pub tuning: Option<stageb_shared::config::Tuning>,
 }
 
 pub use crate::progress::{ProgressHandle, ProgressSnapshot};

@@ -82,8 +82,9 @@ impl RunLoop {
             config_path: inputs.config_path.clone(),
             config_sha256: inputs.config_sha256.clone(),
             // As a JSON value, as the manifest always held it: an `f32` knob reads as its
-            // `f64` widening (`0.30000001192092896`).
-            config: serde_json::to_value(cfg)?,
+            // `f64` widening (`0.30000001192092896`). Its paths as the file wrote them, so the
+            // same config run from two checkouts records the same.
+            config: serde_json::to_value(cfg.with_paths_of(&inputs.config_as_written))?,
             config_notices: values(&inputs.notices)?,
             input_digests: values(&inputs.ingested.input_digests)?,
             tickets_digest: digest::digest_of(&inputs.ingested.tickets),
@@ -103,7 +104,7 @@ impl RunLoop {
                 epochs: cfg.runner.epochs,
             },
             guidance: ManifestGuidance {
-                source: cfg.guidance.path.clone(),
+                source: inputs.config_as_written.guidance.path.clone(),
                 reused_from_previous_run: self.reflector.guidance_reused(),
                 initial_hash: self.initial_guidance_hash.clone(),
             },
@@ -115,6 +116,7 @@ impl RunLoop {
                 replayed_answers: self.scheduler.stats().replayed,
                 model_pinned_by: model.pinned_by.to_string(),
                 numerics_pinned_by: model.numerics_pinned_by.to_string(),
+                tuning: inputs.tuning,
             },
         })
     }

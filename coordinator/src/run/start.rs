@@ -124,11 +124,13 @@ pub fn plan(inputs: &RunInputs, mode: StartMode) -> Result<StartPlan, StartError
         &manifest["config_sha256"],
         Value::from(inputs.config_sha256.clone()),
     )?;
-    mismatch(
-        "the tickets (digest)",
-        &manifest["tickets_digest"],
-        Value::from(digest::digest_of(&inputs.ingested.tickets)),
-    )?;
+    let recorded_tickets = &manifest["tickets_digest"];
+    let tickets_now = match Value::from(resolved_tickets_digest(inputs)) {
+        // Recorded by a stageb that named each ticket's file by its resolved path.
+        resolved if resolved == *recorded_tickets => resolved,
+        _ => Value::from(digest::digest_of(&inputs.ingested.tickets)),
+    };
+    mismatch("the tickets (digest)", recorded_tickets, tickets_now)?;
     if manifest["guidance"]["reused_from_previous_run"] == Value::Bool(true) {
         return Err(refuse(
             ErrorCode::ResumeMismatch,
@@ -235,6 +237,25 @@ pub fn recorded_fingerprint(inputs: &RunInputs) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The tickets' digest with each ticket's file named by its resolved path instead of the path
+/// the config wrote, as manifests recorded it before they became the same from any checkout:
+/// such a run still resumes, and a changed ticket still changes this digest too.
+fn resolved_tickets_digest(inputs: &RunInputs) -> String {
+    let written = &inputs.config_as_written.stage_a_paths;
+    let resolved = &inputs.config.stage_a_paths;
+    let mut tickets = inputs.ingested.tickets.clone();
+    for ticket in &mut tickets {
+        if let Some(i) = written
+            .iter()
+            .position(|w| w.display().to_string() == ticket.source.file)
+            && let Some(path) = resolved.get(i)
+        {
+            ticket.source.file = path.display().to_string();
+        }
+    }
+    digest::digest_of(&tickets)
+}
+
 /// An earlier run's `manifest.json`, or why it cannot be read.
 fn read_manifest(path: &Path) -> Result<Value, String> {
     let text = std::fs::read_to_string(path)
@@ -334,10 +355,12 @@ mod tests {
              selection: {{policy: top_label, tie_break: temperature}}\nrunner: {{epochs: 1}}\n",
             root.display()
         );
+        let config = stageb_shared::config::parse_config(&text, "t.yaml")
+            .unwrap()
+            .config;
         RunInputs {
-            config: stageb_shared::config::parse_config(&text, "t.yaml")
-                .unwrap()
-                .config,
+            config_as_written: config.clone(),
+            config,
             config_path: "t.yaml".into(),
             config_sha256: "c0ffee".into(),
             notices: vec![],
@@ -347,6 +370,7 @@ mod tests {
                 input_digests: vec![],
             },
             mode: "embedded".into(),
+            tuning: None,
         }
     }
 
@@ -389,6 +413,48 @@ mod tests {
             check(StartMode::Fresh, "B").is_ok(),
             "refused later, as E_RUN_EXISTS"
         );
+    }
+
+    #[test]
+    fn a_run_that_recorded_its_tickets_by_resolved_path_resumes_and_a_changed_ticket_does_not() {
+        use stageb_shared::domain::{SourceLocation, Ticket, Verdict};
+        let tmp = tempfile::tempdir().unwrap();
+        let mut inputs = inputs(tmp.path());
+        inputs.config = inputs
+            .config_as_written
+            .with_paths_resolved(Path::new("/checkout"));
+        inputs.config.output.root = tmp.path().to_path_buf();
+        let ticket = |file: &str, group: &str| Ticket {
+            group_id: group.into(),
+            mission: "m".into(),
+            label: Verdict::Pass,
+            per_image: vec![],
+            images: vec![],
+            label_source: "human".into(),
+            label_timestamp: None,
+            source: SourceLocation {
+                file: file.into(),
+                line: 1,
+            },
+        };
+        // What this stageb records: the file as the config wrote it.
+        inputs.ingested.tickets = vec![ticket("a.jsonl", "QC-1")];
+        // What an earlier stageb recorded: the file where the run opened it.
+        let earlier = digest::digest_of(&[ticket("/checkout/a.jsonl", "QC-1")]);
+        let dir = earlier_run(&inputs, "c0ffee", "A");
+        let mut manifest = read_manifest(&dir.join(files::MANIFEST)).unwrap();
+        manifest["tickets_digest"] = Value::from(earlier);
+        std::fs::write(dir.join(files::MANIFEST), manifest.to_string()).unwrap();
+        assert!(plan(&inputs, StartMode::Resume).is_ok(), "the same tickets");
+        inputs.ingested.tickets = vec![ticket("a.jsonl", "QC-2")];
+        match plan(&inputs, StartMode::Resume) {
+            Err(StartError::Input(e)) => {
+                assert_eq!(e.code, ErrorCode::ResumeMismatch);
+                assert!(e.message.contains("the tickets (digest)"), "{e}");
+            }
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("a changed ticket resumed"),
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::section::{FloatRule, Section, describe};
 use super::types::{
     GateConfig, GridEntry, GuidanceConfig, LifecycleConfig, MIN_CONSTRAINED_NEW_TOKENS,
     MIN_MODEL_LEN, ManualReviewConfig, ModelConfig, OutputConfig, ReflectionConfig, RunConfig,
-    RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak,
+    RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak, WrittenTuning,
     default_pipeline_cycles, default_pipeline_steps, default_speculation_min_ms,
     default_speculation_multiple,
 };
@@ -37,6 +37,7 @@ pub(super) fn build_run_config(doc: &Doc, top: &Section) -> Result<RunConfig, In
     let model = ModelConfig {
         model_name_or_path: model_section.req_string(doc, "model_name_or_path")?,
         max_model_len: model_section.nullable_u32(doc, "max_model_len", MIN_MODEL_LEN)?,
+        weights_sha256: build_weights_sha256(doc, &model_section)?,
     };
 
     let guidance_section = top.req_section(doc, "guidance")?;
@@ -360,6 +361,10 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
         )?,
         pipeline_steps: runner.opt_u32(doc, "pipeline_steps", default_pipeline_steps(), 0)?,
         pipeline_cycles: runner.opt_u32(doc, "pipeline_cycles", default_pipeline_cycles(), 0)?,
+        written: WrittenTuning {
+            pipeline_steps: runner.get("pipeline_steps").is_some(),
+            pipeline_cycles: runner.get("pipeline_cycles").is_some(),
+        },
     };
     if config.pipeline_steps > MAX_PIPELINE_STEPS {
         return Err(runner.invalid(
@@ -399,4 +404,30 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
         ));
     }
     Ok(config)
+}
+
+/// `model.weights_sha256`: absent or `null`, else 64 hex digits (kept lowercase, as a worker's
+/// fingerprint writes them).
+fn build_weights_sha256(doc: &Doc, model: &Section) -> Result<Option<String>, InputError> {
+    let Some(value) = model.get("weights_sha256").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let text = model.string_value(doc, "weights_sha256", value)?;
+    parse_weights_sha256(&text)
+        .map(Some)
+        .map_err(|why| model.invalid(doc, "weights_sha256", why))
+}
+
+/// A weights digest as a user writes it (`--model-digest`, `model.weights_sha256`): 64 hex
+/// digits, returned lowercase; the error says what was wrong.
+pub fn parse_weights_sha256(text: &str) -> Result<String, String> {
+    let digest = text.trim();
+    if digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(digest.to_ascii_lowercase())
+    } else {
+        Err(format!(
+            "must be the model weights' sha256, 64 hex digits (a worker logs it as \
+             weights_sha256=… when its model is loaded), got {digest:?}"
+        ))
+    }
 }

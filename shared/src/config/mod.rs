@@ -35,16 +35,22 @@
 //!   smaller than the lease TTL): lease timing between rank 0 and the workers.
 //! - `runner.speculation_multiple` (default 3, 0 turns it off) and `runner.speculation_min_ms`
 //!   (default 2000): when rank 0 leases a second copy of a straggling job.
-//! - `runner.pipeline_steps` (0..=16, default 0): queue the next steps' rollouts while the
-//!   current step's reflection runs.
-//! - `runner.pipeline_cycles` (0..=16, default 0): queue the next reflection cycles' calls
-//!   while a cycle runs.
+//! - `runner.pipeline_steps` (0..=16): queue the next steps' rollouts while the current
+//!   step's reflection runs.
+//! - `runner.pipeline_cycles` (0..=16): queue the next reflection cycles' calls while a cycle
+//!   runs. Both default by the device the workers compute on (`tuning.rs`): unset, they are 0
+//!   here and rank 0 gives them their device's values when it starts. A missing key that
+//!   changes the model's maths is an error; these change no artifact byte, so they default.
+//! - `model.weights_sha256` (64 hex digits): the weights every worker must have, for a rank 0
+//!   that cannot read the model.
 //!
 //! # Paths
 //! Paths are kept exactly as written. Like the original, relative paths mean "relative to
 //! the current working directory"; resolving them is the caller's decision, with
-//! [`resolve_config_path`] / [`RunConfig::with_paths_resolved`] as the helpers. Prompt files
-//! are not read here (the caller checks they exist and are non-empty).
+//! [`resolve_config_path`] / [`RunConfig::with_paths_resolved`] as the helpers. A run keeps
+//! both: the resolved config to open files with, and the paths as written to record
+//! ([`RunConfig::with_paths_of`]), so the same config run from two checkouts records the same
+//! manifest. Prompt files are not read here (the caller checks they exist and are non-empty).
 //!
 //! # How lines are found
 //! The document is parsed once into a `serde_norway::Value` for structure (YAML syntax errors
@@ -71,19 +77,24 @@
 //!   rules, booleans, strings, paths, nested sections).
 //! - `build.rs`: pass 2, the checked mapping into a [`RunConfig`] section by section, with
 //!   defaults, ranges and the cross-key rules.
+//! - `tuning.rs`: the settings that default by device (`--max-jobs`, `runner.pipeline_*`):
+//!   the table of defaults and the record of the values in force ([`Tuning`]).
 
 mod build;
 mod location;
 mod schema;
 mod section;
+mod tuning;
 mod types;
 
+pub use build::parse_weights_sha256;
 pub use location::key_line;
+pub use tuning::{DeviceDefaults, DeviceKind, Origin, Tuned, Tuning};
 pub use types::{
     ConfigNotice, GateConfig, GridEntry, GuidanceConfig, LifecycleConfig, LoadedConfig,
     MIN_CONSTRAINED_NEW_TOKENS, MIN_MODEL_LEN, ManualReviewConfig, ModelConfig, OutputConfig,
     ReflectionConfig, RunConfig, RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy,
-    TieBreak, resolve_config_path,
+    TieBreak, WrittenTuning, resolve_config_path,
 };
 
 use crate::digest::sha256_hex;

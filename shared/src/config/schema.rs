@@ -49,7 +49,7 @@ pub(super) const TOP_SCHEMA: SectionSchema = SectionSchema {
 
 const MODEL_SCHEMA: SectionSchema = SectionSchema {
     prefix: "model",
-    known: &["model_name_or_path", "max_model_len"],
+    known: &["model_name_or_path", "max_model_len", "weights_sha256"],
     ignored: &[
         ("torch_dtype", MODEL_PLACEMENT),
         ("device_map", MODEL_PLACEMENT),

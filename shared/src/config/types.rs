@@ -42,6 +42,11 @@ pub struct ModelConfig {
     /// [`MIN_MODEL_LEN`]; more than the model declares is refused when the model is loaded.
     #[serde(default)]
     pub max_model_len: Option<u32>,
+    /// stageb addition: the sha256 of the model's weights (lowercase hex, as a worker logs it
+    /// when its model is loaded), for a rank 0 whose host cannot read the model: every
+    /// worker's weights must have it. `None`: rank 0 hashes `model_name_or_path` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_sha256: Option<String>,
 }
 
 /// Smallest `model.max_model_len`: a rollout's contract alone needs a few dozen tokens, and a
@@ -227,19 +232,34 @@ pub struct RunnerConfig {
     /// steps queued under a guidance that has changed are queued again at the next boundary).
     /// An answer is used only if its step's guidance is still the one it ran under, so
     /// artifacts never depend on it.
-    /// Default 0: on two CPU cores with one worker it cost 6% of the demo's wall time (the
-    /// reflection calls on the critical path share their steps with the queued rollouts;
-    /// docs/PERFORMANCE.md); it is for workers with capacity to spare.
+    /// Default by device ([`super::DeviceKind::defaults`]): 0 on the CPU, where on two cores
+    /// with one worker it cost 6% of the demo's wall time (the reflection calls on the
+    /// critical path share their steps with the queued rollouts; docs/PERFORMANCE.md); 1 on a
+    /// GPU, whose capacity is to spare.
     #[serde(default = "default_pipeline_steps")]
     pub pipeline_steps: u32,
     /// stageb addition: reflection cycles whose model calls are queued ahead while a cycle
     /// runs (0 to 16): the next cycles' decision calls under the guidance of the moment, and
     /// the ops call of a cycle whose decision answer is already in. A call's answer is used
     /// only when the sequential loop asks for exactly the same job (prompt, seed and
-    /// parameters), so artifacts never depend on it. Default 0: with one worker on two CPU
-    /// cores the calls queued ahead share their steps with the call on the critical path.
+    /// parameters), so artifacts never depend on it. Default by device
+    /// ([`super::DeviceKind::defaults`]): 0 on the CPU, where with one worker on two cores the
+    /// calls queued ahead share their steps with the call on the critical path; 4 on a GPU.
     #[serde(default = "default_pipeline_cycles")]
     pub pipeline_cycles: u32,
+    /// Which of `pipeline_steps` / `pipeline_cycles` the file wrote: the others take the
+    /// device's default when rank 0 starts ([`RunnerConfig::tune_for`]). Not serialized: the
+    /// manifest records the values in force and where each came from (`runtime.tuning`).
+    #[serde(skip)]
+    pub written: WrittenTuning,
+}
+
+/// Which of the device-tuned `runner` keys the config file wrote (a key it did not write takes
+/// its device's default when rank 0 starts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WrittenTuning {
+    pub pipeline_steps: bool,
+    pub pipeline_cycles: bool,
 }
 
 pub(super) fn default_pipeline_steps() -> u32 {
@@ -295,6 +315,22 @@ impl RunConfig {
             *prompt = resolve_config_path(prompt, base_dir);
         }
         resolved
+    }
+
+    /// This config with the paths of `other` (the same config with its paths resolved or as
+    /// written): the paths [`RunConfig::with_paths_resolved`] rewrites, and nothing else.
+    pub fn with_paths_of(&self, other: &RunConfig) -> RunConfig {
+        let mut out = self.clone();
+        out.stage_a_paths.clone_from(&other.stage_a_paths);
+        out.guidance.path.clone_from(&other.guidance.path);
+        out.output.root.clone_from(&other.output.root);
+        out.reflection
+            .decision_prompt_path
+            .clone_from(&other.reflection.decision_prompt_path);
+        out.reflection
+            .ops_prompt_path
+            .clone_from(&other.reflection.ops_prompt_path);
+        out
     }
 }
 
