@@ -42,10 +42,12 @@ pub(super) async fn work(
 ) -> Result<u8> {
     let engine = tokio::task::spawn_blocking(move || model_args.load(&model)).await??;
     let fingerprint = engine.fingerprint();
-    options.device = fingerprint.device.clone();
-    // What `stageb coordinator --worker-numerics` takes, for whoever runs rank 0.
+    options.device = fingerprint.device_kind().to_string();
+    // What `stageb coordinator --worker-numerics` takes, for whoever runs rank 0 (the kind:
+    // the first worker's fingerprint pins the GPU's details).
     tracing::info!(
-        numerics = %format!("{}/{}", fingerprint.dtype, fingerprint.device),
+        numerics = %format!("{}/{}", fingerprint.dtype, fingerprint.device_kind()),
+        device = %fingerprint.device,
         "model loaded"
     );
     let summary = run_worker(engine, options, interrupt).await?;
