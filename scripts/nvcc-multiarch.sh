@@ -37,7 +37,7 @@ fi
 archs=$(tr ', ' '\n\n' <<<"${STAGEB_CUDA_ARCHS:-}" | sed '/^$/d' | sort -n | uniq)
 compile_only=0
 for a in "$@"; do [[ $a == -c ]] && compile_only=1; done
-if [[ -z $archs || $compile_only == 0 ]]; then
+if [[ $(wc -l <<<"$archs") -lt 2 || $compile_only == 0 ]]; then # one architecture: candle's own
   [[ -n ${STAGEB_NVCC_LOG:-} ]] && echo "pass: $*" >>"$STAGEB_NVCC_LOG"
   exec "$real" "$@"
 fi
