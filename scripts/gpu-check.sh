@@ -73,6 +73,9 @@
 #                      on), old (events=on,readback=per-job,paged=off,fused=off: none), or new
 #                      with one change undone: per-job, events, unpaged, unfused; or a literal
 #                      switch list in quotes with = signs
+#   --engine-switches L  STAGEB_ENGINE_SWITCHES for every step but split (which sets its own
+#                      per run), e.g. events=off,readback=once,paged=on,fused=on; default: the
+#                      environment's, else the binary's defaults
 #   --split-new-tokens N  new tokens per candidate in a split run (default 64)
 #   --split-run-s S    the most one split run may take (default 150)
 #   --mission-numerics N the mission's --numerics (default auto: bf16 on CUDA, int8 on the
@@ -115,6 +118,7 @@ while (($#)); do
     --split-runs) split_runs=$2; shift 2 ;;
     --split-new-tokens) split_new_tokens=$2; shift 2 ;;
     --split-run-s) split_run_s=$2; shift 2 ;;
+    --engine-switches) export STAGEB_ENGINE_SWITCHES=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
@@ -167,7 +171,7 @@ log_file=$work/gpu-check.log
 exec > >(tee -a "$log_file") 2>&1
 t_start=$SECONDS
 say() { printf '[gpu-check %4ds] %s\n' $((SECONDS - t_start)) "$*"; }
-say "steps: ${steps[*]}; device $device; budget ${budget}s; work $work; out $out"
+say "steps: ${steps[*]}; device $device; budget ${budget}s; work $work; out $out; engine switches: ${STAGEB_ENGINE_SWITCHES:-the binary's defaults}"
 
 # --- the binary and the CUDA libraries ----------------------------------------------------------
 # Reassembling is a few seconds (xz -d of ~10 MB); skipped when WORK/bin already holds the
