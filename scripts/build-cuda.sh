@@ -199,6 +199,10 @@ cxxabi_floor=$(max_version CXXABI)
 version=$(LD_LIBRARY_PATH=$cuda_root/lib64/stubs:$cuda_root/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$bin" --version) \
   || die "$bin --version failed against the libcuda stub"
 [[ $version == *"(cuda $nvcc_release, sm_"* ]] || die "unexpected --version: '$version'"
+if [[ -n $multi ]]; then # it must list every architecture it was built for
+  want="$(printf 'sm_%s ' $multi)+ PTX compute_$cap)"
+  [[ $version == *", $want" ]] || die "--version '$version' does not list '$want'"
+fi
 echo "== $version (profile release, $bin)"
 echo "== shared libraries it needs (readelf -d | grep NEEDED):"
 sed 's/^/   /' <<<"$needed"

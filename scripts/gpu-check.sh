@@ -406,7 +406,7 @@ step_mission() {
   local -A run_dir=() jobs=([a]=8 [b]=1) store=([a]=256 [b]=0)
   local -A ahead=([a]='s/^runner:$/runner:\n  pipeline_steps: 1\n  pipeline_cycles: 4/' [b]='')
   reassemble_model || return 1
-  echo "{\"device\": \"$device\", \"model\": \"$model\"}" >"$step_dir/meta.json"
+  echo "{\"device\": \"$device\", \"model\": \"$model\", \"switches\": \"${STAGEB_ENGINE_SWITCHES:-}\"}" >"$step_dir/meta.json"
   for r in a b; do
     cfg=$step_dir/config-$r.yaml
     sed -e "s|^\(\s*model_name_or_path:\).*|\1 $model|" -e "s|^\(\s*root:\).*|\1 $step_dir/run-$r|" \

@@ -294,7 +294,8 @@ def mission(d):
     r["status"] = status(d)
     meta = load(os.path.join(d, "meta.json"), {})
     r["meta"] = meta
-    line = (f"MISSION small demo on {meta.get('device', '?')}: runs exit {a['rc']}/{b['rc']} "
+    sw = f" (engine switches {meta['switches']})" if meta.get("switches") else ""
+    line = (f"MISSION small demo on {meta.get('device', '?')}{sw}: runs exit {a['rc']}/{b['rc']} "
             f"({a['wall_s'] or 0:.0f} s, {b['wall_s'] or 0:.0f} s); contract "
             f"{a['format_ok']}/{a['candidates']} and {b['format_ok']}/{b['candidates']} "
             f"candidates; audit {'OK' if audit else 'FAILED'}; runs "
