@@ -380,7 +380,8 @@ mod tests {
         assert!(open.admit("loadgen|none|none|cpu", 4096).is_ok());
     }
 
-    const H200: &str = "aaaa|candle-0.11|cuda-bf16|cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)";
+    const H200: &str =
+        "aaaa|candle-0.11|cuda-bf16|cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)";
     const A100: &str =
         "aaaa|candle-0.11|cuda-bf16|cuda(NVIDIA A100-SXM4-80GB; cc 8.0; 108 SMs; cuBLAS 13.1.0)";
 
@@ -403,8 +404,14 @@ mod tests {
         // Only the cuBLAS version differs: refused just the same.
         let other_cublas = H200.replace("cuBLAS 13.1.0", "cuBLAS 13.0.2");
         let refusal = pin.admit(&other_cublas, 8192).unwrap_err().to_string();
-        assert!(refusal.contains("cuBLAS 13.0.2") && refusal.contains("cuBLAS 13.1.0"), "{refusal}");
-        assert!(pin.admit(H200, 8192).is_ok(), "the same GPU kind is admitted");
+        assert!(
+            refusal.contains("cuBLAS 13.0.2") && refusal.contains("cuBLAS 13.1.0"),
+            "{refusal}"
+        );
+        assert!(
+            pin.admit(H200, 8192).is_ok(),
+            "the same GPU kind is admitted"
+        );
         assert_eq!(pin.fingerprint.as_deref(), Some(H200));
     }
 
@@ -427,7 +434,10 @@ mod tests {
             .unwrap();
         assert!(pin.admit(H200, 8192).is_ok());
         assert_eq!(pin.fingerprint.as_deref(), Some(H200));
-        assert!(pin.admit(A100, 8192).is_err(), "another GPU kind after the pin");
+        assert!(
+            pin.admit(A100, 8192).is_err(),
+            "another GPU kind after the pin"
+        );
         let resumed = ModelPin::by_resumed_run(H200.into());
         assert!(
             resumed

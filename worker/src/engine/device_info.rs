@@ -169,7 +169,10 @@ mod tests {
         let mut odd = h200();
         odd.name = "  Weird|GPU (rev 2)  ".into();
         let part = odd.fingerprint_device();
-        assert_eq!(part, "cuda(Weird-GPU -rev 2-; cc 9.0; 132 SMs; cuBLAS 13.1.0)");
+        assert_eq!(
+            part,
+            "cuda(Weird-GPU -rev 2-; cc 9.0; 132 SMs; cuBLAS 13.1.0)"
+        );
         assert!(device_part_known(&part), "{part}");
         assert_eq!(device_kind(&part), "cuda");
     }
@@ -186,10 +189,23 @@ mod tests {
 
     #[test]
     fn only_device_parts_this_build_writes_are_known() {
-        for ok in ["cpu", "cuda", "cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)"] {
+        for ok in [
+            "cpu",
+            "cuda",
+            "cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)",
+        ] {
             assert!(device_part_known(ok), "{ok}");
         }
-        for made_up in ["", "gpu", "cuda()", "cuda( )", "cuda(x", "cuda(x)y", "cpu(x)", "cuda(a(b))"] {
+        for made_up in [
+            "",
+            "gpu",
+            "cuda()",
+            "cuda( )",
+            "cuda(x",
+            "cuda(x)y",
+            "cpu(x)",
+            "cuda(a(b))",
+        ] {
             assert!(!device_part_known(made_up), "{made_up}");
         }
     }

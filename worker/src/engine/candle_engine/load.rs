@@ -14,8 +14,8 @@ use tokenizers::Tokenizer;
 
 use super::{Backend, CANDLE_VERSION, CandleEngine, EngineOptions};
 use crate::engine::chat_template::ChatTemplate;
-use crate::engine::device_info;
 use crate::engine::cpu::model::Workspace;
+use crate::engine::device_info;
 use crate::engine::gguf::{self, WeightFormat, model_err};
 use crate::engine::options::{candle_fingerprint_dtype, select_device};
 use crate::engine::prefix_cache::PrefixStore;
