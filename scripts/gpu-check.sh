@@ -171,7 +171,7 @@ log_file=$work/gpu-check.log
 exec > >(tee -a "$log_file") 2>&1
 t_start=$SECONDS
 say() { printf '[gpu-check %4ds] %s\n' $((SECONDS - t_start)) "$*"; }
-say "steps: ${steps[*]}; device $device; budget ${budget}s; work $work; out $out; engine switches: ${STAGEB_ENGINE_SWITCHES:-the binary's defaults}"
+say "steps: ${steps[*]}; device $device; budget ${budget}s; work $work; out $out; engine switches: ${STAGEB_ENGINE_SWITCHES:-defaults}"
 
 # --- the binary and the CUDA libraries ----------------------------------------------------------
 # Reassembling is a few seconds (xz -d of ~10 MB); skipped when WORK/bin already holds the
@@ -300,7 +300,7 @@ ckpt_dir() { echo "$work/ckpt/$1"; }
 make_ckpt() {
   local shape=${1%-peaked}
   if [[ $1 == *-peaked ]]; then
-    make_ckpt "$shape" || return 1
+    [[ -f $(ckpt_dir "$shape")/.done ]] || make_ckpt "$shape" || return 1
     measure "ckpt-$1" "$python" "$GC"/make_checkpoint.py --shape "$shape" --logit-scale 8 \
       --base "$(ckpt_dir "$shape")" --out "$(ckpt_dir "$1")" --device "$torch_device"
     return
