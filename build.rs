@@ -1,11 +1,14 @@
 //! Build script of the `stageb` package: records what the binary is built for, so
 //! `stageb --version` names it (`STAGEB_BUILD_BACKEND`, read by `src/cli/mod.rs`):
 //! - without the `cuda` feature: `cpu; built without cuda` (nothing is run);
-//! - with it: `cuda MAJOR.MINOR, sm_CC[a]`. The CUDA version is found the way cudarc's build
-//!   script finds the one it binds to (`CUDARC_CUDA_VERSION`, e.g. `13000`, else the
-//!   `release X.Y` of a bare `nvcc --version`), the architecture the way candle's kernel build
-//!   (cudaforge) finds the one it compiles for (`CUDA_COMPUTE_CAP`, e.g. `90` or `80`, else
-//!   `nvidia-smi`).
+//! - with it: `cuda MAJOR.MINOR, sm_CC[a]` for one architecture, or
+//!   `cuda MAJOR.MINOR, sm_80 sm_86 sm_89 sm_90 sm_100 + PTX compute_80` for a build that
+//!   carries several. The CUDA version is found the way cudarc's build script finds the one it
+//!   binds to (`CUDARC_CUDA_VERSION`, e.g. `13000`, else the `release X.Y` of a bare
+//!   `nvcc --version`), the architectures the way candle's kernel build (cudaforge) finds the
+//!   one it compiles for (`CUDA_COMPUTE_CAP`, e.g. `90` or `80`, else `nvidia-smi`), or, when
+//!   `scripts/build-cuda.sh` builds for several through `scripts/nvcc-multiarch.sh`, from the
+//!   list that wrapper reads (`STAGEB_CUDA_ARCHS`, e.g. `80 86 89 90 100`).
 //!
 //! Deterministic and cheap: it reruns only when this file or one of those variables changes
 //! (not on every source edit, not when `PATH` changes).
@@ -17,6 +20,7 @@ fn main() {
     for var in [
         "CUDARC_CUDA_VERSION",
         "CUDA_COMPUTE_CAP",
+        "STAGEB_CUDA_ARCHS",
         "CUDA_HOME",
         "CUDA_PATH",
         "CUDA_ROOT",
@@ -25,7 +29,7 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let backend = if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        format!("cuda {}, {}", cuda_version(), compute_cap())
+        format!("cuda {}, {}", cuda_version(), architectures())
     } else {
         "cpu; built without cuda".to_string()
     };
@@ -53,6 +57,26 @@ fn cuda_version() -> String {
         .find_map(|part| part.strip_prefix("release "))
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|| "?".to_string())
+}
+
+/// The architectures the binary carries: with several in `STAGEB_CUDA_ARCHS`, machine code for
+/// each (candle's statically linked kernels) and PTX for the lowest (every other kernel, which
+/// the driver compiles for any GPU at least that new); else the one [`compute_cap`].
+fn architectures() -> String {
+    let list = std::env::var("STAGEB_CUDA_ARCHS").unwrap_or_default();
+    let mut caps: Vec<u32> = list
+        .split([' ', ','])
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    caps.sort_unstable();
+    caps.dedup();
+    match caps.as_slice() {
+        [] | [_] => compute_cap(),
+        [lowest, ..] => {
+            let sass: Vec<String> = caps.iter().map(|c| format!("sm_{c}")).collect();
+            format!("{} + PTX compute_{lowest}", sass.join(" "))
+        }
+    }
 }
 
 /// The architecture candle's kernels are compiled for, spelled as cudaforge passes it to nvcc:

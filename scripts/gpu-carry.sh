@@ -18,7 +18,8 @@
 # Options:
 #   --model PATH     default .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 #   --piece-mib N    piece size in MiB (default 47: two pieces; the first call carries
-#                    dist/cuda with the first, 61.4 MiB with the tree)
+#                    dist/cuda with the first: lower it when the binary is larger than ~12 MiB,
+#                    e.g. 40 for three pieces, the last two travelling together)
 #   --out DIR        default dist/gpu-carry (git-ignored: /dist)
 #   --plan           do not cut, only print the plan
 set -euo pipefail
@@ -82,17 +83,26 @@ call() { # N, carry list, command
   ((total <= limit)) || { verdict="TOO BIG (> 64 MiB)"; ok=0; }
   printf 'call %s: carry [%s] = %s with the tree, %s\n        command: %s\n' "$n" "$list" "$(mib "$total")" "$verdict" "$cmd"
 }
-# The 15-minute plan (docs/GPU-TEST.md): the first call measures what needs no model, the one
-# that brings the last piece runs the mission and throughput; pieces in between only travel.
-last=$((${#pieces[@]} - 1))
-if ((last == 0)); then
-  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --quick --budget-s 540"
+# The 15-minute plan (docs/GPU-TEST.md): the first call brings the binary and the first piece
+# and measures what needs no model (the environment, the checkpoints, the step split); the
+# pieces left travel together where they fit (a call in between only carries), and the call
+# that brings the last one runs the mission and throughput.
+first_cmd="scripts/gpu-check.sh --quick --only env,checkpoints,split --split-runs new@8,old@8,new@16,per-job@8,unfused@8,unpaged@8,new@8:peaked --budget-s 390"
+last_cmd="scripts/gpu-check.sh --quick --only mission,throughput --engine-switches events=off,readback=once,paged=on,fused=on --stageb-jobs 8 --stageb-tickets 16 --budget-s 360"
+if ((${#pieces[@]} == 1)); then
+  call 1 "dist/cuda,${pieces[0]}" "${first_cmd/--only env,checkpoints,split/--only env,checkpoints,split,mission}"
 else
-  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --quick --only env,checkpoints,parity --budget-s 360"
-  for ((i = 1; i < last; i++)); do
-    call $((i + 1)) "${pieces[$i]}" "true   # carry only"
+  call 1 "dist/cuda,${pieces[0]}" "$first_cmd"
+  n=2 group=() size=$tree
+  for ((i = 1; i < ${#pieces[@]}; i++)); do
+    b=$(bytes "${pieces[$i]}")
+    if ((${#group[@]} && size + b > limit)); then
+      call $n "$(IFS=,; echo "${group[*]}")" "true   # carry only"
+      n=$((n + 1)) group=() size=$tree
+    fi
+    group+=("${pieces[$i]}") size=$((size + b))
   done
-  call $((last + 1)) "${pieces[$last]}" "scripts/gpu-check.sh --quick --only mission,throughput,reflection --stageb-tickets 4 --budget-s 470"
+  call $n "$(IFS=,; echo "${group[*]}")" "$last_cmd"
 fi
 echo "(each command: timeout_s 600; the next call right after the last one returns, the machine is given back ~30 s after a call)"
 ((ok)) || die "a call would carry more than 64 MiB: lower --piece-mib"

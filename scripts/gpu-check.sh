@@ -19,8 +19,14 @@
 #   mission      examples/demo/small/config.yaml with the real test model, twice (a worker
 #                holding 8 jobs in one continuous batch, then 1 at a time): contract,
 #                `stageb audit`, scripts/compare-runs.py (the batch must not change a bit)
+#   split        where a decode step's time goes, per engine switch state
+#                (STAGEB_ENGINE_SWITCHES): `stageb probe rollout` on qwen3-8b, prompts of ~2,000
+#                tokens, 8 candidates, 1, 8 and 16 tickets in flight, each run's step split
+#                (sampling / forward issued / forward done / readback / prefill, ms per step)
+#                and device operations per step; flat and peaked logits (--split-runs)
 #   throughput   rollout workload on qwen3-8b: prompts of ~2,000 tokens, 8 candidates x 256 new
-#                tokens; `stageb probe rollout` vs `generate` batched (left padding, bf16, SDPA)
+#                tokens; `stageb probe rollout` vs `generate` batched (left padding, bf16, SDPA);
+#                stageb on the flat and the peaked checkpoint side by side (--spreads)
 #   reflection   one 16,000-token prompt, one candidate, 1,000 new tokens, on each side
 #
 # Inputs (git-ignored, carried to the machine; docs/GPU-TEST.md has the plan):
@@ -55,8 +61,23 @@
 #   --throughput-sides L  stageb, transformers or both (default): which side the throughput
 #                      step runs; the other keeps its results from an earlier command, so the
 #                      full-shape comparison can take two commands
-#   --stageb-numerics N  stageb's --numerics in throughput and reflection (default auto: bf16
-#                      on CUDA)
+#   --stageb-numerics N  stageb's --numerics in split, throughput and reflection (default
+#                      auto: bf16 on CUDA)
+#   --spreads L        the logit spreads stageb's throughput side runs: flat (random weights),
+#                      peaked (the same checkpoint with every logit x 8, as a trained model's;
+#                      make_checkpoint.py --logit-scale), or both (default flat,peaked)
+#   --split-runs L     the split step's runs, in order, each STATE@JOBS[:peaked] (default
+#                      new@8,old@8,new@16,new@1,new@8:peaked,per-job@8,events@8,unpaged@8,
+#                      unfused@8,old@16,old@1,new@16:peaked): the budget cuts from the end. STATE
+#                      is new (events=off,readback=once,paged=on,fused=on: every engine change
+#                      on), old (events=on,readback=per-job,paged=off,fused=off: none), or new
+#                      with one change undone: per-job, events, unpaged, unfused; or a literal
+#                      switch list in quotes with = signs
+#   --engine-switches L  STAGEB_ENGINE_SWITCHES for every step but split (which sets its own
+#                      per run), e.g. events=off,readback=once,paged=on,fused=on; default: the
+#                      environment's, else the binary's defaults
+#   --split-new-tokens N  new tokens per candidate in a split run (default 64)
+#   --split-run-s S    the most one split run may take (default 150)
 #   --mission-numerics N the mission's --numerics (default auto: bf16 on CUDA, int8 on the
 #                      CPU; `--device cpu --mission-numerics bf16` rehearses the CUDA path's
 #                      arithmetic on the CPU, slowly)
@@ -67,7 +88,7 @@ set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
-ALL_STEPS=(env checkpoints parity mission throughput reflection)
+ALL_STEPS=(env checkpoints parity mission split throughput reflection)
 GC=scripts/gpu_check
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -75,6 +96,7 @@ die() { echo "gpu-check: $*" >&2; exit 2; }
 
 only="" quick=0 tiny=0 device=cuda:0 tickets="" stageb_tickets="" reps="" budget=570
 stageb_jobs=1 binary="" stageb_numerics=auto mission_numerics=auto cases="" throughput_sides="stageb transformers" work=dist/gpu-work out=${OUT:-} python=${PYTHON:-python3}
+spreads="flat peaked" split_runs="" split_new_tokens="" split_run_s=150
 dist=dist/cuda carry=dist/gpu-carry
 while (($#)); do
   case $1 in
@@ -92,6 +114,11 @@ while (($#)); do
     --mission-numerics) mission_numerics=$2; shift 2 ;;
     --parity-cases) cases=${2//,/ }; shift 2 ;;
     --throughput-sides) throughput_sides=${2//,/ }; shift 2 ;;
+    --spreads) spreads=${2//,/ }; shift 2 ;;
+    --split-runs) split_runs=$2; shift 2 ;;
+    --split-new-tokens) split_new_tokens=$2; shift 2 ;;
+    --split-run-s) split_run_s=$2; shift 2 ;;
+    --engine-switches) export STAGEB_ENGINE_SWITCHES=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
@@ -104,6 +131,10 @@ done
 for s in $throughput_sides; do
   [[ $s == stageb || $s == transformers ]] || die "--throughput-sides: stageb or transformers, not $s"
 done
+for s in $spreads; do
+  [[ $s == flat || $s == peaked ]] || die "--spreads: flat or peaked, not $s"
+done
+[[ $split_run_s =~ ^[0-9]+$ ]] || die "--split-run-s $split_run_s: seconds"
 steps=()
 for s in "${ALL_STEPS[@]}"; do
   if [[ -z $only || ,$only, == *",$s,"* ]]; then steps+=("$s"); fi
@@ -117,14 +148,15 @@ done
 # 3; reflection 16,000 + 1,000. --quick and --tiny scale it down; explicit flags win.
 parity_cases="qwen3-8b qwen3-0.6b" parity_tokens=600 parity_steps=32
 tp_case=qwen3-8b prompt_tokens=2000 jitter=64 candidates=8 new_tokens=256
-d_tickets=64 d_stageb_tickets=8 d_reps=3 refl_prompt=16000 refl_new=1000
+d_tickets=64 d_stageb_tickets=8 d_reps=3 refl_prompt=16000 refl_new=1000 d_split_new=64
 if ((quick)); then
   parity_cases="qwen3-8b" d_tickets=8 d_stageb_tickets=2 d_reps=1 refl_prompt=4000 refl_new=200
 fi
 if ((tiny)); then
   parity_cases="tiny" tp_case=tiny prompt_tokens=300 jitter=16 candidates=4 new_tokens=16
-  d_tickets=4 d_stageb_tickets=4 d_reps=2 refl_prompt=1200 refl_new=32
+  d_tickets=4 d_stageb_tickets=4 d_reps=2 refl_prompt=1200 refl_new=32 d_split_new=8
 fi
+split_new_tokens=${split_new_tokens:-$d_split_new}
 parity_cases=${cases:-$parity_cases}
 tickets=${tickets:-$d_tickets} stageb_tickets=${stageb_tickets:-$d_stageb_tickets}
 reps=${reps:-$d_reps}
@@ -139,7 +171,7 @@ log_file=$work/gpu-check.log
 exec > >(tee -a "$log_file") 2>&1
 t_start=$SECONDS
 say() { printf '[gpu-check %4ds] %s\n' $((SECONDS - t_start)) "$*"; }
-say "steps: ${steps[*]}; device $device; budget ${budget}s; work $work; out $out"
+say "steps: ${steps[*]}; device $device; budget ${budget}s; work $work; out $out; engine switches: ${STAGEB_ENGINE_SWITCHES:-defaults}"
 
 # --- the binary and the CUDA libraries ----------------------------------------------------------
 # Reassembling is a few seconds (xz -d of ~10 MB); skipped when WORK/bin already holds the
@@ -238,8 +270,10 @@ run_step() {
   avail=$((budget - (SECONDS - t_start) - 20))
   ((avail < limit)) && limit=$avail
   step_dir=$work/steps/$name
-  if [[ $name == throughput && $throughput_sides != "stageb transformers" ]]; then
-    rm -f "$step_dir/status" # one side: the other's results from an earlier command stay
+  if [[ $name == throughput && $throughput_sides != "stageb transformers" ]] || [[ $name == split ]]; then
+    # One throughput side: the other's results from an earlier command stay. The split's runs
+    # accumulate over commands (each run replaces only its own files).
+    rm -f "$step_dir/status"
   else
     rm -rf "$step_dir"
   fi
@@ -261,10 +295,33 @@ run_step() {
 }
 
 ckpt_dir() { echo "$work/ckpt/$1"; }
-# make_ckpt CASE: idempotent (make_checkpoint.py keeps a folder whose .done matches).
+# make_ckpt CASE: idempotent (make_checkpoint.py keeps a folder whose .done matches). CASE-peaked
+# is CASE with every logit x 8 (a trained model's spread), derived from CASE in seconds.
 make_ckpt() {
+  local shape=${1%-peaked}
+  if [[ $1 == *-peaked ]]; then
+    [[ -f $(ckpt_dir "$shape")/.done ]] || make_ckpt "$shape" || return 1
+    measure "ckpt-$1" "$python" "$GC"/make_checkpoint.py --shape "$shape" --logit-scale 8 \
+      --base "$(ckpt_dir "$shape")" --out "$(ckpt_dir "$1")" --device "$torch_device"
+    return
+  fi
   measure "ckpt-$1" "$python" "$GC"/make_checkpoint.py --shape "$1" --out "$(ckpt_dir "$1")" \
     --device "$torch_device"
+}
+# The checkpoints the chosen steps use (the parity cases, the throughput case, its peaked
+# variant when a step runs one); all of them when no step that uses one was chosen.
+wanted_ckpts() {
+  local c=() s consumers="${steps[*]}"
+  [[ $consumers =~ parity|split|throughput|reflection ]] || consumers="parity split throughput"
+  for s in $consumers; do
+    case $s in
+      parity) c+=($parity_cases) ;;
+      split) c+=("$tp_case"); [[ ${split_runs:-:peaked} == *:peaked* ]] && c+=("$tp_case-peaked") ;;
+      throughput) c+=("$tp_case"); [[ " $spreads " == *" peaked "* ]] && c+=("$tp_case-peaked") ;;
+      reflection) c+=("$tp_case") ;;
+    esac
+  done
+  printf '%s\n' "${c[@]}" | awk 'NF && !seen[$0]++'
 }
 
 # env: ~15 s (nvidia-smi, python imports of torch and transformers ~5-10 s, ldd).
@@ -308,7 +365,7 @@ step_env() {
 # to the host and written at ~0.5-1 GB/s), qwen3-0.6b ~10 s, plus ~10 s of imports each.
 step_checkpoints() {
   local c rc=0
-  for c in $(echo "$parity_cases $tp_case" | tr ' ' '\n' | awk '!seen[$0]++'); do
+  for c in $(wanted_ckpts); do
     make_ckpt "$c" || rc=1
   done
   return $rc
@@ -349,7 +406,7 @@ step_mission() {
   local -A run_dir=() jobs=([a]=8 [b]=1) store=([a]=256 [b]=0)
   local -A ahead=([a]='s/^runner:$/runner:\n  pipeline_steps: 1\n  pipeline_cycles: 4/' [b]='')
   reassemble_model || return 1
-  echo "{\"device\": \"$device\", \"model\": \"$model\"}" >"$step_dir/meta.json"
+  echo "{\"device\": \"$device\", \"model\": \"$model\", \"switches\": \"${STAGEB_ENGINE_SWITCHES:-}\"}" >"$step_dir/meta.json"
   for r in a b; do
     cfg=$step_dir/config-$r.yaml
     sed -e "s|^\(\s*model_name_or_path:\).*|\1 $model|" -e "s|^\(\s*root:\).*|\1 $step_dir/run-$r|" \
@@ -373,6 +430,7 @@ step_mission() {
 # a side gets the whole step minus that margin.
 rollout_pair() {
   local sides=$1 ptok=$2 t_hf=$3 t_sb=$4 cand=$5 new=$6 nreps=$7 batches=$8 jit=$9
+  local sb_spreads=${10:-flat}
   local ck ids rc=0 b
   ck=$(ckpt_dir "$tp_case")
   make_ckpt "$tp_case" || return 1
@@ -383,12 +441,24 @@ rollout_pair() {
  "stageb_tickets": $t_sb, "candidates": $cand, "new_tokens": $new, "reps": $nreps, "device": "$device"}
 EOF
   if [[ $sides == *stageb* ]]; then
-    rm -f "$step_dir"/stageb.*
+    rm -f "$step_dir"/stageb.* "$step_dir"/stageb-peaked.*
     if [[ $sides == *transformers* ]]; then b=$(($(left) * 45 / 100 - 60)); else b=$(($(left) - 90)); fi
     ((b < 20)) && b=20
-    measure stageb "$bin" probe rollout --model "$ck" --ids "$ids" --tickets "$t_sb" \
-      --candidates "$cand" --new-tokens "$new" --reps "$nreps" --budget-s "$b" --jobs "$stageb_jobs" \
-      --device "$device" --numerics "$stageb_numerics" --out "$step_dir/stageb.json" || rc=1
+    local sp n_sp=0 label ck_sp
+    for sp in $sb_spreads; do n_sp=$((n_sp + 1)); done
+    ((n_sp > 1)) && b=$((b / n_sp))
+    ((b < 20)) && b=20
+    for sp in $sb_spreads; do
+      # The flat run keeps its old name (stageb.json): the report reads both.
+      label=stageb ck_sp=$ck
+      if [[ $sp == peaked ]]; then
+        label=stageb-peaked ck_sp=$(ckpt_dir "$tp_case-peaked")
+        make_ckpt "$tp_case-peaked" || { rc=1; continue; }
+      fi
+      measure "$label" "$bin" probe rollout --model "$ck_sp" --ids "$ids" --tickets "$t_sb" \
+        --candidates "$cand" --new-tokens "$new" --reps "$nreps" --budget-s "$b" --jobs "$stageb_jobs" \
+        --device "$device" --numerics "$stageb_numerics" --out "$step_dir/$label.json" || rc=1
+    done
   fi
   if [[ $sides == *transformers* ]]; then
     rm -f "$step_dir"/hf.*
@@ -412,7 +482,76 @@ EOF
 # the plan runs them as two (--throughput-sides).
 step_throughput() {
   rollout_pair "$throughput_sides" "$prompt_tokens" "$tickets" "$stageb_tickets" \
-    "$candidates" "$new_tokens" "$reps" auto "$jitter"
+    "$candidates" "$new_tokens" "$reps" auto "$jitter" "$spreads"
+}
+
+# split: where a decode step's time goes, engine switch by engine switch. One probe process per
+# run (the switches are read when the model loads): qwen3-8b's load is ~20-40 s (reading and
+# hashing 16.4 GB, the upload), then J tickets start at once and decode --split-new-tokens
+# tokens (64: 63 steps, enough for a mean), ~10-40 s. A full factorial of the four switches at
+# three job counts would be 48 loads; the default runs change one thing at a time from the
+# state with every change on ("new"), plus the state with none ("old"), the most telling
+# first: new and old at 8 jobs, new at 16 and 1, new on peaked logits, each change undone at 8,
+# old at 16 and 1, new at 16 on peaked logits. Each run's figures reach $OUT when it ends.
+SPLIT_RUNS_DEFAULT="new@8,old@8,new@16,new@1,new@8:peaked,per-job@8,events@8,unpaged@8,unfused@8,old@16,old@1,new@16:peaked"
+switches_of() { # STATE -> the STAGEB_ENGINE_SWITCHES list (SWITCHES.md)
+  case $1 in
+    new) echo "events=off,readback=once,paged=on,fused=on" ;;
+    old) echo "events=on,readback=per-job,paged=off,fused=off" ;;
+    per-job) echo "events=off,readback=per-job,paged=on,fused=on" ;;
+    events) echo "events=on,readback=once,paged=on,fused=on" ;;
+    unpaged) echo "events=off,readback=once,paged=off,fused=on" ;;
+    unfused) echo "events=off,readback=once,paged=on,fused=off" ;;
+    *=*) echo "$1" ;;
+    *) return 1 ;;
+  esac
+}
+step_split() {
+  local run state jobs spread ck sw label rc=0 max_jobs=1 b saved
+  local -a runs
+  IFS=, read -r -a runs <<<"${split_runs:-$SPLIT_RUNS_DEFAULT}"
+  for run in "${runs[@]}"; do
+    jobs=${run#*@} jobs=${jobs%%:*}
+    [[ $run == *@* && $jobs =~ ^[0-9]+$ ]] || { say "--split-runs: '$run' is not STATE@JOBS[:peaked]"; return 2; }
+    ((jobs > max_jobs)) && max_jobs=$jobs
+  done
+  make_ckpt "$tp_case" || return 1
+  "$bin" probe ids --model "$(ckpt_dir "$tp_case")" --tickets "$max_jobs" --tokens "$prompt_tokens" \
+    --jitter "$jitter" --out "$step_dir/ids.json" || return 1
+  cat >"$step_dir/meta.json" <<EOF
+{"case": "$tp_case", "prompt_tokens": $prompt_tokens, "candidates": $candidates,
+ "new_tokens": $split_new_tokens, "device": "$device", "runs": "${split_runs:-$SPLIT_RUNS_DEFAULT}"}
+EOF
+  for run in "${runs[@]}"; do
+    state=${run%@*} jobs=${run#*@} spread=flat
+    [[ $jobs == *:peaked ]] && spread=peaked
+    jobs=${jobs%%:*}
+    sw=$(switches_of "$state") || { say "--split-runs: unknown state '$state'"; rc=1; continue; }
+    label="split-${state//[^a-z0-9-]/_}-j$jobs-$spread"
+    ck=$(ckpt_dir "$tp_case")
+    if [[ $spread == peaked ]]; then
+      make_ckpt "$tp_case-peaked" || { rc=1; continue; }
+      ck=$(ckpt_dir "$tp_case-peaked")
+    fi
+    echo "{\"run\": \"$run\", \"state\": \"$state\", \"switches\": \"$sw\", \"jobs\": $jobs, \"spread\": \"$spread\"}" >"$step_dir/$label.run.json"
+    if (($(left) < 30)); then
+      say "$label: skipped, $(left)s left in the step"
+      continue
+    fi
+    b=$split_run_s
+    (($(left) < b)) && b=$(left)
+    saved=$step_deadline
+    step_deadline=$((SECONDS + b))
+    measure "$label" env STAGEB_ENGINE_SWITCHES="$sw" "$bin" probe rollout --model "$ck" \
+      --ids "$step_dir/ids.json" --tickets "$jobs" --jobs "$jobs" --candidates "$candidates" \
+      --new-tokens "$split_new_tokens" --reps 1 --warmup-tokens 4 --device "$device" \
+      --numerics "$stageb_numerics" --out "$step_dir/$label.json" || rc=1
+    step_deadline=$saved
+    # This run's figures go back now, whatever happens to the next.
+    "$python" "$GC"/report.py --work "$work" split >/dev/null || true
+    cp "$work/results.json" "$work/summary.txt" "$out/" 2>/dev/null || true
+  done
+  return $rc
 }
 
 # reflection: one 16,000-token prompt, 1,000 new tokens, batch 1, one pass each. stageb: load
@@ -423,8 +562,8 @@ step_reflection() {
 }
 
 # Step limits (seconds) and the least each needs to be worth starting.
-declare -A limit=([env]=60 [checkpoints]=300 [parity]=420 [mission]=300 [throughput]=560 [reflection]=300)
-declare -A minimum=([env]=10 [checkpoints]=60 [parity]=120 [mission]=90 [throughput]=150 [reflection]=100)
+declare -A limit=([env]=60 [checkpoints]=300 [parity]=420 [mission]=300 [split]=560 [throughput]=560 [reflection]=300)
+declare -A minimum=([env]=10 [checkpoints]=60 [parity]=120 [mission]=90 [split]=60 [throughput]=150 [reflection]=100)
 for s in "${steps[@]}"; do
   run_step "$s" "${limit[$s]}" "${minimum[$s]}"
 done

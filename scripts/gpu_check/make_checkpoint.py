@@ -3,6 +3,7 @@
 
     python3 scripts/gpu_check/make_checkpoint.py --shape qwen3-8b --out DIR [--device cuda]
         [--seed 20261125] [--vocab-size N] [--max-shard-size 4GB]
+        [--logit-scale S [--base FLAT_DIR]]
 
 Shapes (`--shape`):
   qwen3-8b    Qwen3-8B: 36 layers, hidden 4096, 32 heads / 8 KV heads, head_dim 128, MLP 12288,
@@ -33,6 +34,18 @@ the prompt would hide a broken KV cache or position):
 The same seed on the same device gives the same files; both engines read these files, so
 nothing else needs to match. Writes DIR/.done (the spec) last: a
 DIR holding a .done with the same spec is left as it is.
+
+The logits' spread (`--logit-scale`): random weights give flat logits (a std of ~1 over
+151,936 tokens: at temperature 0.7 and top-p 0.9 the nucleus holds most of the vocabulary),
+a trained model peaked ones (a few tokens hold most of the mass). The sampler's cost depends on
+that, so the GPU check measures both. `--logit-scale S` multiplies the final norm's weight
+(`model.norm.weight`, which every logit goes through, tied or untied) by S, so every logit is
+S times the flat model's: S = 8 (a power of two: exact in bf16) gives the peaked spread. With
+`--base FLAT_DIR` (the same shape and seed, scale 1) only the shard holding the final norm is
+rewritten and the others are symlinks to FLAT_DIR's (seconds, not another 16.4 GB); the files
+are the same as a full build's. The logits of one 16-token prompt are measured on --device
+while the model is there and summarised in DIR/spread.json: the mean top-1 probability and
+nucleus size at temperature 0.7 and top-p 0.9 (what the sampler sees).
 """
 
 import argparse
@@ -51,6 +64,7 @@ TOKENIZER_DIR = os.path.join(ROOT, "worker", "tests", "fixtures", "parity", "qwe
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 EMBED_STD = 0.25
 TIED_EMBED_STD = 0.05
+FINAL_NORM = "model.norm.weight"
 
 SHAPES = {
     "qwen3-8b": dict(num_hidden_layers=36, hidden_size=4096, num_attention_heads=32,
@@ -70,13 +84,16 @@ def spec_of(a):
     if a.vocab_size:
         shape["vocab_size"] = a.vocab_size
     tied = shape["tie_word_embeddings"]
-    return dict(shape=a.shape, config=shape, seed=a.seed, device=a.device,
+    spec = dict(shape=a.shape, config=shape, seed=a.seed, device=a.device,
                 embed_std=TIED_EMBED_STD if tied else EMBED_STD,
                 branch_scale=1.0 if tied else (2 * shape["num_hidden_layers"]) ** -0.5,
                 max_shard_size=a.max_shard_size or ("200KB" if a.shape == "tiny" else "4GB"))
+    if a.logit_scale != 1.0:  # absent at 1: a flat checkpoint's .done is what it was
+        spec["logit_scale"] = a.logit_scale
+    return spec
 
 
-def randomize(model, seed, device, embed_std, branch_scale):
+def randomize(model, seed, device, embed_std, branch_scale, logit_scale=1.0):
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
@@ -92,6 +109,8 @@ def randomize(model, seed, device, embed_std, branch_scale):
                 if "o_proj" in name or "down_proj" in name:
                     v *= branch_scale
             p.copy_(v.to(p.dtype))
+            if name == FINAL_NORM and logit_scale != 1.0:
+                p.mul_(logit_scale)  # after the bf16 rounding, as derive_scaled does
             del v
 
 
@@ -115,9 +134,11 @@ def build(spec, out):
             model = transformers.Qwen3ForCausalLM(cfg).eval()
     finally:
         torch.set_default_dtype(torch.float32)
-    randomize(model, spec["seed"], dev, spec["embed_std"], spec["branch_scale"])
+    randomize(model, spec["seed"], dev, spec["embed_std"], spec["branch_scale"],
+              spec.get("logit_scale", 1.0))
     n = sum(p.numel() for p in model.parameters())
     log(f"{spec['shape']}: {n / 1e6:,.1f} M parameters drawn on {dev} in {time.time() - t:.1f} s")
+    write_spread(out, probe_logits(model, dev))
     t = time.time()
     model = model.to("cpu")
     model.save_pretrained(out, max_shard_size=spec["max_shard_size"])
@@ -128,6 +149,69 @@ def build(spec, out):
     return n
 
 
+def derive_scaled(spec, base, out):
+    """`out` as `base` with the final norm scaled: the shard holding it rewritten, every other
+    file a symlink to base's. The same bytes as a full build of `spec`."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    base_spec = dict(spec)
+    del base_spec["logit_scale"]
+    with open(os.path.join(base, ".done")) as f:
+        if json.load(f) != base_spec:
+            raise SystemExit(f"--base {base}: not the flat checkpoint of this shape and seed")
+    index = os.path.join(base, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            shard = json.load(f)["weight_map"][FINAL_NORM]
+    else:
+        shard = "model.safetensors"
+    t = time.time()
+    for f in sorted(os.listdir(base)):
+        if f not in (shard, ".done", "spread.json", SPREAD_LOGITS):
+            os.symlink(os.path.abspath(os.path.join(base, f)), os.path.join(out, f))
+    tensors = load_file(os.path.join(base, shard))
+    tensors[FINAL_NORM] = (tensors[FINAL_NORM] * spec["logit_scale"]).to(torch.bfloat16)
+    save_file(tensors, os.path.join(out, shard), metadata={"format": "pt"})
+    # A power-of-two scale of the final norm scales every bf16 logit exactly.
+    write_spread(out, torch.load(os.path.join(base, SPREAD_LOGITS)) * spec["logit_scale"])
+    log(f"wrote {out}: {shard} rewritten (final norm x {spec['logit_scale']}), the rest "
+        f"linked to {base}, in {time.time() - t:.1f} s")
+
+
+SPREAD_LOGITS = "spread-logits.pt"
+
+
+def probe_logits(model, dev, tokens=16):
+    """The next-token logits (f32, on the CPU) at each position of one prompt (ids
+    1..tokens): what the spread is measured on."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.arange(1, tokens + 1, device=dev).unsqueeze(0)
+        return model(ids).logits[0].float().cpu()
+
+
+def write_spread(out, logits, temperature=0.7, top_p=0.9):
+    """Mean top-1 probability and nucleus size of `logits` at `temperature` and `top_p`, as
+    the rollout sampler sees them, into out/spread.json (and the logits beside it, for a
+    checkpoint derived with --base)."""
+    import torch
+
+    torch.save(logits, os.path.join(out, SPREAD_LOGITS))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    top = probs.sort(dim=-1, descending=True).values
+    nucleus = (top.cumsum(dim=-1) < top_p).sum(dim=-1) + 1
+    r = dict(positions=int(logits.shape[0]), temperature=temperature, top_p=top_p,
+             logit_std=float(logits.std(dim=-1).mean()), top1_p=float(top[:, 0].mean()),
+             nucleus_mean=float(nucleus.float().mean()), nucleus_max=int(nucleus.max()),
+             vocab=int(logits.shape[-1]))
+    with open(os.path.join(out, "spread.json"), "w") as f:
+        json.dump(r, f)
+    log(f"logits at T {temperature}: std {r['logit_std']:.2f}, top-1 p {r['top1_p']:.3f}, "
+        f"nucleus (top-p {top_p}) {r['nucleus_mean']:.0f} of {r['vocab']} tokens on average")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
@@ -136,7 +220,12 @@ def main():
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--vocab-size", type=int)
     ap.add_argument("--max-shard-size")
+    ap.add_argument("--logit-scale", type=float, default=1.0,
+                    help="multiply every logit by this (8: a trained model's peaked spread)")
+    ap.add_argument("--base", help="the flat checkpoint to derive a --logit-scale one from")
     a = ap.parse_args()
+    if a.base and a.logit_scale == 1.0:
+        ap.error("--base goes with --logit-scale")
     spec = spec_of(a)
     stamp = os.path.join(a.out, ".done")
     if os.path.exists(stamp):
@@ -148,7 +237,10 @@ def main():
         shutil.rmtree(a.out)
     os.makedirs(a.out)
     spec_out = dict(spec)
-    build(spec, a.out)
+    if a.base:
+        derive_scaled(spec, a.base, a.out)
+    else:
+        build(spec, a.out)
     with open(stamp, "w") as f:
         json.dump(spec_out, f)
     return 0

@@ -3,7 +3,7 @@
 
     python3 scripts/gpu_check/report.py --work DIR [--hbm-tbs TB/S] STEP [STEP ...]
 
-For each STEP (env, checkpoints, parity, mission, throughput, reflection) reads what
+For each STEP (env, checkpoints, parity, mission, split, throughput, reflection) reads what
 scripts/gpu-check.sh left in DIR/steps/STEP/ and stores its figures under results["STEP"] in
 DIR/results.json (earlier steps, from earlier commands on the same machine, are kept), then
 rewrites DIR/summary.txt (one or more lines per step, in step order) and prints this call's
@@ -27,7 +27,8 @@ import struct
 import sys
 import time
 
-STEPS = ["env", "checkpoints", "parity", "mission", "throughput", "reflection"]
+STEPS = ["env", "checkpoints", "parity", "mission", "split", "throughput", "reflection"]
+SPLIT_PHASES = ["sampling", "forward_issued", "forward_done", "readback", "prefill"]
 TOL = {"f32": 1e-4, "bf16": 6e-2}
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
 
@@ -159,10 +160,16 @@ def checkpoints(d, work):
         cdir = os.path.dirname(stamp)
         total, embed = safetensors_bytes(cdir)
         m = measured(d, f"ckpt-{os.path.basename(cdir)}")
-        r[os.path.basename(cdir)] = dict(spec=load(stamp), bytes=total, wall_s=m.get("wall_s"))
+        spread = load(os.path.join(cdir, "spread.json"))
+        r[os.path.basename(cdir)] = dict(spec=load(stamp), bytes=total, wall_s=m.get("wall_s"),
+                                         spread=spread)
         size = f"{total / 2**30:.2f} GiB" if total >= 2**30 else f"{total / 2**20:.2f} MiB"
         lines.append(f"CHECKPOINT {os.path.basename(cdir)}: {size} bf16"
-                     + (f", written in {m['wall_s']:.0f} s" if m.get("wall_s") else ""))
+                     + (f", written in {m['wall_s']:.0f} s" if m.get("wall_s") else "")
+                     + (f"; logits std {spread['logit_std']:.2f}, at T {spread['temperature']}"
+                        f" top-1 p {spread['top1_p']:.3f}, top-p {spread['top_p']} nucleus "
+                        f"{spread['nucleus_mean']:.0f} of {spread['vocab']} tokens"
+                        if spread else ""))
     r["status"] = status(d)
     return r, lines or [f"CHECKPOINT none ({r['status']})"]
 
@@ -287,7 +294,8 @@ def mission(d):
     r["status"] = status(d)
     meta = load(os.path.join(d, "meta.json"), {})
     r["meta"] = meta
-    line = (f"MISSION small demo on {meta.get('device', '?')}: runs exit {a['rc']}/{b['rc']} "
+    sw = f" (engine switches {meta['switches']})" if meta.get("switches") else ""
+    line = (f"MISSION small demo on {meta.get('device', '?')}{sw}: runs exit {a['rc']}/{b['rc']} "
             f"({a['wall_s'] or 0:.0f} s, {b['wall_s'] or 0:.0f} s); contract "
             f"{a['format_ok']}/{a['candidates']} and {b['format_ok']}/{b['candidates']} "
             f"candidates; audit {'OK' if audit else 'FAILED'}; runs "
@@ -295,6 +303,79 @@ def mission(d):
             f"{a['fingerprint']}; {fmt_mem(a['gpu_peak_gib'], a['peak_rss_mib'])} -> "
             f"{'PASS' if r['ok'] else 'FAIL'}")
     return r, [line]
+
+
+# ---- split ---------------------------------------------------------------------------------
+
+def fmt_split(split):
+    """`sampling 1.20 + issued 3.40 + done 20.10 + readback 0.80 ms` (prefill apart), or n/a
+    when the binary does not report a split."""
+    if not isinstance(split, dict):
+        return "step split n/a"
+    parts = [f"{k.replace('forward_', '')} {split.get(k, 0):.2f}" for k in SPLIT_PHASES[:-1]]
+    return (" + ".join(parts) + f" ms (prefill {split.get('prefill', 0):.1f} ms per step that"
+            " ran one)")
+
+
+def bound_of(split):
+    """Host- or device-bound: the host issuing a step's work against waiting for the device."""
+    if not isinstance(split, dict) or not split.get("forward_done") and not split.get(
+            "forward_issued"):
+        return None
+    host = split.get("sampling", 0) + split.get("forward_issued", 0) + split.get("readback", 0)
+    dev = split.get("forward_done", 0)
+    return dict(host_ms=host, device_wait_ms=dev,
+                verdict="host-bound" if host >= dev else "device-bound")
+
+
+def split_run(d, label):
+    run = load(os.path.join(d, f"{label}.run.json"), {})
+    res = load(os.path.join(d, f"{label}.json"))
+    m = measured(d, label)
+    r = dict(run=run.get("run"), state=run.get("state"), jobs=run.get("jobs"),
+             spread=run.get("spread"), switches_asked=run.get("switches"))
+    head = f"SPLIT {run.get('state')} @ {run.get('jobs')} job(s), {run.get('spread')} logits"
+    if not res or res.get("best") is None:
+        why = "skipped (budget)" if not m else f"no result (exit {m.get('rc')})"
+        r["ok"] = None if not m else False
+        return r, f"{head}: {why}"
+    p = res["passes"][res["best"]]
+    split = p.get("step_split_ms")
+    ops = p.get("host_ops_per_step")
+    r.update(switches=res.get("switches"), decode_step_ms=p["decode_step_ms"],
+             rows_per_step=p.get("mean_rows_per_step"), tickets_per_min=p["tickets_per_min"],
+             step_split_ms=split, host_ops_per_step=ops, bound=bound_of(split),
+             load_s=res.get("load_s"), gpu_peak_gib=gpu_peak(m), ok=True)
+    sw = res.get("switches") or f"not reported (asked {run.get('switches')})"
+    bound = r["bound"]
+    verdict = (f"; {bound['verdict']} (host {bound['host_ms']:.2f} ms, device wait "
+               f"{bound['device_wait_ms']:.2f} ms)" if bound else "")
+    line = (f"{head} [{sw}]: {r['rows_per_step'] or 0:.1f} rows/step, {p['decode_step_ms']:.2f}"
+            f" ms/step = {fmt_split(split)}; host ops/step "
+            f"{'n/a' if ops is None else f'{ops:.0f}'}{verdict}; {p['tickets_per_min']:.2f} "
+            f"tickets/min; {fmt_mem(r['gpu_peak_gib'], m.get('peak_rss_mib'))}")
+    return r, line
+
+
+def split_step(d):
+    meta = load(os.path.join(d, "meta.json"), {})
+    order = meta.get("runs", "").split(",")
+    asked = {os.path.basename(f)[:-len(".run.json")]: load(f, {}).get("run")
+             for f in glob.glob(os.path.join(d, "split-*.run.json"))}
+    # In the order the runs were asked for (most telling first); runs of an earlier command
+    # with another list after them.
+    labels = sorted(asked, key=lambda lb: (order.index(asked[lb]) if asked[lb] in order
+                                           else len(order), lb))
+    r = dict(meta=meta, runs={}, status=status(d))
+    lines = [f"SPLIT workload on {meta.get('device')}: {meta.get('case')}, prompts of "
+             f"~{meta.get('prompt_tokens')} tokens, {meta.get('candidates')} candidates x "
+             f"{meta.get('new_tokens')} new tokens, all jobs in flight at once"] if meta else []
+    for lb in labels:
+        r["runs"][lb], line = split_run(d, lb)
+        lines.append(line)
+    r["ok"] = r["status"] in ("ok", "not run") and all(
+        v.get("ok") is not False for v in r["runs"].values())
+    return r, lines or [f"SPLIT nothing run ({r['status']})"]
 
 
 # ---- throughput and reflection -------------------------------------------------------------
@@ -377,6 +458,12 @@ def throughput(d, work, tbs, label):
                                  f"{(hf or {}).get('attn', 'sdpa')}, batch {hb} tickets)", hf,
                                  measured(d, "hf"), ckpt, (hf or {}).get("dtype", "bf16"), tbs,
                                  hb * cands, on_gpu)
+    peaked = load(os.path.join(d, "stageb-peaked.json"))
+    l_peaked = None
+    if peaked or measured(d, "stageb-peaked"):
+        r["stageb_peaked"], l_peaked = side(f"{tag} stageb, peaked logits ({sdtype})", peaked,
+                                            measured(d, "stageb-peaked"), ckpt, sdtype, tbs,
+                                            cands, on_gpu)
     if r["stageb"].get("ok") and r["transformers"].get("ok"):
         r["stageb_vs_transformers_tickets_per_min"] = (
             r["stageb"]["tickets_per_min"] / r["transformers"]["tickets_per_min"])
@@ -387,10 +474,17 @@ def throughput(d, work, tbs, label):
              f"{meta.get('stageb_tickets')} ticket(s), transformers {meta.get('tickets')}")
     sides = [r["stageb"].get("ok"), r["transformers"].get("ok")]
     r["ok"] = r["status"] == "ok" and False not in sides and True in sides
-    lines = [shape, l1, l2]
+    lines = [shape, l1] + ([l_peaked] if l_peaked else []) + [l2]
     if "stageb_vs_transformers_tickets_per_min" in r:
         lines.append(f"{tag} stageb / transformers tickets per minute: "
                      f"{r['stageb_vs_transformers_tickets_per_min']:.2f}")
+    flat, pk = r["stageb"], r.get("stageb_peaked", {})
+    if flat.get("ok") and pk.get("ok"):
+        lines.append(f"{tag} stageb flat | peaked logits: {flat['tickets_per_min']:.2f} | "
+                     f"{pk['tickets_per_min']:.2f} tickets/min, sampling "
+                     f"{flat.get('sample_step_ms', 0):.2f} | {pk.get('sample_step_ms', 0):.2f}"
+                     f" ms/step, {flat['decode_step_ms']:.2f} | {pk['decode_step_ms']:.2f} "
+                     "ms/step")
     return r, lines
 
 
@@ -422,6 +516,8 @@ def main():
             r, lines = parity(d)
         elif step == "mission":
             r, lines = mission(d)
+        elif step == "split":
+            r, lines = split_step(d)
         else:
             r, lines = throughput(d, a.work, a.hbm_tbs, step)
         r["reported_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

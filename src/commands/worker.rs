@@ -48,11 +48,12 @@ pub(super) async fn work(
     let engine =
         tokio::task::spawn_blocking(move || cluster::load_model(&model, &engine_options)).await??;
     let fingerprint = engine.fingerprint();
-    options.device = fingerprint.device.clone();
+    options.device = fingerprint.device_kind().to_string();
     // What `stageb coordinator --worker-numerics` and `--model-digest` take, for whoever runs
-    // rank 0.
+    // rank 0 (the device kind: the first worker's fingerprint pins the GPU's details).
     tracing::info!(
-        numerics = %format!("{}/{}", fingerprint.dtype, fingerprint.device),
+        numerics = %format!("{}/{}", fingerprint.dtype, fingerprint.device_kind()),
+        device = %fingerprint.device,
         weights_sha256 = %fingerprint.weights_sha256,
         max_jobs = %format!("{} ({})", max_jobs.value, max_jobs.from),
         "model loaded"

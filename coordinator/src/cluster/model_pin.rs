@@ -144,7 +144,7 @@ impl ModelPin {
     /// a resumed run recorded other numerics.
     pub fn with_expected_numerics(mut self, numerics: &str) -> Result<Self, String> {
         if let Some(fp) = &self.fingerprint {
-            if numerics_of(fp) != numerics {
+            if numerics_kind(numerics_of(fp)) != numerics_kind(numerics) {
                 return Err(format!(
                     "the run being resumed ran with the numerics `{}`, not `{numerics}`",
                     numerics_of(fp)
@@ -209,7 +209,7 @@ impl ModelPin {
             );
         }
         if let Some(expected) = &self.expected_numerics
-            && numerics_of(presented) != expected
+            && numerics_kind(numerics_of(presented)) != numerics_kind(expected)
         {
             return refused(
                 "model fingerprint refused: its numerics (candle version, dtype, device kind) are not the ones rank 0 was started with (--worker-numerics)",
@@ -218,9 +218,21 @@ impl ModelPin {
         if let Some(fp) = &self.fingerprint
             && fp != presented
         {
-            return refused(
-                "model fingerprint mismatch: this worker runs the run's weights with other numerics (candle version, dtype or device kind)",
-            );
+            if weights_of(fp) != weights_of(presented) {
+                return refused(
+                    "model fingerprint mismatch: this worker's model weights are not the run's model",
+                );
+            }
+            // Same weights, so naming the run's numerics tells the worker nothing it could
+            // squat with (the run is pinned already), and tells its operator which GPU kind,
+            // cuBLAS version or dtype to bring.
+            return refused(&format!(
+                "model fingerprint mismatch: this worker runs the run's weights with other \
+                 numerics (candle version, dtype, or device: GPU model, compute capability, SM \
+                 count, cuBLAS version): the run's are `{}`, this worker's `{}`",
+                numerics_of(fp),
+                numerics_of(presented)
+            ));
         }
         if self.awaiting_local {
             return Err(PinRefusal::NotYet(
@@ -246,6 +258,17 @@ impl ModelPin {
             source: ContextSource::FirstWorker,
         });
         Ok(())
+    }
+}
+
+/// Numerics with their device part reduced to the kind (`candle-…|cuda-bf16|cuda` of
+/// `candle-…|cuda-bf16|cuda(NVIDIA H200; …)`): what an operator names with `--worker-numerics`;
+/// the first worker admitted pins the device's details.
+fn numerics_kind(numerics: &str) -> &str {
+    let device_at = numerics.rfind('|').map_or(0, |i| i + 1);
+    match numerics[device_at..].find('(') {
+        Some(open) => &numerics[..device_at + open],
+        None => numerics,
     }
 }
 
@@ -380,6 +403,73 @@ mod tests {
         // Without weights rank 0 hashed (the load generator's scripted workers) any suffix goes.
         let mut open = ModelPin::by_first_worker().with_numerics_check(known);
         assert!(open.admit("loadgen|none|none|cpu", 4096).is_ok());
+    }
+
+    const H200: &str =
+        "aaaa|candle-0.11|cuda-bf16|cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)";
+    const A100: &str =
+        "aaaa|candle-0.11|cuda-bf16|cuda(NVIDIA A100-SXM4-80GB; cc 8.0; 108 SMs; cuBLAS 13.1.0)";
+
+    #[test]
+    fn a_worker_on_another_gpu_kind_is_refused_with_both_devices_named() {
+        let mut pin = ModelPin::by_config("aaaa".into());
+        assert!(pin.admit(H200, 8192).is_ok());
+        let refusal = pin.admit(A100, 8192).unwrap_err();
+        assert!(matches!(refusal, PinRefusal::Refused(_)), "{refusal:?}");
+        let refusal = refusal.to_string();
+        assert!(
+            refusal.contains("cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)")
+                && refusal.contains("cuda(NVIDIA A100-SXM4-80GB; cc 8.0; 108 SMs; cuBLAS 13.1.0)"),
+            "the refusal names the run's device and the worker's: {refusal}"
+        );
+        assert!(
+            !refusal.contains("aaaa"),
+            "never print the weights digest: {refusal}"
+        );
+        // Only the cuBLAS version differs: refused just the same.
+        let other_cublas = H200.replace("cuBLAS 13.1.0", "cuBLAS 13.0.2");
+        let refusal = pin.admit(&other_cublas, 8192).unwrap_err().to_string();
+        assert!(
+            refusal.contains("cuBLAS 13.0.2") && refusal.contains("cuBLAS 13.1.0"),
+            "{refusal}"
+        );
+        assert!(
+            pin.admit(H200, 8192).is_ok(),
+            "the same GPU kind is admitted"
+        );
+        assert_eq!(pin.fingerprint.as_deref(), Some(H200));
+    }
+
+    #[test]
+    fn without_the_runs_weights_the_refusal_names_no_numerics() {
+        let mut pin = ModelPin::by_first_worker();
+        assert!(pin.admit(H200, 8192).is_ok());
+        let refusal = pin
+            .admit(&A100.replace("aaaa", "bbbb"), 8192)
+            .unwrap_err()
+            .to_string();
+        assert!(refusal.contains("weights"), "{refusal}");
+        assert!(!refusal.contains("H200"), "{refusal}");
+    }
+
+    #[test]
+    fn numerics_the_operator_named_by_kind_admit_the_first_gpu_which_pins_its_details() {
+        let mut pin = ModelPin::by_config("aaaa".into())
+            .with_expected_numerics("candle-0.11|cuda-bf16|cuda")
+            .unwrap();
+        assert!(pin.admit(H200, 8192).is_ok());
+        assert_eq!(pin.fingerprint.as_deref(), Some(H200));
+        assert!(
+            pin.admit(A100, 8192).is_err(),
+            "another GPU kind after the pin"
+        );
+        let resumed = ModelPin::by_resumed_run(H200.into());
+        assert!(
+            resumed
+                .with_expected_numerics("candle-0.11|cuda-bf16|cuda")
+                .is_ok(),
+            "a resumed CUDA run accepts the operator's kind"
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`candle_engine`]: [`CandleEngine`], the [`Engine`] on a loaded model: loading
 //!   (`load.rs`), the fixed prefill schedule with prefix reuse (`prefill.rs`), the decode loop,
 //!   and a row's sampling, finishing mask and forced tokens (`rows.rs`).
+//! - [`device_info`]: the fingerprint's device part (on CUDA the GPU model, compute
+//!   capability, SM count and cuBLAS version).
 //! - [`options`]: how an engine is asked to load and run a model ([`EngineOptions`]).
 //! - [`gguf`], [`safetensors`]: reading a GGUF file or an HF safetensors directory into a model.
 //! - [`tokenizer`]: the model's tokenizer and its stop tokens.
@@ -31,6 +33,7 @@ use stageb_shared::domain::ChatMessage;
 pub mod candle_engine;
 pub mod chat_template;
 pub mod cpu;
+pub mod device_info;
 pub mod gguf;
 pub mod kernels;
 pub mod options;
@@ -184,7 +187,9 @@ pub struct ModelFingerprint {
     pub weights_sha256: String,
     pub candle_version: String,
     pub dtype: String,
-    /// Device kind (`cpu`, `cuda`): the ordinal does not change results.
+    /// The device: its kind (`cpu`, `cuda`; the ordinal does not change results) and, on
+    /// CUDA, what cuBLAS needs the same to give the same bits:
+    /// `cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)` ([`device_info`]).
     pub device: String,
     pub architecture: String,
 }
@@ -208,6 +213,11 @@ impl ModelFingerprint {
             self.weights_sha256, self.candle_version, self.dtype, self.device
         )
     }
+
+    /// The device kind alone (`cpu`, `cuda`), without a GPU's details.
+    pub fn device_kind(&self) -> &str {
+        device_info::device_kind(&self.device)
+    }
 }
 
 /// Whether `numerics` (a fingerprint id after its weights digest: `candle-<ver>|dtype|device`)
@@ -219,13 +229,16 @@ pub fn numerics_known(numerics: &str) -> bool {
     else {
         return false;
     };
+    let kind = device_info::device_kind(device);
     let dtype_fits = match dtype {
-        "cpu-q8-fixed-order" | "cpu-f32-fixed-order" | "cpu-f32" | "cpu-bf16" => device == "cpu",
-        "cuda-f32" | "cuda-bf16" => device == "cuda",
-        "f32-dequantized" | "gguf-quantized" => matches!(device, "cpu" | "cuda"),
+        "cpu-q8-fixed-order" | "cpu-f32-fixed-order" | "cpu-f32" | "cpu-bf16" => kind == "cpu",
+        "cuda-f32" | "cuda-bf16" => kind == "cuda",
+        "f32-dequantized" | "gguf-quantized" => matches!(kind, "cpu" | "cuda"),
         _ => false,
     };
-    candle.strip_prefix("candle-") == Some(candle_engine::CANDLE_VERSION) && dtype_fits
+    candle.strip_prefix("candle-") == Some(candle_engine::CANDLE_VERSION)
+        && device_info::device_part_known(device)
+        && dtype_fits
 }
 
 /// Stops the job in progress at its next decode step: the worker raises it when the job's
@@ -373,6 +386,7 @@ mod tests {
             format!("candle-{v}|cpu-q8-fixed-order|cpu"),
             format!("candle-{v}|cuda-bf16|cuda"),
             format!("candle-{v}|gguf-quantized|cuda"),
+            format!("candle-{v}|cuda-bf16|cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)"),
         ] {
             assert!(numerics_known(&ok), "{ok}");
         }
@@ -381,6 +395,8 @@ mod tests {
             format!("candle-{v}|cuda-bf16|cpu"),
             "candle-0.0.1|cpu-f32|cpu".to_string(),
             format!("candle-{v}|cpu-f32|cpu|extra"),
+            format!("candle-{v}|cpu-f32|cpu(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)"),
+            format!("candle-{v}|cuda-bf16|cuda(made up"),
             String::new(),
         ] {
             assert!(!numerics_known(&made_up), "{made_up}");

@@ -15,6 +15,7 @@ use tokenizers::Tokenizer;
 use super::{Backend, CANDLE_VERSION, CandleEngine, EngineOptions};
 use crate::engine::chat_template::ChatTemplate;
 use crate::engine::cpu::model::Workspace;
+use crate::engine::device_info;
 use crate::engine::gguf::{self, WeightFormat, model_err};
 use crate::engine::options::{candle_fingerprint_dtype, select_device};
 use crate::engine::prefix_cache::PrefixStore;
@@ -168,7 +169,7 @@ impl CandleEngine {
             weights_sha256: sha256_files(&[path.to_path_buf()])?,
             candle_version: CANDLE_VERSION.to_string(),
             dtype,
-            device: device_kind.to_string(),
+            device: device_info::fingerprint_device(device_kind, device)?,
             architecture: model.config().architecture.clone(),
         };
         Self::finish(model, tokenizer, template, stop_ids, fingerprint)
@@ -199,7 +200,7 @@ impl CandleEngine {
             weights_sha256: sha256_files(&files)?,
             candle_version: CANDLE_VERSION.to_string(),
             dtype: candle_fingerprint_dtype(device, compute),
-            device: device_kind.to_string(),
+            device: device_info::fingerprint_device(device_kind, device)?,
             architecture: model.config.architecture.clone(),
         };
         Self::finish(
