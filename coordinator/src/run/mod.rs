@@ -43,7 +43,8 @@ use crate::decide::accuracy;
 use crate::decide::split::{Split, Splits};
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
 use crate::learn::reflection::{
-    GateProbe, GradientRecord, ReflectionError, Reflector, rendered_digest,
+    GateProbe, GradientRecord, ReflectionError, Reflector, ReflectorSettings, RunContext,
+    rendered_digest,
 };
 use crate::progress::Phase;
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
@@ -247,6 +248,7 @@ impl RunLoop {
         completions: mpsc::UnboundedReceiver<Completion>,
         model: crate::cluster::server::ModelPinHandle,
         progress: ProgressHandle,
+        worker_grace: Duration,
     ) -> Result<Self, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -267,25 +269,24 @@ impl RunLoop {
         let resume_from = resuming
             .then(|| Checkpoint::load(&dir, &run_identity(&inputs)))
             .flatten();
+        let settings = ReflectorSettings {
+            run_groups: (inputs.ingested.tickets.iter())
+                .map(|t| t.group_id.clone())
+                .collect(),
+            worker_grace,
+            progress: Some(progress.clone()),
+            guidance_reused: false,
+        };
         let opened = match &resume_from {
-            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options)?,
-            None => open_fresh(&dir, &inputs, resuming, options)?,
+            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options, settings)?,
+            None => open_fresh(&dir, &inputs, resuming, options, settings)?,
         };
         let Opened {
             guidance,
             writers,
-            mut reflector,
-            reuse,
+            reflector,
             initial_guidance_hash,
         } = opened;
-        reflector.set_run_groups(
-            inputs
-                .ingested
-                .tickets
-                .iter()
-                .map(|t| t.group_id.clone())
-                .collect(),
-        );
         let gate = &inputs.config.reflection.gate;
         let splits = gate.enabled.then(|| {
             let groups = inputs.ingested.tickets.iter().map(|t| t.group_id.as_str());
@@ -300,7 +301,7 @@ impl RunLoop {
             guidance,
             reflector,
             writers,
-            worker_grace: Duration::from_secs(600),
+            worker_grace,
             resuming,
             global_step: 0,
             schedule_step: 0,
@@ -318,24 +319,10 @@ impl RunLoop {
             splits,
             inputs,
         })
-        .map(|mut r| {
-            r.reflector.set_guidance_reused(reuse);
-            r.reflector.set_progress(r.progress.clone());
-            let cycles = r.inputs.config.runner.pipeline_cycles;
-            r.reflector.set_pipeline_cycles(cycles);
-            r
-        })
     }
 
     pub fn run_dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// How long to wait without any live worker before giving up.
-    pub fn with_worker_grace(mut self, grace: Duration) -> Self {
-        self.worker_grace = grace;
-        self.reflector.set_worker_grace(grace);
-        self
     }
 
     /// Run every epoch. Returns the summary (also written as `summary.json`).
@@ -347,7 +334,11 @@ impl RunLoop {
         self.write_manifest(&started_at, None)?;
         let cfg = limits.apply(&self.inputs.config);
         let tickets = self.inputs.ingested.tickets.clone();
-        self.set_gate_probe(&cfg, &tickets);
+        let gate_probe = self.gate_probe(&cfg, &tickets);
+        self.reflector.enter_run(RunContext {
+            limits: &limits,
+            gate_probe,
+        });
         let total = tickets.len() as u64 * cfg.runner.epochs as u64;
         let mut at = EpochStart::default();
         if let Some(checkpoint) = self.resume_from.take() {
@@ -428,7 +419,6 @@ impl RunLoop {
             reflection_prompt_tokens = limits.reflection_prompt_budget(),
             "effective limits"
         );
-        self.reflector.fit_limits(&limits);
         self.limits = Some(limits.clone());
         Ok(limits)
     }
@@ -666,13 +656,11 @@ impl RunLoop {
 
     /// The gate split's tickets and rollouts for the reflector's gate phase and rule ablation,
     /// when the gate checks edits or ablates rules.
-    fn set_gate_probe(&mut self, cfg: &RunConfig, tickets: &[Ticket]) {
-        let Some(splits) = &self.splits else {
-            return;
-        };
+    fn gate_probe(&self, cfg: &RunConfig, tickets: &[Ticket]) -> Option<GateProbe> {
+        let splits = self.splits.as_ref()?;
         let gate = &cfg.reflection.gate;
         if !gate.check_edits && gate.ablation_every == 0 {
-            return;
+            return None;
         }
         let gate: Vec<Ticket> = tickets
             .iter()
@@ -684,11 +672,11 @@ impl RunLoop {
                 "reflection.gate: the gate split holds no group (gate_fraction × groups rounds to 0): no edit is checked and no rule ablated"
             );
         }
-        self.reflector.set_gate_probe(GateProbe {
+        Some(GateProbe {
             tickets: gate,
             config: cfg.clone(),
             payload: rollout_prompt::rollout_payload,
-        });
+        })
     }
 
     /// The ticket group's split, when `reflection.gate` is on.

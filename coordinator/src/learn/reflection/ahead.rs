@@ -48,10 +48,9 @@ struct Queued {
 }
 
 /// The calls queued ahead, by payload digest.
-#[derive(Default)]
 pub(super) struct CallsAhead {
     /// Cycles ahead (`runner.pipeline_cycles`); 0 queues nothing.
-    pub(super) depth: usize,
+    depth: usize,
     /// Whether the boundary being reflected on is the epoch's end (its partial batches are due).
     drain: bool,
     queued: BTreeMap<String, Queued>,
@@ -59,6 +58,16 @@ pub(super) struct CallsAhead {
 }
 
 impl CallsAhead {
+    /// Calls queued ahead for up to `depth` upcoming cycles (0: none).
+    pub(super) fn new(depth: usize) -> Self {
+        CallsAhead {
+            depth,
+            drain: false,
+            queued: BTreeMap::new(),
+            stats: CallsAheadStats::default(),
+        }
+    }
+
     /// The job queued ahead for exactly `payload`, taken out of the table (the caller now waits
     /// for it as its own call).
     pub(super) fn take(&mut self, payload: &JobPayload) -> Option<JobId> {
@@ -168,10 +177,9 @@ impl Reflector {
         if self.change_cap_reached() {
             return false;
         }
-        let needed = self.state.calls_epoch as u64 + 2 * (j as u64 + 2);
-        self.config
-            .max_calls_per_epoch
-            .is_none_or(|cap| needed <= cap as u64)
+        self.state
+            .calls_epoch
+            .covers_cycle_ahead(self.config.max_calls_per_epoch, j)
     }
 
     /// Queue the decision call `cycle` would make on its packed cases `kept`, and its ops call

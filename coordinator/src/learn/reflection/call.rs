@@ -87,7 +87,7 @@ impl Reflector {
             if !self.calls_left() {
                 return Ok(None);
             }
-            self.state.calls_epoch += 1;
+            self.state.calls_epoch.charge();
             self.show_call(row.reflection_cycle, pass);
             let seed = self.call_seed(row.epoch, row.reflection_cycle, pass, attempt);
             let payload = self.call_payload(&messages, schema, seed);

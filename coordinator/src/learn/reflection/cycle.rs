@@ -383,7 +383,7 @@ impl Reflector {
     /// A guidance version was written: it counts against the epoch's cap, its rules owe
     /// feedback from now on, and the row lists what was applied and what was skipped.
     fn record_applied(&mut self, row: &mut ReflectionRow, outcome: ApplyOutcome) {
-        self.state.applied_epoch += 1;
+        self.state.applied_epoch.count_applied();
         self.state.last_applied = Some(row.reflection_id.clone());
         let removed: Vec<RuleKey> = outcome
             .applied

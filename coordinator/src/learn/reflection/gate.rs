@@ -83,12 +83,6 @@ pub fn rendered_digest(lines: &[(String, String)]) -> String {
 }
 
 impl Reflector {
-    /// Where the gate phase gets its tickets and rollouts (set by the run when the gate split
-    /// is not empty).
-    pub fn set_gate_probe(&mut self, probe: GateProbe) {
-        self.gate_probe = Some(probe);
-    }
-
     /// What the gate cost this attempt.
     pub fn gate_cost(&self) -> &GateCost {
         &self.gate_cost

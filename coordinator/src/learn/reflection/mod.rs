@@ -51,6 +51,7 @@ use crate::progress::ProgressHandle;
 
 mod ablation;
 mod ahead;
+mod budget;
 mod call;
 mod cycle;
 mod gate;
@@ -71,6 +72,7 @@ pub use queue::retry_batch_size;
 pub use record::{CaseCandidate, GradientRecord, TicketOutcome};
 pub use row::ReflectionRow;
 pub use state::ReflectorState;
+
 
 /// Extra attempts (new seed each) for a reflection call whose output is not valid JSON.
 pub const JSON_RETRIES: u32 = 2;
@@ -141,18 +143,38 @@ pub struct Reflector {
     ahead: ahead::CallsAhead,
 }
 
-impl Reflector {
-    /// A fresh reflector; its logs start empty.
-    pub fn create(dir: &Path, run: &RunConfig, mission: &str) -> Result<Self, ReflectionError> {
-        Reflector::build(dir, run, mission, JsonlWriter::create)
-    }
+/// What the run sets once, when it opens the reflector; everything else comes from the
+/// run's config.
+pub struct ReflectorSettings {
+    /// The group ids of every ticket of the run (for the `label_leak` check of rule texts).
+    pub run_groups: BTreeSet<String>,
+    /// How long reflection calls wait with no live worker before giving up.
+    pub worker_grace: Duration,
+    /// Where each call's cycle and pass are shown (`reflecting cycle 2 (decision)`).
+    pub progress: Option<ProgressHandle>,
+    /// A previous run's guidance is continued (`guidance.reset_on_rerun: false`).
+    pub guidance_reused: bool,
+}
 
-    /// A reflector at the start of a run, its logs opened with `open` (fresh or appended to).
-    fn build(
+/// What the run learns once its context is known (when the first worker reports the model):
+/// the token limits every call is planned within, and the gate split's tickets and rollouts.
+pub struct RunContext<'a> {
+    pub limits: &'a EffectiveLimits,
+    /// `None` when the gate checks no edit and ablates no rule, or has no split.
+    pub gate_probe: Option<GateProbe>,
+}
+
+impl Reflector {
+    /// The reflector of a run: fresh (`resume: None`, its logs start empty) or continuing from
+    /// a checkpoint's state (its logs are appended to, the caller having already cut them back
+    /// to the checkpoint's lengths, and the need-review rows are read back from the queue).
+    /// Calls are queued ahead for `runner.pipeline_cycles` cycles (0: none).
+    pub fn open(
         dir: &Path,
         run: &RunConfig,
         mission: &str,
-        open: fn(&Path) -> std::io::Result<JsonlWriter>,
+        settings: ReflectorSettings,
+        resume: Option<ReflectorState>,
     ) -> Result<Self, ReflectionError> {
         let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
             match p {
@@ -171,11 +193,15 @@ impl Reflector {
                 None => Ok(builtin.to_string()),
             }
         };
+        let opener = match resume {
+            Some(_) => JsonlWriter::open_resume,
+            None => JsonlWriter::create,
+        };
         let open = |name: &str| {
             let p = dir.join(name);
-            open(&p).map_err(|source| ReflectionError::Io { path: p, source })
+            opener(&p).map_err(|source| ReflectionError::Io { path: p, source })
         };
-        Ok(Reflector {
+        let mut r = Reflector {
             dir: dir.to_path_buf(),
             config: run.reflection.clone(),
             lifecycle: run.guidance_lifecycle.clone(),
@@ -188,55 +214,37 @@ impl Reflector {
             need_review_rows: Vec::new(),
             routed: BTreeMap::new(),
             state: ReflectorState::default(),
-            guidance_reused: false,
-            worker_grace: Duration::from_secs(600),
-            run_groups: BTreeSet::new(),
+            guidance_reused: settings.guidance_reused,
+            worker_grace: settings.worker_grace,
+            run_groups: settings.run_groups,
             final_epoch: run.runner.epochs,
             prefix_reuse: CallPrefixReuse::default(),
-            progress: None,
+            progress: settings.progress,
             gate_probe: None,
             gate_outcomes: gate::GateOutcomes::default(),
             gate_cost: gate::GateCost::default(),
-            ahead: ahead::CallsAhead::default(),
-        })
+            ahead: ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
+        };
+        if let Some(state) = resume {
+            r.restore(state)?;
+        }
+        Ok(r)
     }
 
-    /// Plan every call within the run's context: the fitted output length and prompt budget
-    /// replace the config's (see [`stageb_shared::limits`]).
-    pub fn fit_limits(&mut self, limits: &EffectiveLimits) {
+    /// The run's context, once known: every call is planned within the run's context (the
+    /// fitted output length and prompt budget replace the config's, see
+    /// [`stageb_shared::limits`]), and the gate phase gets its tickets and rollouts.
+    pub fn enter_run(&mut self, context: RunContext<'_>) {
+        let limits = context.limits;
         self.config.max_new_tokens = limits.reflection_max_new_tokens;
         self.config.max_reflection_length = limits.reflection_max_prompt_tokens;
         self.config.token_budget = limits.reflection_token_budget;
-    }
-
-    /// How long reflection calls wait with no live worker before giving up.
-    pub fn set_worker_grace(&mut self, grace: Duration) {
-        self.worker_grace = grace;
-    }
-
-    /// The group ids of every ticket of the run (for the `label_leak` check of rule texts).
-    pub fn set_run_groups(&mut self, groups: BTreeSet<String>) {
-        self.run_groups = groups;
-    }
-
-    /// Shows each call's cycle and pass in `progress` (`reflecting cycle 2 (decision)`).
-    pub fn set_progress(&mut self, progress: ProgressHandle) {
-        self.progress = Some(progress);
-    }
-
-    /// Queue the calls of up to `cycles` upcoming cycles ahead while a cycle runs
-    /// (`runner.pipeline_cycles`; 0: none).
-    pub fn set_pipeline_cycles(&mut self, cycles: u32) {
-        self.ahead.depth = cycles as usize;
+        self.gate_probe = context.gate_probe;
     }
 
     /// The calls queued ahead in this attempt, and what became of them.
     pub fn calls_ahead(&self) -> &CallsAheadStats {
         &self.ahead.stats
-    }
-
-    pub fn set_guidance_reused(&mut self, reused: bool) {
-        self.guidance_reused = reused;
     }
 
     pub fn guidance_reused(&self) -> bool {
@@ -273,8 +281,8 @@ impl Reflector {
         self.state.pending.clear();
         self.state.retry.clear();
         self.state.retry_counts.clear();
-        self.state.calls_epoch = 0;
-        self.state.applied_epoch = 0;
+        self.state.calls_epoch = Default::default();
+        self.state.applied_epoch = Default::default();
         self.state.decisions_epoch = (0, 0);
         self.state.arrivals = 0;
     }

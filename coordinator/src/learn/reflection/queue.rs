@@ -185,15 +185,13 @@ impl Reflector {
 
     /// Has the epoch applied `change_cap_per_epoch` reflections already?
     pub(super) fn change_cap_reached(&self) -> bool {
-        self.config
-            .change_cap_per_epoch
-            .is_some_and(|cap| self.state.applied_epoch >= cap)
+        self.state
+            .applied_epoch
+            .reached(self.config.change_cap_per_epoch)
     }
 
     pub(super) fn calls_left(&self) -> bool {
-        self.config
-            .max_calls_per_epoch
-            .is_none_or(|cap| self.state.calls_epoch < cap)
+        self.state.calls_epoch.left(self.config.max_calls_per_epoch)
     }
 }
 

@@ -12,11 +12,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use stageb_shared::config::RunConfig;
 use stageb_shared::domain::TicketKey;
 
+use super::budget::{CallBudget, ChangeCap};
 use super::{GradientRecord, ReflectionError, Reflector, io_err};
-use crate::artifacts::{JsonlWriter, files, read_jsonl};
+use crate::artifacts::{files, read_jsonl};
 use crate::learn::feedback::FeedbackLedger;
 use crate::learn::need_review::NeedReviewRow;
 use crate::learn::predictions::Predictions;
@@ -30,8 +30,10 @@ pub struct ReflectorState {
     pub(super) pending: Vec<GradientRecord>,
     pub(super) retry: BTreeMap<u32, Vec<GradientRecord>>,
     pub(super) retry_counts: HashMap<TicketKey, u32>,
-    pub(super) calls_epoch: u32,
-    pub(super) applied_epoch: u32,
+    /// Model calls this epoch, against `reflection.max_calls_per_epoch`.
+    pub(super) calls_epoch: CallBudget,
+    /// Reflections applied this epoch, against `reflection.change_cap_per_epoch`.
+    pub(super) applied_epoch: ChangeCap,
     pub(super) cycles: u64,
     pub(super) arrivals: u64,
     pub(super) last_applied: Option<String>,
@@ -54,25 +56,18 @@ impl Reflector {
         self.state.clone()
     }
 
-    /// A reflector continuing from `state`: its logs are appended to (the caller has already
-    /// cut them back to the checkpoint's lengths), nothing is truncated, and the need-review
-    /// rows are read back from the queue.
-    pub fn resume(
-        dir: &Path,
-        run: &RunConfig,
-        mission: &str,
-        state: ReflectorState,
-    ) -> Result<Self, ReflectionError> {
-        let mut r = Reflector::build(dir, run, mission, JsonlWriter::open_resume)?;
-        r.need_review_rows = read_queue(dir)?;
-        for row in &r.need_review_rows {
-            r.routed
+    /// Continue from a checkpoint's `state`: the need-review rows are read back from the
+    /// queue the caller has cut back to the checkpoint's length.
+    pub(super) fn restore(&mut self, state: ReflectorState) -> Result<(), ReflectionError> {
+        self.need_review_rows = read_queue(&self.dir)?;
+        for row in &self.need_review_rows {
+            self.routed
                 .entry(row.epoch)
                 .or_default()
                 .insert(row.ticket_key.clone());
         }
-        r.state = state;
-        Ok(r)
+        self.state = state;
+        Ok(())
     }
 
     /// Makes both logs durable (before a checkpoint names their lengths).
