@@ -19,7 +19,6 @@
 //! - [`rollout_prompt`]: a ticket's rollout job (prompt and seeds).
 //! - [`checkpoint`] and `resume.rs`: the step checkpoint, and opening a run from its start or
 //!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`.
-//! - [`prefix_reuse`]: the prefill the workers' prefix caches saved.
 //!
 //! The row types themselves are [`crate::artifacts::rows`] and [`crate::artifacts::documents`].
 
@@ -52,14 +51,13 @@ use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 pub mod checkpoint;
 mod outputs;
 pub mod pipeline;
-pub mod prefix_reuse;
 pub mod rollout_prompt;
 pub mod start;
 mod ticket;
 pub use crate::artifacts::documents::RunSummary;
 use outputs::Writers;
 use pipeline::PipelineStats;
-use prefix_reuse::PrefixReuse;
+use crate::artifacts::documents::PrefixReuse;
 pub use rollout_prompt::rollout_payload;
 use ticket::TicketAt;
 

@@ -11,7 +11,6 @@ use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::digest;
 
 use super::PipelineStats;
-use super::prefix_reuse::PrefixReuse;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
     Batching, CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,

@@ -10,12 +10,10 @@
 //! `summary.json` `runtime.pipeline` counts what was queued ahead, used and discarded (with
 //! the reflection calls queued ahead, `learn::reflection`'s `ahead`).
 
-use serde::{Deserialize, Serialize};
-
 use super::rollout_prompt::rollout_payload;
 use super::{EpochRun, RunLoop};
 use crate::cluster::scheduler::JobId;
-use crate::learn::reflection::CallsAheadStats;
+pub use crate::artifacts::documents::PipelineStats;
 
 /// A step's rollouts queued ahead, and the guidance they were built with.
 pub(super) struct Ahead {
@@ -31,23 +29,6 @@ impl Ahead {
     fn tickets(&self) -> Vec<usize> {
         self.jobs.iter().map(|(_, t)| *t).collect()
     }
-}
-
-/// `summary.json` `runtime.pipeline`: steps and rollout jobs queued ahead in this attempt, and
-/// what became of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PipelineStats {
-    pub steps_ahead: u64,
-    /// Steps whose guidance had not changed: their jobs were used as queued.
-    pub steps_used: u64,
-    /// Steps whose guidance changed: their jobs were withdrawn and queued again.
-    pub steps_discarded: u64,
-    pub jobs_ahead: u64,
-    pub jobs_used: u64,
-    pub jobs_discarded: u64,
-    /// Reflection calls queued ahead of their cycle (`runner.pipeline_cycles`).
-    pub reflection: CallsAheadStats,
 }
 
 impl RunLoop {

@@ -16,29 +16,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use serde::{Deserialize, Serialize};
 use stageb_shared::reflection_schema;
 
 use super::call::Workers;
 use super::cycle::split_stop_gradient;
 use super::row::CallPass;
 use super::{GradientRecord, Reflector};
+use crate::artifacts::documents::CallsAheadStats;
 use crate::cluster::scheduler::journal::payload_digest;
 use crate::cluster::scheduler::{JobId, JobOutput, JobPayload};
 use crate::guidance::GuidanceRepo;
 use stageb_shared::domain::TicketKey;
-
-/// Calls queued ahead in this attempt, and what became of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CallsAheadStats {
-    /// Calls queued ahead of their cycle.
-    pub calls_ahead: u64,
-    /// Of those, the calls a cycle used as they were.
-    pub calls_used: u64,
-    /// Of those, the calls withdrawn unused (a wrong guess, or left over at a boundary).
-    pub calls_withdrawn: u64,
-}
 
 /// One call queued ahead.
 struct Queued {

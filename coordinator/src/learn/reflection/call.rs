@@ -10,6 +10,7 @@ use stageb_shared::seed::derived_seed;
 
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
 use super::{JSON_RETRIES, ReflectionError, Reflector};
+use crate::artifacts::documents::CallPrefixReuse;
 use crate::cluster::completions::{Completions, await_any};
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER, Scheduler};
 use crate::guidance::GuidanceRepo;
@@ -22,27 +23,8 @@ pub(super) struct Workers<'a> {
     pub(super) completions: &'a mut Completions,
 }
 
-/// How much prompt prefill the workers' generation prefix caches saved on the reflection calls
-/// they answered in this attempt (`summary.json` `runtime.prefix_cache.reflection`; answers
-/// replayed from the job journal prefilled nothing and are left out). A cycle's calls share
-/// their system prompt, guidance and cases (the prompts put them first), so a worker that
-/// answered the call before reuses that head. Which worker got which call decides the numbers:
-/// runtime facts, outside every determinism comparison.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CallPrefixReuse {
-    /// Reflection calls a worker answered with a generation.
-    pub calls: u64,
-    /// Those whose prefill started from a reused prefix.
-    pub calls_with_hit: u64,
-    /// `calls_with_hit / calls` (0 without calls).
-    pub hit_rate: f64,
-    /// Prompt tokens of those calls.
-    pub prompt_tokens: u64,
-    /// Prompt tokens whose KV was reused instead of prefilled.
-    pub prefill_tokens_saved: u64,
-}
-
+/// Counting is done here, where the records are made; the totals are a part of
+/// `summary.json` ([`crate::artifacts::documents`]).
 impl CallPrefixReuse {
     /// Counts one attempt's record when a worker (not the journal) produced its generation.
     pub(super) fn count(&mut self, record: &CallRecord) {

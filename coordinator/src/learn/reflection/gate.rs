@@ -32,6 +32,7 @@ use crate::cluster::scheduler::{Completion, JobOutput, JobPayload};
 use crate::decide::selection::{self, VoteCandidate};
 use crate::decide::signals;
 use crate::guidance::{GuidanceRepo, MissionGuidance, apply_ops};
+use crate::artifacts::documents::GateCost;
 use crate::learn::gate_decision::{self, GateFigures};
 use crate::learn::op_check::{OpsValidation, RejectReason, RejectedOp};
 use crate::progress::{Phase, ReflectPass};
@@ -46,27 +47,6 @@ pub struct GateProbe {
     pub tickets: Vec<Ticket>,
     pub config: RunConfig,
     pub payload: RolloutPayloadFn,
-}
-
-/// What the gate cost this attempt (`summary.json` `runtime.gate`; a resumed attempt counts
-/// its own).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct GateCost {
-    /// Candidates evaluated.
-    pub checks: u64,
-    /// Of them, refused.
-    pub refused: u64,
-    /// Gate rollouts queued.
-    pub rollouts: u64,
-    /// Gate outcomes reused instead of rolled out.
-    pub reused: u64,
-}
-
-impl GateCost {
-    pub fn is_zero(&self) -> bool {
-        *self == GateCost::default()
-    }
 }
 
 /// Gate outcomes known in the current epoch: (ticket, digest of the rendered guidance) →

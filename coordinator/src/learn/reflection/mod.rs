@@ -62,10 +62,9 @@ mod record;
 pub mod row;
 mod state;
 pub use ablation::RuleAblation;
-pub use ahead::CallsAheadStats;
-pub use call::CallPrefixReuse;
+pub use crate::artifacts::documents::{CallPrefixReuse, CallsAheadStats, GateCost};
 use call::Workers;
-pub use gate::{GateCost, GateProbe, RolloutPayloadFn, rendered_digest};
+pub use gate::{GateProbe, RolloutPayloadFn, rendered_digest};
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
 pub use queue::retry_batch_size;
@@ -138,7 +137,7 @@ pub struct Reflector {
     gate_probe: Option<gate::GateProbe>,
     /// Gate outcomes known this epoch (runtime only: recomputed identically after a resume).
     gate_outcomes: gate::GateOutcomes,
-    gate_cost: gate::GateCost,
+    gate_cost: GateCost,
     /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
     ahead: ahead::CallsAhead,
 }
@@ -222,7 +221,7 @@ impl Reflector {
             progress: settings.progress,
             gate_probe: None,
             gate_outcomes: gate::GateOutcomes::default(),
-            gate_cost: gate::GateCost::default(),
+            gate_cost: GateCost::default(),
             ahead: ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
         };
         if let Some(state) = resume {
