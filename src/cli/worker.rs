@@ -8,6 +8,7 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use stageb::cluster;
 use stageb_shared::tls::ClientTls;
+use stageb_shared::wire::MAX_JOBS_PER_LEASE;
 use stageb_worker::client::{DEFAULT_MAX_JOBS, JobLimits};
 use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
 
@@ -50,7 +51,7 @@ pub(crate) struct ModelArgs {
     /// calls decode together, each joining at the next step (1 = one job at a time, the old
     /// behaviour). Results are the same bits either way.
     #[arg(long, env = "STAGEB_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS as u64,
-          value_parser = clap::value_parser!(u64).range(1..=16))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_JOBS_PER_LEASE as i64))]
     pub(crate) max_jobs: u64,
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
