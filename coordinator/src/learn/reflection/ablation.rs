@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use stageb_shared::seed::derived_seed;
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::{ReflectionError, Reflector};
 use crate::cluster::completions::Completions;
 use crate::cluster::scheduler::Scheduler;
@@ -63,12 +63,12 @@ impl Reflector {
         let variants: Vec<MissionGuidance> = learned.iter().map(|k| without(full, *k)).collect();
         let mut guidances = vec![full];
         guidances.extend(variants.iter());
-        let mut workers = Workers {
+        let mut dispatch = Dispatch {
             scheduler,
             completions,
         };
         let outcomes = self
-            .gate_outcomes_of(epoch, &guidances, &mut workers)
+            .gate_outcomes_of(epoch, &guidances, &mut dispatch)
             .await?;
         let with = &outcomes[0];
         let accuracy = |v: &[bool]| v.iter().filter(|c| **c).count() as f64 / v.len() as f64;

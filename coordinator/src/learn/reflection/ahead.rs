@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use stageb_shared::reflection_schema;
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::cycle::split_stop_gradient;
 use super::row::CallPass;
 use super::{GradientRecord, Reflector};
@@ -69,11 +69,11 @@ impl CallsAhead {
 
     /// Decision calls queued ahead whose answer has not arrived: an arrival may let its
     /// cycle's ops call be queued too.
-    pub(super) fn decisions_in_flight(&self, workers: &Workers<'_>) -> HashSet<JobId> {
+    pub(super) fn decisions_in_flight(&self, dispatch: &Dispatch<'_>) -> HashSet<JobId> {
         self.queued
             .values()
             .filter(|q| q.pass == CallPass::Decision)
-            .filter(|q| workers.completions.peek(q.job).is_none())
+            .filter(|q| dispatch.completions.peek(q.job).is_none())
             .map(|q| q.job)
             .collect()
     }
@@ -85,14 +85,14 @@ impl CallsAhead {
         cycle: u64,
         pass: CallPass,
         payload: JobPayload,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> (String, JobId) {
         let digest = payload_digest(&payload);
         if let Some(q) = self.queued.get(&digest) {
             return (digest, q.job);
         }
-        let job = workers.scheduler.enqueue_ahead(payload);
-        workers.completions.expect([job]);
+        let job = dispatch.scheduler.enqueue_ahead(payload);
+        dispatch.completions.expect([job]);
         self.queued
             .insert(digest.clone(), Queued { job, cycle, pass });
         self.stats.calls_ahead += 1;
@@ -102,7 +102,7 @@ impl CallsAhead {
     /// Withdraw every call for which `unwanted` holds.
     fn withdraw_where(
         &mut self,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         unwanted: impl Fn(&str, &Queued) -> bool,
     ) {
         let mut jobs: Vec<JobId> = Vec::new();
@@ -116,15 +116,15 @@ impl CallsAhead {
         if jobs.is_empty() {
             return;
         }
-        workers.completions.collect_ready();
-        workers.scheduler.withdraw(&jobs);
-        workers.completions.forget(&jobs);
+        dispatch.completions.collect_ready();
+        dispatch.scheduler.withdraw(&jobs);
+        dispatch.completions.forget(&jobs);
         self.stats.calls_withdrawn += jobs.len() as u64;
     }
 
     /// The boundary's cycles are done: nothing queued ahead will be asked for.
-    pub(super) fn withdraw_all(&mut self, workers: &mut Workers<'_>) {
-        self.withdraw_where(workers, |_, _| true);
+    pub(super) fn withdraw_all(&mut self, dispatch: &mut Dispatch<'_>) {
+        self.withdraw_where(dispatch, |_, _| true);
     }
 
     /// A boundary's cycles begin; `drain`: it is the epoch's end (partial batches are due).
@@ -137,11 +137,11 @@ impl Reflector {
     /// Queue ahead the calls the next cycles will most likely make (see the module header);
     /// calls queued for cycles now past, or for upcoming cycles under another guess, are
     /// withdrawn. The current cycle's own calls are left as they are.
-    pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, workers: &mut Workers<'_>) {
+    pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, dispatch: &mut Dispatch<'_>) {
         if self.ahead.depth == 0 {
             return;
         }
-        workers.completions.collect_ready();
+        dispatch.completions.collect_ready();
         let current = self.state.cycles;
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
@@ -152,9 +152,9 @@ impl Reflector {
         let upcoming = self.upcoming_cases(self.ahead.drain, depth, guidance);
         for (j, kept) in upcoming.into_iter().enumerate() {
             let cycle = current + 1 + j as u64;
-            self.queue_likely_calls(cycle, kept, guidance, workers, &mut wanted);
+            self.queue_likely_calls(cycle, kept, guidance, dispatch, &mut wanted);
         }
-        self.ahead.withdraw_where(workers, |digest, q| {
+        self.ahead.withdraw_where(dispatch, |digest, q| {
             q.cycle < current || (q.cycle > current && !wanted.contains(digest))
         });
     }
@@ -178,7 +178,7 @@ impl Reflector {
         cycle: u64,
         kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         wanted: &mut BTreeSet<String>,
     ) {
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
@@ -187,9 +187,9 @@ impl Reflector {
         let decision = self.call_payload(&messages, &schema, seed);
         let (digest, job) = self
             .ahead
-            .want(cycle, CallPass::Decision, decision, workers);
+            .want(cycle, CallPass::Decision, decision, dispatch);
         wanted.insert(digest);
-        let answer = workers.completions.peek(job).and_then(|c| match &c.result {
+        let answer = dispatch.completions.peek(job).and_then(|c| match &c.result {
             Ok(JobOutput::Generate { text, .. }) => reflection_schema::parse_decision(text).ok(),
             _ => None,
         });
@@ -201,6 +201,6 @@ impl Reflector {
             return;
         }
         let ops = self.first_ops_payload(&learnable, guidance, cycle);
-        wanted.insert(self.ahead.want(cycle, CallPass::Ops, ops, workers).0);
+        wanted.insert(self.ahead.want(cycle, CallPass::Ops, ops, dispatch).0);
     }
 }

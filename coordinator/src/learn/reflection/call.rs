@@ -18,7 +18,7 @@ use crate::progress::{Phase, ReflectPass};
 
 /// Where reflection calls go: the scheduler that leases them to workers, and the channel their
 /// answers come back on.
-pub(super) struct Workers<'a> {
+pub(super) struct Dispatch<'a> {
     pub(super) scheduler: &'a Scheduler,
     pub(super) completions: &'a mut Completions,
 }
@@ -62,7 +62,7 @@ impl Reflector {
         pass: CallPass,
         (messages, schema): (Vec<ChatMessage>, &Value),
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         parse: impl Fn(&str) -> Result<T, ReflectionParseError>,
     ) -> Result<Option<T>, ReflectionError> {
         for attempt in 0..=JSON_RETRIES {
@@ -73,7 +73,7 @@ impl Reflector {
             self.show_call(row.reflection_cycle, pass);
             let seed = self.call_seed(row.epoch, row.reflection_cycle, pass, attempt);
             let payload = self.call_payload(&messages, schema, seed);
-            let completion = self.generate(payload, guidance, workers).await?;
+            let completion = self.generate(payload, guidance, dispatch).await?;
             let (record, outcome) = judge(pass, attempt, seed, completion, &parse);
             self.prefix_reuse.count(&record);
             row.calls.push(record);
@@ -137,23 +137,23 @@ impl Reflector {
         &mut self,
         payload: JobPayload,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<Completion, ReflectionError> {
         let job = match self.ahead.take(&payload) {
             Some(job) => {
-                workers.scheduler.promote(&[job]);
+                dispatch.scheduler.promote(&[job]);
                 job
             }
-            None => workers.scheduler.enqueue(payload),
+            None => dispatch.scheduler.enqueue(payload),
         };
         // Kept if it arrives while the calls ahead are re-planned (which collects what came).
-        workers.completions.expect([job]);
+        dispatch.completions.expect([job]);
         loop {
-            let mut watch = self.ahead.decisions_in_flight(workers);
+            let mut watch = self.ahead.decisions_in_flight(dispatch);
             watch.insert(job);
             let done = await_any(
-                workers.scheduler,
-                workers.completions,
+                dispatch.scheduler,
+                dispatch.completions,
                 &watch,
                 self.worker_grace,
                 &mut |_| {},
@@ -162,8 +162,8 @@ impl Reflector {
             if done.job == job {
                 return Ok(done);
             }
-            workers.completions.put_back(done);
-            self.plan_calls_ahead(guidance, workers);
+            dispatch.completions.put_back(done);
+            self.plan_calls_ahead(guidance, dispatch);
         }
     }
 }

@@ -23,7 +23,7 @@ use stageb_shared::domain::{Ticket, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::seed::derived_seed;
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::ops::ROUND_INDEX_STRIDE;
 use super::row::ReflectionRow;
 use super::{ReflectionError, Reflector};
@@ -82,7 +82,7 @@ impl Reflector {
         row: &mut ReflectionRow,
         mut validation: OpsValidation,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<OpsValidation, ReflectionError> {
         let gate = self.config.gate;
         let wanted = gate.enabled && gate.check_edits && !validation.accepted.is_empty();
@@ -105,7 +105,7 @@ impl Reflector {
         self.show_gate(row.reflection_cycle);
         let guidances = [guidance.current(), &candidate.guidance];
         let mut outcomes = self
-            .gate_outcomes_of(row.epoch, &guidances, workers)
+            .gate_outcomes_of(row.epoch, &guidances, dispatch)
             .await?;
         let candidate_correct = outcomes.pop().expect("two guidances");
         let parent_correct = outcomes.pop().expect("two guidances");
@@ -185,7 +185,7 @@ impl Reflector {
         &mut self,
         epoch: u32,
         guidances: &[&MissionGuidance],
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<Vec<Vec<bool>>, ReflectionError> {
         let probe = self.gate_probe.as_ref().expect("checked by the caller");
         let rendered: Vec<Vec<(String, String)>> =
@@ -203,7 +203,7 @@ impl Reflector {
                     continue;
                 }
                 let payload = (probe.payload)(&probe.config, epoch, ticket, lines);
-                let job = workers.scheduler.enqueue(payload);
+                let job = dispatch.scheduler.enqueue(payload);
                 queued.push((job, key, g, t));
             }
         }
@@ -212,8 +212,8 @@ impl Reflector {
         self.gate_cost.reused += (total - queued.len()) as u64;
         let ids: Vec<_> = queued.iter().map(|(j, ..)| *j).collect();
         let mut done = await_completions(
-            workers.scheduler,
-            workers.completions,
+            dispatch.scheduler,
+            dispatch.completions,
             &ids,
             self.worker_grace,
         )

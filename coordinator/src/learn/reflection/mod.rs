@@ -63,7 +63,7 @@ pub mod row;
 mod state;
 pub use ablation::RuleAblation;
 pub use crate::artifacts::documents::{CallPrefixReuse, CallsAheadStats, GateCost};
-use call::Workers;
+use call::Dispatch;
 pub use gate::{GateProbe, RolloutPayloadFn, rendered_digest};
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
@@ -337,15 +337,15 @@ impl Reflector {
         drain: bool,
     ) -> Result<(), ReflectionError> {
         self.flush_immediate_feedback(guidance)?;
-        let mut workers = Workers {
+        let mut dispatch = Dispatch {
             scheduler,
             completions,
         };
         self.ahead.start_boundary(drain);
         let done = self
-            .run_due_cycles(epoch, global_step, guidance, &mut workers, drain)
+            .run_due_cycles(epoch, global_step, guidance, &mut dispatch, drain)
             .await;
-        self.ahead.withdraw_all(&mut workers);
+        self.ahead.withdraw_all(&mut dispatch);
         done?;
         let path = self.dir.join(files::REFLECTION);
         self.sync_logs().map_err(io_err(&path))
@@ -358,11 +358,11 @@ impl Reflector {
         epoch: u32,
         global_step: u64,
         guidance: &mut GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         drain: bool,
     ) -> Result<(), ReflectionError> {
         while let Some((attempt, batch)) = self.next_batch(drain) {
-            self.run_cycle(epoch, global_step, attempt, batch, guidance, workers)
+            self.run_cycle(epoch, global_step, attempt, batch, guidance, dispatch)
                 .await?;
         }
         Ok(())
