@@ -30,7 +30,7 @@ use super::{ReflectionError, Reflector};
 use crate::cluster::completions::await_completions;
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload};
 use crate::decide::selection::{self, VoteCandidate};
-use crate::decide::signals;
+use crate::decide::fail_first;
 use crate::guidance::{GuidanceRepo, MissionGuidance, apply_ops};
 use crate::artifacts::documents::GateCost;
 use crate::learn::gate_decision::{self, GateFigures};
@@ -287,7 +287,7 @@ fn decided_correctly(cfg: &RunConfig, ticket: &Ticket, g0: &str, completion: Com
             });
         }
     }
-    let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
+    let evidence = fail_first::extract_mission_evidence(&ticket.per_image, g0);
     let min_agreement = cfg.manual_review.min_verdict_agreement;
     let selection = selection::select(&vote, &evidence, ticket.label, min_agreement);
     selection.verdict == Some(ticket.label)
