@@ -12,7 +12,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::Parser;
-use stageb::cluster::ClusterError;
+use stageb::roles::ClusterError;
 use stageb::exit;
 use stageb_shared::telemetry::{LogFormat, init_tracing};
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow};
 use clap::Args;
-use stageb::cluster;
+use stageb::roles;
 use stageb_shared::tls::ClientTls;
 use stageb_shared::wire::MAX_JOBS_PER_LEASE;
 use stageb_worker::client::{DEFAULT_MAX_JOBS, JobLimits};
@@ -84,7 +84,7 @@ impl ModelArgs {
         per_process: u32,
     ) -> Result<EngineOptions> {
         let asked: DeviceSpec = self.device.parse().map_err(|e| anyhow!("{e}"))?;
-        let device = cluster::place_device(asked, local_worker, per_process)?;
+        let device = roles::place_device(asked, local_worker, per_process)?;
         stageb_worker::engine::int8::choose(self.kernels);
         Ok(EngineOptions {
             device,
@@ -100,7 +100,7 @@ impl ModelArgs {
     /// unreadable file is bad input).
     pub(crate) fn load(&self, model: &Path) -> Result<CandleEngine> {
         let options = self.engine_options()?;
-        Ok(cluster::load_model(model, &options)?)
+        Ok(roles::load_model(model, &options)?)
     }
 }
 

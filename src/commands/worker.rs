@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use stageb::cluster;
+use stageb::roles;
 use stageb_worker::client::{WorkerOptions, run_worker};
 use stageb_worker::engine::Engine;
 
@@ -21,7 +21,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<u8> {
         coordinator: args.coordinator,
         token,
         tls: args.tls.load()?,
-        name: cluster::worker_name(0),
+        name: roles::worker_name(0),
         device: String::new(),
         run_id: String::new(),
         connect_timeout: Duration::from_secs(args.connect_timeout_s),
