@@ -152,7 +152,7 @@ pub struct SummaryRuntime {
     pub scheduler: SchedulerStats,
     pub prefix_cache: PrefixReuse,
     pub batching: Batching,
-    pub pipeline: PipelineStats,
+    pub pipeline: AheadStats,
     pub workers: WorkerTime,
     /// What the gate's edit checks cost (`reflection.gate.check_edits`); absent without them.
     #[serde(skip_serializing_if = "GateCost::is_zero")]
@@ -223,7 +223,7 @@ pub struct CallPrefixReuse {
 /// what became of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct PipelineStats {
+pub struct AheadStats {
     pub steps_ahead: u64,
     /// Steps whose guidance had not changed: their jobs were used as queued.
     pub steps_used: u64,

@@ -16,6 +16,7 @@
 //!   step's jobs.
 //! - `ticket.rs`: one ticket decided and its rows written (selection, trajectories, failures).
 //! - `outputs.rs`: the JSONL writers, `manifest.json` and `summary.json`.
+//! - `steps_ahead.rs`: the next steps' rollouts, queued ahead while a step's reflection runs.
 //! - [`rollout_prompt`]: a ticket's rollout job (prompt and seeds).
 //! - [`checkpoint`] and `resume.rs`: the step checkpoint, and opening a run from its start or
 //!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`.
@@ -50,13 +51,13 @@ use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
 mod outputs;
-pub mod pipeline;
+pub mod steps_ahead;
 pub mod rollout_prompt;
 pub mod start;
 mod ticket;
 pub use crate::artifacts::documents::RunSummary;
 use outputs::Writers;
-use pipeline::PipelineStats;
+use steps_ahead::AheadStats;
 use crate::artifacts::documents::PrefixReuse;
 pub use rollout_prompt::rollout_payload;
 use ticket::TicketAt;
@@ -218,9 +219,9 @@ pub struct RunLoop {
     prefix_reuse: PrefixReuse,
     /// The next steps' rollouts (up to `runner.pipeline_steps`, in order), queued ahead while
     /// this step's reflection runs.
-    ahead: std::collections::VecDeque<pipeline::Ahead>,
+    steps_ahead: std::collections::VecDeque<steps_ahead::StepAhead>,
     /// What was queued ahead and what became of it (`runtime.pipeline`).
-    pipeline: PipelineStats,
+    ahead_stats: AheadStats,
     /// The token limits the run plans with, once its context is known.
     limits: Option<EffectiveLimits>,
     /// Epoch rows of the finished epochs (the summary's `epoch_accuracy`).
@@ -308,8 +309,8 @@ impl RunLoop {
             malformed: 0,
             hard_failures: 0,
             prefix_reuse: PrefixReuse::default(),
-            ahead: std::collections::VecDeque::new(),
-            pipeline: PipelineStats::default(),
+            steps_ahead: std::collections::VecDeque::new(),
+            ahead_stats: AheadStats::default(),
             limits: None,
             epoch_rows: Vec::new(),
             resume_from,

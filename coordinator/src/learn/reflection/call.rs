@@ -139,7 +139,7 @@ impl Reflector {
         guidance: &GuidanceRepo,
         dispatch: &mut Dispatch<'_>,
     ) -> Result<Completion, ReflectionError> {
-        let job = match self.ahead.take(&payload) {
+        let job = match self.calls_ahead.take(&payload) {
             Some(job) => {
                 dispatch.scheduler.promote(&[job]);
                 job
@@ -149,7 +149,7 @@ impl Reflector {
         // Kept if it arrives while the calls ahead are re-planned (which collects what came).
         dispatch.completions.expect([job]);
         loop {
-            let mut watch = self.ahead.decisions_in_flight(dispatch);
+            let mut watch = self.calls_ahead.decisions_in_flight(dispatch);
             watch.insert(job);
             let done = await_any(
                 dispatch.scheduler,

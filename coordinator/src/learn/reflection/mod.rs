@@ -27,7 +27,7 @@
 //! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
 //! - `ablation`: each learned rule left out in turn, on the gate split (every N epochs).
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
-//! - `ahead`: the next cycles' likely calls, queued ahead while a cycle runs.
+//! - `calls_ahead`: the next cycles' likely calls, queued ahead while a cycle runs.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
 //! - `state`: what a checkpoint carries.
@@ -50,7 +50,7 @@ use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
 
 mod ablation;
-mod ahead;
+mod calls_ahead;
 mod budget;
 mod call;
 mod cycle;
@@ -139,7 +139,7 @@ pub struct Reflector {
     gate_outcomes: gate::GateOutcomes,
     gate_cost: GateCost,
     /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
-    ahead: ahead::CallsAhead,
+    calls_ahead: calls_ahead::CallsAhead,
 }
 
 /// What the run sets once, when it opens the reflector; everything else comes from the
@@ -222,7 +222,7 @@ impl Reflector {
             gate_probe: None,
             gate_outcomes: gate::GateOutcomes::default(),
             gate_cost: GateCost::default(),
-            ahead: ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
+            calls_ahead: calls_ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
         };
         if let Some(state) = resume {
             r.restore(state)?;
@@ -243,7 +243,7 @@ impl Reflector {
 
     /// The calls queued ahead in this attempt, and what became of them.
     pub fn calls_ahead(&self) -> &CallsAheadStats {
-        &self.ahead.stats
+        &self.calls_ahead.stats
     }
 
     pub fn guidance_reused(&self) -> bool {
@@ -341,11 +341,11 @@ impl Reflector {
             scheduler,
             completions,
         };
-        self.ahead.start_boundary(drain);
+        self.calls_ahead.start_boundary(drain);
         let done = self
             .run_due_cycles(epoch, global_step, guidance, &mut dispatch, drain)
             .await;
-        self.ahead.withdraw_all(&mut dispatch);
+        self.calls_ahead.withdraw_all(&mut dispatch);
         done?;
         let path = self.dir.join(files::REFLECTION);
         self.sync_logs().map_err(io_err(&path))

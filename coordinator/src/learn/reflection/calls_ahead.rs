@@ -138,7 +138,7 @@ impl Reflector {
     /// calls queued for cycles now past, or for upcoming cycles under another guess, are
     /// withdrawn. The current cycle's own calls are left as they are.
     pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, dispatch: &mut Dispatch<'_>) {
-        if self.ahead.depth == 0 {
+        if self.calls_ahead.depth == 0 {
             return;
         }
         dispatch.completions.collect_ready();
@@ -146,15 +146,15 @@ impl Reflector {
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
         // remaining cycles route their cases without a call: nothing to guess).
-        let depth = (0..self.ahead.depth)
+        let depth = (0..self.calls_ahead.depth)
             .take_while(|&j| self.budget_allows(j))
             .count();
-        let upcoming = self.upcoming_cases(self.ahead.drain, depth, guidance);
+        let upcoming = self.upcoming_cases(self.calls_ahead.drain, depth, guidance);
         for (j, kept) in upcoming.into_iter().enumerate() {
             let cycle = current + 1 + j as u64;
             self.queue_likely_calls(cycle, kept, guidance, dispatch, &mut wanted);
         }
-        self.ahead.withdraw_where(dispatch, |digest, q| {
+        self.calls_ahead.withdraw_where(dispatch, |digest, q| {
             q.cycle < current || (q.cycle > current && !wanted.contains(digest))
         });
     }
@@ -201,6 +201,6 @@ impl Reflector {
             return;
         }
         let ops = self.first_ops_payload(&learnable, guidance, cycle);
-        wanted.insert(self.ahead.want(cycle, CallPass::Ops, ops, dispatch).0);
+        wanted.insert(self.calls_ahead.want(cycle, CallPass::Ops, ops, dispatch).0);
     }
 }
