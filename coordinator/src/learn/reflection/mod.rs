@@ -21,7 +21,9 @@
 //! # Layout
 //! - this file: the [`Reflector`] and its life over a run (epochs, steps, run end).
 //! - `record`: what reflection learns from ([`GradientRecord`], built from a [`TicketOutcome`]).
-//! - `queue`: the pending and retry queues, the epoch's budgets, and routing to need-review.
+//! - `queue`: the pending and retry queues, and routing to need-review.
+//! - `budget`: the epoch's call budget and change cap (`CallBudget`, `ChangeCap`).
+//! - `need_review_log`: `need_review_queue.jsonl`, its rows and the tickets each epoch routed.
 //! - `cycle`: one reflection cycle on one batch, as named phases, and how it ended.
 //! - `ops`: the cycle's ops pass and revision round, and how their proposals are validated.
 //! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
@@ -32,7 +34,7 @@
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
 //! - `state`: what a checkpoint carries.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -45,33 +47,34 @@ use crate::artifacts::{JsonlWriter, write_json_atomic};
 use crate::cluster::completions::{Completions, WaitError};
 use crate::cluster::scheduler::Scheduler;
 use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
-use crate::learn::need_review::{self, NeedReviewRow};
+use crate::learn::need_review;
 use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
 
 mod ablation;
-mod calls_ahead;
 mod budget;
 mod call;
+mod calls_ahead;
 mod cycle;
 mod gate;
+mod need_review_log;
 mod ops;
 mod prompt;
 mod queue;
 mod record;
 pub mod row;
 mod state;
-pub use ablation::RuleAblation;
 pub use crate::artifacts::documents::{CallPrefixReuse, CallsAheadStats, GateCost};
+pub use ablation::RuleAblation;
 use call::Dispatch;
 pub use gate::{GateProbe, RolloutPayloadFn, rendered_digest};
+use need_review_log::NeedReviewLog;
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
 pub use queue::retry_batch_size;
 pub use record::{CaseCandidate, GradientRecord, TicketOutcome};
 pub use row::ReflectionRow;
 pub use state::ReflectorState;
-
 
 /// Extra attempts (new seed each) for a reflection call whose output is not valid JSON.
 pub const JSON_RETRIES: u32 = 2;
@@ -116,10 +119,9 @@ pub struct Reflector {
     mission: String,
     decision_system: String,
     ops_system: String,
-    queue_log: JsonlWriter,
+    /// `need_review_queue.jsonl`, its rows and which tickets each epoch routed.
+    need_review: NeedReviewLog,
     reflection_log: JsonlWriter,
-    need_review_rows: Vec<NeedReviewRow>,
-    routed: BTreeMap<u32, BTreeSet<TicketKey>>,
     /// Everything a checkpoint must carry (buffers, budgets, feedback, counters).
     state: ReflectorState,
     guidance_reused: bool,
@@ -208,10 +210,8 @@ impl Reflector {
             mission: mission.to_string(),
             decision_system: read_prompt(&run.reflection.decision_prompt_path, DECISION_SYSTEM)?,
             ops_system: read_prompt(&run.reflection.ops_prompt_path, OPS_SYSTEM)?,
-            queue_log: open(files::NEED_REVIEW_QUEUE)?,
+            need_review: NeedReviewLog::open(dir, opener)?,
             reflection_log: open(files::REFLECTION)?,
-            need_review_rows: Vec::new(),
-            routed: BTreeMap::new(),
             state: ReflectorState::default(),
             guidance_reused: settings.guidance_reused,
             worker_grace: settings.worker_grace,
@@ -266,12 +266,12 @@ impl Reflector {
     }
 
     pub fn need_review_count(&self) -> usize {
-        self.need_review_rows.len()
+        self.need_review.rows().len()
     }
 
     /// Tickets routed to need-review during `epoch`.
     pub fn need_review_keys(&self, epoch: u32) -> BTreeSet<TicketKey> {
-        self.routed.get(&epoch).cloned().unwrap_or_default()
+        self.need_review.keys(epoch)
     }
 
     /// Reset the per-epoch state: need-review is decided afresh every epoch.
@@ -418,6 +418,25 @@ impl Reflector {
         Ok(())
     }
 
+    /// The state a resumed run needs to continue after the current step boundary.
+    pub fn state(&self) -> ReflectorState {
+        self.state.clone()
+    }
+
+    /// Continue from a checkpoint's `state`: the need-review rows are read back from the
+    /// queue the caller has cut back to the checkpoint's length.
+    fn restore(&mut self, state: ReflectorState) -> Result<(), ReflectionError> {
+        self.need_review.read_back()?;
+        self.state = state;
+        Ok(())
+    }
+
+    /// Makes both logs durable (before a checkpoint names their lengths).
+    pub fn sync_logs(&mut self) -> std::io::Result<()> {
+        self.need_review.sync()?;
+        self.reflection_log.sync()
+    }
+
     /// Warnings for `summary.json`, in the order they arose.
     pub fn run_warnings(&self) -> &[String] {
         &self.state.run_warnings
@@ -426,7 +445,7 @@ impl Reflector {
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).
     pub fn finish_run(&mut self) -> Result<(), ReflectionError> {
         let summary =
-            need_review::aggregate(&self.mission, &self.need_review_rows, self.final_epoch);
+            need_review::aggregate(&self.mission, self.need_review.rows(), self.final_epoch);
         let path = self.dir.join(files::NEED_REVIEW);
         write_json_atomic(&path, &summary).map_err(|source| ReflectionError::Io { path, source })
     }
