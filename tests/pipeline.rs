@@ -14,9 +14,9 @@ mod support;
 use std::path::Path;
 
 use serde_json::{Value, json};
+use stageb_coordinator::artifacts::documents::AheadStats;
 use stageb_coordinator::learn::reflection::CallsAheadStats;
 use stageb_coordinator::run::RunSummary;
-use stageb_coordinator::artifacts::documents::AheadStats;
 use support::compare::assert_same_artifacts;
 use support::{
     Behaviour, assert_audit_ok, copy_demo_mission, run_scripted, toy_fail_key, write_config,
@@ -50,10 +50,7 @@ fn compare_pipelined(b: &Behaviour) -> (RunSummary, Vec<AheadStats>) {
     let dir = tempfile::tempdir().unwrap();
     write_toy_mission(dir.path());
     let sequential = run(dir.path(), "sequential", 0, 1, b);
-    assert_eq!(
-        sequential.runtime_facts().pipeline,
-        AheadStats::default()
-    );
+    assert_eq!(sequential.runtime_facts().pipeline, AheadStats::default());
     let mut stats = Vec::new();
     for workers in [1, 3] {
         let ahead = run(dir.path(), &format!("ahead-{workers}"), 1, workers, b);

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use anyhow::Result;
-use stageb::roles;
 use stageb::exit;
+use stageb::roles;
 use stageb_coordinator::run::{RunInputs, start};
 use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::limits::{ContextSource, EffectiveLimits, RunContext};

@@ -10,6 +10,6 @@
 
 pub mod accuracy;
 pub mod eligibility;
-pub mod selection;
 pub mod fail_first;
+pub mod selection;
 pub mod split;

@@ -51,15 +51,15 @@ use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
 mod outputs;
-pub mod steps_ahead;
 pub mod rollout_prompt;
 pub mod start;
+pub mod steps_ahead;
 mod ticket;
+use crate::artifacts::documents::PrefixReuse;
 pub use crate::artifacts::documents::RunSummary;
 use outputs::Writers;
-use steps_ahead::AheadStats;
-use crate::artifacts::documents::PrefixReuse;
 pub use rollout_prompt::rollout_payload;
+use steps_ahead::AheadStats;
 use ticket::TicketAt;
 
 /// Ranks of the reference deployment (one 8-GPU node). A step is

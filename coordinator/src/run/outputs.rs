@@ -14,7 +14,7 @@ use super::AheadStats;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
     Batching, CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,
-    ManifestSchedule, ManifestSeeds, RunSummary, SummaryRuntime, WorkerTime,
+    ManifestSchedule, ManifestSeeds, PrefixReuse, RunSummary, SummaryRuntime, WorkerTime,
 };
 use crate::artifacts::{JsonlWriter, write_json_atomic};
 

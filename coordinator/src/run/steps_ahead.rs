@@ -12,8 +12,8 @@
 
 use super::rollout_prompt::rollout_payload;
 use super::{EpochRun, RunLoop};
-use crate::cluster::scheduler::JobId;
 pub use crate::artifacts::documents::AheadStats;
+use crate::cluster::scheduler::JobId;
 
 /// A step's rollouts queued ahead, and the guidance they were built with.
 pub(super) struct StepAhead {

@@ -19,8 +19,8 @@ use crate::artifacts::rows::{
 };
 use crate::cluster::scheduler::{Completion, JobFailure, JobOutput};
 use crate::decide::eligibility;
-use crate::decide::selection::{self, Selection, VoteCandidate};
 use crate::decide::fail_first;
+use crate::decide::selection::{self, Selection, VoteCandidate};
 use crate::learn::reflection::TicketOutcome;
 
 impl RunLoop {

@@ -1,7 +1,6 @@
 //! One reflection model call: a JSON-mode generation leased to a worker, retried with a new
 //! seed while its output does not parse, each attempt logged in the row as a [`CallRecord`].
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::observe;

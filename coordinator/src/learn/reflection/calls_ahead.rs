@@ -137,7 +137,11 @@ impl Reflector {
     /// Queue ahead the calls the next cycles will most likely make (see the module header);
     /// calls queued for cycles now past, or for upcoming cycles under another guess, are
     /// withdrawn. The current cycle's own calls are left as they are.
-    pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, dispatch: &mut Dispatch<'_>) {
+    pub(super) fn plan_calls_ahead(
+        &mut self,
+        guidance: &GuidanceRepo,
+        dispatch: &mut Dispatch<'_>,
+    ) {
         if self.calls_ahead.depth == 0 {
             return;
         }
@@ -147,7 +151,7 @@ impl Reflector {
         // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
         // remaining cycles route their cases without a call: nothing to guess).
         let depth = (0..self.calls_ahead.depth)
-            .take_while(|&j| self.budget_allows(j))
+            .take_while(|&j| self.cycle_ahead_gets_calls(j))
             .count();
         let upcoming = self.upcoming_cases(self.calls_ahead.drain, depth, guidance);
         for (j, kept) in upcoming.into_iter().enumerate() {
@@ -161,7 +165,7 @@ impl Reflector {
 
     /// Whether upcoming cycle `j` (0: the next) is likely to get its calls: the epoch's change
     /// cap is not reached and the call budget covers this cycle's two calls and theirs.
-    fn budget_allows(&self, j: usize) -> bool {
+    fn cycle_ahead_gets_calls(&self, j: usize) -> bool {
         if self.change_cap_reached() {
             return false;
         }
@@ -186,13 +190,18 @@ impl Reflector {
         let seed = self.call_seed(self.state.epoch, cycle, CallPass::Decision, 0);
         let decision = self.call_payload(&messages, &schema, seed);
         let (digest, job) = self
-            .ahead
+            .calls_ahead
             .want(cycle, CallPass::Decision, decision, dispatch);
         wanted.insert(digest);
-        let answer = dispatch.completions.peek(job).and_then(|c| match &c.result {
-            Ok(JobOutput::Generate { text, .. }) => reflection_schema::parse_decision(text).ok(),
-            _ => None,
-        });
+        let answer = dispatch
+            .completions
+            .peek(job)
+            .and_then(|c| match &c.result {
+                Ok(JobOutput::Generate { text, .. }) => {
+                    reflection_schema::parse_decision(text).ok()
+                }
+                _ => None,
+            });
         let Some(decision) = answer else {
             return;
         };

@@ -15,7 +15,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use stageb_shared::config::RunConfig;
 use stageb_shared::contract;
 use stageb_shared::digest::digest_of;
@@ -27,12 +26,12 @@ use super::call::Dispatch;
 use super::ops::ROUND_INDEX_STRIDE;
 use super::row::ReflectionRow;
 use super::{ReflectionError, Reflector};
+use crate::artifacts::documents::GateCost;
 use crate::cluster::completions::await_completions;
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload};
-use crate::decide::selection::{self, VoteCandidate};
 use crate::decide::fail_first;
+use crate::decide::selection::{self, VoteCandidate};
 use crate::guidance::{GuidanceRepo, MissionGuidance, apply_ops};
-use crate::artifacts::documents::GateCost;
 use crate::learn::gate_decision::{self, GateFigures};
 use crate::learn::op_check::{OpsValidation, RejectReason, RejectedOp};
 use crate::progress::{Phase, ReflectPass};
