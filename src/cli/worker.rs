@@ -51,7 +51,7 @@ pub(crate) struct ModelArgs {
     /// calls decode together, each joining at the next step (1 = one job at a time, the old
     /// behaviour). Results are the same bits either way.
     #[arg(long, env = "STAGEB_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS as u64,
-          value_parser = clap::value_parser!(u64).range(1..=MAX_JOBS_PER_LEASE as i64))]
+          value_parser = clap::value_parser!(u64).range(1..=u64::from(MAX_JOBS_PER_LEASE)))]
     pub(crate) max_jobs: u64,
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
