@@ -135,11 +135,9 @@ pub struct Reflector {
     prefix_reuse: CallPrefixReuse,
     /// Where each call's cycle and pass are shown (the run's progress state), when set.
     progress: Option<ProgressHandle>,
-    /// The gate split and its rollouts, when the gate checks edits.
-    gate_probe: Option<gate::GateProbe>,
-    /// Gate outcomes known this epoch (runtime only: recomputed identically after a resume).
-    gate_outcomes: gate::GateOutcomes,
-    gate_cost: GateCost,
+    /// The gate split and its rollouts (when the gate checks edits or ablates rules), the
+    /// outcomes known this epoch and what the gate cost (runtime only).
+    gate: gate::Gate,
     /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
     calls_ahead: calls_ahead::CallsAhead,
 }
@@ -219,9 +217,7 @@ impl Reflector {
             final_epoch: run.runner.epochs,
             prefix_reuse: CallPrefixReuse::default(),
             progress: settings.progress,
-            gate_probe: None,
-            gate_outcomes: gate::GateOutcomes::default(),
-            gate_cost: GateCost::default(),
+            gate: gate::Gate::default(),
             calls_ahead: calls_ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
         };
         if let Some(state) = resume {
@@ -238,7 +234,7 @@ impl Reflector {
         self.config.max_new_tokens = limits.reflection_max_new_tokens;
         self.config.max_reflection_length = limits.reflection_max_prompt_tokens;
         self.config.token_budget = limits.reflection_token_budget;
-        self.gate_probe = context.gate_probe;
+        self.gate.set_probe(context.gate_probe);
     }
 
     /// The calls queued ahead in this attempt, and what became of them.
