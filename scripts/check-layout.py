@@ -11,6 +11,12 @@
    `mod.rs` that only re-exports a child's item is not counted as defining it. A module and the modules nested in it are one unit: uses between a parent and
    its descendants are not edges (a child sees its parent's private items by design); uses
    between siblings, or between cousins, are.
+4. No import in the coordinator that climbs its folder order. COORDINATOR_ORDER below lists
+   the coordinator's subsystems from the bottom up; each file belongs to the longest entry
+   that is a prefix of its module path. A file *climbs* when it names an item defined in a
+   file of a subsystem listed higher than its own (`learn` naming `run::…`, or the artifact
+   storage naming `learn::…`). Naming items of its own subsystem or of lower ones is how the
+   graph is meant to be read; tests (`#[cfg(test)]` modules and test files) may import anything.
 
 Reads the sources as text (standard library only): it is a guard, not a compiler. Exits 0 when
 every rule holds, 1 with one line per finding otherwise. Default crates: coordinator, worker,
@@ -29,6 +35,20 @@ CHECKLISTS = {
 }
 
 DEFAULT_CRATES = ["coordinator", "worker", "shared", "inspect", "."]
+
+# The coordinator's subsystems, bottom first: a file may name items of its own subsystem and
+# of those listed before it, never of those listed after it.
+COORDINATOR_ORDER = [
+    ("progress",),  # what rank 0 is doing now: read by everyone, reads nobody
+    ("artifacts",),  # storage: crash-safe JSONL, atomic writes, seals, file names
+    ("guidance",),  # the per-run guidance repository
+    ("cluster",),  # facing the workers: service, lease table, completions
+    ("decide",),  # selection, fail-first guardrail, eligibility, accuracy
+    ("artifacts", "rows"),  # the schema of the JSONL lines (holds decisions and job facts)
+    ("artifacts", "documents"),  # the schema of manifest.json and summary.json
+    ("learn",),  # reflection and what judges its proposals
+    ("run",),  # the epoch loop, which drives all of the above
+]
 
 
 def is_test_path(path):
@@ -154,7 +174,8 @@ def nested(a, b):
     return a[:n] == b[:n]
 
 
-def circles(crate):
+def import_edges(crate):
+    """File -> the files whose items it names (outside its own module family)."""
     files = [f for f in rust_files(crate) if not is_test_path(f)]
     mods = {}
     defs = {}
@@ -210,7 +231,32 @@ def circles(crate):
             t = resolve(base, names)
             if t and t != f and not nested(module_path(crate, t), mp):
                 edges[f].add(t)
-    return find_cycles(edges)
+    return edges
+
+
+def circles(crate):
+    return find_cycles(import_edges(crate))
+
+
+def layer(order, mp):
+    """The index in `order` of the longest entry that is a prefix of module path `mp`."""
+    best, best_len = None, -1
+    for i, entry in enumerate(order):
+        if mp[:len(entry)] == entry and len(entry) > best_len:
+            best, best_len = i, len(entry)
+    return best
+
+
+def climbs(crate, order):
+    """(file, file it names) pairs where the named file sits higher in `order`."""
+    out = []
+    for f, targets in sorted(import_edges(crate).items()):
+        lf = layer(order, module_path(crate, f))
+        for t in sorted(targets):
+            lt = layer(order, module_path(crate, t))
+            if lf is not None and lt is not None and lt > lf:
+                out.append((f, t))
+    return out
 
 
 def find_cycles(edges):
@@ -280,6 +326,10 @@ def main(argv):
         for cyc in circles(crate):
             names = " <-> ".join(os.path.normpath(c).replace("\\", "/") for c in cyc)
             findings.append(f"import circle: {names}")
+        if os.path.normpath(crate) == "coordinator":
+            for f, t in climbs(crate, COORDINATOR_ORDER):
+                a, b = (os.path.normpath(x).replace("\\", "/") for x in (f, t))
+                findings.append(f"import climbs the folder order: {a} -> {b}")
     for f in findings:
         print(f)
     print(f"check-layout: {len(findings)} finding(s) in {', '.join(crates)}")

@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //! The library (this crate's `lib.rs`):
-//! - [`cluster`]: process roles: the embedded default (coordinator plus local workers in one
+//! - [`roles`]: process roles: the embedded default (coordinator plus local workers in one
 //!   process, still over loopback gRPC), a standalone coordinator, a standalone worker, and
 //!   `launch` (role from torchrun / Slurm / Kubernetes environment variables); one file per
 //!   concern (inputs, model, rank 0, local workers, launch topology).
@@ -16,9 +16,9 @@
 //! up logging, hands each command to the library and maps errors to the exit codes.
 
 pub mod certs;
-pub mod cluster;
 pub mod metrics_endpoint;
 pub mod progress;
+pub mod roles;
 
 /// Exit codes (documented in the README).
 pub mod exit {

@@ -12,8 +12,8 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::Parser;
-use stageb::cluster::ClusterError;
 use stageb::exit;
+use stageb::roles::ClusterError;
 use stageb_shared::telemetry::{LogFormat, init_tracing};
 
 use cli::Cli;

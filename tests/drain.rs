@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use stageb::cluster::{ClusterError, StartMode};
+use stageb::roles::{ClusterError, StartMode};
 use stageb_coordinator::cluster::scheduler::{ControlSignal, Scheduler, SchedulerConfig};
 use stageb_worker::client::{WorkerEnd, WorkerOptions, run_worker};
 use stageb_worker::engine::{

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stageb::cluster::{self, CoordinatorSettings};
+use stageb::roles::{self, CoordinatorSettings};
 use stageb_worker::engine::{CandleEngine, EngineOptions};
 use support::{
     Proc, assert_audit_ok, coordinator_command, coordinator_settings, read_json, real_model,
@@ -125,16 +125,16 @@ fn run_embedded_with<E: stageb_worker::engine::Engine + 'static>(
         .build()
         .unwrap();
     rt.block_on(async {
-        let inputs = cluster::prepare_inputs(config, "embedded").expect("inputs");
+        let inputs = roles::prepare_inputs(config, "embedded").expect("inputs");
         let settings = CoordinatorSettings {
             worker_grace: Duration::from_secs(120),
             progress_every: Duration::from_secs(30),
-            drain_timeout: cluster::DEFAULT_DRAIN_TIMEOUT,
-            ..coordinator_settings(cluster::StartMode::Fresh)
+            drain_timeout: roles::DEFAULT_DRAIN_TIMEOUT,
+            ..coordinator_settings(roles::StartMode::Fresh)
         };
         let model = real_model();
-        cluster::run_coordinator(inputs, settings, move |start| {
-            cluster::spawn_local_workers(workers, start, None, Default::default(), move |_| {
+        roles::run_coordinator(inputs, settings, move |start| {
+            roles::spawn_local_workers(workers, start, None, Default::default(), move |_| {
                 let options = EngineOptions {
                     threads: Some(1),
                     ..EngineOptions::default()

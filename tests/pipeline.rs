@@ -14,9 +14,9 @@ mod support;
 use std::path::Path;
 
 use serde_json::{Value, json};
+use stageb_coordinator::artifacts::documents::AheadStats;
 use stageb_coordinator::learn::reflection::CallsAheadStats;
 use stageb_coordinator::run::RunSummary;
-use stageb_coordinator::run::pipeline::PipelineStats;
 use support::compare::assert_same_artifacts;
 use support::{
     Behaviour, assert_audit_ok, copy_demo_mission, run_scripted, toy_fail_key, write_config,
@@ -46,14 +46,11 @@ fn run_ahead(dir: &Path, name: &str, ahead: Value, workers: usize, b: &Behaviour
 
 /// Runs the toy mission without queueing ahead, then with it on 1 and 3 workers: the same
 /// artifacts every time. Returns the sequential run and each pipelined run's counts.
-fn compare_pipelined(b: &Behaviour) -> (RunSummary, Vec<PipelineStats>) {
+fn compare_pipelined(b: &Behaviour) -> (RunSummary, Vec<AheadStats>) {
     let dir = tempfile::tempdir().unwrap();
     write_toy_mission(dir.path());
     let sequential = run(dir.path(), "sequential", 0, 1, b);
-    assert_eq!(
-        sequential.runtime_facts().pipeline,
-        PipelineStats::default()
-    );
+    assert_eq!(sequential.runtime_facts().pipeline, AheadStats::default());
     let mut stats = Vec::new();
     for workers in [1, 3] {
         let ahead = run(dir.path(), &format!("ahead-{workers}"), 1, workers, b);
@@ -120,7 +117,7 @@ fn assert_refused_past_sixteen(key: &str) {
 
 /// The demo mission with the `runner` keys of `ahead` (runs named `label-N`) on 1 and 3
 /// workers, each against the sequential run: the same artifacts. Returns what each queued ahead.
-fn demo_against_sequential(b: &Behaviour, label: &str, ahead: Value) -> Vec<PipelineStats> {
+fn demo_against_sequential(b: &Behaviour, label: &str, ahead: Value) -> Vec<AheadStats> {
     let dir = tempfile::tempdir().unwrap();
     copy_demo_mission(dir.path());
     let sequential = run_ahead(dir.path(), "sequential", json!({}), 1, b);
@@ -135,7 +132,7 @@ fn demo_against_sequential(b: &Behaviour, label: &str, ahead: Value) -> Vec<Pipe
 }
 
 /// Three steps ahead on the demo mission, 1 and 3 workers, against the sequential run.
-fn compare_three_ahead(b: &Behaviour) -> Vec<PipelineStats> {
+fn compare_three_ahead(b: &Behaviour) -> Vec<AheadStats> {
     let stats = demo_against_sequential(b, "ahead3", json!({"pipeline_steps": 3}));
     for p in &stats {
         assert_eq!(p.steps_used + p.steps_discarded, p.steps_ahead, "{p:?}");

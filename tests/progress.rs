@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use stageb::cluster;
+use stageb::roles;
 use stageb_coordinator::progress::{Phase, ProgressSnapshot, ReflectPass};
 use stageb_coordinator::run::{ProgressHandle, files};
 use stageb_worker::engine::{
@@ -134,7 +134,7 @@ fn candidates_count_as_results_arrive_regression_zero_rate_until_a_step_is_decid
                         Worker::Free(inner)
                     }
                 },
-                cluster::StartMode::Fresh,
+                roles::StartMode::Fresh,
                 std::future::pending(),
                 Some(progress),
             )
@@ -189,7 +189,7 @@ fn live_workers_count_the_worker_before_its_first_result_regression_zero_until_a
                     inner: ScriptedEngine::new(script.clone()),
                     gate: gate.clone(),
                 },
-                cluster::StartMode::Fresh,
+                roles::StartMode::Fresh,
                 std::future::pending(),
                 Some(progress),
             )
@@ -223,7 +223,7 @@ fn the_phase_names_each_step_and_each_reflection_call_in_run_order() {
         &config,
         1,
         move |_| ScriptedEngine::new(script.clone()),
-        cluster::StartMode::Fresh,
+        roles::StartMode::Fresh,
         std::future::pending(),
         Some(progress.clone()),
     )

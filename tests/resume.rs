@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use stageb::cluster::{ClusterError, StartMode};
+use stageb::roles::{ClusterError, StartMode};
 use stageb_coordinator::artifacts::files;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stageb::cluster::{self, LocalPin, LocalStart};
+use stageb::roles::{self, LocalPin, LocalStart};
 use stageb_coordinator::cluster::scheduler::{DecodeJob, JobPayload, Scheduler, SchedulerConfig};
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
 use stageb_shared::auth::AuthToken;
@@ -693,7 +693,7 @@ async fn a_peer_registering_first_cannot_decide_the_numerics_regression_issue_26
         token: None,
         pin: LocalPin::new(handle.clone()),
     };
-    let _workers = cluster::spawn_local_workers(1, start, None, Default::default(), move |_| {
+    let _workers = roles::spawn_local_workers(1, start, None, Default::default(), move |_| {
         std::thread::sleep(Duration::from_millis(800));
         Ok(ScriptedEngine::new(Script::new(Behaviour::default())).with_fingerprint(own.clone()))
     });

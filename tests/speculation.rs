@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use stageb::cluster::StartMode;
+use stageb::roles::StartMode;
 use stageb_coordinator::cluster::scheduler::{
     CandidateText, JobOutput, Scheduler, SchedulerConfig, SpeculationConfig, SubmitOutcome,
 };

@@ -6,7 +6,7 @@
 //!   table (`cluster/scheduler/`: jobs, journal, result checks, speculation), completions.
 //! - [`run`]: the epoch loop: rollout prompts, ticket recording, step checkpoints, start and
 //!   resume of a run directory, prefix-reuse accounting.
-//! - [`decide`]: selection, fail-first signals, eligibility, accuracy windows.
+//! - [`decide`]: selection, the fail-first guardrail, eligibility, accuracy windows.
 //! - [`learn`]: two-pass reflection, op checks, rule text, feedback, need-review.
 //! - [`guidance`]: the per-run guidance repository (atomic, snapshotted, hash-chained).
 //! - [`progress`]: what rank 0 is doing now (its phase) and the ETA, for the progress display

@@ -165,6 +165,29 @@ pub fn traditional_variants(c: char) -> Vec<char> {
     out.into_iter().collect()
 }
 
+/// Stage-A markers of undecided state, removed from summaries (longest first so a longer
+/// phrase is never half-removed).
+const SUMMARY_THIRD_STATE_MARKERS: &[&str] = &["需人工复核", "需要复核", "待复核", "需复核"];
+
+/// Sanitize one Stage-A summary for a model prompt (rollouts and reflection alike): normalized,
+/// and Stage-A's own third-state markers removed so the model is never shown the words it
+/// must not write.
+pub fn sanitize_summary(summary: &str) -> String {
+    let mut s = normalize(summary);
+    for sep in [
+        "需复核,备注:",
+        "需复核，备注:",
+        "需复核,备注：",
+        "需复核，备注：",
+    ] {
+        s = s.replace(sep, "备注:");
+    }
+    for marker in SUMMARY_THIRD_STATE_MARKERS {
+        s = s.replace(marker, "");
+    }
+    normalize_spaces(&s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,5 +232,12 @@ mod tests {
         assert!(v.contains(&'复') && v.contains(&'複'), "{v:?}");
         assert!(traditional_variants('证').contains(&'證'));
         assert_eq!(traditional_variants('a'), vec!['a']);
+    }
+
+    #[test]
+    fn third_state_markers_never_reach_the_prompt() {
+        let s = sanitize_summary("挡风板/显示完整,需复核,备注: 角度不清×1，需複核");
+        assert!(!s.contains("复核") && !s.contains("複核"), "{s}");
+        assert!(s.contains("备注:"), "{s}");
     }
 }

@@ -35,6 +35,9 @@ pub const MAX_HEARTBEAT_LEASES: usize = 1024;
 /// above it, and a worker refuses a job above it before it allocates anything (the Python
 /// original sampled 8–16 per ticket).
 pub const MAX_CANDIDATES_PER_JOB: usize = 256;
+/// Most jobs one lease request may ask for, and so most jobs a worker holds at once
+/// (`stageb worker --max-jobs` refuses more; rank 0 caps a larger request at it).
+pub const MAX_JOBS_PER_LEASE: u32 = 16;
 
 /// Refuse a string longer than `max` bytes, naming the field (never echoing the value).
 pub fn check_len(field: &str, value: &str, max: usize) -> Result<(), Status> {

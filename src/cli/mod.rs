@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use stageb::cluster::{self, ClusterError};
+use stageb::roles::{self, ClusterError};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::telemetry::LogFormat;
 
@@ -116,7 +116,7 @@ pub(crate) struct CoordinatorArgs {
     #[command(flatten)]
     pub(crate) token: TokenArgs,
     /// Give up after this many seconds without any live worker.
-    #[arg(long, env = "STAGEB_WORKER_GRACE_S", default_value_t = cluster::DEFAULT_WORKER_GRACE.as_secs())]
+    #[arg(long, env = "STAGEB_WORKER_GRACE_S", default_value_t = roles::DEFAULT_WORKER_GRACE.as_secs())]
     pub(crate) worker_grace_s: u64,
     #[command(flatten)]
     pub(crate) tls: ServerTlsArgs,
@@ -176,7 +176,7 @@ pub(crate) struct WorkerArgs {
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
     /// Keep trying to reach the coordinator for this long.
-    #[arg(long, env = "STAGEB_CONNECT_TIMEOUT_S", default_value_t = cluster::DEFAULT_CONNECT_TIMEOUT.as_secs())]
+    #[arg(long, env = "STAGEB_CONNECT_TIMEOUT_S", default_value_t = roles::DEFAULT_CONNECT_TIMEOUT.as_secs())]
     pub(crate) connect_timeout_s: u64,
     /// Once registered, exit when the coordinator stays unreachable this long (it is gone).
     #[arg(long, env = "STAGEB_RECONNECT_TIMEOUT_S", default_value_t = 60)]

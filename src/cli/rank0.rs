@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
-use stageb::cluster::{self, CoordinatorSettings, StartMode};
+use stageb::roles::{self, CoordinatorSettings, StartMode};
 use stageb_coordinator::cluster::edge::EdgeLimits;
 use stageb_shared::tls::ServerTls;
 
@@ -69,7 +69,7 @@ impl StartArgs {
 pub(crate) struct DrainArgs {
     /// On SIGTERM/SIGINT, wait this long for the jobs in flight (no new leases meanwhile),
     /// then exit 75: interrupted, resumable with --resume.
-    #[arg(long, env = "STAGEB_DRAIN_TIMEOUT_S", default_value_t = cluster::DEFAULT_DRAIN_TIMEOUT.as_secs())]
+    #[arg(long, env = "STAGEB_DRAIN_TIMEOUT_S", default_value_t = roles::DEFAULT_DRAIN_TIMEOUT.as_secs())]
     pub(crate) drain_timeout_s: u64,
 }
 

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow};
 use clap::Args;
-use stageb::cluster;
+use stageb::roles;
 use stageb_shared::config::{DeviceKind, Origin, Tuned};
 use stageb_shared::tls::ClientTls;
+use stageb_shared::wire::MAX_JOBS_PER_LEASE;
 use stageb_worker::client::JobLimits;
 use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
 
@@ -51,7 +52,8 @@ pub(crate) struct ModelArgs {
     /// calls decode together, each joining at the next step (1 = one job at a time, the old
     /// behaviour). Results are the same bits either way. Default by device: 8 on the CPU, 16
     /// on a GPU.
-    #[arg(long, env = "STAGEB_MAX_JOBS", value_parser = clap::value_parser!(u64).range(1..=16))]
+    #[arg(long, env = "STAGEB_MAX_JOBS",
+          value_parser = clap::value_parser!(u64).range(1..=u64::from(MAX_JOBS_PER_LEASE)))]
     pub(crate) max_jobs: Option<u64>,
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
@@ -84,7 +86,7 @@ impl ModelArgs {
     }
 
     /// The engine options of worker `local_worker` of the `per_process` this process runs:
-    /// its device placed by the one rule ([`cluster::place_device`]: an ordinal that does not
+    /// its device placed by the one rule ([`roles::place_device`]: an ordinal that does not
     /// exist is an error here, before any lease), the CPU kernels chosen process-wide.
     pub(crate) fn engine_options_for(
         &self,
@@ -92,7 +94,7 @@ impl ModelArgs {
         per_process: u32,
     ) -> Result<EngineOptions> {
         let asked: DeviceSpec = self.device.parse().map_err(|e| anyhow!("{e}"))?;
-        let device = cluster::place_device(asked, local_worker, per_process)?;
+        let device = roles::place_device(asked, local_worker, per_process)?;
         stageb_worker::engine::int8::choose(self.kernels);
         Ok(EngineOptions {
             device,
@@ -104,11 +106,11 @@ impl ModelArgs {
         })
     }
 
-    /// Load the model at `model` with these flags ([`cluster::load_model`]: a missing or
+    /// Load the model at `model` with these flags ([`roles::load_model`]: a missing or
     /// unreadable file is bad input).
     pub(crate) fn load(&self, model: &Path) -> Result<CandleEngine> {
         let options = self.engine_options()?;
-        Ok(cluster::load_model(model, &options)?)
+        Ok(roles::load_model(model, &options)?)
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use stageb::cluster::{self, CoordinatorSettings, LocalStart, LocalWorkers};
+use stageb::roles::{self, CoordinatorSettings, LocalStart, LocalWorkers};
 use stageb_coordinator::run::RunInputs;
 use stageb_shared::config::DeviceKind;
 
@@ -16,7 +16,7 @@ pub(crate) async fn run(args: CoordinatorArgs) -> Result<u8> {
     let interrupt = shutdown_signal();
     let token = args.token.load()?;
     let tls = args.tls.load()?;
-    let inputs = cluster::prepare_inputs(&args.rank0.config, "cluster")?;
+    let inputs = roles::prepare_inputs(&args.rank0.config, "cluster")?;
     args.rank0.metrics.start(0).await?;
     let settings = CoordinatorSettings {
         token,
@@ -58,6 +58,6 @@ pub(super) async fn serve(
     interrupt: impl std::future::Future<Output = ()>,
     report: ReportArgs,
 ) -> Result<u8> {
-    let summary = cluster::run_coordinator_until(inputs, settings, spawn_local, interrupt).await?;
+    let summary = roles::run_coordinator_until(inputs, settings, spawn_local, interrupt).await?;
     Ok(finish_run(&summary, report).await)
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use stageb::cluster::{self, CoordinatorSettings, LaunchTopology, LocalStart};
+use stageb::roles::{self, CoordinatorSettings, LaunchTopology, LocalStart};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::tls::ClientTls;
 use stageb_worker::client::{JobLimits, WorkerOptions};
@@ -19,7 +19,7 @@ use crate::cli::{LaunchArgs, device_kind};
 
 pub(crate) async fn run(args: LaunchArgs) -> Result<u8> {
     let interrupt = shutdown_signal();
-    let topo = cluster::resolve_topology(args.listen_port)?;
+    let topo = roles::resolve_topology(args.listen_port)?;
     let client_tls = args.tls.client()?;
     tracing::info!(rank = topo.rank, rank_from = %topo.rank_source, local_rank = topo.local_rank,
                    coordinator = %topo.coordinator, coordinator_from = %topo.coordinator_source, "launch topology");
@@ -28,7 +28,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<u8> {
     if topo.rank == 0 {
         serve_rank0(args, token, client_tls, interrupt, &topo).await
     } else {
-        let model_path = cluster::model_path_of(&args.rank0.config)?;
+        let model_path = roles::model_path_of(&args.rank0.config)?;
         let options = worker_options(topo, token, client_tls, args.reconnect_timeout_s);
         work(model_path, args.model, options, interrupt).await
     }
@@ -43,8 +43,8 @@ async fn serve_rank0(
     interrupt: impl std::future::Future<Output = ()>,
     topo: &LaunchTopology,
 ) -> Result<u8> {
-    let model_path = cluster::model_path_of(&args.rank0.config)?;
-    let inputs = cluster::prepare_inputs(&args.rank0.config, "cluster")?;
+    let model_path = roles::model_path_of(&args.rank0.config)?;
+    let inputs = roles::prepare_inputs(&args.rank0.config, "cluster")?;
     let listen: SocketAddr = ([0, 0, 0, 0], topo.listen_port).into();
     let options = args.model.engine_options()?;
     let settings = CoordinatorSettings {
@@ -60,7 +60,7 @@ async fn serve_rank0(
     let spawn_local = move |start: LocalStart| {
         let addr: SocketAddr = ([127, 0, 0, 1], start.addr.port()).into();
         let start = LocalStart { addr, ..start };
-        cluster::spawn_local_workers(1, start, client_tls, limits, move |_| {
+        roles::spawn_local_workers(1, start, client_tls, limits, move |_| {
             CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
         })
     };
@@ -68,7 +68,7 @@ async fn serve_rank0(
 }
 
 /// A rank > 0's way to rank 0: the address the topology names, up to
-/// [`cluster::LAUNCH_CONNECT_TIMEOUT`] to reach it.
+/// [`roles::LAUNCH_CONNECT_TIMEOUT`] to reach it.
 fn worker_options(
     topo: LaunchTopology,
     token: Option<AuthToken>,
@@ -79,10 +79,10 @@ fn worker_options(
         coordinator: topo.coordinator,
         token,
         tls,
-        name: cluster::worker_name(topo.rank as usize),
+        name: roles::worker_name(topo.rank as usize),
         device: String::new(),
         run_id: String::new(),
-        connect_timeout: cluster::LAUNCH_CONNECT_TIMEOUT,
+        connect_timeout: roles::LAUNCH_CONNECT_TIMEOUT,
         reconnect_timeout: Duration::from_secs(reconnect_timeout_s),
         // `work` sets the limits once the device is placed.
         limits: JobLimits::default(),

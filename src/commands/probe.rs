@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use stageb::{cluster, exit};
+use stageb::{exit, roles};
 use stageb_worker::engine::{CandleEngine, Engine};
 use stageb_worker::probe::{self, RolloutSpec};
 
@@ -114,7 +114,7 @@ fn load(model: &Path, args: &ModelArgs, probe: &str) -> Result<(CandleEngine, Va
     let mut options = args.engine_options()?;
     options.prefix_cache_bytes = 0;
     let t = Instant::now();
-    let engine = cluster::load_model(model, &options)?;
+    let engine = roles::load_model(model, &options)?;
     let load_s = t.elapsed().as_secs_f64();
     let header = json!({
         "probe": probe,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use anyhow::Result;
-use stageb::cluster::{self, ClusterError, CoordinatorSettings};
+use stageb::roles::{self, ClusterError, CoordinatorSettings};
 use stageb_coordinator::run::start;
 use stageb_shared::auth::AuthToken;
 use stageb_worker::engine::{CandleEngine, Engine, EngineOptions};
@@ -22,7 +22,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         )
         .into());
     }
-    let inputs = cluster::prepare_inputs(&args.rank0.config, "embedded")?;
+    let inputs = roles::prepare_inputs(&args.rank0.config, "embedded")?;
     args.rank0.metrics.start(0).await?;
     let model_path = PathBuf::from(&inputs.config.model.model_name_or_path);
     // Every worker's device is placed (a missing GPU is an error) and the model checked
@@ -31,7 +31,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let options = (0..n)
         .map(|i| args.model.engine_options_for(i, n))
         .collect::<Result<Vec<_>>>()?;
-    let first = cluster::load_model(&model_path, &options[0])?;
+    let first = roles::load_model(&model_path, &options[0])?;
     let fingerprint = first.fingerprint().id();
     start::check_resume_model(&inputs, args.rank0.start.mode(), &model_path, &fingerprint)
         .map_err(ClusterError::Input)?;
@@ -39,7 +39,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let settings = CoordinatorSettings {
         // The embedded run makes its own token: loopback today, but never unauthenticated.
         token: Some(AuthToken::generate()),
-        worker_grace: cluster::EMBEDDED_WORKER_GRACE,
+        worker_grace: roles::EMBEDDED_WORKER_GRACE,
         expected_workers: args.workers,
         workers_device: Some(device_kind(&device)),
         local_max_jobs: Some(args.model.max_jobs(&device)),
@@ -48,7 +48,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let limits = args.model.job_limits(&device);
     let (workers, engines) = (args.workers, engines(first, model_path, options));
     let spawn_local =
-        move |start| cluster::spawn_local_workers(workers, start, None, limits, engines);
+        move |start| roles::spawn_local_workers(workers, start, None, limits, engines);
     serve(inputs, settings, spawn_local, interrupt, args.rank0.report).await
 }
 

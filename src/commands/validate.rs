@@ -4,14 +4,14 @@
 use std::path::Path;
 
 use anyhow::Result;
-use stageb::cluster;
 use stageb::exit;
+use stageb::roles;
 use stageb_coordinator::run::{RunInputs, start};
 use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::limits::{ContextSource, EffectiveLimits, RunContext};
 
 pub(crate) fn run(config: &Path) -> Result<u8> {
-    let inputs = cluster::prepare_inputs(config, "validate")?;
+    let inputs = roles::prepare_inputs(config, "validate")?;
     let cfg = &inputs.config;
     stageb_coordinator::guidance::load_mission_section(
         &cfg.guidance.path,
@@ -37,7 +37,7 @@ pub(crate) fn run(config: &Path) -> Result<u8> {
         check_prompt(prompt)?;
     }
     // Decided before saying ok: a length the model cannot hold is an input error.
-    let context = cluster::run_context(&inputs, cluster::declared_context(model))?;
+    let context = roles::run_context(&inputs, roles::declared_context(model))?;
     for n in &inputs.notices {
         println!("warning: {n}");
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use stageb::cluster;
+use stageb::roles;
 use stageb_worker::client::{JobLimits, WorkerOptions, run_worker};
 use stageb_worker::engine::Engine;
 
@@ -21,7 +21,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<u8> {
         coordinator: args.coordinator,
         token,
         tls: args.tls.load()?,
-        name: cluster::worker_name(0),
+        name: roles::worker_name(0),
         device: String::new(),
         run_id: String::new(),
         connect_timeout: Duration::from_secs(args.connect_timeout_s),
@@ -46,7 +46,7 @@ pub(super) async fn work(
     let max_jobs = model_args.max_jobs(&engine_options.device);
     options.limits = model_args.job_limits(&engine_options.device);
     let engine =
-        tokio::task::spawn_blocking(move || cluster::load_model(&model, &engine_options)).await??;
+        tokio::task::spawn_blocking(move || roles::load_model(&model, &engine_options)).await??;
     let fingerprint = engine.fingerprint();
     options.device = fingerprint.device_kind().to_string();
     // What `stageb coordinator --worker-numerics` and `--model-digest` take, for whoever runs

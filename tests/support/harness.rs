@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stageb::cluster::{self, CoordinatorSettings};
+use stageb::roles::{self, CoordinatorSettings};
 use stageb_coordinator::cluster::edge::EdgeLimits;
 use stageb_coordinator::cluster::scheduler::Scheduler;
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceConfig};
@@ -35,7 +35,7 @@ use super::missions::{
 /// Rank 0's settings for an in-process run, starting per `start`: an ephemeral loopback port, a
 /// generated token, no progress display, 30 s for workers to join, 10 s to drain (override
 /// with struct update syntax).
-pub fn coordinator_settings(start: cluster::StartMode) -> CoordinatorSettings {
+pub fn coordinator_settings(start: roles::StartMode) -> CoordinatorSettings {
     CoordinatorSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         token: Some(AuthToken::generate()),
@@ -63,9 +63,9 @@ pub fn try_run<E, F>(
     config_path: &Path,
     workers: usize,
     make_engine: F,
-    start: cluster::StartMode,
+    start: roles::StartMode,
     interrupt: impl std::future::Future<Output = ()>,
-) -> Result<RunSummary, cluster::ClusterError>
+) -> Result<RunSummary, roles::ClusterError>
 where
     E: Engine + 'static,
     F: Fn(usize) -> E + Send + Sync + 'static,
@@ -78,15 +78,15 @@ pub fn try_run_watched<E, F>(
     config_path: &Path,
     workers: usize,
     make_engine: F,
-    start: cluster::StartMode,
+    start: roles::StartMode,
     interrupt: impl std::future::Future<Output = ()>,
     progress: Option<stageb_coordinator::run::ProgressHandle>,
-) -> Result<RunSummary, cluster::ClusterError>
+) -> Result<RunSummary, roles::ClusterError>
 where
     E: Engine + 'static,
     F: Fn(usize) -> E + Send + Sync + 'static,
 {
-    let inputs = cluster::prepare_inputs(config_path, "embedded")?;
+    let inputs = roles::prepare_inputs(config_path, "embedded")?;
     let settings = CoordinatorSettings {
         progress,
         expected_workers: workers,
@@ -114,11 +114,11 @@ where
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(cluster::run_coordinator_until(
+    runtime.block_on(roles::run_coordinator_until(
         inputs,
         settings,
         move |start| {
-            cluster::spawn_local_workers(workers, start, None, Default::default(), move |i| {
+            roles::spawn_local_workers(workers, start, None, Default::default(), move |i| {
                 Ok(make_engine(i))
             })
         },
@@ -134,7 +134,7 @@ pub fn run_scripted(config_path: &Path, workers: usize, behaviour: &Behaviour) -
         config_path,
         workers,
         move |_| ScriptedEngine::new(script.clone()),
-        cluster::StartMode::Fresh,
+        roles::StartMode::Fresh,
         std::future::pending(),
     )
     .expect("the run completes")
@@ -304,7 +304,7 @@ impl ScriptedMission {
             &config_path,
             self.workers,
             move |i| engine(shared.clone(), i),
-            cluster::StartMode::Fresh,
+            roles::StartMode::Fresh,
             std::future::pending(),
         )
         .expect("the run completes");

@@ -437,7 +437,12 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     let (outbox, mut from_engine) = tokio::sync::mpsc::unbounded_channel();
     // An engine that runs one job at a time holds one: a queue here would keep jobs from
     // idle workers.
-    let (per_position, block, batches, budget) = kv_setup(engine, opts);
+    let KvSetup {
+        per_position,
+        block,
+        batches,
+        budget,
+    } = kv_setup(engine, opts);
     let eng = engine.clone();
     let thread = tokio::task::spawn_blocking(move || runner::run_engine(eng, inbox, outbox));
     let mut hand = InHand {
@@ -523,9 +528,21 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     ending.unwrap_or(SessionEnd::Lost)
 }
 
+/// The engine's KV facts for a session.
+struct KvSetup {
+    /// KV bytes per position.
+    per_position: u64,
+    /// Positions per KV block (at least 1).
+    block: u64,
+    /// Whether the engine runs several jobs in one batch.
+    batches: bool,
+    /// The KV-cache budget the jobs in hand share, in bytes.
+    budget: u64,
+}
+
 /// The engine's KV facts for a session, its budget set (`--kv-cache-mib`, else the device's
-/// default): bytes per position, positions per block, whether it batches, the budget.
-fn kv_setup<E: Engine>(engine: &Mutex<E>, opts: &WorkerOptions) -> (u64, u64, bool, u64) {
+/// default).
+fn kv_setup<E: Engine>(engine: &Mutex<E>, opts: &WorkerOptions) -> KvSetup {
     let mut e = engine.lock().unwrap_or_else(|e| e.into_inner());
     let budget = opts
         .limits
@@ -534,8 +551,12 @@ fn kv_setup<E: Engine>(engine: &Mutex<E>, opts: &WorkerOptions) -> (u64, u64, bo
     e.set_kv_budget(budget);
     let given = opts.limits.kv_cache_bytes.is_some();
     tracing::debug!(budget, given, "KV-cache budget");
-    let facts = (e.kv_bytes_per_position(), e.kv_block_positions());
-    (facts.0, facts.1.max(1), e.batches(), budget)
+    KvSetup {
+        per_position: e.kv_bytes_per_position(),
+        block: e.kv_block_positions().max(1),
+        batches: e.batches(),
+        budget,
+    }
 }
 
 /// Hands leased jobs to the engine thread, each under its lease id with its own cancel flag.

@@ -16,9 +16,6 @@ use stageb_shared::config::{RunConfig, Tuning};
 use stageb_shared::limits::EffectiveLimits;
 
 use crate::cluster::scheduler::SchedulerStats;
-use crate::learn::reflection::GateCost;
-use crate::run::pipeline::PipelineStats;
-use crate::run::prefix_reuse::PrefixReuse;
 
 /// How a candidate's seed is derived, as the manifest states it.
 pub const CANDIDATE_SEED_RULE: &str =
@@ -159,11 +156,121 @@ pub struct SummaryRuntime {
     pub scheduler: SchedulerStats,
     pub prefix_cache: PrefixReuse,
     pub batching: Batching,
-    pub pipeline: PipelineStats,
+    pub pipeline: AheadStats,
     pub workers: WorkerTime,
     /// What the gate's edit checks cost (`reflection.gate.check_edits`); absent without them.
     #[serde(skip_serializing_if = "GateCost::is_zero")]
     pub gate: GateCost,
+}
+
+/// `summary.json` `runtime.prefix_cache`: how much prompt prefill the workers' prefix caches
+/// saved, summed over a run's rollouts (the run loop counts them) and its reflection calls
+/// (the reflector counts them). Rank 0 keeps a step's rollouts together (one step's jobs are
+/// queued at once, in step order, all with the same guidance), so consecutive rollouts on a
+/// worker share their system prompt and guidance, and a worker reuses that head's KV. The
+/// numbers depend on which worker got which ticket: runtime facts, outside every determinism
+/// comparison.
+///
+/// Totals over the rollouts workers computed in this attempt (answers replayed from the job
+/// journal prefilled nothing and are left out).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PrefixReuse {
+    /// Rollout answers counted.
+    pub rollouts: u64,
+    /// Those whose prefill started from a reused prefix.
+    pub rollouts_with_hit: u64,
+    /// `rollouts_with_hit / rollouts` (0 without rollouts).
+    pub hit_rate: f64,
+    /// Prompt tokens of those rollouts.
+    pub prompt_tokens: u64,
+    /// Prompt tokens whose KV was reused instead of prefilled.
+    pub prefill_tokens_saved: u64,
+    /// The same for the reflection calls (the generations' own prefix store).
+    pub reflection: CallPrefixReuse,
+}
+
+impl PrefixReuse {
+    /// Counts one rollout answer of `prompt_tokens`, `prefix_tokens` of them reused (checked
+    /// below `prompt_tokens` when the answer was accepted).
+    pub fn add(&mut self, prompt_tokens: u32, prefix_tokens: u32) {
+        self.rollouts += 1;
+        self.rollouts_with_hit += u64::from(prefix_tokens > 0);
+        self.prompt_tokens += u64::from(prompt_tokens);
+        self.prefill_tokens_saved += u64::from(prefix_tokens.min(prompt_tokens));
+        self.hit_rate = self.rollouts_with_hit as f64 / self.rollouts as f64;
+    }
+}
+
+/// How much prompt prefill the workers' generation prefix caches saved on the reflection calls
+/// they answered in this attempt (`summary.json` `runtime.prefix_cache.reflection`; answers
+/// replayed from the job journal prefilled nothing and are left out). A cycle's calls share
+/// their system prompt, guidance and cases (the prompts put them first), so a worker that
+/// answered the call before reuses that head. Which worker got which call decides the numbers:
+/// runtime facts, outside every determinism comparison.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CallPrefixReuse {
+    /// Reflection calls a worker answered with a generation.
+    pub calls: u64,
+    /// Those whose prefill started from a reused prefix.
+    pub calls_with_hit: u64,
+    /// `calls_with_hit / calls` (0 without calls).
+    pub hit_rate: f64,
+    /// Prompt tokens of those calls.
+    pub prompt_tokens: u64,
+    /// Prompt tokens whose KV was reused instead of prefilled.
+    pub prefill_tokens_saved: u64,
+}
+
+/// `summary.json` `runtime.pipeline`: steps and rollout jobs queued ahead in this attempt, and
+/// what became of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AheadStats {
+    pub steps_ahead: u64,
+    /// Steps whose guidance had not changed: their jobs were used as queued.
+    pub steps_used: u64,
+    /// Steps whose guidance changed: their jobs were withdrawn and queued again.
+    pub steps_discarded: u64,
+    pub jobs_ahead: u64,
+    pub jobs_used: u64,
+    pub jobs_discarded: u64,
+    /// Reflection calls queued ahead of their cycle (`runner.pipeline_cycles`).
+    pub reflection: CallsAheadStats,
+}
+
+/// Calls queued ahead in this attempt, and what became of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CallsAheadStats {
+    /// Calls queued ahead of their cycle.
+    pub calls_ahead: u64,
+    /// Of those, the calls a cycle used as they were.
+    pub calls_used: u64,
+    /// Of those, the calls withdrawn unused (a wrong guess, or left over at a boundary).
+    pub calls_withdrawn: u64,
+}
+
+/// What the gate cost this attempt (`summary.json` `runtime.gate`; a resumed attempt counts
+/// its own).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GateCost {
+    /// Candidates evaluated.
+    pub checks: u64,
+    /// Of them, refused.
+    pub refused: u64,
+    /// Gate rollouts queued.
+    pub rollouts: u64,
+    /// Gate outcomes reused instead of rolled out.
+    pub reused: u64,
+}
+
+impl GateCost {
+    pub fn is_zero(&self) -> bool {
+        *self == GateCost::default()
+    }
 }
 
 /// How the workers' time was spent, as rank 0 saw it (`summary.json` `runtime.workers`): the
@@ -220,5 +327,31 @@ impl Batching {
                 rows as f64 / job_steps as f64
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_rate_is_rollouts_with_a_hit_over_rollouts() {
+        let mut r = PrefixReuse::default();
+        assert_eq!(r.hit_rate, 0.0);
+        r.add(600, 0); // the first ticket of a worker
+        r.add(610, 580);
+        r.add(590, 580);
+        r.add(620, 400); // guidance changed after token 400
+        assert_eq!(
+            r,
+            PrefixReuse {
+                rollouts: 4,
+                rollouts_with_hit: 3,
+                hit_rate: 0.75,
+                prompt_tokens: 2420,
+                prefill_tokens_saved: 1560,
+                reflection: CallPrefixReuse::default(),
+            }
+        );
     }
 }

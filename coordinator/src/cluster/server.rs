@@ -282,7 +282,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         check_control_size(&req)?;
         wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
         let wait = Duration::from_millis(req.wait_ms as u64).min(MAX_LEASE_WAIT);
-        let max = (req.max_jobs as usize).clamp(1, 16);
+        let max = req.max_jobs.clamp(1, wire::MAX_JOBS_PER_LEASE) as usize;
         let leased = self
             .scheduler
             .lease_timed(&req.session, max, wait)

@@ -169,8 +169,8 @@ fn reflection_priority(s: &EligibilitySignals) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::fail_first::{MissionEvidence, extract_mission_evidence};
     use crate::decide::selection::{VoteCandidate, select};
-    use crate::decide::signals::{MissionEvidence, extract_mission_evidence};
     use EligibilityReason::*;
     use Verdict::{Fail, Pass};
 

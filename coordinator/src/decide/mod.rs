@@ -1,7 +1,8 @@
 //! Decisions rank 0 makes from rollout results, all pure and deterministic.
 //!
 //! - [`selection`]: one verdict per ticket by majority vote, with the fail-first override.
-//! - [`signals`]: the mission-scoped fail-first evidence in Stage-A summaries.
+//! - [`fail_first`]: the mission-scoped fail-first guardrail (negative evidence in Stage-A
+//!   summaries).
 //! - [`eligibility`]: which tickets carry learnable signal (gradient candidates).
 //! - [`accuracy`]: accuracy windows and epoch rows (`metrics.jsonl`), recomputable from
 //!   selections.
@@ -9,6 +10,6 @@
 
 pub mod accuracy;
 pub mod eligibility;
+pub mod fail_first;
 pub mod selection;
-pub mod signals;
 pub mod split;

@@ -21,7 +21,7 @@
 //! verdict only (the original could emit it for the pre-override vote and still report
 //! `label_match=true`).
 
-use crate::decide::signals::{MissionEvidence, SignalHit};
+use crate::decide::fail_first::{MissionEvidence, SignalHit};
 use serde::{Deserialize, Serialize};
 use stageb_shared::digest::digest_of;
 use stageb_shared::domain::Verdict;
@@ -313,7 +313,7 @@ pub fn override_reason(hits: &[SignalHit]) -> String {
 
 /// A clause as quoted in a reason: counts stripped, the review marker dropped.
 fn clean_clause(clause: &str) -> String {
-    let c = crate::decide::signals::strip_counts(clause);
+    let c = crate::decide::fail_first::strip_counts(clause);
     let c = c
         .replace("需复核,备注:", "备注:")
         .replace("需复核，备注:", "备注:");
@@ -336,7 +336,7 @@ pub fn sanitize_reason(reason: &str, verdict: Verdict) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::signals::extract_mission_evidence;
+    use crate::decide::fail_first::extract_mission_evidence;
     use Verdict::{Fail, Pass};
 
     fn cand(idx: u32, temp: f32, v: Option<Verdict>, reason: &str) -> VoteCandidate {

@@ -185,8 +185,8 @@ pub fn aggregate(mission: &str, rows: &[NeedReviewRow], final_epoch: u32) -> Nee
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::fail_first::extract_mission_evidence;
     use crate::decide::selection::{VoteCandidate, select};
-    use crate::decide::signals::extract_mission_evidence;
 
     fn ticket(key: &str) -> TicketIdentity {
         let (gid, label) = key.split_once("::").unwrap();

@@ -16,10 +16,10 @@
 //!   step's jobs.
 //! - `ticket.rs`: one ticket decided and its rows written (selection, trajectories, failures).
 //! - `outputs.rs`: the JSONL writers, `manifest.json` and `summary.json`.
+//! - `steps_ahead.rs`: the next steps' rollouts, queued ahead while a step's reflection runs.
 //! - [`rollout_prompt`]: a ticket's rollout job (prompt and seeds).
 //! - [`checkpoint`] and `resume.rs`: the step checkpoint, and opening a run from its start or
 //!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`.
-//! - [`prefix_reuse`]: the prefill the workers' prefix caches saved.
 //!
 //! The row types themselves are [`crate::artifacts::rows`] and [`crate::artifacts::documents`].
 
@@ -43,23 +43,23 @@ use crate::decide::accuracy;
 use crate::decide::split::{Split, Splits};
 use crate::guidance::{GuidanceError, GuidanceRepo, RepoOptions};
 use crate::learn::reflection::{
-    GateProbe, GradientRecord, ReflectionError, Reflector, rendered_digest,
+    GateProbe, GradientRecord, ReflectionError, Reflector, ReflectorSettings, RunContext,
+    rendered_digest,
 };
 use crate::progress::Phase;
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
 pub mod checkpoint;
 mod outputs;
-pub mod pipeline;
-pub mod prefix_reuse;
 pub mod rollout_prompt;
 pub mod start;
+pub mod steps_ahead;
 mod ticket;
+use crate::artifacts::documents::PrefixReuse;
 pub use crate::artifacts::documents::RunSummary;
 use outputs::Writers;
-use pipeline::PipelineStats;
-use prefix_reuse::PrefixReuse;
 pub use rollout_prompt::rollout_payload;
+use steps_ahead::AheadStats;
 use ticket::TicketAt;
 
 /// Ranks of the reference deployment (one 8-GPU node). A step is
@@ -227,9 +227,9 @@ pub struct RunLoop {
     prefix_reuse: PrefixReuse,
     /// The next steps' rollouts (up to `runner.pipeline_steps`, in order), queued ahead while
     /// this step's reflection runs.
-    ahead: std::collections::VecDeque<pipeline::Ahead>,
+    steps_ahead: std::collections::VecDeque<steps_ahead::StepAhead>,
     /// What was queued ahead and what became of it (`runtime.pipeline`).
-    pipeline: PipelineStats,
+    ahead_stats: AheadStats,
     /// The token limits the run plans with, once its context is known.
     limits: Option<EffectiveLimits>,
     /// Epoch rows of the finished epochs (the summary's `epoch_accuracy`).
@@ -255,6 +255,7 @@ impl RunLoop {
         completions: mpsc::UnboundedReceiver<Completion>,
         model: crate::cluster::server::ModelPinHandle,
         progress: ProgressHandle,
+        worker_grace: Duration,
     ) -> Result<Self, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -275,25 +276,24 @@ impl RunLoop {
         let resume_from = resuming
             .then(|| Checkpoint::load(&dir, &run_identity(&inputs)))
             .flatten();
+        let settings = ReflectorSettings {
+            run_groups: (inputs.ingested.tickets.iter())
+                .map(|t| t.group_id.clone())
+                .collect(),
+            worker_grace,
+            progress: Some(progress.clone()),
+            guidance_reused: false,
+        };
         let opened = match &resume_from {
-            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options)?,
-            None => open_fresh(&dir, &inputs, resuming, options)?,
+            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options, settings)?,
+            None => open_fresh(&dir, &inputs, resuming, options, settings)?,
         };
         let Opened {
             guidance,
             writers,
-            mut reflector,
-            reuse,
+            reflector,
             initial_guidance_hash,
         } = opened;
-        reflector.set_run_groups(
-            inputs
-                .ingested
-                .tickets
-                .iter()
-                .map(|t| t.group_id.clone())
-                .collect(),
-        );
         let gate = &inputs.config.reflection.gate;
         let splits = gate.enabled.then(|| {
             let groups = inputs.ingested.tickets.iter().map(|t| t.group_id.as_str());
@@ -308,7 +308,7 @@ impl RunLoop {
             guidance,
             reflector,
             writers,
-            worker_grace: Duration::from_secs(600),
+            worker_grace,
             resuming,
             global_step: 0,
             schedule_step: 0,
@@ -317,8 +317,8 @@ impl RunLoop {
             malformed: 0,
             hard_failures: 0,
             prefix_reuse: PrefixReuse::default(),
-            ahead: std::collections::VecDeque::new(),
-            pipeline: PipelineStats::default(),
+            steps_ahead: std::collections::VecDeque::new(),
+            ahead_stats: AheadStats::default(),
             limits: None,
             epoch_rows: Vec::new(),
             resume_from,
@@ -326,24 +326,10 @@ impl RunLoop {
             splits,
             inputs,
         })
-        .map(|mut r| {
-            r.reflector.set_guidance_reused(reuse);
-            r.reflector.set_progress(r.progress.clone());
-            let cycles = r.inputs.config.runner.pipeline_cycles;
-            r.reflector.set_pipeline_cycles(cycles);
-            r
-        })
     }
 
     pub fn run_dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// How long to wait without any live worker before giving up.
-    pub fn with_worker_grace(mut self, grace: Duration) -> Self {
-        self.worker_grace = grace;
-        self.reflector.set_worker_grace(grace);
-        self
     }
 
     /// Run every epoch. Returns the summary (also written as `summary.json`).
@@ -355,7 +341,11 @@ impl RunLoop {
         self.write_manifest(&started_at, None)?;
         let cfg = limits.apply(&self.inputs.config);
         let tickets = self.inputs.ingested.tickets.clone();
-        self.set_gate_probe(&cfg, &tickets);
+        let gate_probe = self.gate_probe(&cfg, &tickets);
+        self.reflector.enter_run(RunContext {
+            limits: &limits,
+            gate_probe,
+        });
         let total = tickets.len() as u64 * cfg.runner.epochs as u64;
         let mut at = EpochStart::default();
         if let Some(checkpoint) = self.resume_from.take() {
@@ -436,7 +426,6 @@ impl RunLoop {
             reflection_prompt_tokens = limits.reflection_prompt_budget(),
             "effective limits"
         );
-        self.reflector.fit_limits(&limits);
         self.limits = Some(limits.clone());
         Ok(limits)
     }
@@ -674,13 +663,11 @@ impl RunLoop {
 
     /// The gate split's tickets and rollouts for the reflector's gate phase and rule ablation,
     /// when the gate checks edits or ablates rules.
-    fn set_gate_probe(&mut self, cfg: &RunConfig, tickets: &[Ticket]) {
-        let Some(splits) = &self.splits else {
-            return;
-        };
+    fn gate_probe(&self, cfg: &RunConfig, tickets: &[Ticket]) -> Option<GateProbe> {
+        let splits = self.splits.as_ref()?;
         let gate = &cfg.reflection.gate;
         if !gate.check_edits && gate.ablation_every == 0 {
-            return;
+            return None;
         }
         let gate: Vec<Ticket> = tickets
             .iter()
@@ -692,11 +679,11 @@ impl RunLoop {
                 "reflection.gate: the gate split holds no group (gate_fraction × groups rounds to 0): no edit is checked and no rule ablated"
             );
         }
-        self.reflector.set_gate_probe(GateProbe {
+        Some(GateProbe {
             tickets: gate,
             config: cfg.clone(),
             payload: rollout_prompt::rollout_payload,
-        });
+        })
     }
 
     /// The ticket group's split, when `reflection.gate` is on.

@@ -10,12 +10,11 @@ use serde::Serialize;
 use stageb_shared::SCHEMA_VERSION;
 use stageb_shared::digest;
 
-use super::PipelineStats;
-use super::prefix_reuse::PrefixReuse;
+use super::AheadStats;
 use super::{REFERENCE_RANKS, RunError, RunLoop, files, io_err, step_size};
 use crate::artifacts::documents::{
     Batching, CANDIDATE_SEED_RULE, Manifest, ManifestGuidance, ManifestModel, ManifestRuntime,
-    ManifestSchedule, ManifestSeeds, RunSummary, SummaryRuntime, WorkerTime,
+    ManifestSchedule, ManifestSeeds, PrefixReuse, RunSummary, SummaryRuntime, WorkerTime,
 };
 use crate::artifacts::{JsonlWriter, write_json_atomic};
 
@@ -137,9 +136,9 @@ impl RunLoop {
             elapsed_seconds: started.elapsed().as_secs_f64(),
             batching: Batching::from_stats(&scheduler),
             workers: WorkerTime::from_stats(&scheduler),
-            pipeline: PipelineStats {
+            pipeline: AheadStats {
                 reflection: self.reflector.calls_ahead().clone(),
-                ..self.pipeline.clone()
+                ..self.ahead_stats.clone()
             },
             scheduler,
             prefix_cache: PrefixReuse {

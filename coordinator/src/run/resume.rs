@@ -10,7 +10,7 @@ use super::{RunError, RunInputs, RunLoop, Writers, io_err};
 use crate::artifacts::{JsonlWriter, seal};
 use crate::decide::accuracy::Accumulator;
 use crate::guidance::{GuidanceRepo, RepoOptions};
-use crate::learn::reflection::Reflector;
+use crate::learn::reflection::{Reflector, ReflectorSettings};
 use crate::run::checkpoint::{self, Checkpoint, LoopCounters, Position, RunIdentity};
 
 /// What a run writes to, opened fresh or from a checkpoint.
@@ -18,8 +18,6 @@ pub(super) struct Opened {
     pub(super) guidance: GuidanceRepo,
     pub(super) writers: Writers,
     pub(super) reflector: Reflector,
-    /// A previous run's guidance is continued (`guidance.reset_on_rerun: false`).
-    pub(super) reuse: bool,
     pub(super) initial_guidance_hash: String,
 }
 
@@ -52,6 +50,7 @@ pub(super) fn open_fresh(
     inputs: &RunInputs,
     resuming: bool,
     options: RepoOptions,
+    mut settings: ReflectorSettings,
 ) -> Result<Opened, RunError> {
     checkpoint::remove(dir).map_err(io_err(dir))?;
     let mission = inputs.ingested.mission.as_str();
@@ -78,8 +77,10 @@ pub(super) fn open_fresh(
     Ok(Opened {
         guidance,
         writers: Writers::open(dir, JsonlWriter::create)?,
-        reflector: Reflector::create(dir, &inputs.config, mission)?,
-        reuse,
+        reflector: {
+            settings.guidance_reused = reuse;
+            Reflector::open(dir, &inputs.config, mission, settings, None)?
+        },
         initial_guidance_hash,
     })
 }
@@ -100,6 +101,7 @@ pub(super) fn open_at_checkpoint(
     inputs: &RunInputs,
     checkpoint: &Checkpoint,
     options: RepoOptions,
+    settings: ReflectorSettings,
 ) -> Result<Opened, RunError> {
     let mission = inputs.ingested.mission.as_str();
     // Checked before anything is cut or written: a refused checkpoint copy of the guidance
@@ -109,7 +111,8 @@ pub(super) fn open_at_checkpoint(
     verify_seals(dir, checkpoint)?;
     checkpoint.restore_files(dir).map_err(io_err(dir))?;
     let guidance = GuidanceRepo::open(dir, mission, options)?;
-    let reflector = Reflector::resume(dir, &inputs.config, mission, checkpoint.reflector.clone())?;
+    let state = Some(checkpoint.reflector.clone());
+    let reflector = Reflector::open(dir, &inputs.config, mission, settings, state)?;
     let p = checkpoint.position;
     tracing::info!(
         epoch = p.epoch,
@@ -121,7 +124,6 @@ pub(super) fn open_at_checkpoint(
         guidance,
         writers: Writers::open(dir, JsonlWriter::open_resume)?,
         reflector,
-        reuse: false,
         initial_guidance_hash: checkpoint.initial_guidance_hash.clone(),
     })
 }

@@ -11,34 +11,13 @@
 use stageb_shared::config::RunConfig;
 use stageb_shared::domain::{ChatMessage, Ticket};
 use stageb_shared::seed::candidate_seed;
-use stageb_shared::text;
+use stageb_shared::text::{self, sanitize_summary};
 
 use crate::cluster::scheduler::{DecodeJob, JobPayload};
 
 /// Guidance as the prompt shows it: `(key, text)` pairs, scaffold `S*` first, then `G*`, each
 /// in numeric key order (G2 before G10).
 pub type GuidanceLines = [(String, String)];
-
-/// Stage-A markers of undecided state, removed from summaries (longest first so a longer
-/// phrase is never half-removed).
-const SUMMARY_THIRD_STATE_MARKERS: &[&str] = &["需人工复核", "需要复核", "待复核", "需复核"];
-
-/// Sanitize one Stage-A summary for a rollout prompt.
-pub fn sanitize_summary(summary: &str) -> String {
-    let mut s = text::normalize(summary);
-    for sep in [
-        "需复核,备注:",
-        "需复核，备注:",
-        "需复核,备注：",
-        "需复核，备注：",
-    ] {
-        s = s.replace(sep, "备注:");
-    }
-    for marker in SUMMARY_THIRD_STATE_MARKERS {
-        s = s.replace(marker, "");
-    }
-    text::normalize_spaces(&s)
-}
 
 fn is_scaffold(key: &str) -> bool {
     key.starts_with('S')
@@ -119,13 +98,6 @@ mod tests {
             ("G2".into(), "规则二".into()),
             ("G10".into(), "规则十".into()),
         ]
-    }
-
-    #[test]
-    fn third_state_markers_never_reach_the_prompt() {
-        let s = sanitize_summary("挡风板/显示完整,需复核,备注: 角度不清×1，需複核");
-        assert!(!s.contains("复核") && !s.contains("複核"), "{s}");
-        assert!(s.contains("备注:"), "{s}");
     }
 
     #[test]

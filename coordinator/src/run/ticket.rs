@@ -19,8 +19,8 @@ use crate::artifacts::rows::{
 };
 use crate::cluster::scheduler::{Completion, JobFailure, JobOutput};
 use crate::decide::eligibility;
+use crate::decide::fail_first;
 use crate::decide::selection::{self, Selection, VoteCandidate};
-use crate::decide::signals;
 use crate::learn::reflection::TicketOutcome;
 
 impl RunLoop {
@@ -49,7 +49,7 @@ impl RunLoop {
         let answer = RolloutAnswer::from_result(completion.result);
         let judged = self.judge_candidates(at, answer.texts)?;
 
-        let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
+        let evidence = fail_first::extract_mission_evidence(&ticket.per_image, g0);
         let selection = selection::select(
             &judged.vote,
             &evidence,

@@ -46,10 +46,13 @@ pub struct SchedulerStats {
 
 impl Scheduler {
     /// Counts an accepted answer's batching statistics: `steps` forward steps that computed
-    /// `rows` rows in all. A worker's claim, so one past what a step can hold (16 jobs of
-    /// [`wire::MAX_CANDIDATES_PER_JOB`] rows) is left out rather than skewing the mean.
+    /// `rows` rows in all. A worker's claim, so one past what a step can hold
+    /// ([`wire::MAX_JOBS_PER_LEASE`] jobs of [`wire::MAX_CANDIDATES_PER_JOB`] rows) is left
+    /// out rather than skewing the mean.
     pub fn note_batching(&self, steps: u32, rows: u64) {
-        let most = u64::from(steps) * 16 * wire::MAX_CANDIDATES_PER_JOB as u64;
+        let most = u64::from(steps)
+            * u64::from(wire::MAX_JOBS_PER_LEASE)
+            * wire::MAX_CANDIDATES_PER_JOB as u64;
         if steps == 0 || rows < u64::from(steps) || rows > most {
             return;
         }

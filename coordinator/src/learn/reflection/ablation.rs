@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use stageb_shared::seed::derived_seed;
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::{ReflectionError, Reflector};
 use crate::cluster::completions::Completions;
 use crate::cluster::scheduler::Scheduler;
@@ -34,11 +34,7 @@ impl Reflector {
     pub fn ablation_due(&self, epoch: u32) -> bool {
         let gate = &self.config.gate;
         let every = gate.ablation_every;
-        let has_tickets = self
-            .gate_probe
-            .as_ref()
-            .is_some_and(|p| !p.tickets.is_empty());
-        gate.enabled && every > 0 && epoch.is_multiple_of(every) && has_tickets
+        gate.enabled && every > 0 && epoch.is_multiple_of(every) && self.gate.has_tickets()
     }
 
     /// Each learned rule of `guidance` left out in turn (key order); empty when none is due
@@ -63,12 +59,13 @@ impl Reflector {
         let variants: Vec<MissionGuidance> = learned.iter().map(|k| without(full, *k)).collect();
         let mut guidances = vec![full];
         guidances.extend(variants.iter());
-        let mut workers = Workers {
+        let mut dispatch = Dispatch {
             scheduler,
             completions,
         };
         let outcomes = self
-            .gate_outcomes_of(epoch, &guidances, &mut workers)
+            .gate
+            .outcomes_of(epoch, &guidances, &mut dispatch, self.worker_grace)
             .await?;
         let with = &outcomes[0];
         let accuracy = |v: &[bool]| v.iter().filter(|c| **c).count() as f64 / v.len() as f64;

@@ -1,7 +1,6 @@
 //! One reflection model call: a JSON-mode generation leased to a worker, retried with a new
 //! seed while its output does not parse, each attempt logged in the row as a [`CallRecord`].
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::observe;
@@ -10,6 +9,7 @@ use stageb_shared::seed::derived_seed;
 
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
 use super::{JSON_RETRIES, ReflectionError, Reflector};
+use crate::artifacts::documents::CallPrefixReuse;
 use crate::cluster::completions::{Completions, await_any};
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER, Scheduler};
 use crate::guidance::GuidanceRepo;
@@ -17,32 +17,13 @@ use crate::progress::{Phase, ReflectPass};
 
 /// Where reflection calls go: the scheduler that leases them to workers, and the channel their
 /// answers come back on.
-pub(super) struct Workers<'a> {
+pub(super) struct Dispatch<'a> {
     pub(super) scheduler: &'a Scheduler,
     pub(super) completions: &'a mut Completions,
 }
 
-/// How much prompt prefill the workers' generation prefix caches saved on the reflection calls
-/// they answered in this attempt (`summary.json` `runtime.prefix_cache.reflection`; answers
-/// replayed from the job journal prefilled nothing and are left out). A cycle's calls share
-/// their system prompt, guidance and cases (the prompts put them first), so a worker that
-/// answered the call before reuses that head. Which worker got which call decides the numbers:
-/// runtime facts, outside every determinism comparison.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CallPrefixReuse {
-    /// Reflection calls a worker answered with a generation.
-    pub calls: u64,
-    /// Those whose prefill started from a reused prefix.
-    pub calls_with_hit: u64,
-    /// `calls_with_hit / calls` (0 without calls).
-    pub hit_rate: f64,
-    /// Prompt tokens of those calls.
-    pub prompt_tokens: u64,
-    /// Prompt tokens whose KV was reused instead of prefilled.
-    pub prefill_tokens_saved: u64,
-}
-
+/// Counting is done here, where the records are made; the totals are a part of
+/// `summary.json` ([`crate::artifacts::documents`]).
 impl CallPrefixReuse {
     /// Counts one attempt's record when a worker (not the journal) produced its generation.
     pub(super) fn count(&mut self, record: &CallRecord) {
@@ -80,18 +61,18 @@ impl Reflector {
         pass: CallPass,
         (messages, schema): (Vec<ChatMessage>, &Value),
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         parse: impl Fn(&str) -> Result<T, ReflectionParseError>,
     ) -> Result<Option<T>, ReflectionError> {
         for attempt in 0..=JSON_RETRIES {
             if !self.calls_left() {
                 return Ok(None);
             }
-            self.state.calls_epoch += 1;
+            self.state.calls_epoch.charge();
             self.show_call(row.reflection_cycle, pass);
             let seed = self.call_seed(row.epoch, row.reflection_cycle, pass, attempt);
             let payload = self.call_payload(&messages, schema, seed);
-            let completion = self.generate(payload, guidance, workers).await?;
+            let completion = self.generate(payload, guidance, dispatch).await?;
             let (record, outcome) = judge(pass, attempt, seed, completion, &parse);
             self.prefix_reuse.count(&record);
             row.calls.push(record);
@@ -155,23 +136,23 @@ impl Reflector {
         &mut self,
         payload: JobPayload,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<Completion, ReflectionError> {
-        let job = match self.ahead.take(&payload) {
+        let job = match self.calls_ahead.take(&payload) {
             Some(job) => {
-                workers.scheduler.promote(&[job]);
+                dispatch.scheduler.promote(&[job]);
                 job
             }
-            None => workers.scheduler.enqueue(payload),
+            None => dispatch.scheduler.enqueue(payload),
         };
         // Kept if it arrives while the calls ahead are re-planned (which collects what came).
-        workers.completions.expect([job]);
+        dispatch.completions.expect([job]);
         loop {
-            let mut watch = self.ahead.decisions_in_flight(workers);
+            let mut watch = self.calls_ahead.decisions_in_flight(dispatch);
             watch.insert(job);
             let done = await_any(
-                workers.scheduler,
-                workers.completions,
+                dispatch.scheduler,
+                dispatch.completions,
                 &watch,
                 self.worker_grace,
                 &mut |_| {},
@@ -180,8 +161,8 @@ impl Reflector {
             if done.job == job {
                 return Ok(done);
             }
-            workers.completions.put_back(done);
-            self.plan_calls_ahead(guidance, workers);
+            dispatch.completions.put_back(done);
+            self.plan_calls_ahead(guidance, dispatch);
         }
     }
 }

@@ -15,7 +15,7 @@ use stageb_shared::domain::{ChatMessage, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::reflection_schema::{self, DecisionOutput};
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::prompt::shorthand;
 use super::record::keys_of;
 use super::row::{CallPass, CoverageCounts, DecisionRecord, ReflectionRow, Routing, RowOpening};
@@ -108,10 +108,10 @@ impl Reflector {
         attempt: u32,
         batch: Vec<GradientRecord>,
         guidance: &mut GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<(), ReflectionError> {
         let mut row = self.open_row(epoch, global_step, attempt, &batch, guidance);
-        let end = self.phases(&mut row, batch, guidance, workers).await?;
+        let end = self.phases(&mut row, batch, guidance, dispatch).await?;
         self.close(row, end, guidance)
     }
 
@@ -121,7 +121,7 @@ impl Reflector {
         row: &mut ReflectionRow,
         batch: Vec<GradientRecord>,
         guidance: &mut GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<CycleEnd, ReflectionError> {
         let batch = match self.guard(row, batch)? {
             Flow::Next(batch) => batch,
@@ -130,16 +130,16 @@ impl Reflector {
         let kept = self.pack(row, batch, guidance);
         // The queues now hold what the next cycles will take (this batch's dropped cases are
         // back): the time to queue their likely calls ahead.
-        self.plan_calls_ahead(guidance, workers);
-        let learnable = match self.decision_pass(row, kept, guidance, workers).await? {
+        self.plan_calls_ahead(guidance, dispatch);
+        let learnable = match self.decision_pass(row, kept, guidance, dispatch).await? {
             Flow::Next(learnable) => learnable,
             Flow::End(end) => return Ok(end),
         };
-        let validation = match self.ops_rounds(row, &learnable, guidance, workers).await? {
+        let validation = match self.ops_rounds(row, &learnable, guidance, dispatch).await? {
             Flow::Next(validation) => validation,
             Flow::End(end) => return Ok(end),
         };
-        let validation = self.gate(row, validation, guidance, workers).await?;
+        let validation = self.gate(row, validation, guidance, dispatch).await?;
         let covered = self.apply(row, &validation, &learnable.keys, guidance)?;
         self.closure(row, learnable, &covered, guidance)
     }
@@ -242,7 +242,7 @@ impl Reflector {
         row: &mut ReflectionRow,
         kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<Flow<Learnable>, ReflectionError> {
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
         let (messages, schema) =
@@ -254,7 +254,7 @@ impl Reflector {
                 CallPass::Decision,
                 (messages, &schema),
                 guidance,
-                workers,
+                dispatch,
                 parse,
             )
             .await?;
@@ -383,7 +383,7 @@ impl Reflector {
     /// A guidance version was written: it counts against the epoch's cap, its rules owe
     /// feedback from now on, and the row lists what was applied and what was skipped.
     fn record_applied(&mut self, row: &mut ReflectionRow, outcome: ApplyOutcome) {
-        self.state.applied_epoch += 1;
+        self.state.applied_epoch.count_applied();
         self.state.last_applied = Some(row.reflection_id.clone());
         let removed: Vec<RuleKey> = outcome
             .applied

@@ -14,8 +14,8 @@
 //! `runtime.gate`).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use stageb_shared::config::RunConfig;
 use stageb_shared::contract;
 use stageb_shared::digest::digest_of;
@@ -23,14 +23,15 @@ use stageb_shared::domain::{Ticket, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::seed::derived_seed;
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::ops::ROUND_INDEX_STRIDE;
 use super::row::ReflectionRow;
 use super::{ReflectionError, Reflector};
+use crate::artifacts::documents::GateCost;
 use crate::cluster::completions::await_completions;
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload};
+use crate::decide::fail_first;
 use crate::decide::selection::{self, VoteCandidate};
-use crate::decide::signals;
 use crate::guidance::{GuidanceRepo, MissionGuidance, apply_ops};
 use crate::learn::gate_decision::{self, GateFigures};
 use crate::learn::op_check::{OpsValidation, RejectReason, RejectedOp};
@@ -48,27 +49,6 @@ pub struct GateProbe {
     pub payload: RolloutPayloadFn,
 }
 
-/// What the gate cost this attempt (`summary.json` `runtime.gate`; a resumed attempt counts
-/// its own).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct GateCost {
-    /// Candidates evaluated.
-    pub checks: u64,
-    /// Of them, refused.
-    pub refused: u64,
-    /// Gate rollouts queued.
-    pub rollouts: u64,
-    /// Gate outcomes reused instead of rolled out.
-    pub reused: u64,
-}
-
-impl GateCost {
-    pub fn is_zero(&self) -> bool {
-        *self == GateCost::default()
-    }
-}
-
 /// Gate outcomes known in the current epoch: (ticket, digest of the rendered guidance) →
 /// decided correctly.
 #[derive(Debug, Default)]
@@ -77,27 +57,109 @@ pub(super) struct GateOutcomes {
     known: BTreeMap<(TicketKey, String), bool>,
 }
 
+/// The gate of a run: its split's tickets and rollouts (once the run's context is known), the
+/// outcomes known this epoch and what it cost. Outcomes and costs change only here.
+#[derive(Default)]
+pub(super) struct Gate {
+    /// `None` when the gate checks no edit and ablates no rule.
+    probe: Option<GateProbe>,
+    /// Runtime only: recomputed identically after a resume.
+    outcomes: GateOutcomes,
+    cost: GateCost,
+}
+
+impl Gate {
+    /// The gate split's tickets and rollouts, once the run's context is known.
+    pub(super) fn set_probe(&mut self, probe: Option<GateProbe>) {
+        self.probe = probe;
+    }
+
+    /// Whether the gate has tickets to roll out.
+    pub(super) fn has_tickets(&self) -> bool {
+        self.probe.as_ref().is_some_and(|p| !p.tickets.is_empty())
+    }
+
+    /// Count one candidate evaluated, and whether it was refused.
+    fn count_check(&mut self, refused: bool) {
+        self.cost.checks += 1;
+        self.cost.refused += u64::from(refused);
+    }
+
+    /// Whether each gate ticket is decided correctly under each of `guidances` (outer order
+    /// that of `guidances`, inner that of the gate tickets): known outcomes reused, the rest
+    /// rolled out together, waiting at most `grace` without a live worker.
+    pub(super) async fn outcomes_of(
+        &mut self,
+        epoch: u32,
+        guidances: &[&MissionGuidance],
+        dispatch: &mut Dispatch<'_>,
+        grace: Duration,
+    ) -> Result<Vec<Vec<bool>>, ReflectionError> {
+        let probe = self.probe.as_ref().expect("checked by the caller");
+        let rendered: Vec<Vec<(String, String)>> =
+            guidances.iter().map(|g| g.render_for_prompt()).collect();
+        let digests: Vec<String> = rendered.iter().map(|r| rendered_digest(r)).collect();
+        let known = self.outcomes.at_epoch(epoch);
+        let mut queued = Vec::new();
+        for (g, lines) in rendered.iter().enumerate() {
+            if digests[..g].contains(&digests[g]) {
+                continue; // renders as an earlier one: its rollouts are queued already
+            }
+            for (t, ticket) in probe.tickets.iter().enumerate() {
+                let key = (ticket.key(), digests[g].clone());
+                if known.contains_key(&key) {
+                    continue;
+                }
+                let payload = (probe.payload)(&probe.config, epoch, ticket, lines);
+                let job = dispatch.scheduler.enqueue(payload);
+                queued.push((job, key, g, t));
+            }
+        }
+        let total = guidances.len() * probe.tickets.len();
+        self.cost.rollouts += queued.len() as u64;
+        self.cost.reused += (total - queued.len()) as u64;
+        let ids: Vec<_> = queued.iter().map(|(j, ..)| *j).collect();
+        let mut done =
+            await_completions(dispatch.scheduler, dispatch.completions, &ids, grace).await?;
+        let probe = self.probe.as_ref().expect("checked by the caller");
+        let known = self.outcomes.at_epoch(epoch);
+        for (job, key, g, t) in queued {
+            let completion = done
+                .remove(&job)
+                .expect("await_completions returns every job");
+            let g0 = guidances[g].g0();
+            let correct = decided_correctly(&probe.config, &probe.tickets[t], g0, completion);
+            known.insert(key, correct);
+        }
+        Ok(digests
+            .iter()
+            .map(|d| {
+                probe
+                    .tickets
+                    .iter()
+                    .map(|t| known[&(t.key(), d.clone())])
+                    .collect()
+            })
+            .collect())
+    }
+}
+
 /// The guidance digest the outcomes are kept under.
 pub fn rendered_digest(lines: &[(String, String)]) -> String {
     digest_of(&lines)
 }
 
 impl Reflector {
-    /// Where the gate phase gets its tickets and rollouts (set by the run when the gate split
-    /// is not empty).
-    pub fn set_gate_probe(&mut self, probe: GateProbe) {
-        self.gate_probe = Some(probe);
-    }
-
     /// What the gate cost this attempt.
     pub fn gate_cost(&self) -> &GateCost {
-        &self.gate_cost
+        &self.gate.cost
     }
 
     /// A gate ticket was decided by a step of `epoch` under the guidance rendered as `digest`:
     /// a later gate evaluation of that guidance reuses it.
     pub fn note_gate_outcome(&mut self, epoch: u32, key: TicketKey, digest: String, correct: bool) {
-        self.gate_outcomes
+        self.gate
+            .outcomes
             .at_epoch(epoch)
             .insert((key, digest), correct);
     }
@@ -108,15 +170,11 @@ impl Reflector {
         row: &mut ReflectionRow,
         mut validation: OpsValidation,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<OpsValidation, ReflectionError> {
         let gate = self.config.gate;
         let wanted = gate.enabled && gate.check_edits && !validation.accepted.is_empty();
-        let has_tickets = self
-            .gate_probe
-            .as_ref()
-            .is_some_and(|p| !p.tickets.is_empty());
-        if !wanted || !has_tickets || self.change_cap_reached() {
+        if !wanted || !self.gate.has_tickets() || self.change_cap_reached() {
             return Ok(validation);
         }
         // What apply would write; when it would write nothing, apply says so itself.
@@ -131,7 +189,8 @@ impl Reflector {
         self.show_gate(row.reflection_cycle);
         let guidances = [guidance.current(), &candidate.guidance];
         let mut outcomes = self
-            .gate_outcomes_of(row.epoch, &guidances, workers)
+            .gate
+            .outcomes_of(row.epoch, &guidances, dispatch, self.worker_grace)
             .await?;
         let candidate_correct = outcomes.pop().expect("two guidances");
         let parent_correct = outcomes.pop().expect("two guidances");
@@ -147,9 +206,8 @@ impl Reflector {
             gate.min_p_better,
             seed,
         );
-        self.gate_cost.checks += 1;
+        self.gate.count_check(!figures.passed);
         if !figures.passed {
-            self.gate_cost.refused += 1;
             self.refuse(row, &mut validation, &figures);
         }
         row.gate = Some(figures);
@@ -204,68 +262,6 @@ impl Reflector {
         row.rejected_ops = Some(validation.rejected.clone());
     }
 
-    /// Whether each gate ticket is decided correctly under each of `guidances` (outer order
-    /// that of `guidances`, inner that of the gate tickets): known outcomes reused, the rest
-    /// rolled out together.
-    pub(super) async fn gate_outcomes_of(
-        &mut self,
-        epoch: u32,
-        guidances: &[&MissionGuidance],
-        workers: &mut Workers<'_>,
-    ) -> Result<Vec<Vec<bool>>, ReflectionError> {
-        let probe = self.gate_probe.as_ref().expect("checked by the caller");
-        let rendered: Vec<Vec<(String, String)>> =
-            guidances.iter().map(|g| g.render_for_prompt()).collect();
-        let digests: Vec<String> = rendered.iter().map(|r| rendered_digest(r)).collect();
-        let known = self.gate_outcomes.at_epoch(epoch);
-        let mut queued = Vec::new();
-        for (g, lines) in rendered.iter().enumerate() {
-            if digests[..g].contains(&digests[g]) {
-                continue; // renders as an earlier one: its rollouts are queued already
-            }
-            for (t, ticket) in probe.tickets.iter().enumerate() {
-                let key = (ticket.key(), digests[g].clone());
-                if known.contains_key(&key) {
-                    continue;
-                }
-                let payload = (probe.payload)(&probe.config, epoch, ticket, lines);
-                let job = workers.scheduler.enqueue(payload);
-                queued.push((job, key, g, t));
-            }
-        }
-        let total = guidances.len() * probe.tickets.len();
-        self.gate_cost.rollouts += queued.len() as u64;
-        self.gate_cost.reused += (total - queued.len()) as u64;
-        let ids: Vec<_> = queued.iter().map(|(j, ..)| *j).collect();
-        let mut done = await_completions(
-            workers.scheduler,
-            workers.completions,
-            &ids,
-            self.worker_grace,
-        )
-        .await?;
-        let probe = self.gate_probe.as_ref().expect("checked by the caller");
-        let known = self.gate_outcomes.at_epoch(epoch);
-        for (job, key, g, t) in queued {
-            let completion = done
-                .remove(&job)
-                .expect("await_completions returns every job");
-            let g0 = guidances[g].g0();
-            let correct = decided_correctly(&probe.config, &probe.tickets[t], g0, completion);
-            known.insert(key, correct);
-        }
-        Ok(digests
-            .iter()
-            .map(|d| {
-                probe
-                    .tickets
-                    .iter()
-                    .map(|t| known[&(t.key(), d.clone())])
-                    .collect()
-            })
-            .collect())
-    }
-
     fn show_gate(&self, cycle: u64) {
         if let Some(progress) = &self.progress {
             let pass = ReflectPass::Gate;
@@ -313,7 +309,7 @@ fn decided_correctly(cfg: &RunConfig, ticket: &Ticket, g0: &str, completion: Com
             });
         }
     }
-    let evidence = signals::extract_mission_evidence(&ticket.per_image, g0);
+    let evidence = fail_first::extract_mission_evidence(&ticket.per_image, g0);
     let min_agreement = cfg.manual_review.min_verdict_agreement;
     let selection = selection::select(&vote, &evidence, ticket.label, min_agreement);
     selection.verdict == Some(ticket.label)

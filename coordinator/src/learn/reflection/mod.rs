@@ -21,18 +21,20 @@
 //! # Layout
 //! - this file: the [`Reflector`] and its life over a run (epochs, steps, run end).
 //! - `record`: what reflection learns from ([`GradientRecord`], built from a [`TicketOutcome`]).
-//! - `queue`: the pending and retry queues, the epoch's budgets, and routing to need-review.
+//! - `queue`: the pending and retry queues, and routing to need-review.
+//! - `budget`: the epoch's call budget and change cap (`CallBudget`, `ChangeCap`).
+//! - `need_review_log`: `need_review_queue.jsonl`, its rows and the tickets each epoch routed.
 //! - `cycle`: one reflection cycle on one batch, as named phases, and how it ended.
 //! - `ops`: the cycle's ops pass and revision round, and how their proposals are validated.
 //! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
 //! - `ablation`: each learned rule left out in turn, on the gate split (every N epochs).
 //! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
-//! - `ahead`: the next cycles' likely calls, queued ahead while a cycle runs.
+//! - `calls_ahead`: the next cycles' likely calls, queued ahead while a cycle runs.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
 //! - `state`: what a checkpoint carries.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -45,26 +47,28 @@ use crate::artifacts::{JsonlWriter, write_json_atomic};
 use crate::cluster::completions::{Completions, WaitError};
 use crate::cluster::scheduler::Scheduler;
 use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
-use crate::learn::need_review::{self, NeedReviewRow};
+use crate::learn::need_review;
 use crate::learn::predictions::PredictionCheck;
 use crate::progress::ProgressHandle;
 
 mod ablation;
-mod ahead;
+mod budget;
 mod call;
+mod calls_ahead;
 mod cycle;
 mod gate;
+mod need_review_log;
 mod ops;
 mod prompt;
 mod queue;
 mod record;
 pub mod row;
 mod state;
+pub use crate::artifacts::documents::{CallPrefixReuse, CallsAheadStats, GateCost};
 pub use ablation::RuleAblation;
-pub use ahead::CallsAheadStats;
-pub use call::CallPrefixReuse;
-use call::Workers;
-pub use gate::{GateCost, GateProbe, RolloutPayloadFn, rendered_digest};
+use call::Dispatch;
+pub use gate::{GateProbe, RolloutPayloadFn, rendered_digest};
+use need_review_log::NeedReviewLog;
 use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
 pub use queue::retry_batch_size;
@@ -115,10 +119,9 @@ pub struct Reflector {
     mission: String,
     decision_system: String,
     ops_system: String,
-    queue_log: JsonlWriter,
+    /// `need_review_queue.jsonl`, its rows and which tickets each epoch routed.
+    need_review: NeedReviewLog,
     reflection_log: JsonlWriter,
-    need_review_rows: Vec<NeedReviewRow>,
-    routed: BTreeMap<u32, BTreeSet<TicketKey>>,
     /// Everything a checkpoint must carry (buffers, budgets, feedback, counters).
     state: ReflectorState,
     guidance_reused: bool,
@@ -132,27 +135,45 @@ pub struct Reflector {
     prefix_reuse: CallPrefixReuse,
     /// Where each call's cycle and pass are shown (the run's progress state), when set.
     progress: Option<ProgressHandle>,
-    /// The gate split and its rollouts, when the gate checks edits.
-    gate_probe: Option<gate::GateProbe>,
-    /// Gate outcomes known this epoch (runtime only: recomputed identically after a resume).
-    gate_outcomes: gate::GateOutcomes,
-    gate_cost: gate::GateCost,
+    /// The gate split and its rollouts (when the gate checks edits or ablates rules), the
+    /// outcomes known this epoch and what the gate cost (runtime only).
+    gate: gate::Gate,
     /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
-    ahead: ahead::CallsAhead,
+    calls_ahead: calls_ahead::CallsAhead,
+}
+
+/// What the run sets once, when it opens the reflector; everything else comes from the
+/// run's config.
+pub struct ReflectorSettings {
+    /// The group ids of every ticket of the run (for the `label_leak` check of rule texts).
+    pub run_groups: BTreeSet<String>,
+    /// How long reflection calls wait with no live worker before giving up.
+    pub worker_grace: Duration,
+    /// Where each call's cycle and pass are shown (`reflecting cycle 2 (decision)`).
+    pub progress: Option<ProgressHandle>,
+    /// A previous run's guidance is continued (`guidance.reset_on_rerun: false`).
+    pub guidance_reused: bool,
+}
+
+/// What the run learns once its context is known (when the first worker reports the model):
+/// the token limits every call is planned within, and the gate split's tickets and rollouts.
+pub struct RunContext<'a> {
+    pub limits: &'a EffectiveLimits,
+    /// `None` when the gate checks no edit and ablates no rule, or has no split.
+    pub gate_probe: Option<GateProbe>,
 }
 
 impl Reflector {
-    /// A fresh reflector; its logs start empty.
-    pub fn create(dir: &Path, run: &RunConfig, mission: &str) -> Result<Self, ReflectionError> {
-        Reflector::build(dir, run, mission, JsonlWriter::create)
-    }
-
-    /// A reflector at the start of a run, its logs opened with `open` (fresh or appended to).
-    fn build(
+    /// The reflector of a run: fresh (`resume: None`, its logs start empty) or continuing from
+    /// a checkpoint's state (its logs are appended to, the caller having already cut them back
+    /// to the checkpoint's lengths, and the need-review rows are read back from the queue).
+    /// Calls are queued ahead for `runner.pipeline_cycles` cycles (0: none).
+    pub fn open(
         dir: &Path,
         run: &RunConfig,
         mission: &str,
-        open: fn(&Path) -> std::io::Result<JsonlWriter>,
+        settings: ReflectorSettings,
+        resume: Option<ReflectorState>,
     ) -> Result<Self, ReflectionError> {
         let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
             match p {
@@ -171,11 +192,15 @@ impl Reflector {
                 None => Ok(builtin.to_string()),
             }
         };
+        let opener = match resume {
+            Some(_) => JsonlWriter::open_resume,
+            None => JsonlWriter::create,
+        };
         let open = |name: &str| {
             let p = dir.join(name);
-            open(&p).map_err(|source| ReflectionError::Io { path: p, source })
+            opener(&p).map_err(|source| ReflectionError::Io { path: p, source })
         };
-        Ok(Reflector {
+        let mut r = Reflector {
             dir: dir.to_path_buf(),
             config: run.reflection.clone(),
             lifecycle: run.guidance_lifecycle.clone(),
@@ -183,60 +208,38 @@ impl Reflector {
             mission: mission.to_string(),
             decision_system: read_prompt(&run.reflection.decision_prompt_path, DECISION_SYSTEM)?,
             ops_system: read_prompt(&run.reflection.ops_prompt_path, OPS_SYSTEM)?,
-            queue_log: open(files::NEED_REVIEW_QUEUE)?,
+            need_review: NeedReviewLog::open(dir, opener)?,
             reflection_log: open(files::REFLECTION)?,
-            need_review_rows: Vec::new(),
-            routed: BTreeMap::new(),
             state: ReflectorState::default(),
-            guidance_reused: false,
-            worker_grace: Duration::from_secs(600),
-            run_groups: BTreeSet::new(),
+            guidance_reused: settings.guidance_reused,
+            worker_grace: settings.worker_grace,
+            run_groups: settings.run_groups,
             final_epoch: run.runner.epochs,
             prefix_reuse: CallPrefixReuse::default(),
-            progress: None,
-            gate_probe: None,
-            gate_outcomes: gate::GateOutcomes::default(),
-            gate_cost: gate::GateCost::default(),
-            ahead: ahead::CallsAhead::default(),
-        })
+            progress: settings.progress,
+            gate: gate::Gate::default(),
+            calls_ahead: calls_ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
+        };
+        if let Some(state) = resume {
+            r.restore(state)?;
+        }
+        Ok(r)
     }
 
-    /// Plan every call within the run's context: the fitted output length and prompt budget
-    /// replace the config's (see [`stageb_shared::limits`]).
-    pub fn fit_limits(&mut self, limits: &EffectiveLimits) {
+    /// The run's context, once known: every call is planned within the run's context (the
+    /// fitted output length and prompt budget replace the config's, see
+    /// [`stageb_shared::limits`]), and the gate phase gets its tickets and rollouts.
+    pub fn enter_run(&mut self, context: RunContext<'_>) {
+        let limits = context.limits;
         self.config.max_new_tokens = limits.reflection_max_new_tokens;
         self.config.max_reflection_length = limits.reflection_max_prompt_tokens;
         self.config.token_budget = limits.reflection_token_budget;
-    }
-
-    /// How long reflection calls wait with no live worker before giving up.
-    pub fn set_worker_grace(&mut self, grace: Duration) {
-        self.worker_grace = grace;
-    }
-
-    /// The group ids of every ticket of the run (for the `label_leak` check of rule texts).
-    pub fn set_run_groups(&mut self, groups: BTreeSet<String>) {
-        self.run_groups = groups;
-    }
-
-    /// Shows each call's cycle and pass in `progress` (`reflecting cycle 2 (decision)`).
-    pub fn set_progress(&mut self, progress: ProgressHandle) {
-        self.progress = Some(progress);
-    }
-
-    /// Queue the calls of up to `cycles` upcoming cycles ahead while a cycle runs
-    /// (`runner.pipeline_cycles`; 0: none).
-    pub fn set_pipeline_cycles(&mut self, cycles: u32) {
-        self.ahead.depth = cycles as usize;
+        self.gate.set_probe(context.gate_probe);
     }
 
     /// The calls queued ahead in this attempt, and what became of them.
     pub fn calls_ahead(&self) -> &CallsAheadStats {
-        &self.ahead.stats
-    }
-
-    pub fn set_guidance_reused(&mut self, reused: bool) {
-        self.guidance_reused = reused;
+        &self.calls_ahead.stats
     }
 
     pub fn guidance_reused(&self) -> bool {
@@ -259,12 +262,12 @@ impl Reflector {
     }
 
     pub fn need_review_count(&self) -> usize {
-        self.need_review_rows.len()
+        self.need_review.rows().len()
     }
 
     /// Tickets routed to need-review during `epoch`.
     pub fn need_review_keys(&self, epoch: u32) -> BTreeSet<TicketKey> {
-        self.routed.get(&epoch).cloned().unwrap_or_default()
+        self.need_review.keys(epoch)
     }
 
     /// Reset the per-epoch state: need-review is decided afresh every epoch.
@@ -273,8 +276,8 @@ impl Reflector {
         self.state.pending.clear();
         self.state.retry.clear();
         self.state.retry_counts.clear();
-        self.state.calls_epoch = 0;
-        self.state.applied_epoch = 0;
+        self.state.calls_epoch = Default::default();
+        self.state.applied_epoch = Default::default();
         self.state.decisions_epoch = (0, 0);
         self.state.arrivals = 0;
     }
@@ -330,15 +333,15 @@ impl Reflector {
         drain: bool,
     ) -> Result<(), ReflectionError> {
         self.flush_immediate_feedback(guidance)?;
-        let mut workers = Workers {
+        let mut dispatch = Dispatch {
             scheduler,
             completions,
         };
-        self.ahead.start_boundary(drain);
+        self.calls_ahead.start_boundary(drain);
         let done = self
-            .run_due_cycles(epoch, global_step, guidance, &mut workers, drain)
+            .run_due_cycles(epoch, global_step, guidance, &mut dispatch, drain)
             .await;
-        self.ahead.withdraw_all(&mut workers);
+        self.calls_ahead.withdraw_all(&mut dispatch);
         done?;
         let path = self.dir.join(files::REFLECTION);
         self.sync_logs().map_err(io_err(&path))
@@ -351,11 +354,11 @@ impl Reflector {
         epoch: u32,
         global_step: u64,
         guidance: &mut GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         drain: bool,
     ) -> Result<(), ReflectionError> {
         while let Some((attempt, batch)) = self.next_batch(drain) {
-            self.run_cycle(epoch, global_step, attempt, batch, guidance, workers)
+            self.run_cycle(epoch, global_step, attempt, batch, guidance, dispatch)
                 .await?;
         }
         Ok(())
@@ -411,6 +414,25 @@ impl Reflector {
         Ok(())
     }
 
+    /// The state a resumed run needs to continue after the current step boundary.
+    pub fn state(&self) -> ReflectorState {
+        self.state.clone()
+    }
+
+    /// Continue from a checkpoint's `state`: the need-review rows are read back from the
+    /// queue the caller has cut back to the checkpoint's length.
+    fn restore(&mut self, state: ReflectorState) -> Result<(), ReflectionError> {
+        self.need_review.read_back()?;
+        self.state = state;
+        Ok(())
+    }
+
+    /// Makes both logs durable (before a checkpoint names their lengths).
+    pub fn sync_logs(&mut self) -> std::io::Result<()> {
+        self.need_review.sync()?;
+        self.reflection_log.sync()
+    }
+
     /// Warnings for `summary.json`, in the order they arose.
     pub fn run_warnings(&self) -> &[String] {
         &self.state.run_warnings
@@ -419,7 +441,7 @@ impl Reflector {
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).
     pub fn finish_run(&mut self) -> Result<(), ReflectionError> {
         let summary =
-            need_review::aggregate(&self.mission, &self.need_review_rows, self.final_epoch);
+            need_review::aggregate(&self.mission, self.need_review.rows(), self.final_epoch);
         let path = self.dir.join(files::NEED_REVIEW);
         write_json_atomic(&path, &summary).map_err(|source| ReflectionError::Io { path, source })
     }

@@ -12,7 +12,7 @@ use stageb_shared::domain::{ChatMessage, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::reflection_schema::{self, OpsOutput, ProposedOp};
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::cycle::{CycleEnd, Flow, Learnable};
 use super::prompt::shorthand;
 use super::row::{CallPass, Proposal, ReflectionRow};
@@ -61,7 +61,7 @@ impl Reflector {
         row: &mut ReflectionRow,
         learnable: &Learnable,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<Flow<OpsValidation>, ReflectionError> {
         if !self.calls_left() {
             row.warnings.push("budget_exhausted_before_ops".into());
@@ -83,7 +83,7 @@ impl Reflector {
                     &inputs,
                     revision.as_deref(),
                     &validation,
-                    workers,
+                    dispatch,
                 )
                 .await?;
             let Some((proposal, verdict)) = answer else {
@@ -186,7 +186,7 @@ impl Reflector {
         inputs: &OpsInputs<'_>,
         revision: Option<&[RejectedOp]>,
         so_far: &OpsValidation,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> Result<Option<(Proposal, OpsValidation)>, ReflectionError> {
         let messages = self.round_messages(inputs, row.reflection_cycle, revision);
         let pass = if round == 0 {
@@ -197,7 +197,7 @@ impl Reflector {
         let parse = reflection_schema::parse_ops;
         let (schema, guidance) = (&inputs.schema, inputs.guidance);
         let answer = self
-            .call_json(row, pass, (messages, schema), guidance, workers, parse)
+            .call_json(row, pass, (messages, schema), guidance, dispatch, parse)
             .await?;
         let Some(out) = answer else {
             row.warnings.push(format!("{}_error", pass.as_str()));

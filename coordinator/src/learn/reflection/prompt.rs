@@ -71,7 +71,7 @@ pub(super) fn case_text(n: usize, r: &GradientRecord, with_label: bool) -> Strin
         s.push_str(&format!(
             "    {}. {}\n",
             i + 1,
-            crate::run::rollout_prompt::sanitize_summary(summary)
+            stageb_shared::text::sanitize_summary(summary)
         ));
     }
     s.push_str("  候选:\n");

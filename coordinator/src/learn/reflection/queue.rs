@@ -1,15 +1,14 @@
 //! Where gradient candidates wait and where they leave: the pending queue and the retry
-//! buckets (batches halve per retry), the epoch's call and change budgets, and routing to
-//! need-review.
+//! buckets (batches halve per retry), and routing to need-review. The epoch's call budget and
+//! change cap are compared here through their own types (`budget`).
 
 use std::collections::BTreeMap;
 
 use stageb_shared::domain::TicketKey;
 
-use super::{GradientRecord, ReflectionError, Reflector, io_err};
-use crate::artifacts::files;
+use super::{GradientRecord, ReflectionError, Reflector};
 use crate::guidance::GuidanceRepo;
-use crate::learn::need_review::{self, NeedReviewReason, NeedReviewRow};
+use crate::learn::need_review::{self, NeedReviewReason};
 
 /// Batch size of retry round `attempt` (16 → 8 → 4 …, never below 1).
 pub fn retry_batch_size(batch_size: u32, attempt: u32) -> usize {
@@ -122,16 +121,7 @@ impl Reflector {
             reflection_cycle: self.state.cycles,
             reflection_id: reflection_id.map(str::to_string),
         };
-        let row =
-            NeedReviewRow::from_selection(&record.identity(), &record.selection, reason, &at, note);
-        let path = self.dir.join(files::NEED_REVIEW_QUEUE);
-        self.queue_log.append(&row).map_err(io_err(&path))?;
-        self.routed
-            .entry(self.state.epoch)
-            .or_default()
-            .insert(record.ticket_key.clone());
-        self.need_review_rows.push(row);
-        Ok(())
+        self.need_review.route(record, reason, &at, note)
     }
 
     /// Route every record to need-review `budget_exhausted` (the epoch's call budget is spent).
@@ -185,15 +175,13 @@ impl Reflector {
 
     /// Has the epoch applied `change_cap_per_epoch` reflections already?
     pub(super) fn change_cap_reached(&self) -> bool {
-        self.config
-            .change_cap_per_epoch
-            .is_some_and(|cap| self.state.applied_epoch >= cap)
+        self.state
+            .applied_epoch
+            .reached(self.config.change_cap_per_epoch)
     }
 
     pub(super) fn calls_left(&self) -> bool {
-        self.config
-            .max_calls_per_epoch
-            .is_none_or(|cap| self.state.calls_epoch < cap)
+        self.state.calls_epoch.left(self.config.max_calls_per_epoch)
     }
 }
 

@@ -9,20 +9,17 @@
 //! and a checkpoint holding them would grow with all work done instead of the epoch's.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use stageb_shared::config::RunConfig;
 use stageb_shared::domain::TicketKey;
 
-use super::{GradientRecord, ReflectionError, Reflector, io_err};
-use crate::artifacts::{JsonlWriter, files, read_jsonl};
+use super::GradientRecord;
+use super::budget::{CallBudget, ChangeCap};
 use crate::learn::feedback::FeedbackLedger;
-use crate::learn::need_review::NeedReviewRow;
 use crate::learn::predictions::Predictions;
 use crate::learn::rejected_memory::RejectedMemory;
 
-/// The reflector's state at a step boundary: the part of [`Reflector`] a checkpoint carries. The
+/// The reflector's state at a step boundary: the part of [`super::Reflector`] a checkpoint carries. The
 /// reflector holds it as one field, so a new piece of state cannot be left out of checkpoints.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ReflectorState {
@@ -30,8 +27,10 @@ pub struct ReflectorState {
     pub(super) pending: Vec<GradientRecord>,
     pub(super) retry: BTreeMap<u32, Vec<GradientRecord>>,
     pub(super) retry_counts: HashMap<TicketKey, u32>,
-    pub(super) calls_epoch: u32,
-    pub(super) applied_epoch: u32,
+    /// Model calls this epoch, against `reflection.max_calls_per_epoch`.
+    pub(super) calls_epoch: CallBudget,
+    /// Reflections applied this epoch, against `reflection.change_cap_per_epoch`.
+    pub(super) applied_epoch: ChangeCap,
     pub(super) cycles: u64,
     pub(super) arrivals: u64,
     pub(super) last_applied: Option<String>,
@@ -46,51 +45,4 @@ pub struct ReflectorState {
     /// Claims of applied ops not settled yet (with `reflection.gate`; left out while empty).
     #[serde(default, skip_serializing_if = "Predictions::is_empty")]
     pub(super) predictions: Predictions,
-}
-
-impl Reflector {
-    /// The state a resumed run needs to continue after the current step boundary.
-    pub fn state(&self) -> ReflectorState {
-        self.state.clone()
-    }
-
-    /// A reflector continuing from `state`: its logs are appended to (the caller has already
-    /// cut them back to the checkpoint's lengths), nothing is truncated, and the need-review
-    /// rows are read back from the queue.
-    pub fn resume(
-        dir: &Path,
-        run: &RunConfig,
-        mission: &str,
-        state: ReflectorState,
-    ) -> Result<Self, ReflectionError> {
-        let mut r = Reflector::build(dir, run, mission, JsonlWriter::open_resume)?;
-        r.need_review_rows = read_queue(dir)?;
-        for row in &r.need_review_rows {
-            r.routed
-                .entry(row.epoch)
-                .or_default()
-                .insert(row.ticket_key.clone());
-        }
-        r.state = state;
-        Ok(r)
-    }
-
-    /// Makes both logs durable (before a checkpoint names their lengths).
-    pub fn sync_logs(&mut self) -> std::io::Result<()> {
-        self.queue_log.sync()?;
-        self.reflection_log.sync()
-    }
-}
-
-/// The rows of `need_review_queue.jsonl`, as [`Reflector::route`] wrote them.
-fn read_queue(dir: &Path) -> Result<Vec<NeedReviewRow>, ReflectionError> {
-    let path = dir.join(files::NEED_REVIEW_QUEUE);
-    let bad = |e: serde_json::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-    read_jsonl(&path)
-        .and_then(|rows| {
-            rows.into_iter()
-                .map(|v| serde_json::from_value(v).map_err(bad))
-                .collect()
-        })
-        .map_err(io_err(&path))
 }

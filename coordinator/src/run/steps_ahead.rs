@@ -10,20 +10,18 @@
 //! `summary.json` `runtime.pipeline` counts what was queued ahead, used and discarded (with
 //! the reflection calls queued ahead, `learn::reflection`'s `ahead`).
 
-use serde::{Deserialize, Serialize};
-
 use super::rollout_prompt::rollout_payload;
 use super::{EpochRun, RunLoop};
+pub use crate::artifacts::documents::AheadStats;
 use crate::cluster::scheduler::JobId;
-use crate::learn::reflection::CallsAheadStats;
 
 /// A step's rollouts queued ahead, and the guidance they were built with.
-pub(super) struct Ahead {
+pub(super) struct StepAhead {
     guidance: Vec<(String, String)>,
     jobs: Vec<(JobId, usize)>,
 }
 
-impl Ahead {
+impl StepAhead {
     fn ids(&self) -> Vec<JobId> {
         self.jobs.iter().map(|(j, _)| *j).collect()
     }
@@ -33,40 +31,23 @@ impl Ahead {
     }
 }
 
-/// `summary.json` `runtime.pipeline`: steps and rollout jobs queued ahead in this attempt, and
-/// what became of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PipelineStats {
-    pub steps_ahead: u64,
-    /// Steps whose guidance had not changed: their jobs were used as queued.
-    pub steps_used: u64,
-    /// Steps whose guidance changed: their jobs were withdrawn and queued again.
-    pub steps_discarded: u64,
-    pub jobs_ahead: u64,
-    pub jobs_used: u64,
-    pub jobs_discarded: u64,
-    /// Reflection calls queued ahead of their cycle (`runner.pipeline_cycles`).
-    pub reflection: CallsAheadStats,
-}
-
 impl RunLoop {
     /// The rollout jobs of `step` under the current guidance, with their ticket indices: the
     /// ones queued ahead when their guidance still holds, else new ones.
     pub(super) fn queue_step(&mut self, run: &EpochRun<'_>, step: &[usize]) -> Vec<(JobId, usize)> {
         let guidance = self.guidance.render_for_prompt();
-        if let Some(ahead) = self.ahead.pop_front() {
+        if let Some(ahead) = self.steps_ahead.pop_front() {
             if ahead.guidance == guidance && ahead.tickets() == step {
                 let ids = ahead.ids();
                 self.scheduler.promote(&ids);
-                self.pipeline.steps_used += 1;
-                self.pipeline.jobs_used += ids.len() as u64;
+                self.ahead_stats.steps_used += 1;
+                self.ahead_stats.jobs_used += ids.len() as u64;
                 return ahead.jobs;
             }
             self.discard(&ahead);
             if ahead.tickets() != step {
                 // Not this step's (cannot happen in a run that queues in order): start afresh.
-                for later in std::mem::take(&mut self.ahead) {
+                for later in std::mem::take(&mut self.steps_ahead) {
                     self.discard(&later);
                 }
             }
@@ -82,7 +63,7 @@ impl RunLoop {
     pub(super) fn queue_ahead(&mut self, run: &EpochRun<'_>, upcoming: &[&[usize]]) {
         let depth = run.cfg.runner.pipeline_steps as usize;
         let guidance = self.guidance.render_for_prompt();
-        let mut queued = std::mem::take(&mut self.ahead).into_iter();
+        let mut queued = std::mem::take(&mut self.steps_ahead).into_iter();
         // Once one step is queued again, the later ones are too, so the scheduler's queue of
         // jobs ahead keeps the steps in their order.
         let mut kept = true;
@@ -90,7 +71,7 @@ impl RunLoop {
         for step in wanted {
             match queued.next() {
                 Some(a) if kept && a.tickets() == *step && a.guidance == guidance => {
-                    self.ahead.push_back(a);
+                    self.steps_ahead.push_back(a);
                     continue;
                 }
                 Some(stale) => self.discard(&stale),
@@ -99,9 +80,9 @@ impl RunLoop {
             kept = false;
             let jobs = self.enqueue_step(run, step, &guidance, true);
             self.completions.expect(jobs.iter().map(|(j, _)| *j));
-            self.pipeline.steps_ahead += 1;
-            self.pipeline.jobs_ahead += jobs.len() as u64;
-            self.ahead.push_back(Ahead {
+            self.ahead_stats.steps_ahead += 1;
+            self.ahead_stats.jobs_ahead += jobs.len() as u64;
+            self.steps_ahead.push_back(StepAhead {
                 guidance: guidance.clone(),
                 jobs,
             });
@@ -113,12 +94,12 @@ impl RunLoop {
     }
 
     /// Withdraw a step queued ahead: its jobs dropped or fenced, their completions forgotten.
-    fn discard(&mut self, ahead: &Ahead) {
+    fn discard(&mut self, ahead: &StepAhead) {
         let ids = ahead.ids();
         self.scheduler.withdraw(&ids);
         self.completions.forget(&ids);
-        self.pipeline.steps_discarded += 1;
-        self.pipeline.jobs_discarded += ids.len() as u64;
+        self.ahead_stats.steps_discarded += 1;
+        self.ahead_stats.jobs_discarded += ids.len() as u64;
     }
 
     /// Queue one rollout job per ticket of `step` under `guidance`, in the ordinary queue or

@@ -112,13 +112,13 @@ pub async fn run_coordinator_until(
             completions,
             model,
             progress,
+            settings.worker_grace,
         )
         .inspect_err(|_| {
             if !resuming {
                 discard_empty_start(&run_dir);
             }
-        })?
-        .with_worker_grace(settings.worker_grace);
+        })?;
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
         let run = run.run();
         tokio::pin!(run);

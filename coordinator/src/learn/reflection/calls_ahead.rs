@@ -16,29 +16,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use serde::{Deserialize, Serialize};
 use stageb_shared::reflection_schema;
 
-use super::call::Workers;
+use super::call::Dispatch;
 use super::cycle::split_stop_gradient;
 use super::row::CallPass;
 use super::{GradientRecord, Reflector};
+use crate::artifacts::documents::CallsAheadStats;
 use crate::cluster::scheduler::journal::payload_digest;
 use crate::cluster::scheduler::{JobId, JobOutput, JobPayload};
 use crate::guidance::GuidanceRepo;
 use stageb_shared::domain::TicketKey;
-
-/// Calls queued ahead in this attempt, and what became of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CallsAheadStats {
-    /// Calls queued ahead of their cycle.
-    pub calls_ahead: u64,
-    /// Of those, the calls a cycle used as they were.
-    pub calls_used: u64,
-    /// Of those, the calls withdrawn unused (a wrong guess, or left over at a boundary).
-    pub calls_withdrawn: u64,
-}
 
 /// One call queued ahead.
 struct Queued {
@@ -48,10 +36,9 @@ struct Queued {
 }
 
 /// The calls queued ahead, by payload digest.
-#[derive(Default)]
 pub(super) struct CallsAhead {
     /// Cycles ahead (`runner.pipeline_cycles`); 0 queues nothing.
-    pub(super) depth: usize,
+    depth: usize,
     /// Whether the boundary being reflected on is the epoch's end (its partial batches are due).
     drain: bool,
     queued: BTreeMap<String, Queued>,
@@ -59,6 +46,16 @@ pub(super) struct CallsAhead {
 }
 
 impl CallsAhead {
+    /// Calls queued ahead for up to `depth` upcoming cycles (0: none).
+    pub(super) fn new(depth: usize) -> Self {
+        CallsAhead {
+            depth,
+            drain: false,
+            queued: BTreeMap::new(),
+            stats: CallsAheadStats::default(),
+        }
+    }
+
     /// The job queued ahead for exactly `payload`, taken out of the table (the caller now waits
     /// for it as its own call).
     pub(super) fn take(&mut self, payload: &JobPayload) -> Option<JobId> {
@@ -72,11 +69,11 @@ impl CallsAhead {
 
     /// Decision calls queued ahead whose answer has not arrived: an arrival may let its
     /// cycle's ops call be queued too.
-    pub(super) fn decisions_in_flight(&self, workers: &Workers<'_>) -> HashSet<JobId> {
+    pub(super) fn decisions_in_flight(&self, dispatch: &Dispatch<'_>) -> HashSet<JobId> {
         self.queued
             .values()
             .filter(|q| q.pass == CallPass::Decision)
-            .filter(|q| workers.completions.peek(q.job).is_none())
+            .filter(|q| dispatch.completions.peek(q.job).is_none())
             .map(|q| q.job)
             .collect()
     }
@@ -88,14 +85,14 @@ impl CallsAhead {
         cycle: u64,
         pass: CallPass,
         payload: JobPayload,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
     ) -> (String, JobId) {
         let digest = payload_digest(&payload);
         if let Some(q) = self.queued.get(&digest) {
             return (digest, q.job);
         }
-        let job = workers.scheduler.enqueue_ahead(payload);
-        workers.completions.expect([job]);
+        let job = dispatch.scheduler.enqueue_ahead(payload);
+        dispatch.completions.expect([job]);
         self.queued
             .insert(digest.clone(), Queued { job, cycle, pass });
         self.stats.calls_ahead += 1;
@@ -105,7 +102,7 @@ impl CallsAhead {
     /// Withdraw every call for which `unwanted` holds.
     fn withdraw_where(
         &mut self,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         unwanted: impl Fn(&str, &Queued) -> bool,
     ) {
         let mut jobs: Vec<JobId> = Vec::new();
@@ -119,15 +116,15 @@ impl CallsAhead {
         if jobs.is_empty() {
             return;
         }
-        workers.completions.collect_ready();
-        workers.scheduler.withdraw(&jobs);
-        workers.completions.forget(&jobs);
+        dispatch.completions.collect_ready();
+        dispatch.scheduler.withdraw(&jobs);
+        dispatch.completions.forget(&jobs);
         self.stats.calls_withdrawn += jobs.len() as u64;
     }
 
     /// The boundary's cycles are done: nothing queued ahead will be asked for.
-    pub(super) fn withdraw_all(&mut self, workers: &mut Workers<'_>) {
-        self.withdraw_where(workers, |_, _| true);
+    pub(super) fn withdraw_all(&mut self, dispatch: &mut Dispatch<'_>) {
+        self.withdraw_where(dispatch, |_, _| true);
     }
 
     /// A boundary's cycles begin; `drain`: it is the epoch's end (partial batches are due).
@@ -140,38 +137,41 @@ impl Reflector {
     /// Queue ahead the calls the next cycles will most likely make (see the module header);
     /// calls queued for cycles now past, or for upcoming cycles under another guess, are
     /// withdrawn. The current cycle's own calls are left as they are.
-    pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, workers: &mut Workers<'_>) {
-        if self.ahead.depth == 0 {
+    pub(super) fn plan_calls_ahead(
+        &mut self,
+        guidance: &GuidanceRepo,
+        dispatch: &mut Dispatch<'_>,
+    ) {
+        if self.calls_ahead.depth == 0 {
             return;
         }
-        workers.completions.collect_ready();
+        dispatch.completions.collect_ready();
         let current = self.state.cycles;
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
         // remaining cycles route their cases without a call: nothing to guess).
-        let depth = (0..self.ahead.depth)
-            .take_while(|&j| self.budget_allows(j))
+        let depth = (0..self.calls_ahead.depth)
+            .take_while(|&j| self.cycle_ahead_gets_calls(j))
             .count();
-        let upcoming = self.upcoming_cases(self.ahead.drain, depth, guidance);
+        let upcoming = self.upcoming_cases(self.calls_ahead.drain, depth, guidance);
         for (j, kept) in upcoming.into_iter().enumerate() {
             let cycle = current + 1 + j as u64;
-            self.queue_likely_calls(cycle, kept, guidance, workers, &mut wanted);
+            self.queue_likely_calls(cycle, kept, guidance, dispatch, &mut wanted);
         }
-        self.ahead.withdraw_where(workers, |digest, q| {
+        self.calls_ahead.withdraw_where(dispatch, |digest, q| {
             q.cycle < current || (q.cycle > current && !wanted.contains(digest))
         });
     }
 
     /// Whether upcoming cycle `j` (0: the next) is likely to get its calls: the epoch's change
     /// cap is not reached and the call budget covers this cycle's two calls and theirs.
-    fn budget_allows(&self, j: usize) -> bool {
+    fn cycle_ahead_gets_calls(&self, j: usize) -> bool {
         if self.change_cap_reached() {
             return false;
         }
-        let needed = self.state.calls_epoch as u64 + 2 * (j as u64 + 2);
-        self.config
-            .max_calls_per_epoch
-            .is_none_or(|cap| needed <= cap as u64)
+        self.state
+            .calls_epoch
+            .covers_cycle_ahead(self.config.max_calls_per_epoch, j)
     }
 
     /// Queue the decision call `cycle` would make on its packed cases `kept`, and its ops call
@@ -182,7 +182,7 @@ impl Reflector {
         cycle: u64,
         kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
-        workers: &mut Workers<'_>,
+        dispatch: &mut Dispatch<'_>,
         wanted: &mut BTreeSet<String>,
     ) {
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
@@ -190,13 +190,18 @@ impl Reflector {
         let seed = self.call_seed(self.state.epoch, cycle, CallPass::Decision, 0);
         let decision = self.call_payload(&messages, &schema, seed);
         let (digest, job) = self
-            .ahead
-            .want(cycle, CallPass::Decision, decision, workers);
+            .calls_ahead
+            .want(cycle, CallPass::Decision, decision, dispatch);
         wanted.insert(digest);
-        let answer = workers.completions.peek(job).and_then(|c| match &c.result {
-            Ok(JobOutput::Generate { text, .. }) => reflection_schema::parse_decision(text).ok(),
-            _ => None,
-        });
+        let answer = dispatch
+            .completions
+            .peek(job)
+            .and_then(|c| match &c.result {
+                Ok(JobOutput::Generate { text, .. }) => {
+                    reflection_schema::parse_decision(text).ok()
+                }
+                _ => None,
+            });
         let Some(decision) = answer else {
             return;
         };
@@ -205,6 +210,6 @@ impl Reflector {
             return;
         }
         let ops = self.first_ops_payload(&learnable, guidance, cycle);
-        wanted.insert(self.ahead.want(cycle, CallPass::Ops, ops, workers).0);
+        wanted.insert(self.calls_ahead.want(cycle, CallPass::Ops, ops, dispatch).0);
     }
 }

@@ -1,0 +1,89 @@
+//! The epoch's reflection budgets, each owned by one type: the model calls an epoch may make
+//! (`reflection.max_calls_per_epoch`) and the reflections an epoch may apply
+//! (`reflection.change_cap_per_epoch`). Both are counted here, reset here at the epoch's start,
+//! and compared here; the caps come from the config, the counts go into checkpoints.
+
+use serde::{Deserialize, Serialize};
+
+/// Model calls this epoch, against `reflection.max_calls_per_epoch` (`None`: no cap).
+/// Serialized as the bare count, as checkpoints have always stored it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CallBudget {
+    spent: u32,
+}
+
+impl CallBudget {
+    /// Whether one more call fits under `cap`.
+    pub fn left(&self, cap: Option<u32>) -> bool {
+        cap.is_none_or(|cap| self.spent < cap)
+    }
+
+    /// Charge one call (the caller has checked [`CallBudget::left`]).
+    pub fn charge(&mut self) {
+        self.spent += 1;
+    }
+
+    /// Whether upcoming cycle `j` (0: the next) is likely to get its calls: the budget covers
+    /// the running cycle's two calls, and two for each cycle up to and including `j`.
+    pub fn covers_cycle_ahead(&self, cap: Option<u32>, j: usize) -> bool {
+        let needed = self.spent as u64 + 2 * (j as u64 + 2);
+        cap.is_none_or(|cap| needed <= cap as u64)
+    }
+}
+
+/// Reflections applied this epoch, against `reflection.change_cap_per_epoch` (`None`: no cap).
+/// Serialized as the bare count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ChangeCap {
+    applied: u32,
+}
+
+impl ChangeCap {
+    /// Has the epoch applied `cap` reflections already?
+    pub fn reached(&self, cap: Option<u32>) -> bool {
+        cap.is_some_and(|cap| self.applied >= cap)
+    }
+
+    /// Count one applied reflection.
+    pub fn count_applied(&mut self) {
+        self.applied += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capped_call_budget_runs_out_at_its_cap() {
+        let mut b = CallBudget::default();
+        assert!(b.left(Some(2)));
+        b.charge();
+        b.charge();
+        assert!(!b.left(Some(2)));
+        assert!(b.left(None));
+    }
+
+    #[test]
+    fn a_cycle_ahead_needs_two_calls_for_itself_and_each_before_it() {
+        let mut b = CallBudget::default();
+        b.charge();
+        // 1 spent + the running cycle's 2 + the next cycle's 2 = 5.
+        assert!(b.covers_cycle_ahead(Some(5), 0));
+        assert!(!b.covers_cycle_ahead(Some(4), 0));
+        assert!(!b.covers_cycle_ahead(Some(6), 1));
+        assert!(b.covers_cycle_ahead(None, 100));
+    }
+
+    #[test]
+    fn budgets_serialize_as_their_bare_counts() {
+        let mut b = CallBudget::default();
+        b.charge();
+        assert_eq!(serde_json::to_string(&b).unwrap(), "1");
+        let c: ChangeCap = serde_json::from_str("3").unwrap();
+        assert!(c.reached(Some(3)));
+        assert!(!c.reached(None));
+    }
+}
