@@ -36,8 +36,15 @@
 use super::common::{SamplingParams, Scratch, SeenTokens, for_each_considered};
 use crate::constraint::AllowedTokens;
 
-/// Bits of one radix digit: 2,048 counters a pass, which stay in the L1 cache.
-const DIGIT_BITS: u32 = 11;
+/// Most bits of one radix digit: 4,096 counters a pass, which stay in the L1 cache.
+const DIGIT_BITS: u32 = 12;
+
+/// Top key bits sorted first (two passes): 16 million slots, far more than a vocabulary's
+/// tokens, so tokens sharing them are few unless the keys cluster.
+const TOP_BITS: u32 = 24;
+
+/// Runs of tokens up to this long are sorted by insertion.
+const SHORT_RUN: usize = 32;
 
 /// Bits of the key's top that choose which tokens get sorted (2,048 buckets).
 const BUCKET_BITS: u32 = 11;
@@ -76,28 +83,28 @@ pub fn sample(
     } else {
         top_p * weighed.z
     };
-    let through = chosen_buckets(&weighed, &scratch.weights, target);
-    Some(draw(&weighed, params, u, through, scratch))
+    let prefix = chosen_buckets(&weighed, &scratch.weights, target);
+    Some(draw(&weighed, params, u, prefix, scratch))
 }
 
-/// Ranks the tokens of histogram buckets `..=through` and draws among them, ranking
-/// everything when the draw falls past them.
+/// Ranks the tokens of `prefix` and draws among them, ranking everything when the draw falls
+/// past them.
 fn draw(
     weighed: &Weighed,
     params: &SamplingParams,
     u: f64,
-    mut through: u64,
+    mut prefix: Prefix,
     scratch: &mut Scratch,
 ) -> u32 {
     let top_p = params.top_p as f64;
     let cut_all = top_p >= 1.0;
     loop {
-        let ranked = rank(weighed, through, scratch);
+        let ranked = rank(weighed, prefix, scratch);
         if let Some(t) = search(weighed, cut_all, top_p, u, ranked, scratch) {
             return t;
         }
         // Rounding left the cut past the prefix: rank everything.
-        through = u64::MAX;
+        prefix = Prefix::all(weighed);
     }
 }
 
@@ -185,34 +192,56 @@ fn bit_len(x: u64) -> u32 {
     64 - x.leading_zeros()
 }
 
-/// The last histogram bucket to rank: the first whose running approximate mass passes
-/// `target` (all buckets when none does, or `target` is not a number).
-fn chosen_buckets(w: &Weighed, weights: &[f64], target: f64) -> u64 {
+/// Which tokens to rank: those whose key is at most `limit`; no key of theirs exceeds
+/// `top_key` (it bounds the key bits to sort).
+#[derive(Debug, Clone, Copy)]
+struct Prefix {
+    limit: u64,
+    top_key: u64,
+}
+
+impl Prefix {
+    /// Every token.
+    fn all(w: &Weighed) -> Prefix {
+        Prefix {
+            limit: w.span,
+            top_key: w.span,
+        }
+    }
+}
+
+/// The tokens of the leading histogram buckets up to the first whose running approximate mass
+/// passes `target` (all tokens when none does, or `target` is not a number).
+fn chosen_buckets(w: &Weighed, weights: &[f64], target: f64) -> Prefix {
     let mut mass = [0.0f64; 1 << BUCKET_BITS];
+    let mut top = [0u64; 1 << BUCKET_BITS];
     for &x in weights {
-        mass[((w.top_bits - x.to_bits()) >> w.shift) as usize] += x;
+        let key = w.top_bits - x.to_bits();
+        let b = (key >> w.shift) as usize;
+        mass[b] += x;
+        top[b] = top[b].max(key);
     }
     let goal = target * (1.0 + MARGIN);
     let mut acc = 0.0;
     for (b, &m) in mass.iter().enumerate() {
         acc += m;
-        if acc >= goal {
-            return b as u64;
+        // The first bucket passing the goal adds mass, so it holds a token: `top[b]` is the
+        // largest key ranked.
+        if acc >= goal && b + 1 < mass.len() {
+            return Prefix {
+                limit: (((b as u64) + 1) << w.shift) - 1,
+                top_key: top[b],
+            };
         }
     }
-    u64::MAX
+    Prefix::all(w)
 }
 
-/// Ranks the tokens of buckets `..=through` (a prefix of the exhaustive ranking) into
-/// `scratch.narrow` or `scratch.wide`; returns how many there are and whether they are wide.
-fn rank(w: &Weighed, through: u64, scratch: &mut Scratch) -> (usize, bool) {
-    // The largest key of the chosen buckets, to bound the digits to sort.
-    let limit = match through.checked_add(1) {
-        Some(b) if bit_len(b) + w.shift <= 64 => ((b << w.shift) - 1).min(w.span),
-        _ => w.span,
-    };
-    let key_bits = bit_len(limit);
-    let keep = |x: f64| (w.top_bits - x.to_bits()) <= limit;
+/// Ranks the tokens of `prefix` (a prefix of the exhaustive ranking) into `scratch.narrow` or
+/// `scratch.wide`; returns how many there are and whether they are wide.
+fn rank(w: &Weighed, prefix: Prefix, scratch: &mut Scratch) -> (usize, bool) {
+    let key_bits = bit_len(prefix.top_key);
+    let keep = |x: f64| (w.top_bits - x.to_bits()) <= prefix.limit;
     let Scratch {
         weights,
         ids,
@@ -230,7 +259,7 @@ fn rank(w: &Weighed, through: u64, scratch: &mut Scratch) -> (usize, bool) {
             }
         }
         wide.clear();
-        radix_sort(narrow, narrow_tmp, w.id_bits, key_bits);
+        sort_packed(narrow, narrow_tmp, w.id_bits, key_bits);
         (narrow.len(), false)
     } else {
         wide.clear();
@@ -240,7 +269,7 @@ fn rank(w: &Weighed, through: u64, scratch: &mut Scratch) -> (usize, bool) {
             }
         }
         narrow.clear();
-        radix_sort(wide, wide_tmp, 32, key_bits);
+        sort_packed(wide, wide_tmp, 32, key_bits);
         (wide.len(), true)
     }
 }
@@ -321,47 +350,97 @@ impl Ranked<'_> {
     }
 }
 
-/// A key and id packed in one unsigned integer, the id in the low bits.
-trait Packed: Copy + Default {
-    /// The `DIGIT_BITS` bits from bit `shift` up.
-    fn digit(self, shift: u32) -> usize;
+/// A key and id packed in one unsigned integer, the id in the low bits: ordering the integers
+/// orders by key, then id.
+trait Packed: Copy + Default + Ord {
+    /// The bits from bit `shift` up, as far as 64 of them.
+    fn from_bit(self, shift: u32) -> u64;
 }
 
 impl Packed for u64 {
     #[inline(always)]
-    fn digit(self, shift: u32) -> usize {
-        ((self >> shift) as usize) & ((1 << DIGIT_BITS) - 1)
+    fn from_bit(self, shift: u32) -> u64 {
+        self >> shift
     }
 }
 
 impl Packed for u128 {
     #[inline(always)]
-    fn digit(self, shift: u32) -> usize {
-        ((self >> shift) as usize) & ((1 << DIGIT_BITS) - 1)
+    fn from_bit(self, shift: u32) -> u64 {
+        (self >> shift) as u64
     }
 }
 
-/// Stable LSD radix sort of `v` by bits `low..low + bits` (the key above the id; the ids,
-/// ascending on entry, stay ascending among equal keys). `tmp` is scratch.
-fn radix_sort<T: Packed>(v: &mut Vec<T>, tmp: &mut Vec<T>, low: u32, bits: u32) {
+/// Sorts packed tokens (ids ascending on entry, keys in bits `low..low + bits`) by key, then
+/// id. The top [`TOP_BITS`] of the key are radix sorted (two passes), which leaves few tokens
+/// sharing them when keys are spread; each run of tokens that share them is then sorted
+/// whole: by insertion when short, else by radix sorting the remaining bits (stable, so ids
+/// stay ascending). Either way no key bit is sorted by more than one pass.
+fn sort_packed<T: Packed>(v: &mut Vec<T>, tmp: &mut Vec<T>, low: u32, bits: u32) {
+    let n = v.len();
+    if n <= SHORT_RUN {
+        v.sort_unstable();
+        return;
+    }
+    tmp.clear();
+    tmp.resize(n, T::default());
+    let top = bits.min(TOP_BITS);
+    let rest = bits - top;
+    radix_sort(v, tmp, low + rest, top);
+    if rest == 0 {
+        return;
+    }
+    let mut a = 0;
+    while a < n {
+        let head = v[a].from_bit(low + rest);
+        let mut b = a + 1;
+        while b < n && v[b].from_bit(low + rest) == head {
+            b += 1;
+        }
+        if b - a > SHORT_RUN {
+            radix_sort(&mut v[a..b], &mut tmp[a..b], low, rest);
+        } else if b - a > 1 {
+            insertion_sort(&mut v[a..b]);
+        }
+        a = b;
+    }
+}
+
+fn insertion_sort<T: Packed>(v: &mut [T]) {
+    for i in 1..v.len() {
+        let x = v[i];
+        let mut j = i;
+        while j > 0 && v[j - 1] > x {
+            v[j] = v[j - 1];
+            j -= 1;
+        }
+        v[j] = x;
+    }
+}
+
+/// Stable LSD radix sort of `v` by bits `low..low + bits`, in passes of at most
+/// [`DIGIT_BITS`]; `tmp` is scratch of the same length.
+fn radix_sort<T: Packed>(v: &mut [T], tmp: &mut [T], low: u32, bits: u32) {
     let n = v.len();
     if n < 2 || bits == 0 {
         return;
     }
-    let passes = bits.div_ceil(DIGIT_BITS) as usize;
+    let passes = bits.div_ceil(DIGIT_BITS);
+    let width = bits.div_ceil(passes);
+    let mask = (1u64 << width) - 1;
+    let digit = |x: T, p: u32| (x.from_bit(low + p * width) & mask) as usize;
     // Every pass's counts in one read of the input.
-    let mut counts = vec![[0u32; 1 << DIGIT_BITS]; passes];
+    let mut counts = vec![[0u32; 1 << DIGIT_BITS]; passes as usize];
     for &x in v.iter() {
         for (p, c) in counts.iter_mut().enumerate() {
-            c[x.digit(low + p as u32 * DIGIT_BITS)] += 1;
+            c[digit(x, p as u32)] += 1;
         }
     }
-    tmp.clear();
-    tmp.resize(n, T::default());
+    let (mut src, mut dst) = (v, tmp);
+    let mut moved = false;
     for (p, c) in counts.iter_mut().enumerate() {
-        let shift = low + p as u32 * DIGIT_BITS;
         // A digit every element shares moves nothing.
-        if c[v[0].digit(shift)] as usize == n {
+        if c[digit(src[0], p as u32)] as usize == n {
             continue;
         }
         let mut at = 0u32;
@@ -370,12 +449,17 @@ fn radix_sort<T: Packed>(v: &mut Vec<T>, tmp: &mut Vec<T>, low: u32, bits: u32) 
             *slot = at;
             at += k;
         }
-        for &x in v.iter() {
-            let d = x.digit(shift);
-            tmp[c[d] as usize] = x;
+        for &x in src.iter() {
+            let d = digit(x, p as u32);
+            dst[c[d] as usize] = x;
             c[d] += 1;
         }
-        std::mem::swap(v, tmp);
+        std::mem::swap(&mut src, &mut dst);
+        moved = !moved;
+    }
+    if moved {
+        // The sorted elements are in `tmp`; `dst` is the caller's `v`.
+        dst.copy_from_slice(src);
     }
 }
 

@@ -308,7 +308,12 @@ fn a_cut_past_the_chosen_buckets_ranks_everything() {
         let u = uniform_at(5, step);
         let want = sample_exhaustive(&logits, &p, None, None, u, &mut s);
         let w = weigh(&logits, &p, None, None, &mut s).unwrap();
-        assert_eq!(Some(draw(&w, &p, u, 0, &mut s)), want, "top_p {top_p}");
+        let first_bucket = (1 << w.shift) - 1;
+        let prefix = Prefix {
+            limit: first_bucket,
+            top_key: first_bucket,
+        };
+        assert_eq!(Some(draw(&w, &p, u, prefix, &mut s)), want, "top_p {top_p}");
         assert_eq!(
             s.narrow.len() + s.wide.len(),
             5000,
@@ -363,10 +368,55 @@ fn radix_sort_orders_by_key_and_keeps_id_order_among_equal_keys() {
         .iter()
         .map(|&(k, id)| (k << 4) | id)
         .collect();
-    radix_sort(&mut v, &mut Vec::new(), 4, 23);
+    radix_sort(&mut v, &mut [0; 6], 4, 23);
     let got: Vec<(u64, u64)> = v.iter().map(|x| (x >> 4, x & 15)).collect();
     assert_eq!(
         got,
         [(0, 2), (0, 5), (1, 6), (3, 1), (3, 4), (0x7f_ffff, 3)]
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Keys spread, clustered under one far key (long runs sharing the top bits), tied, or
+    /// wide: the packed sort orders by key, then id, as a comparison sort does.
+    #[test]
+    fn the_packed_sort_orders_by_key_then_id_whatever_the_keys(
+        key_bits in 1u32..64,
+        cluster_bits in 0u32..64,
+        len in 0usize..3000,
+        seed: u64,
+        ties in 1u64..4,
+    ) {
+        let id_bits = 12;
+        let cluster = cluster_bits.min(key_bits);
+        let keys: Vec<u64> = (0..len as u64)
+            .map(|i| {
+                let r = splitmix64(seed ^ i) / ties * ties;
+                if i == 0 {
+                    u64::MAX >> (64 - key_bits)
+                } else {
+                    r >> (64 - cluster.max(1)) >> u32::from(cluster == 0)
+                }
+            })
+            .collect();
+        let mut want: Vec<(u64, u64)> = keys.iter().enumerate().map(|(i, &k)| (k, i as u64)).collect();
+        want.sort_unstable();
+        if key_bits + id_bits <= 64 {
+            let mut v: Vec<u64> = want.iter().map(|&(k, i)| (k << id_bits) | i).collect();
+            v.sort_unstable_by_key(|x| x & ((1 << id_bits) - 1));
+            sort_packed(&mut v, &mut Vec::new(), id_bits, key_bits);
+            let got: Vec<(u64, u64)> = v.iter().map(|x| (x >> id_bits, x & ((1 << id_bits) - 1))).collect();
+            prop_assert_eq!(got, want.clone());
+        }
+        let mut v: Vec<u128> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (u128::from(k) << 32) | i as u128)
+            .collect();
+        sort_packed(&mut v, &mut Vec::new(), 32, key_bits);
+        let got: Vec<(u64, u64)> = v.iter().map(|x| ((x >> 32) as u64, *x as u32 as u64)).collect();
+        prop_assert_eq!(got, want);
+    }
 }
