@@ -176,7 +176,7 @@ fn weigh(
         ids.push(id);
     });
     let span = hi - lo;
-    let last_id = *ids.last().expect("n > 0");
+    let last_id = ids.last().copied().unwrap_or(0);
     Some(Weighed {
         n,
         z,
