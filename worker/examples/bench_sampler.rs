@@ -51,7 +51,7 @@ fn main() {
     let all = argv.iter().any(|a| a == "--all");
     let only = arg("--only");
     let routes = arg("--routes").unwrap_or_else(|| "exhaustive,before,after,radix".into());
-    let mut scenarios: Vec<(&str, Box<dyn Fn() -> Option<Vec<Vec<f32>>>>)> = vec![
+    let mut scenarios: Vec<(&str, Box<MakeRows>)> = vec![
         ("qwen-flat", Box::new(|| Some(rows(QWEN, flat)))),
         (
             "qwen-normal",
@@ -135,6 +135,9 @@ fn model_rows(model: &Path) -> Vec<Vec<f32>> {
     })
     .collect()
 }
+
+/// Builds a scenario's rows, or `None` when it cannot (no model).
+type MakeRows = dyn Fn() -> Option<Vec<Vec<f32>>>;
 
 type Route<'a> = dyn FnMut(&[f32], f64, &mut Scratch) -> Option<u32> + 'a;
 

@@ -354,19 +354,19 @@ impl Ranked<'_> {
 /// orders by key, then id.
 trait Packed: Copy + Default + Ord {
     /// The bits from bit `shift` up, as far as 64 of them.
-    fn from_bit(self, shift: u32) -> u64;
+    fn bits_from(self, shift: u32) -> u64;
 }
 
 impl Packed for u64 {
     #[inline(always)]
-    fn from_bit(self, shift: u32) -> u64 {
+    fn bits_from(self, shift: u32) -> u64 {
         self >> shift
     }
 }
 
 impl Packed for u128 {
     #[inline(always)]
-    fn from_bit(self, shift: u32) -> u64 {
+    fn bits_from(self, shift: u32) -> u64 {
         (self >> shift) as u64
     }
 }
@@ -376,7 +376,7 @@ impl Packed for u128 {
 /// sharing them when keys are spread; each run of tokens that share them is then sorted
 /// whole: by insertion when short, else by radix sorting the remaining bits (stable, so ids
 /// stay ascending). Either way no key bit is sorted by more than one pass.
-fn sort_packed<T: Packed>(v: &mut Vec<T>, tmp: &mut Vec<T>, low: u32, bits: u32) {
+fn sort_packed<T: Packed>(v: &mut [T], tmp: &mut Vec<T>, low: u32, bits: u32) {
     let n = v.len();
     if n <= SHORT_RUN {
         v.sort_unstable();
@@ -392,9 +392,9 @@ fn sort_packed<T: Packed>(v: &mut Vec<T>, tmp: &mut Vec<T>, low: u32, bits: u32)
     }
     let mut a = 0;
     while a < n {
-        let head = v[a].from_bit(low + rest);
+        let head = v[a].bits_from(low + rest);
         let mut b = a + 1;
-        while b < n && v[b].from_bit(low + rest) == head {
+        while b < n && v[b].bits_from(low + rest) == head {
             b += 1;
         }
         if b - a > SHORT_RUN {
@@ -428,7 +428,7 @@ fn radix_sort<T: Packed>(v: &mut [T], tmp: &mut [T], low: u32, bits: u32) {
     let passes = bits.div_ceil(DIGIT_BITS);
     let width = bits.div_ceil(passes);
     let mask = (1u64 << width) - 1;
-    let digit = |x: T, p: u32| (x.from_bit(low + p * width) & mask) as usize;
+    let digit = |x: T, p: u32| (x.bits_from(low + p * width) & mask) as usize;
     // Every pass's counts in one read of the input.
     let mut counts = vec![[0u32; 1 << DIGIT_BITS]; passes as usize];
     for &x in v.iter() {
