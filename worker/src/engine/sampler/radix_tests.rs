@@ -27,12 +27,46 @@ fn same_draw(
     let mut s = Scratch::default();
     let want = sample_exhaustive(logits, p, seen, allowed, u, &mut s);
     assert_eq!(sample(logits, p, seen, allowed, u, &mut s), want, "radix");
+    if handles(p) && want.is_some() {
+        ranking_is_the_comparison_sorts(&s);
+    }
     assert_eq!(
         super::super::sample(logits, p, seen, allowed, u, &mut s),
         want,
         "sampler::sample"
     );
     want
+}
+
+/// The radix path's last ranking is the leading part of the exhaustive sampler's order over
+/// its weights (weight descending, ties by id), token for token and bit for bit: checked
+/// directly, since most misorderings would move a draw only rarely.
+fn ranking_is_the_comparison_sorts(s: &Scratch) {
+    let mut want: Vec<(f64, u32)> = s
+        .weights
+        .iter()
+        .copied()
+        .zip(s.ids.iter().copied())
+        .collect();
+    want.sort_by(super::super::common::by_weight_then_id);
+    let top_bits = s.weights.iter().map(|w| w.to_bits()).max().unwrap();
+    let got: Vec<(u64, u32)> = if s.wide.is_empty() {
+        let id_bits = bit_len(u64::from(*s.ids.last().unwrap())).max(1);
+        s.narrow
+            .iter()
+            .map(|x| (top_bits - (x >> id_bits), (x & ((1 << id_bits) - 1)) as u32))
+            .collect()
+    } else {
+        s.wide
+            .iter()
+            .map(|x| (top_bits - (x >> 32) as u64, *x as u32))
+            .collect()
+    };
+    let want: Vec<(u64, u32)> = want[..got.len()]
+        .iter()
+        .map(|&(w, id)| (w.to_bits(), id))
+        .collect();
+    assert_eq!(got, want, "ranking");
 }
 
 /// A uniform number in [0, 1) from `seed` and `i`.
