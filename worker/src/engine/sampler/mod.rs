@@ -27,7 +27,7 @@ pub use common::{SamplingParams, Scratch, SeenTokens};
 
 /// Share of the vocabulary the prefilter may weigh: past `1/PREFILTER_SHARE` of the tokens
 /// near the maximum, the radix path is the cheaper one (`examples/bench_sampler.rs`).
-const PREFILTER_SHARE: usize = 16;
+const PREFILTER_SHARE: usize = 4;
 
 /// Picks the next token, or `None` when the mask leaves no token with a finite logit.
 ///
