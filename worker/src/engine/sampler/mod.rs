@@ -8,22 +8,33 @@
 //!
 //! The uniform draw is `stageb_shared::seed::uniform_at(candidate seed, step)`, passed in by the
 //! engine, so a token depends only on the candidate and the step, never on other rows.
-//! Ordering uses partial selection (top 64, doubling while the cut is not reached) instead of
-//! sorting the whole vocabulary; since the comparator is a total order the result is exactly
-//! that of a full sort.
+//!
+//! Three routes give the same token. [`sample_exhaustive`] is the sampler of record: partial
+//! selection (top 64, doubling while the cut is not reached) instead of sorting the whole
+//! vocabulary; since the comparator is a total order the result is exactly that of a full
+//! sort. [`sample`] first tries the [`prefilter`] (peaked logits: only the tokens near the
+//! maximum are weighed, and only when few are), then the [`radix`] path, which ranks the
+//! tokens by a radix sort at a cost that does not depend on the logits' shape (flat logits,
+//! where the doubling selection ends up sorting the whole vocabulary by comparisons).
 
 mod common;
 pub mod prefilter;
+pub mod radix;
 
 use crate::constraint::AllowedTokens;
 use common::{FIRST_PREFIX, sorted_prefix};
 pub use common::{SamplingParams, Scratch, SeenTokens};
 
+/// Share of the vocabulary the prefilter may weigh: past `1/PREFILTER_SHARE` of the tokens
+/// near the maximum, the radix path is the cheaper one (`examples/bench_sampler.rs`).
+const PREFILTER_SHARE: usize = 4;
+
 /// Picks the next token, or `None` when the mask leaves no token with a finite logit.
 ///
-/// The same token as [`sample_exhaustive`] always (see [`prefilter`]): the prefilter answers
-/// when it can prove the exhaustive answer from the tokens near the maximum, and the
-/// exhaustive path answers otherwise.
+/// The same token as [`sample_exhaustive`] always: the prefilter answers when few tokens are
+/// near the maximum and it can prove the exhaustive answer from them (see [`prefilter`]); the
+/// radix path answers otherwise (see [`radix`]), and greedy decoding is the exhaustive
+/// sampler's one pass.
 pub fn sample(
     logits: &[f32],
     params: &SamplingParams,
@@ -32,8 +43,12 @@ pub fn sample(
     u: f64,
     scratch: &mut Scratch,
 ) -> Option<u32> {
-    prefilter::sample(logits, params, seen, allowed, u, scratch)
-        .or_else(|| sample_exhaustive(logits, params, seen, allowed, u, scratch))
+    if !radix::handles(params) {
+        return sample_exhaustive(logits, params, seen, allowed, u, scratch);
+    }
+    let most = (logits.len() / PREFILTER_SHARE).max(FIRST_PREFIX);
+    prefilter::sample_within(logits, params, seen, allowed, u, most, scratch)
+        .or_else(|| radix::sample(logits, params, seen, allowed, u, scratch))
 }
 
 /// The sampler of record: every allowed token's weight, summed over the whole vocabulary.

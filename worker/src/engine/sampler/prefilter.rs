@@ -33,7 +33,9 @@
 
 use std::sync::OnceLock;
 
-use super::common::{FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, sorted_prefix};
+use super::common::{
+    FIRST_PREFIX, SamplingParams, Scratch, SeenTokens, for_each_considered, sorted_prefix,
+};
 use crate::constraint::AllowedTokens;
 
 /// Distance below the maximum (in logit / temperature units) within which tokens are
@@ -131,12 +133,26 @@ pub fn sample(
     u: f64,
     scratch: &mut Scratch,
 ) -> Option<u32> {
+    sample_within(logits, params, seen, allowed, u, usize::MAX, scratch)
+}
+
+/// [`sample`], giving up (`None`) as soon as more than `most` tokens lie in the window: with
+/// that many the exact ranking of the radix path is cheaper than proving a cut.
+pub(super) fn sample_within(
+    logits: &[f32],
+    params: &SamplingParams,
+    seen: Option<&SeenTokens>,
+    allowed: Option<&AllowedTokens>,
+    u: f64,
+    most: usize,
+    scratch: &mut Scratch,
+) -> Option<u32> {
     // Greedy is already one pass; a draw outside [0, 1) is left to the sampler of record.
     if params.temperature <= 0.0 || !(0.0..1.0).contains(&u) {
         return None;
     }
     let mut tail = Tail::new();
-    let (max, n) = collect(logits, params, seen, allowed, &mut tail, scratch)?;
+    let (max, n) = collect(logits, params, seen, allowed, most, &mut tail, scratch)?;
     let (tail_lo, tail_hi, tail_top) = tail.bounds();
     let cand = &mut scratch.cand;
     let mut h = 0.0f64;
@@ -184,12 +200,14 @@ pub fn sample(
 
 /// The exhaustive sampler's `max`, and the number of tokens it weighs; the candidates (their
 /// scaled logits, in id order) into `scratch.cand`, every other token into `tail`. `None` when
-/// no token counts or the logits are beyond [`MAX_MAGNITUDE`].
+/// no token counts, the logits are beyond [`MAX_MAGNITUDE`], or more than `most` tokens are
+/// candidates.
 fn collect(
     logits: &[f32],
     params: &SamplingParams,
     seen: Option<&SeenTokens>,
     allowed: Option<&AllowedTokens>,
+    most: usize,
     tail: &mut Tail,
     scratch: &mut Scratch,
 ) -> Option<(f64, usize)> {
@@ -217,6 +235,9 @@ fn collect(
                 } else if d >= WINDOW {
                     tail.add(d);
                 } else {
+                    if cand.len() == most {
+                        return None;
+                    }
                     cand.push((l as f64 / temp, id as u32));
                 }
             }
@@ -244,7 +265,7 @@ fn collect(
     if n == 0 || !within_magnitude(max) {
         return None;
     }
-    let (inv_t, mut far) = (1.0 / temp, 0);
+    let (inv_t, mut far, mut over) = (1.0 / temp, 0, false);
     for_each_considered(logits, allowed, |id, l| {
         let s = penalized(id).then(|| scaled(l));
         let d = max - s.unwrap_or(l as f64 * inv_t);
@@ -252,41 +273,14 @@ fn collect(
             far += 1;
         } else if d >= WINDOW {
             tail.add(d);
-        } else {
+        } else if cand.len() < most {
             cand.push((s.unwrap_or(l as f64 / temp), id));
+        } else {
+            over = true;
         }
     });
     tail.far = far;
-    Some((max, n))
-}
-
-/// Calls `f(id, logit)` for every token the exhaustive sampler weighs (finite logit, allowed),
-/// in id order; a mask is read a word (32 tokens) at a time, so a narrow mask costs little.
-#[inline(always)]
-fn for_each_considered(
-    logits: &[f32],
-    allowed: Option<&AllowedTokens>,
-    mut f: impl FnMut(u32, f32),
-) {
-    let Some(a) = allowed else {
-        for (id, &l) in logits.iter().enumerate() {
-            if l.is_finite() {
-                f(id as u32, l);
-            }
-        }
-        return;
-    };
-    for (wi, &word) in a.words().iter().enumerate() {
-        let mut w = word;
-        while w != 0 {
-            let id = wi * 32 + w.trailing_zeros() as usize;
-            w &= w - 1;
-            match logits.get(id) {
-                Some(&l) if l.is_finite() && id < a.len() => f(id as u32, l),
-                _ => {}
-            }
-        }
-    }
+    (!over).then_some((max, n))
 }
 
 #[cfg(test)]
