@@ -44,6 +44,9 @@ pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
 use super::prefix_cache::PrefixStore;
 use super::prompt_text::PromptEncoder;
 use super::sampler::{SamplingParams, SeenTokens};
+use super::step_split::StepSplit;
+use super::switches::EngineSwitches;
+use super::transformer::ops;
 use super::transformer::{DecodePart, DecodeTile, KvCache, Transformer, TransformerConfig};
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
@@ -67,6 +70,24 @@ pub const FINISH_MARGIN: usize = 4;
 
 /// Candidates checked on a fork per finishing step (highest logits first).
 const FINISH_LOOKAHEAD: usize = 64;
+
+/// The end of the prefill chunk that starts at `pos` of a prompt of `len` tokens: the fixed
+/// schedule's chunks end at multiples of [`PREFILL_CHUNK`] and at the prompt's end, wherever
+/// the prefill started (after a reused prefix). The one statement of the schedule: every
+/// prefill, on either backend, in a running batch or alone, goes by it.
+pub(crate) fn chunk_end(pos: usize, len: usize) -> usize {
+    ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(len)
+}
+
+/// Prefill chunks from position `from` to the end of a prompt of `len` tokens ([`chunk_end`]).
+pub(crate) fn chunks_between(mut from: usize, len: usize) -> usize {
+    let mut n = 0;
+    while from < len {
+        from = chunk_end(from, len);
+        n += 1;
+    }
+    n
+}
 
 /// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
 /// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
@@ -159,6 +180,10 @@ pub struct CandleEngine {
     /// What the worker's jobs in hand may take ([`Engine::set_kv_budget`]); with the prefix
     /// stores' budgets, the capacity of the CPU path's pool of KV blocks.
     kv_budget: u64,
+    /// The run-time switches the engine was loaded with.
+    switches: EngineSwitches,
+    /// Where the steps' time went since load ([`CandleEngine::step_split`]).
+    split: StepSplit,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -212,6 +237,11 @@ impl CandleEngine {
         }
     }
 
+    /// The run-time switches in force (`STAGEB_ENGINE_SWITCHES` at load, or the options').
+    pub fn switches(&self) -> &EngineSwitches {
+        &self.switches
+    }
+
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -253,6 +283,12 @@ impl CandleEngine {
     /// calls (the GPU check's probe reports where a step's time goes).
     pub fn decode_split_last_job(&self) -> (u64, u64) {
         self.decode_split
+    }
+
+    /// Where the engine's steps spent their time since it was loaded (both the one-job path
+    /// and the running batch): a probe reports the difference across its work.
+    pub fn step_split(&self) -> StepSplit {
+        self.split
     }
 
     /// The prompt text for `messages` (chat template, generation prompt appended).
@@ -379,17 +415,26 @@ impl CandleEngine {
                     .map(|f| f.first().copied().unwrap_or(pad))
                     .collect();
                 let tile = DecodeTile::for_device(model.device());
+                let (ops0, t0) = (ops::issued(), Instant::now());
                 let out = model
                     .forward_decode(&mut [DecodePart { tokens, cache }], tile)
                     .map_err(me)?;
+                let t1 = Instant::now();
+                model.device().synchronize().map_err(me)?;
+                let t2 = Instant::now();
                 let rows = out
                     .first()
-                    .map(|t| t.to_vec2::<f32>())
+                    .map(|t| ops::one(t.to_vec2::<f32>()))
                     .transpose()
                     .map_err(me)?;
                 for (dst, row) in logits.iter_mut().zip(rows.unwrap_or_default()) {
                     *dst = row;
                 }
+                let split = &mut self.split;
+                split.decode_steps += 1;
+                (split.forward_issued += t1 - t0, split.forward_done += t2 - t1);
+                split.readback += t2.elapsed();
+                split.add_ops(ops::issued() - ops0);
                 Ok(())
             }
             (Backend::Cpu(model), DecodeCache::Cpu(cache)) => {
@@ -408,14 +453,19 @@ impl CandleEngine {
                     return Ok(());
                 }
                 let at: Vec<usize> = last.iter().map(|(p, _)| *p).collect();
+                let t0 = Instant::now();
                 let out = model
                     .forward_at(&toks, &slots, cache, &at, &mut self.workspace)
                     .map_err(EngineError::Model)?;
+                let t1 = Instant::now();
                 let vocab = out.len() / at.len();
                 for ((_, i), row) in last.iter().zip(out.chunks_exact(vocab)) {
                     logits[*i].clear();
                     logits[*i].extend_from_slice(row);
                 }
+                self.split.decode_steps += 1;
+                self.split.forward_issued += t1 - t0;
+                self.split.readback += t1.elapsed();
                 Ok(())
             }
             _ => Err(EngineError::Model("decode before prefill".into())),
@@ -449,6 +499,8 @@ impl CandleEngine {
         let t0 = Instant::now();
         let (first_logits, mut cache, reused) = self.prefill(prompt, reuse)?;
         let prefill_us = t0.elapsed().as_micros() as u64;
+        self.split.prefill += t0.elapsed();
+        self.split.prefill_steps += chunks_between(reused, prompt.len()) as u64;
         if rows.is_empty() || max_new == 0 {
             return Ok((prefill_us, 0, reused));
         }
@@ -482,6 +534,7 @@ impl CandleEngine {
             let t = Instant::now();
             let feeds = self.sample_rows(rows, &step_logits, fast_forward)?;
             self.decode_split.0 += t.elapsed().as_micros() as u64;
+            self.split.sampling += t.elapsed();
             if feeds.iter().all(|f| f.is_empty()) {
                 break;
             }

@@ -21,6 +21,9 @@
 //!   by longest common token prefix.
 //! - [`sampler`]: the next token from one row of logits: the exhaustive sampler of record and
 //!   its max-logit prefilter.
+//! - [`step_split`]: where decode steps spend their time ([`step_split::StepSplit`]).
+//! - [`switches`]: the run-time switches ([`EngineSwitches`], `STAGEB_ENGINE_SWITCHES`) that
+//!   A/B engine changes in one binary.
 //! - [`int8`]: only the old path of [`cpu::isa::choose`].
 
 use std::sync::Arc;
@@ -37,6 +40,8 @@ pub mod prefix_cache;
 pub mod prompt_text;
 pub mod safetensors;
 pub mod sampler;
+pub mod step_split;
+pub mod switches;
 pub mod tokenizer;
 pub mod transformer;
 
@@ -48,6 +53,7 @@ pub use cpu::kv_pool::PoolStats;
 pub use cpu::model::CpuNumerics;
 pub use gguf::WeightFormat;
 pub use options::Numerics;
+pub use switches::{EngineSwitches, Readback};
 
 /// The kernel choice at its old path (`engine::int8::choose`), which the root package's CLI
 /// still names; it lives in [`cpu::isa`].

@@ -18,13 +18,13 @@ use std::time::Instant;
 use super::prefill;
 use super::rows::Row;
 use super::{
-    Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse,
-    check_params, store_of,
+    Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, Reuse, check_params,
+    chunk_end, store_of,
 };
 use crate::constraint::ConstraintSpec;
 use crate::engine::cpu::model::{CpuCache, Part, Slot};
 use crate::engine::sampler::SeenTokens;
-use crate::engine::transformer::{DecodePart, DecodeTile, KvCache};
+use crate::engine::transformer::{DecodePart, DecodeTile, KvCache, ops};
 use crate::engine::{
     BatchShare, CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason,
     GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
@@ -79,7 +79,7 @@ struct Input {
 }
 
 /// What one forward call takes: the next prefill chunk of the earliest job still prefilling
-/// (the fixed schedule: chunks end at multiples of [`PREFILL_CHUNK`]), and every fed row's
+/// (the fixed schedule, [`chunk_end`]), and every fed row's
 /// tokens (a row's forced run in order), job by job.
 fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Input> {
     let filling = live
@@ -89,7 +89,7 @@ fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Inpu
     let mut inputs = Vec::new();
     for (ji, (j, f)) in live.iter().zip(feeds).enumerate() {
         if Some(ji) == filling {
-            let end = ((j.prefilled / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(j.prompt.len());
+            let end = chunk_end(j.prefilled, j.prompt.len());
             let tokens = j.prompt[j.prefilled..end].to_vec();
             let n = tokens.len();
             inputs.push(Input {
@@ -318,8 +318,10 @@ impl CandleEngine {
         // Sample every decoding row of every job at once (on a GPU the host's cores, while
         // the device waits for the next step's tokens); a job whose rows all ended leaves.
         let this = &*self;
+        let t = Instant::now();
         let sampled: Vec<Result<Vec<Vec<u32>>, EngineError>> =
             live.par_iter_mut().map(|j| this.sample_job(j)).collect();
+        self.split.sampling += t.elapsed();
         let mut feeds: Vec<Vec<Vec<u32>>> = Vec::with_capacity(live.len());
         let mut keep_live = Vec::with_capacity(live.len());
         for (j, sampled) in live.into_iter().zip(sampled) {
@@ -390,13 +392,14 @@ impl CandleEngine {
             Backend::Cpu(_) => self.forward_cpu(live, &inputs)?,
             Backend::Candle(_) => self.forward_candle(live, &inputs)?,
         };
+        let t1 = Instant::now();
         let vocab = self.model.config().vocab_size;
         for (i, logits) in inputs.iter().zip(out) {
             let j = &mut live[i.job];
             match &i.rows {
                 None => {
                     j.prefilled += i.tokens.len();
-                    j.prefill_us += t0.elapsed().as_micros() as u64;
+                    j.prefill_us += (t1 - t0).as_micros() as u64;
                     if j.decoding() {
                         self.publish_prompt(j)?;
                         self.start_rows(j, logits)?;
@@ -409,6 +412,19 @@ impl CandleEngine {
                     }
                 }
             }
+        }
+        if let Backend::Cpu(_) = &self.model {
+            // One call: a step with a prefill chunk counts as prefill (see `StepSplit`).
+            let split = &mut self.split;
+            let chunk = inputs.iter().any(|i| i.rows.is_none());
+            let decoded = inputs.iter().any(|i| i.rows.is_some());
+            split.prefill_steps += u64::from(chunk);
+            split.decode_steps += u64::from(decoded);
+            match chunk {
+                true => split.prefill += t1 - t0,
+                false => split.forward_issued += t1 - t0,
+            }
+            split.readback += t1.elapsed();
         }
         Ok(())
     }
@@ -511,11 +527,14 @@ impl CandleEngine {
             })?;
             match &i.rows {
                 None => {
+                    let t = Instant::now();
                     let input = Tensor::new(i.tokens.as_slice(), model.device())
                         .and_then(|t| t.unsqueeze(0))
                         .map_err(me)?;
                     let logits = model.forward(&input, cache).map_err(me)?;
                     out[k] = logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)?;
+                    self.split.prefill += t.elapsed();
+                    self.split.prefill_steps += 1;
                 }
                 Some(rows) if rows.len() != i.tokens.len() => {
                     return Err(EngineError::Model(
@@ -532,14 +551,26 @@ impl CandleEngine {
                 }
             }
         }
+        if parts.is_empty() {
+            return Ok(out);
+        }
         let tile = DecodeTile::for_device(model.device());
+        let (ops0, t0) = (ops::issued(), Instant::now());
         let logits = model.forward_decode(&mut parts, tile).map_err(me)?;
+        let t1 = Instant::now();
+        model.device().synchronize().map_err(me)?;
+        let t2 = Instant::now();
         for ((k, l), part) in decoded.into_iter().zip(logits).zip(&parts) {
-            let all = l.to_vec2::<f32>().map_err(me)?;
+            let all = ops::one(l.to_vec2::<f32>()).map_err(me)?;
             let rows = inputs[k].rows.as_deref().unwrap_or_default();
             debug_assert_eq!(all.len(), part.tokens.len());
             out[k] = rows.iter().flat_map(|r| all[*r].iter().copied()).collect();
         }
+        let split = &mut self.split;
+        split.decode_steps += 1;
+        (split.forward_issued += t1 - t0, split.forward_done += t2 - t1);
+        split.readback += t2.elapsed();
+        split.add_ops(ops::issued() - ops0);
         Ok(out)
     }
 

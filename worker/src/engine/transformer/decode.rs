@@ -13,7 +13,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{KvCache, Linear, Transformer, rms_norm};
+use super::{KvCache, Linear, Transformer, ops, rms_norm};
 
 /// Rows per projection call in a decode step (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ fn tiled(l: &Linear, x: &Tensor, tile: usize) -> candle_core::Result<Tensor> {
     let outs = (0..m / tile)
         .map(|i| l.forward(&x.narrow(0, i * tile, tile)?))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Tensor::cat(&outs, 0)
+    ops::cat(&outs, 0)
 }
 
 impl Transformer {
@@ -83,12 +83,12 @@ impl Transformer {
         // Pad rows look up token 0; their outputs are dropped and touch no cache.
         ids.resize(padded, 0);
         let cfg = &self.config;
-        let ids = Tensor::from_vec(ids, padded, &self.device)?;
-        let mut x = self.embedding.index_select(&ids, 0)?; // (padded, hidden)
+        let ids = ops::one(Tensor::from_vec(ids, padded, &self.device))?;
+        let mut x = ops::one(self.embedding.index_select(&ids, 0))?; // (padded, hidden)
         let width = cfg.n_head * cfg.head_dim;
         // The pad rows' attention output: zeros, made once a step.
         let pad = (padded > n)
-            .then(|| Tensor::zeros((padded - n, width), x.dtype(), &self.device))
+            .then(|| ops::one(Tensor::zeros((padded - n, width), x.dtype(), &self.device)))
             .transpose()?;
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
@@ -108,19 +108,20 @@ impl Transformer {
                 at += b;
             }
             ys.extend(pad.clone());
-            let y = Tensor::cat(&ys, 0)?;
-            let x1 = (tiled(&layer.wo, &y, tile)? + &x)?;
+            let y = ops::cat(&ys, 0)?;
+            let x1 = ops::one(tiled(&layer.wo, &y, tile)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
             let gate = tiled(&layer.w_gate, &h, tile)?;
             let up = tiled(&layer.w_up, &h, tile)?;
-            let ff = tiled(&layer.w_down, &(candle_nn::ops::silu(&gate)? * up)?, tile)?;
-            x = (ff + x1)?;
+            let act = ops::one(ops::one(candle_nn::ops::silu(&gate))? * up)?;
+            let ff = tiled(&layer.w_down, &act, tile)?;
+            x = ops::one(ff + x1)?;
         }
         for p in parts.iter_mut() {
             p.cache.len += 1;
         }
         let last = rms_norm(&x, &self.final_norm, cfg.rms_eps)?;
-        let logits = tiled(&self.lm_head, &last, tile)?.to_dtype(DType::F32)?;
+        let logits = ops::cast(&tiled(&self.lm_head, &last, tile)?, DType::F32)?;
         let mut out = Vec::with_capacity(parts.len());
         let mut at = 0;
         for p in parts.iter() {
