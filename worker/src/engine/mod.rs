@@ -10,6 +10,7 @@
 //!   (`load.rs`), the fixed prefill schedule with prefix reuse (`prefill.rs`), the decode loop,
 //!   and a row's sampling, finishing mask and forced tokens (`rows.rs`).
 //! - [`options`]: how an engine is asked to load and run a model ([`EngineOptions`]).
+//! - [`model_config`]: a loaded model's hyper-parameters ([`model_config::TransformerConfig`]).
 //! - [`gguf`], [`safetensors`]: reading a GGUF file or an HF safetensors directory into a model.
 //! - [`tokenizer`]: the model's tokenizer and its stop tokens.
 //! - [`chat_template`]: rendering chat messages into a prompt with the model's template.
@@ -35,6 +36,7 @@ pub mod candle_engine;
 pub mod chat_template;
 pub mod cpu;
 pub mod gguf;
+pub mod model_config;
 pub mod options;
 pub mod prefix_cache;
 pub mod prompt_text;

@@ -34,33 +34,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 pub use decode::{DecodePart, DecodeTile};
 
-/// Which RoPE pairing the checkpoint expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Pairs (2i, 2i+1): GGUF llama (the converter permutes q/k into this layout).
-    Interleaved,
-    /// Pairs (i, i+d/2): HF checkpoints and GGUF qwen2/qwen3.
-    Neox,
-}
-
-/// Hyper-parameters of one loaded model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TransformerConfig {
-    pub architecture: String,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub hidden: usize,
-    pub vocab_size: usize,
-    pub rms_eps: f64,
-    pub rope_theta: f64,
-    pub rope_style: RopeStyle,
-    /// Per-frequency divisors (llama-3 style scaling baked into GGUF `rope_freqs.weight`).
-    pub rope_freq_factors: Option<Vec<f32>>,
-    /// The model's trained context (metadata), before our own cap.
-    pub trained_context: Option<usize>,
-}
+pub use super::model_config::{RopeStyle, TransformerConfig};
 
 /// One projection: quantized or dense, with an optional bias (qwen2 q/k/v).
 #[derive(Debug, Clone)]
@@ -522,7 +496,10 @@ impl Transformer {
         }
         cache.len += t;
         // Only the last position of every row needs logits.
-        let last = x.reshape((b, t, cfg.hidden))?.narrow(1, t - 1, 1)?.squeeze(1)?;
+        let last = x
+            .reshape((b, t, cfg.hidden))?
+            .narrow(1, t - 1, 1)?
+            .squeeze(1)?;
         let last = rms_norm(&ops::contiguous(&last)?, &self.final_norm, cfg.rms_eps)?;
         let logits = self.lm_head.forward(&last)?;
         ops::cast(&logits, DType::F32)
