@@ -579,6 +579,9 @@ mod tests {
         );
         assert_eq!(ms.prefill, 15.0);
         assert_eq!(split.host_ops_per_step(), Some(1000.0));
-        assert_eq!(StepSplitMs::of(&StepSplit::default()), StepSplitMs::default());
+        assert_eq!(
+            StepSplitMs::of(&StepSplit::default()),
+            StepSplitMs::default()
+        );
     }
 }

@@ -17,7 +17,7 @@ use stageb_worker::engine::candle_engine::Backend;
 use stageb_worker::engine::step_split::StepSplit;
 use stageb_worker::engine::{
     BatchShare, CancelFlag, CandleEngine, DecodeRequest, Engine, EngineError, EngineOptions,
-    GenerateRequest, Job, JobOutput, Numerics, RolloutRequest, WeightFormat,
+    EngineSwitches, GenerateRequest, Job, JobOutput, Numerics, RolloutRequest, WeightFormat,
 };
 
 const SYSTEM: &str =
@@ -428,7 +428,10 @@ fn ops_per_step_at(eng: &mut CandleEngine, jobs: usize, steps: usize) -> (f64, S
     };
     for k in 0..jobs {
         let prompt = eng
-            .encode(&format!("Ticket {k}: 挡风板 photo {k} shows {} clips.", k + 3))
+            .encode(&format!(
+                "Ticket {k}: 挡风板 photo {k} shows {} clips.",
+                k + 3
+            ))
             .unwrap();
         eng.admit_ids(k as u64, &prompt, std::slice::from_ref(&decode), false)
             .expect("admit");
@@ -448,7 +451,9 @@ fn ops_per_step_at(eng: &mut CandleEngine, jobs: usize, steps: usize) -> (f64, S
         }
     }
     assert_eq!(split.decode_steps, steps as u64);
-    let per_step = split.host_ops_per_step().expect("the candle backend counts");
+    let per_step = split
+        .host_ops_per_step()
+        .expect("the candle backend counts");
     (per_step, split)
 }
 
@@ -459,14 +464,23 @@ fn the_candle_backend_counts_the_device_operations_of_a_decode_step_the_cpu_path
     assert!(one > 0.0, "{split:?}");
     assert_eq!(split.prefill_steps, 0, "measured after the prefill");
     let (two, _) = ops_per_step_at(&mut eng, 2, 2);
-    assert!(two >= one, "two jobs issue no fewer operations than one: {two} < {one}");
+    assert!(
+        two >= one,
+        "two jobs issue no fewer operations than one: {two} < {one}"
+    );
 
     let mut cpu = engine();
     let before = cpu.step_split();
     alone(&mut cpu, &short_jobs()[1]);
     let split = cpu.step_split().since(&before);
-    assert!(split.decode_steps > 0 && split.prefill_steps > 0, "{split:?}");
-    assert_eq!(split.host_ops, None, "the CPU fast path issues no device operations");
+    assert!(
+        split.decode_steps > 0 && split.prefill_steps > 0,
+        "{split:?}"
+    );
+    assert_eq!(
+        split.host_ops, None,
+        "the CPU fast path issues no device operations"
+    );
 }
 
 /// The figure the issue's step-count goal reads: device operations per decode step of the
@@ -487,5 +501,44 @@ fn host_operations_per_decode_step_at_1_8_and_16_jobs() {
             ms(split.forward_done),
             ms(split.readback),
         );
+    }
+}
+
+/// The candle backend with its logits read back once a step (the fed rows gathered on the
+/// device, one copy to a buffer the engine keeps) or job by job (the path before it): the
+/// same candidates and texts, alone and batched, in f32 and in bf16 (whose logits reach the
+/// host in bf16 and are widened there).
+#[test]
+fn logits_read_once_a_step_or_per_job_give_the_same_outputs_in_f32_and_bf16() {
+    let load = |numerics: Numerics, switches: &str| {
+        let opts = EngineOptions {
+            weight_format: WeightFormat::Dequantized,
+            numerics,
+            switches: Some(EngineSwitches::parse(switches).unwrap()),
+            ..EngineOptions::default()
+        };
+        let e = CandleEngine::load(&model_path(), &opts).expect("load model");
+        assert!(matches!(e.backend(), Backend::Candle(_)));
+        assert_eq!(
+            e.switches().to_string().contains("per-job"),
+            switches.contains("per-job")
+        );
+        e
+    };
+    let all = short_jobs();
+    for (numerics, jobs) in [(Numerics::F32, &all[..]), (Numerics::Bf16, &all[1..3])] {
+        let mut per_job = load(numerics, "readback=per-job");
+        let reference: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut per_job, j)).collect();
+        let mut once = load(numerics, "readback=once");
+        let alone_once: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut once, j)).collect();
+        assert_eq!(alone_once, reference, "{numerics:?} alone");
+        let joins: Vec<usize> = (0..jobs.len()).map(|i| [0, 0, 2, 5][i]).collect();
+        assert_eq!(
+            batched(&mut once, jobs, &joins),
+            reference,
+            "{numerics:?} batched, once"
+        );
+        let per_job_batched = batched(&mut per_job, jobs, &joins);
+        assert_eq!(per_job_batched, reference, "{numerics:?} batched, per job");
     }
 }

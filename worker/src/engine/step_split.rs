@@ -64,12 +64,16 @@ mod tests {
 
     #[test]
     fn a_difference_counts_the_steps_and_operations_between() {
-        let mut a = StepSplit::default();
-        a.decode_steps = 2;
-        a.sampling = Duration::from_millis(3);
-        let mut b = a;
-        b.decode_steps = 6;
-        b.sampling = Duration::from_millis(11);
+        let a = StepSplit {
+            decode_steps: 2,
+            sampling: Duration::from_millis(3),
+            ..StepSplit::default()
+        };
+        let mut b = StepSplit {
+            decode_steps: 6,
+            sampling: Duration::from_millis(11),
+            ..a
+        };
         b.add_ops(400);
         let d = b.since(&a);
         assert_eq!(d.decode_steps, 4);

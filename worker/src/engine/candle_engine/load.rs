@@ -231,6 +231,7 @@ impl CandleEngine {
                 "the model declares no end-of-sequence token".into(),
             ));
         }
+        let vocab = model.config().vocab_size;
         Ok(CandleEngine {
             media_placeholders: crate::engine::tokenizer::media_placeholder_ids(&tokenizer),
             prompt_encoder: PromptEncoder::new(&tokenizer)?,
@@ -256,6 +257,7 @@ impl CandleEngine {
             generate_prefix: PrefixStore::new(0),
             switches: EngineSwitches::default(),
             split: StepSplit::default(),
+            step_logits: super::readback::StepLogits::new(vocab),
         })
     }
 }

@@ -60,6 +60,27 @@ impl Transformer {
         parts: &mut [DecodePart<'_>],
         tile: DecodeTile,
     ) -> candle_core::Result<Vec<Tensor>> {
+        let Some(logits) = self.forward_decode_logits(parts, tile)? else {
+            return Ok(Vec::new());
+        };
+        let logits = ops::cast(&logits, DType::F32)?;
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for p in parts.iter() {
+            out.push(logits.narrow(0, at, p.cache.batch)?);
+            at += p.cache.batch;
+        }
+        Ok(out)
+    }
+
+    /// [`Self::forward_decode`]'s step with every row's logits in one tensor, as the output head
+    /// computed them (bf16 in a bf16 model, f32 otherwise): `(padded, vocab)`, the parts' rows
+    /// in order from row 0, then pad rows up to a whole tile. `None` when no part has a row.
+    pub fn forward_decode_logits(
+        &self,
+        parts: &mut [DecodePart<'_>],
+        tile: DecodeTile,
+    ) -> candle_core::Result<Option<Tensor>> {
         let tile = tile.0.max(1);
         let mut ids = Vec::new();
         for p in parts.iter() {
@@ -77,7 +98,7 @@ impl Transformer {
         }
         let n = ids.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let padded = n.div_ceil(tile) * tile;
         // Pad rows look up token 0; their outputs are dropped and touch no cache.
@@ -121,13 +142,6 @@ impl Transformer {
             p.cache.len += 1;
         }
         let last = rms_norm(&x, &self.final_norm, cfg.rms_eps)?;
-        let logits = ops::cast(&tiled(&self.lm_head, &last, tile)?, DType::F32)?;
-        let mut out = Vec::with_capacity(parts.len());
-        let mut at = 0;
-        for p in parts.iter() {
-            out.push(logits.narrow(0, at, p.cache.batch)?);
-            at += p.cache.batch;
-        }
-        Ok(out)
+        tiled(&self.lm_head, &last, tile).map(Some)
     }
 }
