@@ -10,7 +10,10 @@
 //!   the lowest id, as `torch.argmax`; stop tokens do not stop it).
 //! - [`rollout`]: the rollout workload, ticket after ticket as a worker runs them: every ticket
 //!   prefilled once, its candidates decoded together to a fixed length (stop tokens ignored,
-//!   unconstrained), timed per ticket, repeated, with an optional time budget.
+//!   unconstrained), timed per ticket, repeated, with an optional time budget; each pass with
+//!   its decode steps split into sampling, forward issued, forward done, readback and prefill
+//!   ([`StepSplitMs`]) and the device operations a decode step issued, and the engine's
+//!   switches in force.
 //!
 //! Nothing here is used by a run.
 
@@ -22,6 +25,7 @@ use serde::Serialize;
 use tokenizers::Tokenizer;
 
 use crate::engine::gguf::model_err;
+use crate::engine::step_split::StepSplit;
 use crate::engine::{CandleEngine, DecodeRequest, EngineError, tokenizer};
 
 /// The tokenizer of a model (a GGUF file or a safetensors directory), without its weights.
@@ -195,7 +199,43 @@ pub struct PassReport {
     /// Rows per forward step, as the tickets' outputs report their steps (the candidates
     /// with one ticket in flight).
     pub mean_rows_per_step: f64,
+    /// The pass's decode steps split by phase, as the engine timed them.
+    pub step_split_ms: StepSplitMs,
+    /// Device operations issued per decode step (forward and readback; the candle backend),
+    /// `None` where the backend issues none (the CPU fast path).
+    pub host_ops_per_step: Option<f64>,
     pub tickets: Vec<TicketTiming>,
+}
+
+/// Mean milliseconds of a decode step in each phase ([`StepSplit`]): sampling the rows' tokens
+/// on the host, issuing the forward call, waiting for the device to finish it (CUDA; nothing
+/// on the CPU), reading the logits back into the rows' reach, and (per step that ran one) a
+/// prefill chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepSplitMs {
+    pub sampling: f64,
+    pub forward_issued: f64,
+    pub forward_done: f64,
+    pub readback: f64,
+    pub prefill: f64,
+}
+
+impl StepSplitMs {
+    /// The means of `split` (a pass's difference of the engine's totals).
+    pub fn of(split: &StepSplit) -> StepSplitMs {
+        let per = |d: Duration, n: u64| match n {
+            0 => 0.0,
+            n => d.as_secs_f64() * 1e3 / n as f64,
+        };
+        let steps = split.decode_steps;
+        StepSplitMs {
+            sampling: per(split.sampling, steps),
+            forward_issued: per(split.forward_issued, steps),
+            forward_done: per(split.forward_done, steps),
+            readback: per(split.readback, steps),
+            prefill: per(split.prefill, split.prefill_steps),
+        }
+    }
 }
 
 /// What [`rollout`] measured.
@@ -222,6 +262,8 @@ pub struct RolloutProbe {
     pub budget_exhausted: bool,
     /// The first candidate's text of the last ticket run (at most 200 characters).
     pub sample_text: String,
+    /// The engine's switches in force, canonical (`STAGEB_ENGINE_SWITCHES`).
+    pub switches: String,
 }
 
 /// Runs the rollout workload over `prompts` ([`RolloutSpec`]): one untimed warm-up ticket,
@@ -262,6 +304,7 @@ pub fn rollout(
     for _ in 0..spec.reps {
         let pass_start = Instant::now();
         let out_of_time = || spec.budget.is_some_and(|b| started.elapsed() >= b);
+        let split_before = engine.step_split();
         let (tickets, cut, steps) = match spec.jobs {
             0 | 1 => run_sequential(engine, prompts, &decode, spec.new_tokens, &out_of_time)?,
             k => run_batched(engine, prompts, &decode, (spec.new_tokens, k), &out_of_time)?,
@@ -275,11 +318,11 @@ pub fn rollout(
         }
         let complete = tickets.len() == prompts.len();
         let wall_s = pass_start.elapsed().as_secs_f64();
-        passes.push(batched_pass_report(
-            tickets,
-            (complete, wall_s, steps),
-            spec,
-        ));
+        let mut pass = batched_pass_report(tickets, (complete, wall_s, steps), spec);
+        let split = engine.step_split().since(&split_before);
+        pass.step_split_ms = StepSplitMs::of(&split);
+        pass.host_ops_per_step = split.host_ops_per_step();
+        passes.push(pass);
         if !complete {
             break;
         }
@@ -300,6 +343,7 @@ pub fn rollout(
             .map_or(0, |p| (p.peak * p.block_bytes) as u64),
         budget_exhausted,
         sample_text,
+        switches: engine.switches().to_string(),
     })
 }
 
@@ -441,6 +485,8 @@ fn pass_report(
         sample_step_ms: per(sum(|t| t.sample_s) * 1e3, steps),
         forward_step_ms: per(sum(|t| t.forward_s) * 1e3, steps),
         mean_rows_per_step: 0.0,
+        step_split_ms: StepSplitMs::default(),
+        host_ops_per_step: None,
         tickets,
     }
 }
@@ -475,6 +521,8 @@ mod tests {
             sample_step_ms: 0.0,
             forward_step_ms: 0.0,
             mean_rows_per_step: 0.0,
+            step_split_ms: StepSplitMs::default(),
+            host_ops_per_step: None,
             tickets: Vec::new(),
         }
     }
@@ -510,5 +558,30 @@ mod tests {
         // 2 tickets x 4 forward passes in 3 s of decode.
         assert_eq!(p.decode_step_ms, 375.0);
         assert_eq!((p.sample_step_ms, p.forward_step_ms), (125.0, 250.0));
+    }
+
+    #[test]
+    fn the_step_split_is_a_mean_per_decode_step_and_prefill_per_chunk() {
+        let split = StepSplit {
+            decode_steps: 4,
+            prefill_steps: 2,
+            sampling: Duration::from_millis(8),
+            forward_issued: Duration::from_millis(20),
+            forward_done: Duration::from_millis(4),
+            readback: Duration::from_millis(2),
+            prefill: Duration::from_millis(30),
+            host_ops: Some(4000),
+        };
+        let ms = StepSplitMs::of(&split);
+        assert_eq!(
+            (ms.sampling, ms.forward_issued, ms.forward_done, ms.readback),
+            (2.0, 5.0, 1.0, 0.5)
+        );
+        assert_eq!(ms.prefill, 15.0);
+        assert_eq!(split.host_ops_per_step(), Some(1000.0));
+        assert_eq!(
+            StepSplitMs::of(&StepSplit::default()),
+            StepSplitMs::default()
+        );
     }
 }

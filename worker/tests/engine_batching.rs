@@ -14,9 +14,10 @@ use common::model_path;
 use proptest::prelude::*;
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::candle_engine::Backend;
+use stageb_worker::engine::step_split::StepSplit;
 use stageb_worker::engine::{
     BatchShare, CancelFlag, CandleEngine, DecodeRequest, Engine, EngineError, EngineOptions,
-    GenerateRequest, Job, JobOutput, Numerics, RolloutRequest, WeightFormat,
+    EngineSwitches, GenerateRequest, Job, JobOutput, Numerics, RolloutRequest, WeightFormat,
 };
 
 const SYSTEM: &str =
@@ -410,4 +411,134 @@ fn any_arrival_schedule_gives_each_job_its_output_alone() {
             prop_assert_eq!(&got[slot], &reference[i], "job {} joining at step {}", i, joins[slot]);
         }
     });
+}
+
+/// The device operations per decode step of `eng` (the candle backend) with `jobs` rollouts of
+/// 8 candidates in its batch, over `steps` steps once every job decodes (stop tokens ignored,
+/// so no row ends meanwhile); the batch is drained afterwards. Also the steps' split.
+fn ops_per_step_at(eng: &mut CandleEngine, jobs: usize, steps: usize) -> (f64, StepSplit) {
+    eng.set_ignore_eos(true);
+    let decode = DecodeRequest {
+        decode_index: 0,
+        temperature: 0.7,
+        top_p: 0.9,
+        repetition_penalty: 1.0,
+        max_new_tokens: (jobs + steps + 2) as u32,
+        seeds: (0..8).collect(),
+    };
+    for k in 0..jobs {
+        let prompt = eng
+            .encode(&format!(
+                "Ticket {k}: 挡风板 photo {k} shows {} clips.",
+                k + 3
+            ))
+            .unwrap();
+        eng.admit_ids(k as u64, &prompt, std::slice::from_ref(&decode), false)
+            .expect("admit");
+    }
+    // One prompt (a single chunk) prefills per step: after `jobs` steps every job decodes.
+    for _ in 0..jobs {
+        assert!(eng.step_batch().is_empty(), "no job ends while prefilling");
+    }
+    let before = eng.step_split();
+    for _ in 0..steps {
+        assert!(eng.step_batch().is_empty(), "no job ends while measured");
+    }
+    let split = eng.step_split().since(&before);
+    while eng.jobs_in_batch() > 0 {
+        for (_, res) in eng.step_batch() {
+            res.expect("job");
+        }
+    }
+    assert_eq!(split.decode_steps, steps as u64);
+    let per_step = split
+        .host_ops_per_step()
+        .expect("the candle backend counts");
+    (per_step, split)
+}
+
+#[test]
+fn the_candle_backend_counts_the_device_operations_of_a_decode_step_the_cpu_path_none() {
+    let mut eng = candle_engine(WeightFormat::Dequantized);
+    let (one, split) = ops_per_step_at(&mut eng, 1, 2);
+    assert!(one > 0.0, "{split:?}");
+    assert_eq!(split.prefill_steps, 0, "measured after the prefill");
+    let (two, _) = ops_per_step_at(&mut eng, 2, 2);
+    assert!(
+        two >= one,
+        "two jobs issue no fewer operations than one: {two} < {one}"
+    );
+
+    let mut cpu = engine();
+    let before = cpu.step_split();
+    alone(&mut cpu, &short_jobs()[1]);
+    let split = cpu.step_split().since(&before);
+    assert!(
+        split.decode_steps > 0 && split.prefill_steps > 0,
+        "{split:?}"
+    );
+    assert_eq!(
+        split.host_ops, None,
+        "the CPU fast path issues no device operations"
+    );
+}
+
+/// The figure the issue's step-count goal reads: device operations per decode step of the
+/// candle backend (f32, on the CPU) at 1, 8 and 16 jobs of 8 candidates. Slow (16 jobs are 128
+/// rows a step): run it by hand with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn host_operations_per_decode_step_at_1_8_and_16_jobs() {
+    let mut eng = candle_engine(WeightFormat::Dequantized);
+    for jobs in [1, 8, 16] {
+        let (per_step, split) = ops_per_step_at(&mut eng, jobs, 3);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / split.decode_steps as f64;
+        eprintln!(
+            "candle f32 cpu, {jobs} job(s) x 8 rows: {per_step:.0} host ops/decode step; per step \
+             sampling {:.1} ms, forward issued {:.1} ms, done {:.1} ms, readback {:.1} ms",
+            ms(split.sampling),
+            ms(split.forward_issued),
+            ms(split.forward_done),
+            ms(split.readback),
+        );
+    }
+}
+
+/// The candle backend with its logits read back once a step (the fed rows gathered on the
+/// device, one copy to a buffer the engine keeps) or job by job (the path before it): the
+/// same candidates and texts, alone and batched, in f32 and in bf16 (whose logits reach the
+/// host in bf16 and are widened there).
+#[test]
+fn logits_read_once_a_step_or_per_job_give_the_same_outputs_in_f32_and_bf16() {
+    let load = |numerics: Numerics, switches: &str| {
+        let opts = EngineOptions {
+            weight_format: WeightFormat::Dequantized,
+            numerics,
+            switches: Some(EngineSwitches::parse(switches).unwrap()),
+            ..EngineOptions::default()
+        };
+        let e = CandleEngine::load(&model_path(), &opts).expect("load model");
+        assert!(matches!(e.backend(), Backend::Candle(_)));
+        assert_eq!(
+            e.switches().to_string().contains("per-job"),
+            switches.contains("per-job")
+        );
+        e
+    };
+    let all = short_jobs();
+    for (numerics, jobs) in [(Numerics::F32, &all[..]), (Numerics::Bf16, &all[1..3])] {
+        let mut per_job = load(numerics, "readback=per-job");
+        let reference: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut per_job, j)).collect();
+        let mut once = load(numerics, "readback=once");
+        let alone_once: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut once, j)).collect();
+        assert_eq!(alone_once, reference, "{numerics:?} alone");
+        let joins: Vec<usize> = (0..jobs.len()).map(|i| [0, 0, 2, 5][i]).collect();
+        assert_eq!(
+            batched(&mut once, jobs, &joins),
+            reference,
+            "{numerics:?} batched, once"
+        );
+        let per_job_batched = batched(&mut per_job, jobs, &joins);
+        assert_eq!(per_job_batched, reference, "{numerics:?} batched, per job");
+    }
 }

@@ -27,8 +27,10 @@
 //! row, and its text). The decode loop (step 3) is here.
 
 mod batch;
+mod forward;
 mod load;
 mod prefill;
+mod readback;
 mod rows;
 
 use std::path::{Path, PathBuf};
@@ -39,15 +41,17 @@ use stageb_shared::domain::ChatMessage;
 use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
-use super::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
+use super::cpu::model::{CpuCache, CpuModel, Workspace};
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
 use super::prefix_cache::PrefixStore;
 use super::prompt_text::PromptEncoder;
-use super::sampler::{SamplingParams, SeenTokens};
-use super::transformer::{DecodePart, DecodeTile, KvCache, Transformer, TransformerConfig};
+use super::sampler::SamplingParams;
+use super::step_split::StepSplit;
+use super::switches::EngineSwitches;
+use super::transformer::{KvCache, Transformer, TransformerConfig};
 use super::{
-    CancelFlag, DecodeRequest, Engine, EngineError, FinishReason, GenerateOutput, GenerateRequest,
-    Job, JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
+    CancelFlag, DecodeRequest, Engine, EngineError, GenerateOutput, GenerateRequest, Job,
+    JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
 };
 use crate::constraint::{ConstraintFactory, Vocabulary};
 pub use load::declared_context;
@@ -67,6 +71,14 @@ pub const FINISH_MARGIN: usize = 4;
 
 /// Candidates checked on a fork per finishing step (highest logits first).
 const FINISH_LOOKAHEAD: usize = 64;
+
+/// The end of the prefill chunk that starts at `pos` of a prompt of `len` tokens: the fixed
+/// schedule's chunks end at multiples of [`PREFILL_CHUNK`] and at the prompt's end, wherever
+/// the prefill started (after a reused prefix). The one statement of the schedule: every
+/// prefill, on either backend, in a running batch or alone, goes by it.
+pub(crate) fn chunk_end(pos: usize, len: usize) -> usize {
+    ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(len)
+}
 
 /// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
 /// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
@@ -159,6 +171,12 @@ pub struct CandleEngine {
     /// What the worker's jobs in hand may take ([`Engine::set_kv_budget`]); with the prefix
     /// stores' budgets, the capacity of the CPU path's pool of KV blocks.
     kv_budget: u64,
+    /// The run-time switches the engine was loaded with.
+    switches: EngineSwitches,
+    /// Where the steps' time went since load ([`CandleEngine::step_split`]).
+    split: StepSplit,
+    /// The last decode step's logits on the host, which the rows sample from next.
+    step_logits: readback::StepLogits,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -212,6 +230,11 @@ impl CandleEngine {
         }
     }
 
+    /// The run-time switches in force (`STAGEB_ENGINE_SWITCHES` at load, or the options').
+    pub fn switches(&self) -> &EngineSwitches {
+        &self.switches
+    }
+
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -253,6 +276,12 @@ impl CandleEngine {
     /// calls (the GPU check's probe reports where a step's time goes).
     pub fn decode_split_last_job(&self) -> (u64, u64) {
         self.decode_split
+    }
+
+    /// Where the engine's steps spent their time since it was loaded (both the one-job path
+    /// and the running batch): a probe reports the difference across its work.
+    pub fn step_split(&self) -> StepSplit {
+        self.split
     }
 
     /// The prompt text for `messages` (chat template, generation prompt appended).
@@ -353,75 +382,6 @@ impl CandleEngine {
         Ok(())
     }
 
-    /// One decode step: `feeds[i]` are row `i`'s next tokens (empty for a finished row; more
-    /// than one only on the CPU path, a forced run). Updates `logits[i]` of every row that was
-    /// fed, from its last token.
-    fn decode_step(
-        &mut self,
-        cache: &mut DecodeCache,
-        feeds: &[Vec<u32>],
-        logits: &mut [Vec<f32>],
-    ) -> Result<(), EngineError> {
-        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
-        match (&self.model, cache) {
-            (Backend::Candle(model), DecodeCache::Candle(Some(cache))) => {
-                if feeds.iter().any(|f| f.len() > 1) {
-                    return Err(EngineError::Model(
-                        "multi-token decode on the lockstep path".into(),
-                    ));
-                }
-                // Lockstep: finished rows are fed a pad token and their logits ignored. The
-                // step runs as a batched decode of one part, as in a running batch, so a job's
-                // arithmetic is the same alone and shared.
-                let pad = self.stop_ids[0];
-                let tokens = feeds
-                    .iter()
-                    .map(|f| f.first().copied().unwrap_or(pad))
-                    .collect();
-                let tile = DecodeTile::for_device(model.device());
-                let out = model
-                    .forward_decode(&mut [DecodePart { tokens, cache }], tile)
-                    .map_err(me)?;
-                let rows = out
-                    .first()
-                    .map(|t| t.to_vec2::<f32>())
-                    .transpose()
-                    .map_err(me)?;
-                for (dst, row) in logits.iter_mut().zip(rows.unwrap_or_default()) {
-                    *dst = row;
-                }
-                Ok(())
-            }
-            (Backend::Cpu(model), DecodeCache::Cpu(cache)) => {
-                // Only live rows are fed: every row's arithmetic is independent of the others.
-                let (mut toks, mut slots, mut last) = (Vec::new(), Vec::new(), Vec::new());
-                for (i, feed) in feeds.iter().enumerate() {
-                    for t in feed {
-                        toks.push(*t);
-                        slots.push(Slot::Row(i));
-                    }
-                    if !feed.is_empty() {
-                        last.push((toks.len() - 1, i));
-                    }
-                }
-                if toks.is_empty() {
-                    return Ok(());
-                }
-                let at: Vec<usize> = last.iter().map(|(p, _)| *p).collect();
-                let out = model
-                    .forward_at(&toks, &slots, cache, &at, &mut self.workspace)
-                    .map_err(EngineError::Model)?;
-                let vocab = out.len() / at.len();
-                for ((_, i), row) in last.iter().zip(out.chunks_exact(vocab)) {
-                    logits[*i].clear();
-                    logits[*i].extend_from_slice(row);
-                }
-                Ok(())
-            }
-            _ => Err(EngineError::Model("decode before prefill".into())),
-        }
-    }
-
     fn run_pooled<T: Send>(&mut self, f: impl FnOnce(&mut Self) -> T + Send) -> T {
         match self.pool.take() {
             Some(pool) => {
@@ -433,69 +393,38 @@ impl CandleEngine {
         }
     }
 
-    /// Prefills `prompt` once and decodes every row in one lockstep batch. Returns the prefill
-    /// and decode times (µs) and the prompt positions reused from the prefix store `reuse`
-    /// names (the prompt is looked up there, and kept there afterwards).
+    /// Runs one job of `prompt` and `rows` to its end through the batch loop
+    /// ([`batch`]), apart from the running batch: the one-job path ([`Engine::rollout`],
+    /// [`Engine::generate`]). Its prompt is looked up in, and kept in, the prefix store `reuse`
+    /// names; the engine's flag ([`Engine::set_cancel`]) cancels it. Returns the ended job
+    /// (its rows hold their tokens) and its decode time (µs).
     fn run_rows(
         &mut self,
         prompt: &[u32],
-        rows: &mut [Row],
+        rows: (Vec<Row>, Option<batch::RowIds>),
         reuse: Reuse,
-    ) -> Result<(u64, u64, usize), EngineError> {
-        let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
+    ) -> Result<(batch::Live, u64), EngineError> {
+        let max_new = rows.0.iter().map(|r| r.max_new).max().unwrap_or(0);
         // The prompt's positions once, then each row's own.
-        self.last_kv_bytes = self.kv_bytes(prompt.len(), rows.len(), max_new);
-        self.check_fits(prompt, max_new)?;
-        let t0 = Instant::now();
-        let (first_logits, mut cache, reused) = self.prefill(prompt, reuse)?;
-        let prefill_us = t0.elapsed().as_micros() as u64;
-        if rows.is_empty() || max_new == 0 {
-            return Ok((prefill_us, 0, reused));
-        }
-        let t1 = Instant::now();
+        self.last_kv_bytes = self.kv_bytes(prompt.len(), rows.0.len(), max_new);
+        let split = self.split;
+        let others = std::mem::take(&mut self.live);
+        // The running batch's rows read the step logits: a job run apart reads its own.
         let vocab = self.model.config().vocab_size;
-        let needs_seen = rows.iter().any(|r| r.params.repetition_penalty != 1.0);
-        if needs_seen {
-            let mut seen = SeenTokens::new(vocab);
-            for &t in prompt {
-                seen.insert(t);
-            }
-            for r in rows.iter_mut() {
-                if r.params.repetition_penalty != 1.0 {
-                    r.seen = Some(seen.clone());
-                }
-            }
+        let logits = (!others.is_empty())
+            .then(|| std::mem::replace(&mut self.step_logits, readback::StepLogits::new(vocab)));
+        let ran = self.run_alone(prompt.to_vec(), rows, reuse);
+        self.live = others;
+        if let Some(logits) = logits {
+            self.step_logits = logits;
         }
-        let n = rows.len();
-        self.add_rows(&mut cache, n, max_new, prompt.len())?;
-        // The prompt's last logits are the same for every row; step 0 samples from them.
-        let mut step_logits: Vec<Vec<f32>> = vec![first_logits; n];
-        // Forced runs go through the model in one multi-token forward, which only the CPU
-        // path's per-row positions allow (candle's batch is lockstep).
-        let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
-        self.forced_tokens = 0;
-        self.decode_split = (0, 0);
-        loop {
-            if self.cancel.is_cancelled() {
-                return Err(EngineError::Cancelled);
-            }
-            let t = Instant::now();
-            let feeds = self.sample_rows(rows, &step_logits, fast_forward)?;
-            self.decode_split.0 += t.elapsed().as_micros() as u64;
-            if feeds.iter().all(|f| f.is_empty()) {
-                break;
-            }
-            let t = Instant::now();
-            self.decode_step(&mut cache, &feeds, &mut step_logits)?;
-            self.decode_split.1 += t.elapsed().as_micros() as u64;
-        }
-        for r in rows.iter_mut() {
-            if r.finish.is_none() {
-                r.finish = Some(FinishReason::Length);
-            }
-        }
-        self.keep_prompt(reuse, prompt, &cache);
-        Ok((prefill_us, t1.elapsed().as_micros() as u64, reused))
+        let job = ran?;
+        let d = self.split.since(&split);
+        let forward = d.forward_issued + d.forward_done + d.readback;
+        self.decode_split = (d.sampling.as_micros() as u64, forward.as_micros() as u64);
+        self.forced_tokens = job.forced;
+        let decode_us = job.decode_us();
+        Ok((job, decode_us))
     }
 }
 
@@ -637,9 +566,11 @@ impl CandleEngine {
         decodes: &[DecodeRequest],
         constrained: bool,
     ) -> Result<(RolloutOutput, Vec<Vec<u32>>), EngineError> {
-        let (mut rows, ids) = self.rollout_rows(decodes, constrained)?;
+        let (rows, ids) = self.rollout_rows(decodes, constrained)?;
         // Rollouts of a step share their head (system prompt, mission, guidance): reuse it.
-        let (prefill_us, decode_us, reused) = self.run_rows(prompt, &mut rows, Reuse::Rollouts)?;
+        let (job, decode_us) = self.run_rows(prompt, (rows, None), Reuse::Rollouts)?;
+        let (reused, prefill_us) = (job.reused, job.prefill_us);
+        let rows = job.rows;
         let out = self.rollout_output(&rows, &ids, prompt.len(), reused, prefill_us, decode_us)?;
         let tokens = rows.into_iter().map(|r| r.tokens).collect();
         Ok((out, tokens))
@@ -648,12 +579,12 @@ impl CandleEngine {
     fn generate_inner(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
         let t0 = Instant::now();
         let prompt = self.prompt_ids(&request.messages)?;
-        let mut rows = vec![self.generate_row(request)?];
+        let rows = vec![self.generate_row(request)?];
         // A cycle's calls share their head (system prompt, guidance, cases): reuse it, from a
         // store of their own so the rollouts' heads stay.
-        let (.., reused) = self.run_rows(&prompt, &mut rows, Reuse::Generations)?;
+        let (job, _) = self.run_rows(&prompt, (rows, None), Reuse::Generations)?;
         let latency_us = t0.elapsed().as_micros() as u64;
-        self.generate_output(&rows[0], prompt.len(), reused, latency_us)
+        self.generate_output(&job.rows[0], prompt.len(), job.reused, latency_us)
     }
 }
 

@@ -12,6 +12,7 @@
 //! - [`device_info`]: the fingerprint's device part (on CUDA the GPU model, compute
 //!   capability, SM count and cuBLAS version).
 //! - [`options`]: how an engine is asked to load and run a model ([`EngineOptions`]).
+//! - [`model_config`]: a loaded model's hyper-parameters ([`model_config::TransformerConfig`]).
 //! - [`gguf`], [`safetensors`]: reading a GGUF file or an HF safetensors directory into a model.
 //! - [`tokenizer`]: the model's tokenizer and its stop tokens.
 //! - [`chat_template`]: rendering chat messages into a prompt with the model's template.
@@ -23,6 +24,9 @@
 //!   by longest common token prefix.
 //! - [`sampler`]: the next token from one row of logits: the exhaustive sampler of record and
 //!   its max-logit prefilter.
+//! - [`step_split`]: where decode steps spend their time ([`step_split::StepSplit`]).
+//! - [`switches`]: the run-time switches ([`EngineSwitches`], `STAGEB_ENGINE_SWITCHES`) that
+//!   A/B engine changes in one binary.
 //! - [`int8`]: only the old path of [`cpu::isa::choose`].
 
 use std::sync::Arc;
@@ -36,11 +40,14 @@ pub mod cpu;
 pub mod device_info;
 pub mod gguf;
 pub mod kernels;
+pub mod model_config;
 pub mod options;
 pub mod prefix_cache;
 pub mod prompt_text;
 pub mod safetensors;
 pub mod sampler;
+pub mod step_split;
+pub mod switches;
 pub mod tokenizer;
 pub mod transformer;
 
@@ -52,6 +59,7 @@ pub use cpu::kv_pool::PoolStats;
 pub use cpu::model::CpuNumerics;
 pub use gguf::WeightFormat;
 pub use options::Numerics;
+pub use switches::{EngineSwitches, Readback};
 
 /// The kernel choice at its old path (`engine::int8::choose`), which the root package's CLI
 /// still names; it lives in [`cpu::isa`].

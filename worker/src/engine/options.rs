@@ -11,6 +11,7 @@ use stageb_shared::placement::{
 use super::EngineError;
 use super::cpu::model::CpuNumerics;
 use super::gguf::WeightFormat;
+use super::switches::EngineSwitches;
 
 /// The arithmetic a model runs with (`--numerics`). Part of the fingerprint: workers that
 /// differ in it compute different logits and never serve one run.
@@ -128,6 +129,9 @@ pub struct EngineOptions {
     pub prefix_cache_bytes: usize,
     /// The arithmetic ([`Numerics`]; recorded in the fingerprint's dtype).
     pub numerics: Numerics,
+    /// The engine's run-time switches; `None`: read from the environment at load
+    /// ([`EngineSwitches::from_env`]).
+    pub switches: Option<EngineSwitches>,
 }
 
 /// Default [`EngineOptions::prefix_cache_bytes`]: 256 MiB, about nine 600-token prompts of
@@ -143,6 +147,7 @@ impl Default for EngineOptions {
             weight_format: WeightFormat::Auto,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             numerics: Numerics::default(),
+            switches: None,
         }
     }
 }
@@ -200,12 +205,37 @@ pub fn place(
 }
 
 /// Opens the device `spec` names (`Auto` placed as a process's only worker, see [`place`]).
-pub(crate) fn select_device(spec: DeviceSpec) -> Result<Device, EngineError> {
+/// A GPU is opened as `switches.events` says ([`open_cuda`]).
+pub(crate) fn select_device(
+    spec: DeviceSpec,
+    switches: &EngineSwitches,
+) -> Result<Device, EngineError> {
     let (spec, _) = place(spec, 0, 1).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
     match spec {
         DeviceSpec::Cuda(i) => {
-            Device::new_cuda(i).map_err(|e| EngineError::Model(format!("cuda:{i}: {e}")))
+            open_cuda(i, switches.events).map_err(|e| EngineError::Model(format!("cuda:{i}: {e}")))
         }
         DeviceSpec::Cpu | DeviceSpec::Auto => Ok(Device::Cpu),
     }
+}
+
+/// GPU `ordinal` with cudarc's event tracking on (candle's default: the per-thread stream,
+/// two events recorded for every tensor allocated), or off: one explicit stream of its own,
+/// tracking disabled before any tensor exists. Every tensor, kernel, cuBLAS call and copy of
+/// the engine then runs in order on that one stream, which is what the events would otherwise
+/// enforce across streams, so no tensor is freed or read before the work writing it is done.
+fn open_cuda(ordinal: usize, events: bool) -> candle_core::Result<Device> {
+    if events {
+        return Device::new_cuda(ordinal);
+    }
+    let device = Device::new_cuda_with_stream(ordinal)?;
+    #[cfg(feature = "cuda")]
+    {
+        if let Device::Cuda(d) = &device {
+            // SAFETY: no tensor exists on this device yet, and everything the engine does on
+            // it goes to its one stream (see above): nothing needs cross-stream events.
+            unsafe { d.disable_event_tracking() };
+        }
+    }
+    Ok(device)
 }

@@ -27,39 +27,14 @@
 
 mod attention;
 mod decode;
+pub mod ops;
 
 use candle_core::quantized::QMatMul;
 
 use candle_core::{DType, Device, Module, Tensor};
 pub use decode::{DecodePart, DecodeTile};
 
-/// Which RoPE pairing the checkpoint expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Pairs (2i, 2i+1): GGUF llama (the converter permutes q/k into this layout).
-    Interleaved,
-    /// Pairs (i, i+d/2): HF checkpoints and GGUF qwen2/qwen3.
-    Neox,
-}
-
-/// Hyper-parameters of one loaded model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TransformerConfig {
-    pub architecture: String,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub hidden: usize,
-    pub vocab_size: usize,
-    pub rms_eps: f64,
-    pub rope_theta: f64,
-    pub rope_style: RopeStyle,
-    /// Per-frequency divisors (llama-3 style scaling baked into GGUF `rope_freqs.weight`).
-    pub rope_freq_factors: Option<Vec<f32>>,
-    /// The model's trained context (metadata), before our own cap.
-    pub trained_context: Option<usize>,
-}
+pub use super::model_config::{RopeStyle, TransformerConfig};
 
 /// One projection: quantized or dense, with an optional bias (qwen2 q/k/v).
 #[derive(Debug, Clone)]
@@ -89,11 +64,11 @@ impl Linear {
     /// `x` is `(rows, in)`; returns `(rows, out)`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = match &self.weight {
-            LinearWeight::Quantized(q) => q.forward(x)?,
-            LinearWeight::Dense(w) => x.matmul(w)?,
+            LinearWeight::Quantized(q) => ops::one(q.forward(x))?,
+            LinearWeight::Dense(w) => ops::one(x.matmul(w))?,
         };
         match &self.bias {
-            Some(b) => y.broadcast_add(b),
+            Some(b) => ops::one(y.broadcast_add(b)),
             None => Ok(y),
         }
     }
@@ -318,8 +293,8 @@ impl KvCache {
     ) -> candle_core::Result<((Tensor, Tensor), Option<&(Tensor, Tensor)>)> {
         let t = k.dim(2)?;
         let (kc, vc) = &self.layers[layer];
-        kc.slice_set(k, 2, self.len)?;
-        vc.slice_set(v, 2, self.len)?;
+        ops::one(kc.slice_set(k, 2, self.len))?;
+        ops::one(vc.slice_set(v, 2, self.len))?;
         let own = (
             kc.narrow(2, 0, self.len + t)?,
             vc.narrow(2, 0, self.len + t)?,
@@ -330,8 +305,11 @@ impl KvCache {
 
 /// RMS norm with f32 statistics and an f32 weight, returned in `x`'s dtype.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let xf = x.to_dtype(DType::F32)?.contiguous()?;
-    candle_nn::ops::rms_norm(&xf, w, eps as f32)?.to_dtype(x.dtype())
+    let xf = ops::contiguous(&ops::cast(x, DType::F32)?)?;
+    ops::cast(
+        &ops::one(candle_nn::ops::rms_norm(&xf, w, eps as f32))?,
+        x.dtype(),
+    )
 }
 
 /// Checks that the weights are in the dtypes [`Transformer::forward`] computes with: norms in
@@ -461,10 +439,10 @@ impl Transformer {
     fn rope(&self, x: &Tensor, pos: usize, t: usize) -> candle_core::Result<Tensor> {
         let cos = self.cos.narrow(0, pos, t)?;
         let sin = self.sin.narrow(0, pos, t)?;
-        match self.config.rope_style {
+        ops::one(match self.config.rope_style {
             RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(x, &cos, &sin),
             RopeStyle::Neox => candle_nn::rotary_emb::rope(x, &cos, &sin),
-        }
+        })
     }
 
     /// Runs `tokens` (`(b, t)` u32, all rows at position `cache.len()`) through the model,
@@ -496,36 +474,34 @@ impl Transformer {
                     m[i * kv_len + j] = f32::NEG_INFINITY;
                 }
             }
-            Some(Tensor::from_vec(m, (t, kv_len), &self.device)?)
+            Some(ops::one(Tensor::from_vec(m, (t, kv_len), &self.device))?)
         } else {
             None
         };
         let flat = tokens.flatten_all()?;
-        let mut x = self.embedding.index_select(&flat, 0)?; // (b*t, hidden)
+        let mut x = ops::one(self.embedding.index_select(&flat, 0))?; // (b*t, hidden)
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
             let q = layer.wq.forward(&h)?;
             let k = layer.wk.forward(&h)?;
             let v = layer.wv.forward(&h)?;
             let y = self.attend(li, layer, [&q, &k, &v], t, cache, mask.as_ref())?;
-            let x1 = (layer.wo.forward(&y)? + &x)?;
+            let x1 = ops::one(layer.wo.forward(&y)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
             let gate = layer.w_gate.forward(&h)?;
             let up = layer.w_up.forward(&h)?;
-            let ff = layer
-                .w_down
-                .forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
-            x = (ff + x1)?;
+            let act = ops::one(ops::one(candle_nn::ops::silu(&gate))? * up)?;
+            let ff = layer.w_down.forward(&act)?;
+            x = ops::one(ff + x1)?;
         }
         cache.len += t;
         // Only the last position of every row needs logits.
         let last = x
             .reshape((b, t, cfg.hidden))?
             .narrow(1, t - 1, 1)?
-            .squeeze(1)?
-            .contiguous()?;
-        let last = rms_norm(&last, &self.final_norm, cfg.rms_eps)?;
+            .squeeze(1)?;
+        let last = rms_norm(&ops::contiguous(&last)?, &self.final_norm, cfg.rms_eps)?;
         let logits = self.lm_head.forward(&last)?;
-        logits.to_dtype(DType::F32)
+        ops::cast(&logits, DType::F32)
     }
 }

@@ -18,18 +18,17 @@ use std::time::Instant;
 use super::prefill;
 use super::rows::Row;
 use super::{
-    Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, PREFILL_CHUNK, Reuse,
-    check_params, store_of,
+    Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, Reuse, check_params, chunk_end,
+    store_of,
 };
 use crate::constraint::ConstraintSpec;
-use crate::engine::cpu::model::{CpuCache, Part, Slot};
+use crate::engine::cpu::model::Slot;
 use crate::engine::sampler::SeenTokens;
-use crate::engine::transformer::{DecodePart, DecodeTile, KvCache};
+
 use crate::engine::{
     BatchShare, CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason,
     GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
 };
-use candle_core::Tensor;
 use rayon::prelude::*;
 
 /// A job in the running batch.
@@ -38,14 +37,17 @@ pub(super) struct Live {
     /// `Some((decode_index, sample_index))` per row for a rollout; `None` for a generation.
     ids: Option<RowIds>,
     prompt: Vec<u32>,
-    rows: Vec<Row>,
-    cache: DecodeCache,
-    /// Each row's logits for its next token (valid once the prompt is prefilled).
-    logits: Vec<Vec<f32>>,
+    pub(super) rows: Vec<Row>,
+    pub(super) cache: DecodeCache,
+    /// The prompt's last logits: every row's first draw.
+    first: Vec<f32>,
+    /// Where each row's logits for its next token are: `None`, in `first`; `Some(k)`, row `k`
+    /// of the engine's step logits ([`StepLogits`](super::readback::StepLogits)).
+    pub(super) at: Vec<Option<usize>>,
     /// Prompt positions in the cache.
     prefilled: usize,
     /// Leading positions shared from the prefix store.
-    reused: usize,
+    pub(super) reused: usize,
     /// The prefix store the job's prompt comes from and goes to.
     keep: Reuse,
     /// The store was looked up (or need not be): a job looks its prompt up when its prefill
@@ -56,30 +58,38 @@ pub(super) struct Live {
     published: bool,
     cancel: CancelFlag,
     admitted: Instant,
-    prefill_us: u64,
+    pub(super) prefill_us: u64,
     decode_from: Option<Instant>,
     batch: BatchShare,
+    /// Tokens its rows took by forced-token fast-forward.
+    pub(super) forced: u64,
 }
 
 impl Live {
     fn decoding(&self) -> bool {
         self.prefilled == self.prompt.len()
     }
+
+    /// Microseconds since its rows began decoding (0 before).
+    pub(super) fn decode_us(&self) -> u64 {
+        self.decode_from
+            .map_or(0, |t| t.elapsed().as_micros() as u64)
+    }
 }
 
 /// One job's share of a forward call.
-struct Input {
+pub(super) struct Input {
     /// Its index in the running batch.
-    job: usize,
-    tokens: Vec<u32>,
-    slots: Vec<Slot>,
-    logits_at: Vec<usize>,
+    pub(super) job: usize,
+    pub(super) tokens: Vec<u32>,
+    pub(super) slots: Vec<Slot>,
+    pub(super) logits_at: Vec<usize>,
     /// The row of each logit; `None` for a prefill chunk (one logit: the chunk's last).
-    rows: Option<Vec<usize>>,
+    pub(super) rows: Option<Vec<usize>>,
 }
 
 /// What one forward call takes: the next prefill chunk of the earliest job still prefilling
-/// (the fixed schedule: chunks end at multiples of [`PREFILL_CHUNK`]), and every fed row's
+/// (the fixed schedule, [`chunk_end`]), and every fed row's
 /// tokens (a row's forced run in order), job by job.
 fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Input> {
     let filling = live
@@ -89,7 +99,7 @@ fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Inpu
     let mut inputs = Vec::new();
     for (ji, (j, f)) in live.iter().zip(feeds).enumerate() {
         if Some(ji) == filling {
-            let end = ((j.prefilled / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(j.prompt.len());
+            let end = chunk_end(j.prefilled, j.prompt.len());
             let tokens = j.prompt[j.prefilled..end].to_vec();
             let n = tokens.len();
             inputs.push(Input {
@@ -217,7 +227,8 @@ impl CandleEngine {
             prompt,
             rows,
             cache,
-            logits: vec![Vec::new(); n],
+            first: Vec::new(),
+            at: vec![None; n],
             prefilled: 0,
             reused: 0,
             keep,
@@ -228,8 +239,32 @@ impl CandleEngine {
             prefill_us: 0,
             decode_from: None,
             batch: BatchShare::default(),
+            forced: 0,
         });
         Ok(())
+    }
+
+    /// Runs the one job of `prompt` and `rows` to its end in a batch of its own (the running
+    /// batch must be set aside by the caller), cancelled by the engine's flag. Returns the
+    /// ended job, its prompt kept in its store.
+    pub(super) fn run_alone(
+        &mut self,
+        prompt: Vec<u32>,
+        rows: (Vec<Row>, Option<RowIds>),
+        keep: Reuse,
+    ) -> Result<Live, EngineError> {
+        let cancel = self.cancel.clone();
+        self.admit_prompt(0, prompt, rows, keep, cancel)?;
+        loop {
+            let (ended, mut failed) = self.step_jobs();
+            if let Some((_, e)) = failed.pop() {
+                return Err(e);
+            }
+            if let Some(job) = ended.into_iter().next() {
+                self.retire(&job);
+                return Ok(job);
+            }
+        }
     }
 
     /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
@@ -306,34 +341,44 @@ impl CandleEngine {
     }
 
     fn step_inner(&mut self) -> Vec<Finished> {
+        let (ended, failed) = self.step_jobs();
+        let mut done: Vec<Finished> = failed.into_iter().map(|(k, e)| (k, Err(e))).collect();
+        for j in ended {
+            done.push((j.key, self.finish_job(j)));
+        }
+        done
+    }
+
+    /// [`Self::step_inner`] before the ended jobs' outputs are made: the jobs whose rows all
+    /// ended, and the jobs that failed (or were cancelled) with their errors.
+    fn step_jobs(&mut self) -> (Vec<Live>, Vec<(u64, EngineError)>) {
         let mut done = Vec::new();
+        let mut ended = Vec::new();
         let mut live = std::mem::take(&mut self.live);
         live.retain(|j| {
             let gone = j.cancel.is_cancelled();
             if gone {
-                done.push((j.key, Err(EngineError::Cancelled)));
+                done.push((j.key, EngineError::Cancelled));
             }
             !gone
         });
         // Sample every decoding row of every job at once (on a GPU the host's cores, while
         // the device waits for the next step's tokens); a job whose rows all ended leaves.
         let this = &*self;
+        let t = Instant::now();
         let sampled: Vec<Result<Vec<Vec<u32>>, EngineError>> =
             live.par_iter_mut().map(|j| this.sample_job(j)).collect();
+        self.split.sampling += t.elapsed();
         let mut feeds: Vec<Vec<Vec<u32>>> = Vec::with_capacity(live.len());
         let mut keep_live = Vec::with_capacity(live.len());
         for (j, sampled) in live.into_iter().zip(sampled) {
-            let key = j.key;
             match sampled {
-                Ok(f) if j.decoding() && f.iter().all(|r| r.is_empty()) => {
-                    let out = self.finish_job(j);
-                    done.push((key, out));
-                }
+                Ok(f) if j.decoding() && f.iter().all(|r| r.is_empty()) => ended.push(j),
                 Ok(f) => {
                     feeds.push(f);
                     keep_live.push(j);
                 }
-                Err(e) => done.push((j.key, Err(e))),
+                Err(e) => done.push((j.key, e)),
             }
         }
         let mut live = keep_live;
@@ -341,15 +386,17 @@ impl CandleEngine {
             .look_up_prefix(&mut live)
             .and_then(|()| self.forward_batch(&mut live, &feeds));
         if let Err(e) = stepped {
-            // A failed forward leaves caches half-written: every job in it fails.
+            // A failed forward leaves caches half-written: every job in it fails (the first
+            // with the error itself).
             let msg = e.to_string();
-            done.extend(
-                live.drain(..)
-                    .map(|j| (j.key, Err(EngineError::Model(msg.clone())))),
-            );
+            let mut first = Some(e);
+            done.extend(live.drain(..).map(|j| {
+                let e = first.take();
+                (j.key, e.unwrap_or_else(|| EngineError::Model(msg.clone())))
+            }));
         }
         self.live = live;
-        done
+        (ended, done)
     }
 
     /// The next tokens of `job`'s live rows (forced runs included), or nothing while it is
@@ -361,7 +408,19 @@ impl CandleEngine {
         job.decode_from.get_or_insert_with(Instant::now);
         // Forced runs go in one multi-token forward: per-row positions, the CPU path's alone.
         let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
-        let (feeds, _forced) = self.sample_rows_of(&mut job.rows, &job.logits, fast_forward)?;
+        // Each live row's slice of the logits (a finished row reads none).
+        let logits: Vec<&[f32]> = job
+            .rows
+            .iter()
+            .zip(&job.at)
+            .map(|(row, at)| match (row.finish, at) {
+                (Some(_), _) => &[][..],
+                (None, None) => job.first.as_slice(),
+                (None, Some(k)) => self.step_logits.row(*k),
+            })
+            .collect();
+        let (feeds, forced) = self.sample_rows_of(&mut job.rows, &logits, fast_forward)?;
+        job.forced += forced;
         Ok(feeds)
     }
 
@@ -386,26 +445,29 @@ impl CandleEngine {
             return Ok(());
         }
         let t0 = Instant::now();
-        let out = match &self.model {
+        // The prefill chunk's logits come back; the decoded rows' land in the step logits,
+        // input by input, row by row.
+        let mut chunk_logits = match &self.model {
             Backend::Cpu(_) => self.forward_cpu(live, &inputs)?,
             Backend::Candle(_) => self.forward_candle(live, &inputs)?,
         };
-        let vocab = self.model.config().vocab_size;
-        for (i, logits) in inputs.iter().zip(out) {
+        let t1 = Instant::now();
+        let mut k = 0;
+        for i in &inputs {
             let j = &mut live[i.job];
             match &i.rows {
                 None => {
                     j.prefilled += i.tokens.len();
-                    j.prefill_us += t0.elapsed().as_micros() as u64;
+                    j.prefill_us += (t1 - t0).as_micros() as u64;
                     if j.decoding() {
                         self.publish_prompt(j)?;
-                        self.start_rows(j, logits)?;
+                        self.start_rows(j, chunk_logits.take().unwrap_or_default())?;
                     }
                 }
                 Some(rows) => {
-                    for (r, l) in rows.iter().zip(logits.chunks_exact(vocab)) {
-                        j.logits[*r].clear();
-                        j.logits[*r].extend_from_slice(l);
+                    for r in rows {
+                        j.at[*r] = Some(k);
+                        k += 1;
                     }
                 }
             }
@@ -444,105 +506,6 @@ impl CandleEngine {
         held.iter().sum::<u64>() + need(&live[next]) <= blocks
     }
 
-    /// The CPU fast path's forward call: every input's positions in one
-    /// [`CpuModel::forward_parts`](crate::engine::cpu::model::CpuModel::forward_parts); each
-    /// input's logits (one per logit position) come back in order.
-    fn forward_cpu(
-        &mut self,
-        live: &mut [Live],
-        inputs: &[Input],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let Backend::Cpu(model) = &self.model else {
-            return Err(EngineError::Model("not the CPU fast path".into()));
-        };
-        let mut caches: Vec<Option<&mut CpuCache>> = live
-            .iter_mut()
-            .map(|j| match &mut j.cache {
-                DecodeCache::Cpu(c) => Some(c),
-                DecodeCache::Candle(_) => None,
-            })
-            .collect();
-        let mut parts = Vec::with_capacity(inputs.len());
-        for i in inputs {
-            let cache = caches[i.job].take().ok_or_else(|| {
-                EngineError::Model("a job appears twice in one forward call".into())
-            })?;
-            parts.push(Part {
-                tokens: &i.tokens,
-                slots: &i.slots,
-                cache,
-                logits_at: &i.logits_at,
-            });
-        }
-        model
-            .forward_parts(&mut parts, &mut self.workspace)
-            .map_err(EngineError::Model)
-    }
-
-    /// The candle backend's step: the prefill chunk (if any) in a forward call of its own
-    /// (the one-row prompt cache, the fixed chunk schedule), then one
-    /// [`Transformer::forward_decode`](crate::engine::transformer::Transformer::forward_decode)
-    /// over every decoding job's rows (a finished row of a job still decoding is fed a pad
-    /// token: the cache is lockstep). Each input's logits come back in order, as
-    /// [`Self::forward_cpu`]'s.
-    fn forward_candle(
-        &mut self,
-        live: &mut [Live],
-        inputs: &[Input],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let me = |e: candle_core::Error| EngineError::Model(e.to_string());
-        let Backend::Candle(model) = &self.model else {
-            return Err(EngineError::Model("not the candle backend".into()));
-        };
-        let pad = self.stop_ids[0];
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); inputs.len()];
-        let mut caches: Vec<Option<&mut KvCache>> = live
-            .iter_mut()
-            .map(|j| match &mut j.cache {
-                DecodeCache::Candle(c) => c.as_mut(),
-                DecodeCache::Cpu(_) => None,
-            })
-            .collect();
-        let mut parts = Vec::new();
-        let mut decoded = Vec::new();
-        for (k, i) in inputs.iter().enumerate() {
-            let cache = caches[i.job].take().ok_or_else(|| {
-                EngineError::Model("a job without its cache in a forward call".into())
-            })?;
-            match &i.rows {
-                None => {
-                    let input = Tensor::new(i.tokens.as_slice(), model.device())
-                        .and_then(|t| t.unsqueeze(0))
-                        .map_err(me)?;
-                    let logits = model.forward(&input, cache).map_err(me)?;
-                    out[k] = logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)?;
-                }
-                Some(rows) if rows.len() != i.tokens.len() => {
-                    return Err(EngineError::Model(
-                        "multi-token decode on the lockstep path".into(),
-                    ));
-                }
-                Some(rows) => {
-                    let mut tokens = vec![pad; cache.batch()];
-                    for (r, t) in rows.iter().zip(&i.tokens) {
-                        tokens[*r] = *t;
-                    }
-                    parts.push(DecodePart { tokens, cache });
-                    decoded.push(k);
-                }
-            }
-        }
-        let tile = DecodeTile::for_device(model.device());
-        let logits = model.forward_decode(&mut parts, tile).map_err(me)?;
-        for ((k, l), part) in decoded.into_iter().zip(logits).zip(&parts) {
-            let all = l.to_vec2::<f32>().map_err(me)?;
-            let rows = inputs[k].rows.as_deref().unwrap_or_default();
-            debug_assert_eq!(all.len(), part.tokens.len());
-            out[k] = rows.iter().flat_map(|r| all[*r].iter().copied()).collect();
-        }
-        Ok(out)
-    }
-
     /// A job whose prompt is prefilled: every row starts from the prompt's last logits, with
     /// room for its tokens and (with a repetition penalty) the prompt's tokens seen.
     fn start_rows(&self, job: &mut Live, first: Vec<f32>) -> Result<(), EngineError> {
@@ -561,15 +524,14 @@ impl CandleEngine {
         }
         let (n, prompt_len) = (job.rows.len(), job.prompt.len());
         self.add_rows(&mut job.cache, n, max_new, prompt_len)?;
-        job.logits = vec![first; n];
+        job.first = first;
+        job.at = vec![None; n];
         Ok(())
     }
 
     /// The output of a job whose rows all ended; its prompt goes to its prefix store.
     fn finish_job(&mut self, job: Live) -> Result<JobOutput, EngineError> {
-        let decode_us = job
-            .decode_from
-            .map_or(0, |t| t.elapsed().as_micros() as u64);
+        let decode_us = job.decode_us();
         let out = match &job.ids {
             Some(ids) => JobOutput::Rollout(self.rollout_output(
                 &job.rows,
@@ -587,10 +549,15 @@ impl CandleEngine {
             )?),
         };
         let out = out.with_batch(job.batch);
+        self.retire(&job);
+        Ok(out)
+    }
+
+    /// An ended job's prompt goes to its prefix store, unless it went when its prefill ended.
+    fn retire(&mut self, job: &Live) {
         if !job.published {
             self.keep_prompt(job.keep, &job.prompt, &job.cache);
         }
-        Ok(out)
     }
 
     /// A prompt of `prompt` tokens with `max_new` to generate must fit the context.

@@ -21,6 +21,8 @@ use crate::engine::options::{candle_fingerprint_dtype, select_device};
 use crate::engine::prefix_cache::PrefixStore;
 use crate::engine::prompt_text::PromptEncoder;
 use crate::engine::safetensors;
+use crate::engine::step_split::StepSplit;
+use crate::engine::switches::EngineSwitches;
 use crate::engine::{CancelFlag, EngineError, ModelFingerprint};
 
 /// The context a model is loaded with: `asked` when given (at most what the model declares),
@@ -89,7 +91,12 @@ impl CandleEngine {
             ),
             _ => None,
         };
-        let device = select_device(options.device)?;
+        let switches = match options.switches {
+            Some(s) => s,
+            None => EngineSwitches::from_env()
+                .map_err(|e| EngineError::InvalidRequest(e.to_string()))?,
+        };
+        let device = select_device(options.device, &switches)?;
         let device_kind = if device.is_cuda() { "cuda" } else { "cpu" };
         let load = || -> Result<CandleEngine, EngineError> {
             if model_path.is_dir() {
@@ -103,6 +110,7 @@ impl CandleEngine {
             None => load()?,
         };
         engine.pool = pool;
+        engine.switches = switches;
         engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
     }
@@ -224,6 +232,7 @@ impl CandleEngine {
                 "the model declares no end-of-sequence token".into(),
             ));
         }
+        let vocab = model.config().vocab_size;
         Ok(CandleEngine {
             media_placeholders: crate::engine::tokenizer::media_placeholder_ids(&tokenizer),
             prompt_encoder: PromptEncoder::new(&tokenizer)?,
@@ -247,6 +256,9 @@ impl CandleEngine {
             decode_split: (0, 0),
             prefix: PrefixStore::new(0),
             generate_prefix: PrefixStore::new(0),
+            switches: EngineSwitches::default(),
+            split: StepSplit::default(),
+            step_logits: super::readback::StepLogits::new(vocab),
         })
     }
 }

@@ -9,7 +9,7 @@
 
 use candle_core::Tensor;
 
-use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse, store_of};
+use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse, chunk_end, store_of};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
 use crate::engine::prefix_cache::{PrefixHit, PrefixStore};
@@ -45,12 +45,14 @@ impl CandleEngine {
                 let mut cache = model.new_cache(1, prompt.len()).map_err(me)?;
                 let store = store_of(&mut self.prefix, &mut self.generate_prefix, reuse);
                 let reused = candle_lookup(store, prompt, &mut cache);
-                let mut logits = None;
-                for chunk in prompt[reused..].chunks(PREFILL_CHUNK) {
-                    let input = Tensor::new(chunk, model.device())
+                let (mut logits, mut pos) = (None, reused);
+                while pos < prompt.len() {
+                    let end = chunk_end(pos, prompt.len());
+                    let input = Tensor::new(&prompt[pos..end], model.device())
                         .and_then(|t| t.unsqueeze(0))
                         .map_err(me)?;
                     logits = Some(model.forward(&input, &mut cache).map_err(me)?);
+                    pos = end;
                 }
                 let v = logits
                     .ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?
@@ -91,7 +93,7 @@ fn cpu_prefill(
     let reused = pos;
     let mut logits = Vec::new();
     while pos < prompt.len() {
-        let end = ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(prompt.len());
+        let end = chunk_end(pos, prompt.len());
         let chunk = &prompt[pos..end];
         let slots = vec![Slot::Shared; chunk.len()];
         logits = model.forward(chunk, &slots, &mut cache, chunk.len() - 1, ws)?;

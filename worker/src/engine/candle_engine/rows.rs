@@ -59,29 +59,18 @@ impl Row {
 impl CandleEngine {
     /// One step's sampling for every unfinished row, in parallel: `feeds[i]` is row `i`'s
     /// sampled token followed, with `fast_forward`, by its forced run (empty for a row that is
-    /// or just became finished). `logits[i]` are row `i`'s. On failure the error of the first
-    /// failing row (in row order) is returned, whichever thread met it first.
-    pub(super) fn sample_rows(
-        &mut self,
-        rows: &mut [Row],
-        logits: &[Vec<f32>],
-        fast_forward: bool,
-    ) -> Result<Vec<Vec<u32>>, EngineError> {
-        let (feeds, forced) = self.sample_rows_of(rows, logits, fast_forward)?;
-        self.forced_tokens += forced;
-        Ok(feeds)
-    }
-
-    /// [`Self::sample_rows`] without the engine's count: the feeds and the tokens the rows'
-    /// forced runs took. Reads the engine only, so many jobs' rows can be sampled at once.
+    /// or just became finished), and the tokens the rows' forced runs took. `logits[i]` are row
+    /// `i`'s. On failure the error of the first failing row (in row order) is returned,
+    /// whichever thread met it first. Reads the engine only, so many jobs' rows can be sampled
+    /// at once.
     pub(super) fn sample_rows_of(
         &self,
         rows: &mut [Row],
-        logits: &[Vec<f32>],
+        logits: &[&[f32]],
         fast_forward: bool,
     ) -> Result<(Vec<Vec<u32>>, u64), EngineError> {
         let sample =
-            |(row, logits): (&mut Row, &Vec<f32>)| self.sample_one(row, logits, fast_forward);
+            |(row, logits): (&mut Row, &&[f32])| self.sample_one(row, logits, fast_forward);
         let live = rows.iter().filter(|r| r.finish.is_none()).count();
         let results: Vec<Result<(Vec<u32>, u64), EngineError>> = if live > 1 {
             rows.par_iter_mut()

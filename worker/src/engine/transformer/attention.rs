@@ -10,19 +10,19 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{KvCache, Layer, Transformer, rms_norm};
+use super::{KvCache, Layer, Transformer, ops, rms_norm};
 
 /// `(b, n_kv, m, x)` → `(n_kv, b*m, x)`: every row's queries (or weights) of a KV head
 /// side by side, for one matmul against that head's shared keys (or values).
 fn heads_first(x: &Tensor) -> candle_core::Result<Tensor> {
     let (b, h, m, d) = x.dims4()?;
-    x.transpose(0, 1)?.contiguous()?.reshape((h, b * m, d))
+    ops::contiguous(&x.transpose(0, 1)?)?.reshape((h, b * m, d))
 }
 
 /// The inverse of [`heads_first`] for `b` rows.
 fn rows_first(x: &Tensor, b: usize) -> candle_core::Result<Tensor> {
     let (h, bm, d) = x.dims3()?;
-    x.reshape((h, b, bm / b, d))?.transpose(0, 1)?.contiguous()
+    ops::contiguous(&x.reshape((h, b, bm / b, d))?.transpose(0, 1)?)
 }
 
 impl Transformer {
@@ -44,9 +44,9 @@ impl Transformer {
         let kv_len = pos + t;
         let n_rep = cfg.n_head / cfg.n_kv_head;
         let scale = 1.0 / (cfg.head_dim as f64).sqrt();
-        let q = q.reshape((b, t, cfg.n_head, cfg.head_dim))?;
-        let k = k.reshape((b, t, cfg.n_kv_head, cfg.head_dim))?;
-        let v = v.reshape((b, t, cfg.n_kv_head, cfg.head_dim))?;
+        let q = ops::reshape(q, (b, t, cfg.n_head, cfg.head_dim))?;
+        let k = ops::reshape(k, (b, t, cfg.n_kv_head, cfg.head_dim))?;
+        let v = ops::reshape(v, (b, t, cfg.n_kv_head, cfg.head_dim))?;
         let q = match &layer.q_norm {
             Some(w) => rms_norm(&q, w, cfg.rms_eps)?,
             None => q,
@@ -55,44 +55,47 @@ impl Transformer {
             Some(w) => rms_norm(&k, w, cfg.rms_eps)?,
             None => k,
         };
-        let q = self.rope(&q.transpose(1, 2)?.contiguous()?, pos, t)?;
-        let k = self.rope(&k.transpose(1, 2)?.contiguous()?, pos, t)?;
-        let v = v.transpose(1, 2)?.contiguous()?;
+        let q = self.rope(&ops::contiguous(&q.transpose(1, 2)?)?, pos, t)?;
+        let k = self.rope(&ops::contiguous(&k.transpose(1, 2)?)?, pos, t)?;
+        let v = ops::contiguous(&v.transpose(1, 2)?)?;
         let ((kc, vc), shared) = cache.append(li, &k, &v)?;
         // GQA without repeat_kv: query heads h*n_rep..(h+1)*n_rep share KV head h, and they
         // are adjacent in `q`, so `(b, n_head, t, d)` → `(b, n_kv, n_rep*t, d)` is a free
         // reshape and every KV head is read once per step.
-        let q = q.reshape((b, cfg.n_kv_head, n_rep * t, cfg.head_dim))?;
+        let q = ops::reshape(&q, (b, cfg.n_kv_head, n_rep * t, cfg.head_dim))?;
         // Scores in the compute dtype, then softmax (and the mask) in f32.
-        let own = q.matmul(&kc.t()?)?;
+        let own = ops::one(q.matmul(&kc.t()?))?;
         let att = match shared {
             None => own,
             Some((ks, _)) => {
                 let ks = ks.squeeze(0)?.t()?; // (n_kv, d, shared)
-                let prompt = rows_first(&heads_first(&q)?.matmul(&ks)?, b)?;
-                Tensor::cat(&[&prompt, &own], 3)?
+                let prompt = rows_first(&ops::one(heads_first(&q)?.matmul(&ks))?, b)?;
+                ops::cat(&[&prompt, &own], 3)?
             }
         };
-        let att = (att * scale)?.to_dtype(DType::F32)?;
+        let att = ops::cast(&ops::one(att * scale)?, DType::F32)?;
         let att = match mask {
-            Some(m) => att
-                .reshape((b, cfg.n_kv_head, n_rep, t, kv_len))?
-                .broadcast_add(m)?
-                .reshape((b, cfg.n_kv_head, n_rep * t, kv_len))?,
+            Some(m) => {
+                let wide = ops::reshape(&att, (b, cfg.n_kv_head, n_rep, t, kv_len))?;
+                let masked = ops::one(wide.broadcast_add(m))?;
+                ops::reshape(&masked, (b, cfg.n_kv_head, n_rep * t, kv_len))?
+            }
             None => att,
         };
-        let att = candle_nn::ops::softmax_last_dim(&att)?.to_dtype(vc.dtype())?;
+        let att = ops::one(candle_nn::ops::softmax_last_dim(&att))?;
+        let att = ops::cast(&att, vc.dtype())?;
         let y = match shared {
-            None => att.matmul(&vc)?,
+            None => ops::one(att.matmul(&vc))?,
             Some((_, vs)) => {
                 let n = cache.shared_len;
-                let own = att.narrow(3, n, kv_len - n)?.contiguous()?.matmul(&vc)?;
+                let own = ops::contiguous(&att.narrow(3, n, kv_len - n)?)?;
+                let own = ops::one(own.matmul(&vc))?;
                 let w = heads_first(&att.narrow(3, 0, n)?)?;
-                (rows_first(&w.matmul(&vs.squeeze(0)?)?, b)? + own)?
+                let prompt = rows_first(&ops::one(w.matmul(&vs.squeeze(0)?))?, b)?;
+                ops::one(prompt + own)?
             }
         }; // (b, n_kv, n_rep*t, d)
-        y.reshape((b, cfg.n_head, t, cfg.head_dim))?
-            .transpose(1, 2)?
-            .reshape((b * t, cfg.n_head * cfg.head_dim))
+        let y = ops::reshape(&y, (b, cfg.n_head, t, cfg.head_dim))?.transpose(1, 2)?;
+        ops::reshape(&y, (b * t, cfg.n_head * cfg.head_dim))
     }
 }

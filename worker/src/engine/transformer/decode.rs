@@ -13,7 +13,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{KvCache, Linear, Transformer, rms_norm};
+use super::{KvCache, Linear, Transformer, ops, rms_norm};
 
 /// Rows per projection call in a decode step (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ fn tiled(l: &Linear, x: &Tensor, tile: usize) -> candle_core::Result<Tensor> {
     let outs = (0..m / tile)
         .map(|i| l.forward(&x.narrow(0, i * tile, tile)?))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Tensor::cat(&outs, 0)
+    ops::cat(&outs, 0)
 }
 
 impl Transformer {
@@ -60,6 +60,27 @@ impl Transformer {
         parts: &mut [DecodePart<'_>],
         tile: DecodeTile,
     ) -> candle_core::Result<Vec<Tensor>> {
+        let Some(logits) = self.forward_decode_logits(parts, tile)? else {
+            return Ok(Vec::new());
+        };
+        let logits = ops::cast(&logits, DType::F32)?;
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for p in parts.iter() {
+            out.push(logits.narrow(0, at, p.cache.batch)?);
+            at += p.cache.batch;
+        }
+        Ok(out)
+    }
+
+    /// [`Self::forward_decode`]'s step with every row's logits in one tensor, as the output head
+    /// computed them (bf16 in a bf16 model, f32 otherwise): `(padded, vocab)`, the parts' rows
+    /// in order from row 0, then pad rows up to a whole tile. `None` when no part has a row.
+    pub fn forward_decode_logits(
+        &self,
+        parts: &mut [DecodePart<'_>],
+        tile: DecodeTile,
+    ) -> candle_core::Result<Option<Tensor>> {
         let tile = tile.0.max(1);
         let mut ids = Vec::new();
         for p in parts.iter() {
@@ -77,18 +98,18 @@ impl Transformer {
         }
         let n = ids.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let padded = n.div_ceil(tile) * tile;
         // Pad rows look up token 0; their outputs are dropped and touch no cache.
         ids.resize(padded, 0);
         let cfg = &self.config;
-        let ids = Tensor::from_vec(ids, padded, &self.device)?;
-        let mut x = self.embedding.index_select(&ids, 0)?; // (padded, hidden)
+        let ids = ops::one(Tensor::from_vec(ids, padded, &self.device))?;
+        let mut x = ops::one(self.embedding.index_select(&ids, 0))?; // (padded, hidden)
         let width = cfg.n_head * cfg.head_dim;
         // The pad rows' attention output: zeros, made once a step.
         let pad = (padded > n)
-            .then(|| Tensor::zeros((padded - n, width), x.dtype(), &self.device))
+            .then(|| ops::one(Tensor::zeros((padded - n, width), x.dtype(), &self.device)))
             .transpose()?;
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
@@ -108,25 +129,19 @@ impl Transformer {
                 at += b;
             }
             ys.extend(pad.clone());
-            let y = Tensor::cat(&ys, 0)?;
-            let x1 = (tiled(&layer.wo, &y, tile)? + &x)?;
+            let y = ops::cat(&ys, 0)?;
+            let x1 = ops::one(tiled(&layer.wo, &y, tile)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
             let gate = tiled(&layer.w_gate, &h, tile)?;
             let up = tiled(&layer.w_up, &h, tile)?;
-            let ff = tiled(&layer.w_down, &(candle_nn::ops::silu(&gate)? * up)?, tile)?;
-            x = (ff + x1)?;
+            let act = ops::one(ops::one(candle_nn::ops::silu(&gate))? * up)?;
+            let ff = tiled(&layer.w_down, &act, tile)?;
+            x = ops::one(ff + x1)?;
         }
         for p in parts.iter_mut() {
             p.cache.len += 1;
         }
         let last = rms_norm(&x, &self.final_norm, cfg.rms_eps)?;
-        let logits = tiled(&self.lm_head, &last, tile)?.to_dtype(DType::F32)?;
-        let mut out = Vec::with_capacity(parts.len());
-        let mut at = 0;
-        for p in parts.iter() {
-            out.push(logits.narrow(0, at, p.cache.batch)?);
-            at += p.cache.batch;
-        }
-        Ok(out)
+        tiled(&self.lm_head, &last, tile).map(Some)
     }
 }

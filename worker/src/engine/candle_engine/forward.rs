@@ -1,0 +1,210 @@
+//! One forward call of the running batch on either backend, from the step's inputs
+//! (`batch::Input`: at most one prefill chunk and every fed row) to logits: the prefill
+//! chunk's last logits come back to the caller, the decoded rows' land in the engine's step
+//! logits ([`StepLogits`](super::readback::StepLogits)), input by input and row by row; and
+//! the step's phases are timed into the engine's [`StepSplit`](crate::engine::step_split).
+//!
+//! On the candle backend the decoded rows' logits reach the host as the `readback` switch
+//! says ([`Readback`]): `once` gathers the fed rows on the device (pad rows and finished
+//! rows dropped, one `index_select`) and copies them to the host in one go, in the dtype the
+//! output head computed; `per-job` is the path before it (each job's logits cast to f32 and
+//! copied whole, then its fed rows picked on the host), kept to A/B the two on a GPU. Both
+//! give the same f32 values.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use super::batch::{Input, Live};
+use super::{Backend, CandleEngine, DecodeCache};
+use crate::engine::EngineError;
+use crate::engine::cpu::model::{CpuCache, Part};
+use crate::engine::switches::Readback;
+use crate::engine::transformer::{DecodePart, DecodeTile, KvCache, ops};
+
+fn me(e: candle_core::Error) -> EngineError {
+    EngineError::Model(e.to_string())
+}
+
+impl CandleEngine {
+    /// The CPU fast path's forward call: every input's positions in one
+    /// [`CpuModel::forward_parts`](crate::engine::cpu::model::CpuModel::forward_parts). A step
+    /// with a prefill chunk counts as prefill (one call computes both).
+    pub(super) fn forward_cpu(
+        &mut self,
+        live: &mut [Live],
+        inputs: &[Input],
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        let Backend::Cpu(model) = &self.model else {
+            return Err(EngineError::Model("not the CPU fast path".into()));
+        };
+        let mut caches: Vec<Option<&mut CpuCache>> = live
+            .iter_mut()
+            .map(|j| match &mut j.cache {
+                DecodeCache::Cpu(c) => Some(c),
+                DecodeCache::Candle(_) => None,
+            })
+            .collect();
+        let mut parts = Vec::with_capacity(inputs.len());
+        for i in inputs {
+            let cache = caches[i.job].take().ok_or_else(|| {
+                EngineError::Model("a job appears twice in one forward call".into())
+            })?;
+            parts.push(Part {
+                tokens: &i.tokens,
+                slots: &i.slots,
+                cache,
+                logits_at: &i.logits_at,
+            });
+        }
+        let t0 = Instant::now();
+        let out = model
+            .forward_parts(&mut parts, &mut self.workspace)
+            .map_err(EngineError::Model)?;
+        let t1 = Instant::now();
+        let vocab = model.config.vocab_size;
+        let fed: usize = inputs
+            .iter()
+            .filter_map(|i| i.rows.as_ref())
+            .map(Vec::len)
+            .sum();
+        self.step_logits.begin(fed);
+        let (mut chunk, mut k) = (None, 0);
+        for (i, logits) in inputs.iter().zip(out) {
+            if i.rows.is_none() {
+                chunk = Some(logits);
+                continue;
+            }
+            for row in logits.chunks_exact(vocab) {
+                self.step_logits.row_mut(k).copy_from_slice(row);
+                k += 1;
+            }
+        }
+        let split = &mut self.split;
+        split.prefill_steps += u64::from(chunk.is_some());
+        split.decode_steps += u64::from(fed > 0);
+        match chunk.is_some() {
+            true => split.prefill += t1 - t0,
+            false => split.forward_issued += t1 - t0,
+        }
+        split.readback += t1.elapsed();
+        Ok(chunk)
+    }
+
+    /// The candle backend's step: the prefill chunk (if any) in a forward call of its own
+    /// (the one-row prompt cache, the fixed chunk schedule), then one
+    /// [`Transformer::forward_decode_logits`](crate::engine::transformer::Transformer::forward_decode_logits)
+    /// over every decoding job's rows (a finished row of a job still decoding is fed a pad
+    /// token: the cache is lockstep), read back as the `readback` switch says.
+    pub(super) fn forward_candle(
+        &mut self,
+        live: &mut [Live],
+        inputs: &[Input],
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        let Backend::Candle(model) = &self.model else {
+            return Err(EngineError::Model("not the candle backend".into()));
+        };
+        let pad = self.stop_ids[0];
+        let mut chunk = None;
+        let mut caches: Vec<Option<&mut KvCache>> = live
+            .iter_mut()
+            .map(|j| match &mut j.cache {
+                DecodeCache::Candle(c) => c.as_mut(),
+                DecodeCache::Cpu(_) => None,
+            })
+            .collect();
+        // The decoded parts, and each fed row's place among the parts' rows (`at`, from 0).
+        let (mut parts, mut fed, mut at) = (Vec::new(), Vec::new(), 0);
+        for i in inputs {
+            let cache = caches[i.job].take().ok_or_else(|| {
+                EngineError::Model("a job without its cache in a forward call".into())
+            })?;
+            match &i.rows {
+                None => {
+                    let t = Instant::now();
+                    let input = Tensor::new(i.tokens.as_slice(), model.device())
+                        .and_then(|t| t.unsqueeze(0))
+                        .map_err(me)?;
+                    let logits = model.forward(&input, cache).map_err(me)?;
+                    chunk = Some(logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)?);
+                    self.split.prefill += t.elapsed();
+                    self.split.prefill_steps += 1;
+                }
+                Some(rows) if rows.len() != i.tokens.len() => {
+                    return Err(EngineError::Model(
+                        "multi-token decode on the lockstep path".into(),
+                    ));
+                }
+                Some(rows) => {
+                    let mut tokens = vec![pad; cache.batch()];
+                    for (r, t) in rows.iter().zip(&i.tokens) {
+                        tokens[*r] = *t;
+                        fed.push((at + r) as u32);
+                    }
+                    at += cache.batch();
+                    parts.push(DecodePart { tokens, cache });
+                }
+            }
+        }
+        if !parts.is_empty() {
+            self.decode_candle(&mut parts, fed)?;
+        }
+        Ok(chunk)
+    }
+
+    /// One decode step of `parts` on the candle backend; `fed` are the fed rows' places among
+    /// the parts' rows, in order: their logits go to the step logits. Timed and counted.
+    fn decode_candle(
+        &mut self,
+        parts: &mut [DecodePart<'_>],
+        fed: Vec<u32>,
+    ) -> Result<(), EngineError> {
+        let Backend::Candle(model) = &self.model else {
+            return Err(EngineError::Model("not the candle backend".into()));
+        };
+        let tile = DecodeTile::for_device(model.device());
+        let (ops0, t0) = (ops::issued(), Instant::now());
+        let split = match self.switches.readback {
+            Readback::Once => {
+                let logits = model.forward_decode_logits(parts, tile).map_err(me)?;
+                let t1 = Instant::now();
+                model.device().synchronize().map_err(me)?;
+                let t2 = Instant::now();
+                if let Some(logits) = logits {
+                    let n = fed.len();
+                    let idx = ops::one(Tensor::from_vec(fed, n, model.device())).map_err(me)?;
+                    let live = ops::one(logits.index_select(&idx, 0)).map_err(me)?;
+                    ops::one(self.step_logits.read(&live)).map_err(me)?;
+                }
+                (t1, t2)
+            }
+            Readback::PerJob => {
+                let logits = model.forward_decode(parts, tile).map_err(me)?;
+                let t1 = Instant::now();
+                model.device().synchronize().map_err(me)?;
+                let t2 = Instant::now();
+                self.step_logits.begin(fed.len());
+                let (mut k, mut base) = (0, 0);
+                for (l, part) in logits.iter().zip(parts.iter()) {
+                    let all = ops::one(l.to_vec2::<f32>()).map_err(me)?;
+                    let end = base + part.tokens.len();
+                    for &f in fed.iter().filter(|&&f| (base..end).contains(&(f as usize))) {
+                        let row = &all[f as usize - base];
+                        self.step_logits.row_mut(k).copy_from_slice(row);
+                        k += 1;
+                    }
+                    base = end;
+                }
+                (t1, t2)
+            }
+        };
+        let (t1, t2) = split;
+        let split = &mut self.split;
+        split.decode_steps += 1;
+        split.forward_issued += t1 - t0;
+        split.forward_done += t2 - t1;
+        split.readback += t2.elapsed();
+        split.add_ops(ops::issued() - ops0);
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! The engine's run-time switches: one binary A/Bs every engine change on a GPU without a
+//! rebuild. They are read from one environment variable, [`SWITCHES_VAR`], a comma-separated
+//! list of `name=value` (unset or empty: every default):
+//!
+//! | name     | values        | default | what it selects |
+//! |----------|---------------|---------|-----------------|
+//! | events   | on, off       | off     | cudarc event tracking on the CUDA device (off: one explicit stream) |
+//! | readback | once, per-job | once    | logits copied to the host once a step into a reused buffer, or per job (the old path) |
+//! | paged    | on, off       | off     | paged batched decode attention on the candle backend |
+//! | fused    | on, off       | off     | fused kernels (add+RMSnorm, q/k-norm+RoPE+KV write, SiLU*mul) |
+//! | graphs   | on, off       | off     | CUDA graphs for the decode step |
+//!
+//! An unknown name or value is an error ([`SwitchError`], stable code [`SWITCH_ERROR_CODE`]),
+//! never ignored: a typo must not silently measure the default. [`EngineSwitches`]' `Display`
+//! is the canonical list, every switch in the order above, which `stageb probe rollout` prints.
+
+use std::fmt;
+
+/// The environment variable the switches are read from.
+pub const SWITCHES_VAR: &str = "STAGEB_ENGINE_SWITCHES";
+
+/// The stable code of a bad switch list.
+pub const SWITCH_ERROR_CODE: &str = "E_ENGINE_SWITCH";
+
+/// How the decode step's logits reach the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Readback {
+    /// The live rows' logits gathered on the device and copied once a step into a host buffer
+    /// the engine keeps.
+    #[default]
+    Once,
+    /// Each job's logits copied on their own (the path before the gather; kept to A/B it).
+    PerJob,
+}
+
+/// The switches in force. Each field's doc names its switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineSwitches {
+    /// `events`: cudarc's event tracking on the CUDA device. Off (the default) opens the
+    /// device on one explicit stream with tracking disabled before any tensor exists.
+    pub events: bool,
+    /// `readback`.
+    pub readback: Readback,
+    /// `paged`: paged batched decode attention (not wired yet: parsed, no effect).
+    pub paged: bool,
+    /// `fused`: fused kernels (not wired yet: parsed, no effect).
+    pub fused: bool,
+    /// `graphs`: CUDA graphs for the decode step (not built: parsed, no effect).
+    pub graphs: bool,
+}
+
+/// A switch list that names an unknown switch or value, or names one twice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("E_ENGINE_SWITCH: {SWITCHES_VAR}: {0}")]
+pub struct SwitchError(String);
+
+impl SwitchError {
+    /// The stable code ([`SWITCH_ERROR_CODE`]).
+    pub fn code(&self) -> &'static str {
+        SWITCH_ERROR_CODE
+    }
+}
+
+const NAMES: [&str; 5] = ["events", "readback", "paged", "fused", "graphs"];
+
+fn on_off(name: &str, value: &str) -> Result<bool, SwitchError> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(SwitchError(format!(
+            "`{name}={value}`: {name} is `on` or `off`"
+        ))),
+    }
+}
+
+impl EngineSwitches {
+    /// The switches in `list` (`name=value,...`; whitespace around items is ignored, empty
+    /// items are skipped); every switch not named keeps its default.
+    pub fn parse(list: &str) -> Result<EngineSwitches, SwitchError> {
+        let mut s = EngineSwitches::default();
+        let mut seen = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let Some((name, value)) = item.split_once('=') else {
+                return Err(SwitchError(format!(
+                    "`{item}` is not `name=value` (switches: {})",
+                    NAMES.join(", ")
+                )));
+            };
+            let (name, value) = (name.trim(), value.trim());
+            if seen.contains(&name) {
+                return Err(SwitchError(format!("`{name}` is given twice")));
+            }
+            match name {
+                "events" => s.events = on_off(name, value)?,
+                "readback" => {
+                    s.readback = match value {
+                        "once" => Readback::Once,
+                        "per-job" => Readback::PerJob,
+                        _ => {
+                            return Err(SwitchError(format!(
+                                "`readback={value}`: readback is `once` or `per-job`"
+                            )));
+                        }
+                    }
+                }
+                "paged" => s.paged = on_off(name, value)?,
+                "fused" => s.fused = on_off(name, value)?,
+                "graphs" => s.graphs = on_off(name, value)?,
+                _ => {
+                    return Err(SwitchError(format!(
+                        "unknown switch `{name}` (switches: {})",
+                        NAMES.join(", ")
+                    )));
+                }
+            }
+            seen.push(name);
+        }
+        Ok(s)
+    }
+
+    /// The switches [`SWITCHES_VAR`] sets (unset or empty: the defaults).
+    pub fn from_env() -> Result<EngineSwitches, SwitchError> {
+        match std::env::var(SWITCHES_VAR) {
+            Ok(list) => Self::parse(&list),
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(SwitchError("the value is not UTF-8".into()))
+            }
+        }
+    }
+}
+
+impl fmt::Display for EngineSwitches {
+    /// The canonical list: every switch, in a fixed order, e.g.
+    /// `events=off,readback=once,paged=off,fused=off,graphs=off`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let oo = |b: bool| if b { "on" } else { "off" };
+        let readback = match self.readback {
+            Readback::Once => "once",
+            Readback::PerJob => "per-job",
+        };
+        write!(
+            f,
+            "events={},readback={readback},paged={},fused={},graphs={}",
+            oo(self.events),
+            oo(self.paged),
+            oo(self.fused),
+            oo(self.graphs)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_list_is_every_default() {
+        let d = EngineSwitches::parse("").unwrap();
+        assert_eq!(d, EngineSwitches::default());
+        assert_eq!(
+            d.to_string(),
+            "events=off,readback=once,paged=off,fused=off,graphs=off"
+        );
+    }
+
+    #[test]
+    fn named_switches_change_and_the_canonical_list_reads_back() {
+        let s = EngineSwitches::parse(" readback=per-job , events=on,graphs=on,").unwrap();
+        assert_eq!(s.readback, Readback::PerJob);
+        assert!(s.events && s.graphs && !s.paged && !s.fused);
+        let canonical = s.to_string();
+        assert_eq!(
+            canonical,
+            "events=on,readback=per-job,paged=off,fused=off,graphs=on"
+        );
+        assert_eq!(EngineSwitches::parse(&canonical).unwrap(), s);
+    }
+
+    #[test]
+    fn unknown_names_values_and_repeats_are_refused_with_the_stable_code() {
+        for bad in [
+            "readback=twice",
+            "evnets=on",
+            "paged",
+            "fused=yes",
+            "events=on,events=off",
+        ] {
+            let e = EngineSwitches::parse(bad).unwrap_err();
+            assert_eq!(e.code(), "E_ENGINE_SWITCH", "{bad}");
+            assert!(e.to_string().starts_with("E_ENGINE_SWITCH"), "{e}");
+        }
+        let e = EngineSwitches::parse("evnets=on").unwrap_err().to_string();
+        assert!(e.contains("evnets") && e.contains("readback"), "{e}");
+    }
+}
