@@ -3,7 +3,7 @@
 # same worker holding one (`--max-jobs 1`, the old behaviour) and against llama.cpp's server
 # with the same number of tickets in flight, side by side in one script run, runs alternated.
 #
-#   scripts/bench-batching.sh [--runs N] [--threads N] [--ks "1 4 16"] [--skip-llama]
+#   scripts/bench/bench-batching.sh [--runs N] [--threads N] [--ks "1 4 16"] [--skip-llama]
 #                             [--no-e2e] [--e2e-only] [--release]
 #
 # Workload 1 (rollouts, reflection at its cheapest): the demo mission, 1 epoch, one reflection
@@ -21,7 +21,7 @@
 # must not change a byte.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CACHE="$ROOT/.cache/bench"
 RUNS=3
 THREADS=2
@@ -49,7 +49,7 @@ MODEL="${STAGEB_MODEL:-$ROOT/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 [ -f "$MODEL" ] || MODEL="$("$ROOT/scripts/fetch-model.sh" | tail -1)"
 mkdir -p "$CACHE"
 
-# shellcheck source=lib/llama-build.sh
+# shellcheck source=scripts/lib/llama-build.sh
 . "$ROOT/scripts/lib/llama-build.sh"
 [ "$SKIP_LLAMA" = 0 ] && [ "$ROLLOUTS" = 1 ] && build_llama llama-server
 

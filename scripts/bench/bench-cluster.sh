@@ -11,7 +11,7 @@
 # cheapest setting, one call per epoch: stageb has no off switch). Then the growth in tickets
 # (1k/10k/100k at a fixed N, zero latency: rank 0 saturated). Results: docs/PERFORMANCE.md.
 #
-# usage: scripts/bench-cluster.sh [--quick] [--workers "1 10 100 1000"] [--latency-ms 200]
+# usage: scripts/bench/bench-cluster.sh [--quick] [--workers "1 10 100 1000"] [--latency-ms 200]
 #          [--jobs-per-worker 20] [--growth "1000 10000 100000"] [--growth-workers 100]
 #          [--reflection "off on"] [--pipeline "0"] [--step-tickets N] [--epochs E]
 #          [--tickets T] [--out DIR]
@@ -27,7 +27,7 @@
 # audit read the artifacts back; `stageb report` measures that separately).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORKERS="1 10 100 1000"
 LATENCY_MS=200
 JOBS_PER_WORKER=20

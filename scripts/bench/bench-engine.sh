@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rollout workload, stageb vs llama.cpp, side by side on the same GGUF and the same machine.
 #
-#   scripts/bench-engine.sh [--runs N] [--threads N] [--model PATH] [--skip-llama] [--release]
+#   scripts/bench/bench-engine.sh [--runs N] [--threads N] [--model PATH] [--skip-llama] [--release]
 #                           [--kernels auto|avx2|...] [--numerics int8|f32] [--llama-avx2]
 #                           [--demo | --demo-only]
 #
@@ -24,7 +24,7 @@
 # Prints tables with medians (stageb: --runs runs after a warm-up; llama.cpp: --runs runs).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CACHE="$ROOT/.cache/bench"
 RUNS=3
 THREADS=2
@@ -63,7 +63,7 @@ mkdir -p "$CACHE"
 # ---- llama.cpp (built once per flavour; scripts/lib/llama-build.sh) ------------------------
 LLAMA_TARGETS=(llama-batched-bench)
 [ "$DEMO" = 1 ] && LLAMA_TARGETS+=(llama-server)
-# shellcheck source=lib/llama-build.sh
+# shellcheck source=scripts/lib/llama-build.sh
 . "$ROOT/scripts/lib/llama-build.sh"
 [ "$SKIP_LLAMA" = 0 ] && build_llama "${LLAMA_TARGETS[@]}"
 LLAMA_BIN="$LLAMA_DIR/bin/llama-batched-bench"

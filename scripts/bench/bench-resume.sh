@@ -4,16 +4,16 @@
 # (jobs.jsonl) and checkpoint bytes on disk at the kill, rank 0's time from its start to the
 # first lease after `--resume` (the load generator starts with it; its `first_job_s`), the
 # resumed attempt's wall time and peak RSS (scripts/lib/rusage.py), and whether the finished
-# run holds every ticket once. Rank 0 and the load generator as in scripts/bench-cluster.sh
+# run holds every ticket once. Rank 0 and the load generator as in scripts/bench/bench-cluster.sh
 # (one epoch, reflection off, 0 ms jobs: rank 0 as fast as it goes).
 #
-# usage: scripts/bench-resume.sh [--tickets 100000] [--kill-at 0.9] [--workers 100]
+# usage: scripts/bench/bench-resume.sh [--tickets 100000] [--kill-at 0.9] [--workers 100]
 #          [--step-tickets 1000] [--out DIR] [--profile release|dev]
 # STAGEB_BEFORE=PATH also measures another coordinator build (e.g. one without journal
 # compaction) with the same harness, as the "before" row.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TICKETS=100000
 KILL_AT=0.9
 WORKERS=100
@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# shellcheck source=lib/profile.sh
+# shellcheck source=scripts/lib/profile.sh
 source "$ROOT/scripts/lib/profile.sh"
 RESULTS="$OUT/results.jsonl"
 (cd "$ROOT" && cargo build "${PROFILE_FLAG[@]}" --bin stageb --example loadgen)

@@ -21,11 +21,11 @@
 # emulates loss by its cost (a retransmission's stall), and the table says so. Where
 # namespaces cannot be made it says why and exits 77 (.ci/run prints that as a skip).
 #
-# usage: scripts/chaos.sh [--quick] [--seed S] [--out DIR] [--profile dev|release]
+# usage: scripts/ci/chaos.sh [--quick] [--seed S] [--out DIR] [--profile dev|release]
 # --quick is the CI variant (under 3 minutes, dev profile as built for the tests).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SEED=1
 TICKETS=600
 EPOCHS=3
@@ -50,7 +50,7 @@ while [[ $# -gt 0 ]]; do
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
-# shellcheck source=lib/profile.sh
+# shellcheck source=scripts/lib/profile.sh
 source "$ROOT/scripts/lib/profile.sh"
 # Names of this script's namespaces, bridge and links (an interface name has 15 bytes at most).
 P="sbc$$"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the house rules of the source tree (docs/ARCHITECTURE.md §2, "Checking the layout").
 
-    scripts/check-layout.py [--max-file-lines 800] [--max-fn-lines 120] [CRATE_DIR ...]
+    scripts/ci/check-layout.py [--max-file-lines 800] [--max-fn-lines 120] [CRATE_DIR ...]
 
 1. No non-test source file over 800 lines (test files: `tests.rs`, `tests/`, `*_tests.rs`).
 2. No function over 120 lines, except the documented checklists listed in CHECKLISTS below
@@ -260,7 +260,7 @@ def main(argv):
         else:
             crates.append(argv[i])
             i += 1
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     os.chdir(root)
     crates = crates or [c for c in DEFAULT_CRATES if os.path.isdir(os.path.join(c, "src"))]
     findings = []

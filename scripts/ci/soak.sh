@@ -24,7 +24,7 @@
 # Seeded (--seed): the same seed injects the same faults in the same order at the same
 # offsets, so a failing soak can be replayed (process timing still varies).
 #
-# usage: scripts/soak.sh [--quick] [--seed S] [--tickets T] [--epochs E] [--procs P]
+# usage: scripts/ci/soak.sh [--quick] [--seed S] [--tickets T] [--epochs E] [--procs P]
 #          [--workers-per-proc W] [--worker-kills K] [--pauses P] [--rank0-kills R] [--out DIR]
 #          [--profile release|dev] [--max-jobs K] [--real-model [--model GGUF]]
 # --quick is the CI variant (about a minute) and uses the dev profile, which CI has built for
@@ -32,7 +32,7 @@
 # uses release binaries.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SEED=1
 TICKETS=3000
 EPOCHS=3
@@ -78,7 +78,7 @@ while [[ $# -gt 0 ]]; do
 done
 RANDOM=$SEED
 
-# shellcheck source=lib/profile.sh
+# shellcheck source=scripts/lib/profile.sh
 source "$ROOT/scripts/lib/profile.sh"
 RANK0=""
 WORKERS=()

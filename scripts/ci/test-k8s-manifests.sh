@@ -8,7 +8,7 @@
 # deploy/k8s/indexed-job.yaml claims ("Needs Kubernetes >= X", read from the file so the two
 # cannot drift apart) and the newest version the validator knows.
 #
-#   scripts/test-k8s-manifests.sh        (a few seconds; the first run installs the validator)
+#   scripts/ci/test-k8s-manifests.sh        (a few seconds; the first run installs the validator)
 #
 # The validator is pip-installed, pinned, into a virtual environment under .cache/venv-k8s
 # (git-ignored). Schemas are not everything the API server checks: the script also checks the
@@ -17,7 +17,7 @@
 # validator cannot be installed here (no venv support or no package index; printed on a line
 # starting with "SKIPPED:").
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
 
 validator_version=1.37.0

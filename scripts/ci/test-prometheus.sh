@@ -5,13 +5,13 @@
 # the run goes on; `promtool check metrics` lints a scrape of each endpoint; the run itself must
 # end with exit 0.
 #
-#   scripts/test-prometheus.sh            (from anywhere; uses target/debug/stageb or STAGEB_BIN)
+#   scripts/ci/test-prometheus.sh            (from anywhere; uses target/debug/stageb or STAGEB_BIN)
 #
 # Installs Debian's `prometheus` package (which brings promtool) when missing. Exit codes:
 # 0 passed; 1 a check failed; 77 skipped because Prometheus cannot be installed here (the
 # reason is printed; .ci/run decides what a skip means).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo="$PWD"
 
 say() { echo "test-prometheus: $*" >&2; }

@@ -2,7 +2,7 @@
 # Browser test of `stageb report`: a run's report, and a copy of it rendered from artifacts
 # poisoned with markup, are loaded in headless Chromium from file:// URLs; the test fails on
 # any uncaught exception, console error or warning, blocked load (a CSP violation), network
-# request, dialog, <script> element or missing section (scripts/report_browser.py check).
+# request, dialog, <script> element or missing section (scripts/lib/report_browser.py check).
 #
 # The run: $STAGEB_REPORT_RUN when set, else runs/demo/挡风板安装检查 when present, else the
 # launcher tests' reference run (.cache/launch-tests, CI runs them first), else a fresh small
@@ -11,8 +11,8 @@
 # Chromium: Debian's `chromium`, installed with apt-get when missing. Exit code 77 (with the
 # reason on stderr) when no browser can be had: the test did not run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/report-browser-common.sh
+cd "$(dirname "$0")/../.."
+source scripts/lib/report-browser.sh
 
 ensure_chromium
 bin="$(stageb_bin)"
@@ -22,14 +22,14 @@ trap 'rm -rf "$work"' EXIT
 
 if [[ -f "$run_dir/report.html" && "$run_dir" != runs/demo/* ]]; then
   echo "== the report stageb run wrote: $run_dir/report.html"
-  python3 scripts/report_browser.py check "$run_dir/report.html"
+  python3 scripts/lib/report_browser.py check "$run_dir/report.html"
 fi
 
 echo "== stageb report $run_dir"
 start=$(date +%s%N)
 "$bin" report "$run_dir" --out "$work/report.html" >/dev/null
 echo "rendered in $(( ($(date +%s%N) - start) / 1000000 )) ms, $(stat -c %s "$work/report.html") bytes"
-python3 scripts/report_browser.py check "$work/report.html"
+python3 scripts/lib/report_browser.py check "$work/report.html"
 
 echo "== a report of artifacts poisoned with markup"
 cp -r "$run_dir" "$work/poisoned"
@@ -54,5 +54,5 @@ with open(run / "failure_malformed.jsonl", "a") as f:
                         "violation": {"code": evil, "detail": evil}}) + "\n")
 PY
 "$bin" report "$work/poisoned" --out "$work/poisoned.html" >/dev/null
-python3 scripts/report_browser.py check "$work/poisoned.html"
+python3 scripts/lib/report_browser.py check "$work/poisoned.html"
 echo "report browser test: passed"

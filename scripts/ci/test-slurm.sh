@@ -19,7 +19,7 @@
 #   d  `kill -9` of rank 0 mid-run       -> the workers leave within STAGEB_RECONNECT_TIMEOUT_S
 #                                           (10 s here), the job ends within 40 s, not COMPLETED
 #
-#   scripts/test-slurm.sh            (as root; about 4 minutes on 2 cores, 5 when it makes
+#   scripts/ci/test-slurm.sh            (as root; about 4 minutes on 2 cores, 5 when it makes
 #                                     the reference run itself)
 #
 # Exit codes: 0 every scenario passed; 1 a scenario failed; 2 broken checkout (no binary could
@@ -31,10 +31,10 @@
 # STAGEB_SLURM_SCENARIOS="a b c d" picks scenarios.
 set -euo pipefail
 
-lt_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+lt_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$lt_repo"
-# shellcheck source=scripts/launch-test-lib.sh
-source scripts/launch-test-lib.sh
+# shellcheck source=scripts/lib/launch-test.sh
+source scripts/lib/launch-test.sh
 
 echo "== test-slurm: deploy/slurm/stageb.sbatch on a real one-node Slurm cluster"
 t_start=$SECONDS

@@ -22,18 +22,18 @@
 #       The stand-in forwards it to every rank, rank 0 drains and the launcher exits 75
 #       (interrupted, resumable), with the model already pinned in the run's manifest.
 #
-#   scripts/test-torchrun.sh           (3-4 minutes on 2 cores, the reference run included;
-#                                       it is cached for scripts/test-slurm.sh)
+#   scripts/ci/test-torchrun.sh           (3-4 minutes on 2 cores, the reference run included;
+#                                       it is cached for scripts/ci/test-slurm.sh)
 #
 # Exit codes: 0 passed; 1 a check failed; 2 broken checkout (no binary could be built, no
 # model). Environment: STAGEB_BIN (default target/debug/stageb, built if missing);
 # STAGEB_TEST_KEEP=1 keeps the temporary directory.
 set -euo pipefail
 
-lt_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+lt_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$lt_repo"
-# shellcheck source=scripts/launch-test-lib.sh
-source scripts/launch-test-lib.sh
+# shellcheck source=scripts/lib/launch-test.sh
+source scripts/lib/launch-test.sh
 
 echo "== test-torchrun: stageb launch under a torchrun stand-in (tests/launchers/torchrun)"
 t_start=$SECONDS

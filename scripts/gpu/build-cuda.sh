@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the CUDA `stageb` binary reproducibly, and pack it to be carried to a GPU node.
 #
-#   scripts/build-cuda.sh                        # CUDA_COMPUTE_CAP=90: sm_90a (H100/H200 only)
-#   CUDA_COMPUTE_CAP=80 scripts/build-cuda.sh    # sm_80 (A100)
+#   scripts/gpu/build-cuda.sh                        # CUDA_COMPUTE_CAP=90: sm_90a (H100/H200 only)
+#   CUDA_COMPUTE_CAP=80 scripts/gpu/build-cuda.sh    # sm_80 (A100)
 #
 # Four timed phases (docs/GPU-BUILD.md explains each):
-#   1. toolkit  CUDA 13.x from PyPI wheels (scripts/cuda-toolkit-from-pypi.sh; no system CUDA,
+#   1. toolkit  CUDA 13.x from PyPI wheels (scripts/gpu/cuda-toolkit-from-pypi.sh; no system CUDA,
 #               no GPU needed); the build refuses any nvcc that is not 13.x.
 #   2. build    cargo build --release --locked --features cuda --bin stageb, profile `release`,
 #               in its own target dir (target/cuda), so the CPU build in target/ is untouched.
@@ -30,11 +30,11 @@
 #   CUDA_PIECE_SIZE    split -b size of one piece       (default 64M; at most 64M)
 #   CUDA_COMPRESS      xz | zstd                        (default xz when installed, else zstd)
 #   CARGO_BUILD_JOBS   cargo's parallel jobs; CUDAFORGE_THREADS: candle-kernels' nvcc jobs
-#   and scripts/cuda-toolkit-from-pypi.sh's own: CUDA_PYPI_VERSION (13.0.2), CUDA_VENV_DIR,
+#   and scripts/gpu/cuda-toolkit-from-pypi.sh's own: CUDA_PYPI_VERSION (13.0.2), CUDA_VENV_DIR,
 #   CUDA_TOOLKIT_DIR, PYTHON.
 set -euo pipefail
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo_root"
 cap=${CUDA_COMPUTE_CAP:-90}
 target_dir=${CUDA_TARGET_DIR:-$repo_root/target/cuda}
@@ -75,9 +75,9 @@ command -v "$compress" >/dev/null || die "$compress not found (Debian: apt-get i
 
 # --- 1. toolkit ----------------------------------------------------------------------------------
 t=$SECONDS
-log "phase toolkit: scripts/cuda-toolkit-from-pypi.sh"
-cuda_root=$(scripts/cuda-toolkit-from-pypi.sh | tail -n1)
-[[ -x $cuda_root/bin/nvcc ]] || die "no nvcc under $cuda_root/bin after scripts/cuda-toolkit-from-pypi.sh"
+log "phase toolkit: scripts/gpu/cuda-toolkit-from-pypi.sh"
+cuda_root=$(scripts/gpu/cuda-toolkit-from-pypi.sh | tail -n1)
+[[ -x $cuda_root/bin/nvcc ]] || die "no nvcc under $cuda_root/bin after scripts/gpu/cuda-toolkit-from-pypi.sh"
 export CUDA_HOME=$cuda_root PATH=$cuda_root/bin:$PATH CUDA_COMPUTE_CAP=$cap CARGO_TARGET_DIR=$target_dir
 # cudarc binds to the CUDA version of a bare `nvcc --version` (PATH, set just above).
 nvcc_release=$(nvcc --version | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p')

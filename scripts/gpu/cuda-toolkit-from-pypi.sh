@@ -2,8 +2,8 @@
 # Assemble a CUDA toolkit from PyPI wheels, for building `--features cuda` on a machine
 # without a system CUDA install (and without a GPU).
 #
-#   scripts/cuda-toolkit-from-pypi.sh            # prints the toolkit root as its last line
-#   CUDA_ROOT=$(scripts/cuda-toolkit-from-pypi.sh | tail -n1)
+#   scripts/gpu/cuda-toolkit-from-pypi.sh            # prints the toolkit root as its last line
+#   CUDA_ROOT=$(scripts/gpu/cuda-toolkit-from-pypi.sh | tail -n1)
 #   export CUDA_HOME=$CUDA_ROOT PATH=$CUDA_ROOT/bin:$PATH CUDA_COMPUTE_CAP=90
 #   cargo build --release --features cuda --bin stageb
 #
@@ -39,7 +39,7 @@
 #   PYTHON             python used to create the venv (default python3)
 set -euo pipefail
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 version=${CUDA_PYPI_VERSION:-13.0.2}
 venv=${CUDA_VENV_DIR:-$repo_root/.cudaenv}
 root=${CUDA_TOOLKIT_DIR:-$repo_root/.cuda}

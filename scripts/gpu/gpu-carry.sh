@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Cut the test model into pieces a GPU machine's calls can carry, and print the carry plan.
 #
-#   scripts/gpu-carry.sh [--model PATH] [--piece-mib 47] [--out dist/gpu-carry]
-#   scripts/gpu-carry.sh --plan            # only print the plan for what is already there
+#   scripts/gpu/gpu-carry.sh [--model PATH] [--piece-mib 47] [--out dist/gpu-carry]
+#   scripts/gpu/gpu-carry.sh --plan            # only print the plan for what is already there
 #
 # The device tool sends the working tree with each call, git-ignored paths named in `carry`
 # included, at most 64 MiB in all; ignored paths stay on the machine between calls while it is
 # warm. So the model (SmolLM2-135M Q4_1, 94 MiB, hardly compressible) travels in pieces, one
 # folder per piece so each call names its own: OUT/model-1/, OUT/model-2/, ... each holding
 # its piece (`NAME.part-aa`, ...), pieces.sha256 (every piece) and model.sha256 (the whole
-# file). scripts/gpu-check.sh joins and verifies them on the machine.
+# file). scripts/gpu/gpu-check.sh joins and verifies them on the machine.
 #
 # Then prints the calls (docs/GPU-TEST.md explains them): the size of the working tree that
 # travels every time (tracked plus untracked-not-ignored files), of dist/cuda (the binary from
-# scripts/build-cuda.sh) and of every piece folder, and fails when a call would pass 64 MiB.
+# scripts/gpu/build-cuda.sh) and of every piece folder, and fails when a call would pass 64 MiB.
 #
 # Options:
 #   --model PATH     default .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -23,7 +23,7 @@
 #   --plan           do not cut, only print the plan
 set -euo pipefail
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo_root"
 model=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 piece_mib=47 out=dist/gpu-carry plan_only=0
@@ -73,7 +73,7 @@ mapfile -t pieces < <(printf '%s\n' "${pieces[@]}" | sort -V)
 cuda=0
 [[ -f dist/cuda/pieces.sha256 ]] && cuda=$(bytes dist/cuda)
 echo "working tree sent with every call: $(mib "$tree")"
-echo "dist/cuda (scripts/build-cuda.sh): $( ((cuda)) && mib "$cuda" || echo "missing: run scripts/build-cuda.sh first")"
+echo "dist/cuda (scripts/gpu/build-cuda.sh): $( ((cuda)) && mib "$cuda" || echo "missing: run scripts/gpu/build-cuda.sh first")"
 ok=1
 call() { # N, carry list, command
   local n=$1 list=$2 cmd=$3 total=$tree p
@@ -86,13 +86,13 @@ call() { # N, carry list, command
 # that brings the last piece runs the mission and throughput; pieces in between only travel.
 last=$((${#pieces[@]} - 1))
 if ((last == 0)); then
-  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --quick --budget-s 540"
+  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu/gpu-check.sh --quick --budget-s 540"
 else
-  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu-check.sh --quick --only env,checkpoints,parity --budget-s 360"
+  call 1 "dist/cuda,${pieces[0]}" "scripts/gpu/gpu-check.sh --quick --only env,checkpoints,parity --budget-s 360"
   for ((i = 1; i < last; i++)); do
     call $((i + 1)) "${pieces[$i]}" "true   # carry only"
   done
-  call $((last + 1)) "${pieces[$last]}" "scripts/gpu-check.sh --quick --only mission,throughput,reflection --stageb-tickets 4 --budget-s 470"
+  call $((last + 1)) "${pieces[$last]}" "scripts/gpu/gpu-check.sh --quick --only mission,throughput,reflection --stageb-tickets 4 --budget-s 470"
 fi
 echo "(each command: timeout_s 600; the next call right after the last one returns, the machine is given back ~30 s after a call)"
 ((ok)) || die "a call would carry more than 64 MiB: lower --piece-mib"

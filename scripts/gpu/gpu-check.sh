@@ -2,9 +2,9 @@
 # The GPU check: parity with transformers, throughput against transformers, the small demo
 # mission, in one command on a GPU machine that has no Rust toolchain (docs/GPU-TEST.md).
 #
-#   scripts/gpu-check.sh [--only STEP,...] [--quick] [--tickets N] [--stageb-tickets N]
+#   scripts/gpu/gpu-check.sh [--only STEP,...] [--quick] [--tickets N] [--stageb-tickets N]
 #                        [--reps N] [--budget-s S] [--device cuda:0] [--out DIR]
-#   scripts/gpu-check.sh --device cpu --tiny [--binary target/debug/stageb]   # CPU rehearsal
+#   scripts/gpu/gpu-check.sh --device cpu --tiny [--binary target/debug/stageb]   # CPU rehearsal
 #
 # Steps, in this order (--only picks some; default all, as far as --budget-s allows):
 #   env          nvidia-smi, driver and CUDA versions, glibc, Python packages, the CUDA library
@@ -12,7 +12,7 @@
 #                `probe` of the binary, and a smoke test: `probe logits` on the committed Qwen3
 #                fixture on the device against transformers' reference in its reference.json
 #   checkpoints  random-weight Qwen3 checkpoints written by torch on the device
-#                (scripts/gpu_check/make_checkpoint.py): qwen3-8b (16.4 GB) and qwen3-0.6b
+#                (scripts/gpu/gpu_check/make_checkpoint.py): qwen3-8b (16.4 GB) and qwen3-0.6b
 #   parity       per checkpoint: `stageb probe logits` in bf16 and f32 against transformers
 #                (eager attention) on the same 600 prompt ids: first-token logits and 32 greedy
 #                tokens
@@ -24,9 +24,9 @@
 #   reflection   one 16,000-token prompt, one candidate, 1,000 new tokens, on each side
 #
 # Inputs (git-ignored, carried to the machine; docs/GPU-TEST.md has the plan):
-#   dist/cuda/          scripts/build-cuda.sh's pieces: stageb.xz.part-*, pieces.sha256,
+#   dist/cuda/          scripts/gpu/build-cuda.sh's pieces: stageb.xz.part-*, pieces.sha256,
 #                       stageb.sha256, BUILD-INFO.txt (reassembled and verified here)
-#   dist/gpu-carry/     scripts/gpu-carry.sh's pieces of the test model (mission only)
+#   dist/gpu-carry/     scripts/gpu/gpu-carry.sh's pieces of the test model (mission only)
 # Everything else it makes lives in --work (default dist/gpu-work; kept between commands while
 # the machine is up, so later commands reuse the binary, model and checkpoints), and what it
 # measured goes to --out (default $OUT, else WORK/out), at most 5 files: summary.txt (the
@@ -65,10 +65,10 @@
 # Exit status: 0 when every step run passed, 1 when one failed, 2 on bad usage.
 set -euo pipefail
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo_root"
 ALL_STEPS=(env checkpoints parity mission throughput reflection)
-GC=scripts/gpu_check
+GC=scripts/gpu/gpu_check
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu-check: $*" >&2; exit 2; }
@@ -174,7 +174,7 @@ if [[ -n $binary ]]; then
 elif ((packed_ok)); then
   bin=$work/bin/stageb
 else
-  die "no binary: put scripts/build-cuda.sh's pieces in $dist or pass --binary PATH"
+  die "no binary: put scripts/gpu/build-cuda.sh's pieces in $dist or pass --binary PATH"
 fi
 [[ -x $bin ]] || die "$bin is not an executable"
 cuda_libs=$("$python" "$GC"/cuda_libs.py 2>/dev/null || true)
@@ -187,7 +187,7 @@ say "binary $bin; LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 reassemble_model() {
   local sums name n_expected pieces=()
   sums=$(ls "$carry"/model-*/pieces.sha256 2>/dev/null | head -n1)
-  [[ -n $sums ]] || { say "no model pieces in $carry (scripts/gpu-carry.sh)"; return 1; }
+  [[ -n $sums ]] || { say "no model pieces in $carry (scripts/gpu/gpu-carry.sh)"; return 1; }
   name=$(awk '{print $2}' "$(dirname "$sums")/model.sha256")
   mkdir -p "$work/model"
   if [[ -f $work/model/$name ]] && (cd "$work/model" && sha256sum -c --status "$repo_root/$(dirname "$sums")/model.sha256"); then
@@ -215,7 +215,7 @@ reassemble_model() {
 step_dir="" step_deadline=0 failed=0
 left() { echo $((step_deadline - SECONDS)); }
 # measure LABEL CMD...: CMD under the step's remaining time, its log and measurement in the
-# step's folder (scripts/gpu_check/measure.py: wall time, exit code, peak GPU memory and RSS).
+# step's folder (scripts/gpu/gpu_check/measure.py: wall time, exit code, peak GPU memory and RSS).
 measure() {
   local label=$1 t
   shift
@@ -293,7 +293,7 @@ step_env() {
   # (the report compares them): the kernels compile and compute before any long step runs.
   local fx=worker/tests/fixtures/parity/qwen3
   # Its weights are not committed: written from the recipe in its reference.json.
-  "$python" -B scripts/parity_weights.py >"$d/parity-weights.txt" 2>&1 || return 1
+  "$python" -B scripts/fixtures/parity_weights.py >"$d/parity-weights.txt" 2>&1 || return 1
   "$python" -B -c "import json; p = json.load(open('$fx/reference.json'))['prompts'][1]; json.dump(p['ids'], open('$d/smoke-ids.json', 'w')); json.dump(p['f32'], open('$d/smoke-ref.json', 'w'))" || return 1
   measure smoke "$bin" probe logits --model "$fx" --ids "$d/smoke-ids.json" --steps 12 \
     --device "$device" --numerics f32 --out "$d/smoke.json" || return 1

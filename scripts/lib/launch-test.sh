@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers of the launcher tests (scripts/test-slurm.sh, scripts/test-torchrun.sh).
+# Shared helpers of the launcher tests (scripts/ci/test-slurm.sh, scripts/ci/test-torchrun.sh).
 # Sourced, not run. Why it exists: both tests run the small demo through a real launcher and
 # must check the same things the same way: the run's audit, which ranks did work, and that the
 # artifacts equal those of the single-process reference run (`stageb run --workers 1`). The

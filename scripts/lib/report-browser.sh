@@ -1,4 +1,4 @@
-# Shared by scripts/test-report-browser.sh and scripts/report-screenshots.sh (sourced, not
+# Shared by scripts/ci/test-report-browser.sh and scripts/report-screenshots.sh (sourced, not
 # run): a headless Chromium to load reports in, and a run to report on.
 
 # Exit code of a browser script that could not get a browser: the check did not run. Never

@@ -1,5 +1,5 @@
 """Helpers the GPU check's Python steps share (standard library, plus torch where a function
-says so). See docs/GPU-TEST.md; scripts/gpu-check.sh runs the steps."""
+says so). See docs/GPU-TEST.md; scripts/gpu/gpu-check.sh runs the steps."""
 
 import json
 import os

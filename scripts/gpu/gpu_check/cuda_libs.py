@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the folders a CUDA build of stageb needs on LD_LIBRARY_PATH, joined by ':'.
 
-    python3 scripts/gpu_check/cuda_libs.py [--explain]
+    python3 scripts/gpu/gpu_check/cuda_libs.py [--explain]
 
 The CUDA libraries come from the machine's Python packages (the `nvidia-*` cu13 wheels that
 torch cu130 installs): every folder under the `nvidia` namespace package's paths that holds

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """transformers' side of the parity check: next-token logits and a greedy continuation.
 
-    python3 scripts/gpu_check/hf_reference.py --model DIR --ids FILE [--prompt 0] [--steps 32]
+    python3 scripts/gpu/gpu_check/hf_reference.py --model DIR --ids FILE [--prompt 0] [--steps 32]
         [--dtypes bf16,f32] [--device cuda] [--attn eager] --out FILE
 
 For each dtype: loads DIR with `AutoModelForCausalLM.from_pretrained(dtype=..., attn_implementation=

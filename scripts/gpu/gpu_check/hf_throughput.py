@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """transformers' side of the throughput check: the rollout workload with `generate`.
 
-    python3 scripts/gpu_check/hf_throughput.py --model DIR --ids FILE [--tickets N]
+    python3 scripts/gpu/gpu_check/hf_throughput.py --model DIR --ids FILE [--tickets N]
         [--candidates 8] [--new-tokens 256] [--reps 3] [--batches auto|4|1,2,4]
         [--budget-s S] [--dtype bf16] [--attn sdpa] [--device cuda] --out FILE
 

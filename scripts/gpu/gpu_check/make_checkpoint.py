@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a random-weight Qwen3 checkpoint with the project's tokenizer, for the GPU check.
 
-    python3 scripts/gpu_check/make_checkpoint.py --shape qwen3-8b --out DIR [--device cuda]
+    python3 scripts/gpu/gpu_check/make_checkpoint.py --shape qwen3-8b --out DIR [--device cuda]
         [--seed 20261125] [--vocab-size N] [--max-shard-size 4GB]
 
 Shapes (`--shape`):
@@ -20,7 +20,7 @@ generation_config.json) is the project's: worker/tests/fixtures/parity/qwen3/, a
 byte-level BPE; the model's vocabulary is larger (as Qwen's is), the extra ids have no text.
 
 Weights from one seeded torch generator on --device (parameters in name order), with the
-spreads of the parity fixtures (scripts/make-parity-fixtures.py) as normals: matrices
+spreads of the parity fixtures (scripts/fixtures/make-parity-fixtures.py) as normals: matrices
 N(0, 1/fan_in), embeddings N(0, 0.25^2), norm weights U(0.5, 1.5); with two changes for deep
 models, so that the greedy continuation depends on the prompt (one token repeated whatever
 the prompt would hide a broken KV cache or position):
@@ -46,7 +46,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import EOS_ID, log, torch_setup  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOKENIZER_DIR = os.path.join(ROOT, "worker", "tests", "fixtures", "parity", "qwen3")
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 EMBED_STD = 0.25

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run one command of the GPU check under a time limit and measure it.
 
-    python3 scripts/gpu_check/measure.py --timeout S --json FILE [--log FILE] -- CMD [ARG...]
+    python3 scripts/gpu/gpu_check/measure.py --timeout S --json FILE [--log FILE] -- CMD [ARG...]
 
 Starts CMD in its own process group (stdout and stderr to --log, else inherited) and, while it
 runs, reads the GPU's used memory every 0.2 s (`nvidia-smi --query-gpu=memory.used`, when

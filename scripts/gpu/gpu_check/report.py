@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Turn the GPU check's raw outputs into summary lines and results.json.
 
-    python3 scripts/gpu_check/report.py --work DIR [--hbm-tbs TB/S] STEP [STEP ...]
+    python3 scripts/gpu/gpu_check/report.py --work DIR [--hbm-tbs TB/S] STEP [STEP ...]
 
 For each STEP (env, checkpoints, parity, mission, throughput, reflection) reads what
-scripts/gpu-check.sh left in DIR/steps/STEP/ and stores its figures under results["STEP"] in
+scripts/gpu/gpu-check.sh left in DIR/steps/STEP/ and stores its figures under results["STEP"] in
 DIR/results.json (earlier steps, from earlier commands on the same machine, are kept), then
 rewrites DIR/summary.txt (one or more lines per step, in step order) and prints this call's
 lines. Standard library only: it runs wherever the check ran.
