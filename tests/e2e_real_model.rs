@@ -7,7 +7,7 @@
 //!
 //! The tests share the machine's two cores, so they take a lock and run one at a time.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

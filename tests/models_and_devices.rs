@@ -3,7 +3,7 @@
 //! `E_INVALID_DEVICE`), never a silent CPU run; the GPU ordinal rule itself is unit-tested over
 //! a table of launcher environments in `shared/src/placement.rs`.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output};
 
