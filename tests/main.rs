@@ -11,6 +11,7 @@ mod support;
 
 mod adversarial;
 mod audit;
+mod compare;
 mod drain;
 mod e2e_real_model;
 mod edge_attacks;
