@@ -17,7 +17,7 @@
 #   defaults (batching, `--max-jobs 8`; nothing queued ahead, `runner.pipeline_steps` and
 #   `pipeline_cycles` default to 0) and one job at a time (`--max-jobs 1`, `pipeline_steps: 0`
 #   written out), same binary, alternated; wall time, and from the run's log where it went.
-# Every run's artifacts are compared with the first run's (scripts/compare-runs.py): batching
+# Every run's artifacts are compared with the first run's (`stageb compare`): batching
 # must not change a byte.
 set -euo pipefail
 
@@ -86,7 +86,7 @@ stageb_run() {
     local run; run="$(dirname "$(ls -d "$out"/runs/*/*/summary.json | head -1)")"
     local same=first
     if [ -n "${FIRST_RUN[$workload]:-}" ]; then
-        if python3 "$ROOT/scripts/compare-runs.py" "${FIRST_RUN[$workload]}" "$run" > "$out/compare.txt" 2>&1; then
+        if "$BIN_DIR/stageb" compare "${FIRST_RUN[$workload]}" "$run" > "$out/compare.txt" 2>&1; then
             same=identical
         else
             same=DIFFERENT

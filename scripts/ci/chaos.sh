@@ -11,7 +11,7 @@
 #   5. rank 0 partitioned for longer than the reconnect window: the workers give up and exit,
 #      are started again once the network heals, and register again.
 # Expected, and checked: 0 selection rows lost or duplicated, `stageb audit` passes, the
-# artifacts equal an uninterrupted run's (runtime fields aside, scripts/lib/compare_runs.py),
+# artifacts equal an uninterrupted run's (runtime fields aside, `stageb compare`),
 # rank 0 exits 0, nobody waits forever (the whole run has a deadline). Prints the faults and
 # the counts as a table.
 #
@@ -280,7 +280,7 @@ verdict() {
     ref=$(dirname "$(find "$OUT/reference" -name summary.json | head -1)")
     if [[ -n "$dir" && -f "$dir/summary.json" ]]; then
         "$STAGEB" audit "$dir" >"$OUT/audit.log" 2>&1 && audit=pass || ok=1
-        python3 "$ROOT/scripts/lib/compare_runs.py" "$ref" "$dir" >"$OUT/compare.json" || ok=1
+        "$STAGEB" compare --json "$ref" "$dir" >"$OUT/compare.json" || ok=1
     else
         echo '{"selection_rows": 0, "rows_lost": "all", "rows_duplicated": 0, "equal": false, "differing": ["no summary.json"]}' >"$OUT/compare.json"
         ok=1

@@ -5,7 +5,7 @@
 # SIGCONT pauses longer than the lease TTL (late answers must be fenced), and SIGKILLs of rank 0
 # at random points, each followed by a restart with --resume. At the end `stageb audit` must
 # pass, the artifacts must equal an uninterrupted reference run's (runtime fields aside,
-# scripts/lib/compare_runs.py) and no selection row may be lost or duplicated.
+# `stageb compare`) and no selection row may be lost or duplicated.
 # The last rank 0 kill waits for a step checkpoint (checkpoint.json) if none has landed after
 # one yet, so every soak, the quick CI one included, resumes from a checkpoint at least once;
 # the table counts those kills, and a soak with none fails.
@@ -299,7 +299,7 @@ verdict() {
     dir=$(dirname "$(find "$OUT/soak" -name summary.json | head -1)")
     ref=$(dirname "$(find "$OUT/reference" -name summary.json | head -1)")
     "$STAGEB" audit "$dir" >"$OUT/audit.log" 2>&1 && AUDIT=pass || { AUDIT=FAIL; ok=1; }
-    python3 "$ROOT/scripts/lib/compare_runs.py" "$ref" "$dir" >"$OUT/compare.json" || ok=1
+    "$STAGEB" compare --json "$ref" "$dir" >"$OUT/compare.json" || ok=1
     python3 - "$dir/summary.json" "$OUT/compare.json" <<EOF
 import glob, json, sys
 s = json.load(open(sys.argv[1]))["runtime"]["scheduler"]

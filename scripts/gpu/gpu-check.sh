@@ -18,7 +18,7 @@
 #                tokens
 #   mission      examples/demo/small/config.yaml with the real test model, twice (a worker
 #                holding 8 jobs in one continuous batch, then 1 at a time): contract,
-#                `stageb audit`, scripts/compare-runs.py (the batch must not change a bit)
+#                `stageb audit`, `stageb compare` (the batch must not change a bit)
 #   throughput   rollout workload on qwen3-8b: prompts of ~2,000 tokens, 8 candidates x 256 new
 #                tokens; `stageb probe rollout` vs `generate` batched (left padding, bf16, SDPA)
 #   reflection   one 16,000-token prompt, one candidate, 1,000 new tokens, on each side
@@ -362,7 +362,7 @@ step_mission() {
     measure "audit-$r" "$bin" audit "${run_dir[$r]}" || rc=1
   done
   ((rc == 0)) || return $rc
-  measure compare "$python" scripts/compare-runs.py "${run_dir[a]}" "${run_dir[b]}"
+  measure compare "$bin" compare "${run_dir[a]}" "${run_dir[b]}"
 }
 
 # rollout_pair SIDES PROMPTS TICKETS_HF TICKETS_SB CANDIDATES NEW REPS BATCHES JITTER: the

@@ -127,5 +127,5 @@ lt_registered_count() {
 
 # lt_compare REF_DIR RUN_DIR: artifacts equal aside runtime fields (prints per file).
 lt_compare() {
-  python3 "$lt_repo/scripts/compare-runs.py" "$1" "$2"
+  "$lt_bin" compare "$1" "$2"
 }
