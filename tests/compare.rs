@@ -68,7 +68,10 @@ fn runs_that_differ_only_in_runtime_fields_are_identical() {
     for name in ["manifest.json", "selections.jsonl", "summary.json"] {
         assert!(text.contains(&format!("same      {name}")), "{text}");
     }
-    assert!(!text.contains("jobs.jsonl"), "the journal takes no part: {text}");
+    assert!(
+        !text.contains("jobs.jsonl"),
+        "the journal takes no part: {text}"
+    );
     assert!(text.contains("artifacts: identical"), "{text}");
 }
 

@@ -80,7 +80,8 @@ pub struct Comparison {
     pub selection_rows: usize,
     /// `(epoch, ticket)` rows of the reference missing from the run.
     pub rows_lost: usize,
-    /// `(epoch, ticket)` rows the run holds more than once, or that the reference lacks.
+    /// Rows of the run beyond the first of their `(epoch, ticket)`, or beyond the reference's
+    /// count of it (a row of a ticket the reference never decided counts too).
     pub rows_duplicated: usize,
 }
 
@@ -138,8 +139,9 @@ pub fn compare_runs(reference: &Path, run: &Path) -> Result<Comparison, CompareE
     let rows_duplicated: usize = got_rows
         .iter()
         .map(|(k, n)| {
-            let extra = n.saturating_sub(want_rows.get(k).copied().unwrap_or(0));
-            n.saturating_sub(1) + extra
+            // A row beyond the first, or beyond the reference's count: each extra row once.
+            let want = want_rows.get(k).copied().unwrap_or(0);
+            n.saturating_sub(1).max(n.saturating_sub(want))
         })
         .sum();
     Ok(Comparison {
@@ -304,7 +306,10 @@ mod tests {
     #[test]
     fn blank_lines_of_a_jsonl_file_are_skipped_and_a_bad_line_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(rows(dir.path(), "x.jsonl", "{\"a\":1}\n\n  \n[2]\n").len(), 2);
+        assert_eq!(
+            rows(dir.path(), "x.jsonl", "{\"a\":1}\n\n  \n[2]\n").len(),
+            2
+        );
         std::fs::write(dir.path().join("y.jsonl"), "{}\n{\n").unwrap();
         let err = comparable(&dir.path().join("y.jsonl")).unwrap_err();
         assert!(matches!(err, CompareError::Json { line: 2, .. }), "{err}");
