@@ -7,7 +7,7 @@
 //!   binds to (`CUDARC_CUDA_VERSION`, e.g. `13000`, else the `release X.Y` of a bare
 //!   `nvcc --version`), the architectures the way candle's kernel build (cudaforge) finds the
 //!   one it compiles for (`CUDA_COMPUTE_CAP`, e.g. `90` or `80`, else `nvidia-smi`), or, when
-//!   `scripts/build-cuda.sh` builds for several through `scripts/nvcc-multiarch.sh`, from the
+//!   `scripts/gpu/build-cuda.sh` builds for several through `scripts/gpu/nvcc-multiarch.sh`, from the
 //!   list that wrapper reads (`STAGEB_CUDA_ARCHS`, e.g. `80 86 89 90 100`).
 //!
 //! Deterministic and cheap: it reruns only when this file or one of those variables changes

@@ -609,7 +609,7 @@ fn report(opts: &Opts, ends: &[End], mut stats: Stats, wall: Duration) -> Value 
         "jobs_fenced": stats.fenced,
         "jobs_abandoned": stats.abandoned,
         "busy_s": stats.busy_s(),
-        // From this process's start to the first job leased (scripts/bench-resume.sh starts
+        // From this process's start to the first job leased (scripts/bench/bench-resume.sh starts
         // the load generator with rank 0: this is rank 0's time to its first lease).
         "first_job_s": stats.first_job_us.map(|us| us as f64 / 1e6),
         "jobs_per_s": stats.accepted as f64 / stats.busy_s().max(1e-9),

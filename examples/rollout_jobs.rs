@@ -1,6 +1,6 @@
 //! The rollout jobs of a config's first epoch as JSON lines, exactly as rank 0 builds them
 //! (`rollout_payload`: the prompt from the seed guidance, one seed per candidate), for
-//! replaying the same work through another engine (`scripts/bench-engine.sh --demo` feeds
+//! replaying the same work through another engine (`scripts/bench/bench-engine.sh --demo` feeds
 //! them to llama.cpp's server). Bench tooling, not the product path.
 //!
 //! ```text

@@ -4,7 +4,7 @@
 # a git-ignored cache, verifies its sha256, and prints the model file's absolute path as the
 # last line. Idempotent: a verified file already in the cache is not fetched again.
 # Also writes the weights of the transformers parity fixtures (worker/tests/fixtures/parity/,
-# not committed) from the recipes in their reference.json (scripts/parity_weights.py, standard
+# not committed) from the recipes in their reference.json (scripts/fixtures/parity_weights.py, standard
 # library only, ~5 s the first time, sha256-checked).
 #
 # Environment:
@@ -35,7 +35,7 @@ verify() {
   [[ "$(sha256_of "$1")" == "$EXPECTED_SHA256" ]]
 }
 
-"$python" -B "$repo_root/scripts/parity_weights.py" >&2
+"$python" -B "$repo_root/scripts/fixtures/parity_weights.py" >&2
 
 if verify "$model_path"; then
   echo "model already cached and verified" >&2

@@ -50,6 +50,12 @@ fn classify(e: &anyhow::Error) -> u8 {
             exit::INPUT_ERROR
         }
         _ if e.downcast_ref::<stageb_shared::tls::TlsError>().is_some() => exit::INPUT_ERROR,
+        _ if e
+            .downcast_ref::<stageb_inspect::compare::CompareError>()
+            .is_some() =>
+        {
+            exit::INPUT_ERROR
+        }
         _ if matches!(
             e.downcast_ref::<stageb::certs::CertError>(),
             Some(stageb::certs::CertError::Validity)

@@ -17,7 +17,7 @@
 //! - no rule text is a number, version, identifier or punctuation, and `G0` keeps its focus;
 //! - coverage counts only ops that changed the guidance.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

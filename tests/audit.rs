@@ -2,7 +2,7 @@
 //! then tampers with one artifact the way a bug (or a hand edit) would, and the audit must name
 //! the broken invariant. An audit that never fails would prove nothing.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 

@@ -11,7 +11,7 @@
 //! - The process exits 75 (interrupted, resumable) and under `--log-format json` every line of
 //!   its stderr is JSON, the closing error included.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

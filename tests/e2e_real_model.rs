@@ -1,13 +1,13 @@
 //! End-to-end tests with the real engine and the real model (SmolLM2-135M Q4_1 through
 //! candle), over real gRPC: the first milestone of the product, checked on every CI run.
 //!
-//! The model path comes from `STAGEB_MODEL` (set by `scripts/test.sh`) or the fetch script's
+//! The model path comes from `STAGEB_MODEL` (set by `scripts/ci/test.sh`) or the fetch script's
 //! cache. A missing model is a loud failure, not a skip: a skipped end-to-end test would let a
 //! broken CI setup look green.
 //!
 //! The tests share the machine's two cores, so they take a lock and run one at a time.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! `stageb coordinator` binary on a small scripted mission and attacks it over loopback; the
 //! legitimate worker is the scripted engine running the real worker loop in this process.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

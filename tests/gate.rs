@@ -6,7 +6,7 @@
 //! Fixture: the demo mission with the scripted engine and reflector (as `tests/learning.rs`),
 //! so reflection really runs and has tickets to leak.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

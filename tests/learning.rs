@@ -10,7 +10,7 @@
 //! fail tickets worded without triggers (`挡风板装反了`, `未拧紧`, `有晃动`) and panels never seen
 //! completely can only be caught by learned rules.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

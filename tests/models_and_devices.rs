@@ -4,7 +4,7 @@
 //! a table of launcher environments in `shared/src/placement.rs`. The settings that default by
 //! device (`runner.pipeline_*`) take the device's values when unset and change no artifact byte.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output};
 
@@ -58,8 +58,8 @@ fn a_gpu_asked_of_a_cpu_build_is_refused_before_any_lease() {
     assert_invalid_device(&out, "worker --device cuda:0");
 }
 
-/// The Qwen3-VL-shaped checkpoint of the parity fixtures (`scripts/make-parity-fixtures.py`;
-/// weights written by `scripts/fetch-model.sh`):
+/// The Qwen3-VL-shaped checkpoint of the parity fixtures
+/// (`scripts/fixtures/make-parity-fixtures.py`; weights written by `scripts/fetch-model.sh`):
 /// `model_type: qwen3_vl`, settings under `text_config`, a vision tower, bf16 shards and its
 /// template in `chat_template.jinja`.
 fn qwen3_vl_fixture() -> std::path::PathBuf {

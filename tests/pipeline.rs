@@ -9,7 +9,7 @@
 //! ahead, the demo mission (48 tickets, six steps an epoch) for three; two epochs, every run in
 //! one directory under its own run name.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

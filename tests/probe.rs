@@ -1,5 +1,5 @@
 //! `stageb probe`, the hidden diagnostics the GPU check runs (docs/GPU-TEST.md,
-//! `scripts/gpu-check.sh`), on the committed Qwen3 parity fixture: its logits and greedy
+//! `scripts/gpu/gpu-check.sh`), on the committed Qwen3 parity fixture: its logits and greedy
 //! tokens are transformers' (the fixture's `reference.json`, f32), the prompts it writes have
 //! the asked lengths, and the rollout workload runs every candidate to the fixed length.
 

@@ -6,7 +6,7 @@
 //! its slowest ticket. Here one of two workers holds its ticket until the test releases it, so
 //! the first step cannot be decided; the other worker's results must already count.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};

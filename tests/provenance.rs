@@ -3,7 +3,7 @@
 //! `guidance_hash` as its ticket's selection row, so a failure can be placed in the guidance
 //! history like any decision. The raw text (special tokens included) is kept as generated.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

@@ -8,7 +8,7 @@
 //! gradient candidate in epoch 1, and the scripted reflector learns one phrase per fail ticket
 //! it is allowed to see. Reflection batches hold 4 tickets and retries halve (4 → 2 → 1).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -7,7 +7,7 @@
 //! candidates break the contract (the report then has malformed rates to show). Numbers are
 //! read from the page by their `data-metric` names and compared with the artifacts' rows.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! uninterrupted run writes (timing and provenance aside), and the workers only compute what
 //! the stopped attempt had not finished. A plain start never truncates an earlier run.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! rule keys to existing `G` keys, `G0` never offered for delete or merge-away) compile into
 //! llguidance constraints over the real model's vocabulary, with and without removable rules.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

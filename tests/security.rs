@@ -3,7 +3,7 @@
 //! client ran against rank 0 (issue #9) are reproduced here, one test each, named after what
 //! got through; `tests/edge_attacks.rs` holds the ones that need a separate rank 0 process.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! that runs far longer than its kind's median; the first accepted answer wins, the other copy
 //! is fenced, and the artifacts are the same bytes as without speculation.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! (rcgen): what a TLS server refuses, and that `stageb tls-init`'s certificates work for both
 //! sides. The demo over mTLS with separate processes is in `tests/e2e_real_model.rs`.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

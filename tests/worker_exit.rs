@@ -4,7 +4,7 @@
 //! window (600 s under `stageb launch`), holding the GPU and the Slurm allocation idle. Once it
 //! has registered, losing the coordinator is bounded by `reconnect_timeout` (default 60 s).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The demo mission's rollouts through llama.cpp's server: the baseline of
-`scripts/bench-engine.sh --demo`.
+`scripts/bench/bench-engine.sh --demo`.
 
 usage: bench_demo_llama.py JOBS.jsonl --server BIN --model GGUF [--threads 2] [--port 18080]
                            [--parallel K]
@@ -15,7 +15,7 @@ and for constrained jobs a GBNF grammar of the two-line contract. Prints one JSO
 tickets, seconds (sum of per-ticket wall times, server already warm), tickets_per_min, and the
 token counts the server reported.
 
---parallel K (the baseline of `scripts/bench-batching.sh`): K tickets in flight at once, the
+--parallel K (the baseline of `scripts/bench/bench-batching.sh`): K tickets in flight at once, the
 server with K times the slots (its continuous batching decodes every slot's row together);
 seconds is then the wall time of all tickets, server warm.
 """

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Tables of `scripts/bench-engine.sh` (medians over the alternated runs).
+"""Tables of `scripts/bench/bench-engine.sh` (medians over the alternated runs).
 
 usage: bench_tables.py ticket STAGEB.txt LLAMA.jsonl   # workload 1: the rollout ticket
        bench_tables.py demo-run RUNS_DIR T0 T1          # one `stageb run` of the demo → JSON line
        bench_tables.py demo RESULTS.jsonl               # workload 2: the demo mission
        bench_tables.py batching-run WORKLOAD NAME RUN_DIR RUSAGE.json LOG SAME
-                                                        # one run of scripts/bench-batching.sh
-       bench_tables.py batching RESULTS.jsonl           # scripts/bench-batching.sh's tables
+                                                        # one run of scripts/bench/bench-batching.sh
+       bench_tables.py batching RESULTS.jsonl           # scripts/bench/bench-batching.sh's tables
 """
 
 import json
@@ -86,7 +86,7 @@ def demo(results_jsonl):
 
 
 def batching_run(workload, name, run_dir, rusage_json, log, same):
-    """One `stageb run` of scripts/bench-batching.sh → one JSON line: wall time, tickets/min,
+    """One `stageb run` of scripts/bench/bench-batching.sh → one JSON line: wall time, tickets/min,
     peak RSS, the reflection calls' model time, and whether its artifacts match the first run."""
     run = pathlib.Path(run_dir)
     usage = json.loads(pathlib.Path(rusage_json).read_text())

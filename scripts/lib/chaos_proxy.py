@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A TCP relay that can add latency and loss-like stalls, for scripts/chaos.sh where the
+"""A TCP relay that can add latency and loss-like stalls, for scripts/ci/chaos.sh where the
 kernel has no `netem` qdisc (some VMs and sandboxes ship without sch_netem).
 
     chaos_proxy.py LISTEN_HOST LISTEN_PORT TARGET_HOST TARGET_PORT CONTROL_FILE SEED

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a stageb config for the cluster benchmark and the soak (scripts/bench-cluster.sh,
-scripts/soak.sh): the demo mission's guidance, a synthetic Stage-A file, a model path no worker
+"""Write a stageb config for the cluster benchmark and the soak (scripts/bench/bench-cluster.sh,
+scripts/ci/soak.sh): the demo mission's guidance, a synthetic Stage-A file, a model path no worker
 has (the load generator's scripted fingerprint pins the run), and the knobs those scripts vary.
 
 usage: cluster_config.py OUT.yaml --stage-a F --root DIR --run-name NAME [--step-tickets N]

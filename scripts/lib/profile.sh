@@ -1,4 +1,4 @@
-# Sourced by scripts/soak.sh, scripts/chaos.sh and scripts/bench-resume.sh: PROFILE
+# Sourced by scripts/ci/soak.sh, scripts/ci/chaos.sh and scripts/bench/bench-resume.sh: PROFILE
 # (release|dev) to the cargo flag and the binaries it builds (STAGEB, LOADGEN), and the PIDS
 # killed on exit. Needs ROOT and PROFILE set.
 case "$PROFILE" in

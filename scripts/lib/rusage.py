@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run one command and record what it cost: CPU seconds (user + system) and peak RSS.
 
-Owned by the cluster benchmark (scripts/bench-cluster.sh), which measures rank 0 this way:
+Owned by the cluster benchmark (scripts/bench/bench-cluster.sh), which measures rank 0 this way:
 getrusage(RUSAGE_CHILDREN) after the child exits counts exactly that process (and anything it
 waited for), with no sampling. SIGTERM/SIGINT are forwarded so the child can drain.
 

@@ -55,7 +55,7 @@ pub struct Placement {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
     #[error(
-        "--device cuda:{asked} asks for a GPU, but this stageb was built without the `cuda` feature (scripts/build-cuda.sh builds one); pass --device cpu or auto"
+        "--device cuda:{asked} asks for a GPU, but this stageb was built without the `cuda` feature (scripts/gpu/build-cuda.sh builds one); pass --device cpu or auto"
     )]
     NotBuiltWithCuda { asked: u32 },
     #[error(

@@ -1,7 +1,7 @@
 //! Bad configs: every error has a stable code, the file and the line, and says what to do.
 //! Each test is one spec: the input, the code, the line and what the message must say.
 
-mod support;
+use crate::support;
 
 use stageb_shared::config::{LoadedConfig, load_config, parse_config};
 use stageb_shared::error::ErrorCode::{

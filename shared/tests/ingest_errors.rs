@@ -2,7 +2,7 @@
 //! stable code AND the line. Inputs are small files written into a tempdir by each test, so
 //! every case states its bytes and why they are wrong right where it is checked.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use stageb_shared::error::ErrorCode::{

@@ -8,7 +8,8 @@
 //!   and its TLS.
 //! - `worker.rs`: a worker's flags ([`ModelArgs`]: device, threads, context, numerics, in
 //!   `run`, `worker`, `launch` and `generate`) and its TLS toward rank 0.
-//! - `tools.rs`: the one-shot commands (`tls-init`, `validate`, `generate`, `audit`, `report`).
+//! - `tools.rs`: the one-shot commands (`tls-init`, `validate`, `generate`, `audit`, `report`,
+//!   `compare`).
 //! - `probe.rs`: the hidden diagnostics `stageb probe` (the GPU check's measurements).
 //!
 //! Every flag a launcher may set reads a `STAGEB_*` variable when it is not given (README.md,
@@ -35,7 +36,9 @@ mod worker;
 
 pub(crate) use probe::{Probe, ProbeArgs, ProbeIdsArgs, ProbeLogitsArgs, ProbeRolloutArgs};
 pub(crate) use rank0::{EdgeArgs, Rank0Args, ReportArgs, ServerTlsArgs};
-pub(crate) use tools::{AuditArgs, GenerateArgs, ReportCommandArgs, TlsInitArgs, ValidateArgs};
+pub(crate) use tools::{
+    AuditArgs, CompareArgs, GenerateArgs, ReportCommandArgs, TlsInitArgs, ValidateArgs,
+};
 pub(crate) use worker::{LaunchTlsArgs, ModelArgs, WorkerTlsArgs, device_kind};
 
 /// `stageb --version`: the version and the compute backend this binary was built with, so a
@@ -85,6 +88,10 @@ pub(crate) enum Command {
     /// audit's verdict, accuracy, votes, malformed candidates, reflection, guidance history,
     /// need-review and throughput.
     Report(ReportCommandArgs),
+    /// Compare a run's artifacts with a reference run's, aside runtime fields (timings,
+    /// workers, wall-clock times, the config's path): exit 0 when identical, 1 when not (the
+    /// first difference of each file is printed), 2 when a run cannot be read.
+    Compare(CompareArgs),
     /// Diagnostics for the GPU check (docs/GPU-TEST.md): prompt ids, logits and greedy tokens,
     /// the timed rollout workload. Not part of a run.
     #[command(hide = true)]

@@ -1,5 +1,6 @@
 //! `stageb probe`'s flags: the hidden diagnostics the GPU check runs (docs/GPU-TEST.md,
-//! `scripts/gpu-check.sh`), over [`stageb_worker::probe`]. Each subcommand writes one JSON file.
+//! `scripts/gpu/gpu-check.sh`), over [`stageb_worker::probe`]. Each subcommand writes one JSON
+//! file.
 
 use std::path::PathBuf;
 

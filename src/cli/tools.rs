@@ -1,4 +1,5 @@
-//! The one-shot commands' flags: `tls-init`, `validate`, `generate`, `audit`, `report`. None of
+//! The one-shot commands' flags: `tls-init`, `validate`, `generate`, `audit`, `report`,
+//! `compare`. None of
 //! them is a role a launcher starts, so only the model's flags read the environment.
 
 use std::path::PathBuf;
@@ -66,6 +67,19 @@ pub(crate) struct AuditArgs {
     /// `{output.root}/{run_name}/{mission}`.
     pub(crate) run_dir: PathBuf,
     /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `stageb compare`.
+#[derive(Args)]
+pub(crate) struct CompareArgs {
+    /// The reference run directory (`{output.root}/{run_name}/{mission}`).
+    pub(crate) reference: PathBuf,
+    /// The run directory compared with it.
+    pub(crate) run: PathBuf,
+    /// Print one JSON object (`equal`, `differing`, `selection_rows`, `rows_lost`,
+    /// `rows_duplicated`) instead of one line per file.
     #[arg(long)]
     pub(crate) json: bool,
 }

@@ -4,8 +4,8 @@
 //!
 //! - `run.rs`, `coordinator.rs`, `worker.rs`, `launch.rs`: the roles (`launch` picks rank 0's
 //!   or a worker's from the environment and reuses the other two's steps).
-//! - `tls_init.rs`, `validate.rs`, `generate.rs`, `audit.rs`, `report.rs`: the one-shot
-//!   commands.
+//! - `tls_init.rs`, `validate.rs`, `generate.rs`, `audit.rs`, `report.rs`, `compare.rs`: the
+//!   one-shot commands.
 //! - `probe.rs`: the hidden diagnostics of the GPU check.
 //! - `outcome.rs`: the closing line and exit code of a run or a worker.
 //! - this file: [`dispatch`] and [`shutdown_signal`].
@@ -15,6 +15,7 @@ use anyhow::Result;
 use crate::cli::Command;
 
 mod audit;
+mod compare;
 mod coordinator;
 mod generate;
 mod launch;
@@ -40,6 +41,7 @@ pub(crate) async fn dispatch(command: Command) -> Result<u8> {
         Command::Generate(args) => generate::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Report(args) => report::run(args).await,
+        Command::Compare(args) => compare::run(args),
         Command::Probe(args) => probe::run(args),
     }
 }

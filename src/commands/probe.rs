@@ -1,6 +1,6 @@
 //! `stageb probe` (hidden): the GPU check's measurements ([`stageb_worker::probe`]) on token
 //! ids read from a file, each written as one JSON object: what was asked, the engine's
-//! fingerprint and load time, and the probe's figures. `scripts/gpu_check/` compares them with
+//! fingerprint and load time, and the probe's figures. `scripts/gpu/gpu_check/` compares them with
 //! transformers (docs/GPU-TEST.md).
 
 use std::path::Path;

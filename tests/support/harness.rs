@@ -419,7 +419,7 @@ pub fn journal_rows(run_dir: &Path) -> usize {
     std::fs::read_to_string(run_dir.join("jobs.jsonl")).map_or(0, |t| t.lines().count())
 }
 
-/// The real test model (fetched by `scripts/fetch-model.sh`; `scripts/test.sh` sets
+/// The real test model (fetched by `scripts/fetch-model.sh`; `scripts/ci/test.sh` sets
 /// `STAGEB_MODEL`). A missing model is a loud failure, not a skip.
 pub fn real_model() -> PathBuf {
     let p = std::env::var_os("STAGEB_MODEL")
@@ -430,7 +430,7 @@ pub fn real_model() -> PathBuf {
         });
     assert!(
         p.exists(),
-        "model {} not found: run scripts/fetch-model.sh (or scripts/test.sh)",
+        "model {} not found: run scripts/fetch-model.sh (or scripts/ci/test.sh)",
         p.display()
     );
     p

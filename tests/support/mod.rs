@@ -8,17 +8,19 @@
 //! - [`harness`]: running a mission through the real cluster runtime in the test process
 //!   ([`ScriptedMission`], [`try_run`]), rank 0's service on loopback, child processes, and
 //!   reading what a run wrote;
-//! - [`compare`]: comparing two runs' artifacts aside runtime fields.
+//! - [`compare`]: comparing two runs' artifacts aside runtime fields (`stageb_inspect`'s);
+//! - [`isolated`]: a spec that owns something process-wide, run in a child process.
 //!
-//! Each integration test binary declares `mod support;` and uses its own subset.
+//! `tests/main.rs` declares `mod support;` once; each area uses its own subset.
 
-// Each test file uses its own subset of the helpers and of these re-exports.
+// Each area uses its own subset of the helpers and of these re-exports.
 #![allow(dead_code, unused_imports)]
 
 pub mod behaviour;
 pub mod compare;
 pub mod engine;
 pub mod harness;
+pub mod isolated;
 pub mod missions;
 pub mod reflector;
 pub mod rules;

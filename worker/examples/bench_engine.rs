@@ -8,7 +8,7 @@
 //! - `constrained`: the two-line verdict contract (rows stop when the contract is complete).
 //!
 //! Each variant runs once to warm up, then `--runs` times; prints every run and one JSON line
-//! per variant (`BENCH {...}`) with medians, for `scripts/bench-engine.sh`.
+//! per variant (`BENCH {...}`) with medians, for `scripts/bench/bench-engine.sh`.
 //!
 //! ```text
 //! cargo run --release -p stageb-worker --example bench_engine -- [--model M] [--threads 2]

@@ -1,5 +1,5 @@
 //! Diagnostics behind the hidden `stageb probe` command: the measurements a GPU check compares
-//! with another engine (transformers, `scripts/gpu_check/`), run through the real
+//! with another engine (transformers, `scripts/gpu/gpu_check/`), run through the real
 //! [`CandleEngine`] on token ids, so both sides see exactly the same input.
 //!
 //! - [`ticket_prompts`]: prompts of exact token lengths, cut from built-in ticket-like text

@@ -13,7 +13,7 @@
 //!
 //! The model file comes from `scripts/fetch-model.sh` (`STAGEB_TEST_MODEL` overrides the path).
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use std::sync::OnceLock;

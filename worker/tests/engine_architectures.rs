@@ -20,7 +20,7 @@
 //! no code with the engine. Every engine path must reproduce its next-token logits within a
 //! tolerance set by that path's arithmetic (see `check_close`).
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use std::collections::HashMap;

@@ -8,7 +8,7 @@
 //! held to the same: its decode tile keeps every projection's shape fixed whatever shares a
 //! step.
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use proptest::prelude::*;

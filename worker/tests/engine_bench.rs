@@ -4,7 +4,7 @@
 //! × 48 new tokens at temperature 0.7 / top-p 0.9 sharing the prompt. Prints prefill tokens/s,
 //! decode time and the ticket time; asserts only that the work was done.
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use std::time::Instant;

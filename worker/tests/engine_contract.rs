@@ -6,7 +6,7 @@
 //! Prompts are short and
 //! `max_new_tokens` small to keep CI time reasonable on 2 cores.
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use stageb_shared::contract;

@@ -3,7 +3,7 @@
 //! it), so no candidate is cut inside a multi-byte character (`Reason: 判定通�`) and every one
 //! parses. Too small a budget for a complete verdict is refused up front.
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use stageb_shared::contract;

@@ -1,6 +1,6 @@
 //! Rollout determinism and batching on the real demo model (SmolLM2-135M-Instruct Q4_1).
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use stageb_shared::domain::ChatMessage;

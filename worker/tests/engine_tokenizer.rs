@@ -2,7 +2,7 @@
 //!
 //! The model comes from `scripts/fetch-model.sh`; `STAGEB_MODEL` overrides the path.
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use stageb_shared::domain::ChatMessage;

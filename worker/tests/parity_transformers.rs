@@ -4,10 +4,11 @@
 //! transformers' `save_pretrained` (llama with tied embeddings, qwen2 with q/k/v biases, qwen3
 //! in two shards, qwen3_vl in bf16 with a vision tower stageb must skip), the fixture's
 //! tokenizer files and `reference.json`, what transformers computed from those files. The
-//! weight files are not committed: `scripts/fetch-model.sh` (run by `scripts/test.sh`) writes
-//! them from the recipe in `reference.json` (`scripts/parity_weights.py`, sha256-checked).
-//! `scripts/make-parity-fixtures.py` re-creates the fixtures (its header says how, and which
-//! versions); every case found there is checked, and the expected ones must all be there.
+//! weight files are not committed: `scripts/fetch-model.sh` (run by `scripts/ci/test.sh`)
+//! writes them from the recipe in `reference.json` (`scripts/fixtures/parity_weights.py`,
+//! sha256-checked). `scripts/fixtures/make-parity-fixtures.py` re-creates the fixtures (its
+//! header says how, and which versions); every case found there is checked, and the expected
+//! ones must all be there.
 //!
 //! For every case and each of three prompts (a rendered chat prompt, ~200 tokens of mixed
 //! Chinese and English, random ids), stageb's safetensors loader and transformer must give:
@@ -82,8 +83,8 @@ struct Reference {
     weights: WeightsRecipe,
 }
 
-/// How `scripts/parity_weights.py` writes the case's weight files (only the file names are
-/// read here: the script checks their sha256).
+/// How `scripts/fixtures/parity_weights.py` writes the case's weight files (only the file names
+/// are read here: the script checks their sha256).
 #[derive(Deserialize)]
 struct WeightsRecipe {
     files: Vec<WeightFile>,
@@ -162,7 +163,7 @@ fn cases() -> Vec<Case> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| {
             panic!(
-                "{}: {e}; run scripts/make-parity-fixtures.py",
+                "{}: {e}; run scripts/fixtures/make-parity-fixtures.py",
                 root.display()
             )
         })
@@ -202,7 +203,7 @@ fn read_case(dir: PathBuf) -> Case {
         assert!(
             dir.join(&f.file).is_file(),
             "{} missing: the parity weights are not committed; run scripts/fetch-model.sh \
-             (or python3 scripts/parity_weights.py) to write them",
+             (or python3 scripts/fixtures/parity_weights.py) to write them",
             dir.join(&f.file).display()
         );
     }

@@ -8,7 +8,7 @@
 //! store off for the references and on for the rest. Generations (reflection calls) do the
 //! same from a store of their own.
 
-mod common;
+use crate::common;
 use common::model_path;
 
 use stageb_shared::domain::ChatMessage;

@@ -1,5 +1,5 @@
-//! Shared by the error tests: the one assertion "this input fails with this code, at this line,
-//! saying this".
+//! Shared by the error specs (`config_errors`, `ingest_errors`): the one assertion "this input
+//! fails with this code, at this line, saying this".
 
 use stageb_shared::error::{ErrorCode, InputError};
 

@@ -1,6 +1,6 @@
 //! What the worker's real-model tests share: where the test model is.
 //!
-//! The model is part of the suite, not optional: `scripts/test.sh` fetches it and exports
+//! The model is part of the suite, not optional: `scripts/ci/test.sh` fetches it and exports
 //! `STAGEB_MODEL`. A missing model fails the test with the fix in the message, rather than
 //! skipping it (a skipped real-model test would pass CI without ever running).
 
@@ -16,7 +16,7 @@ pub fn model_path() -> PathBuf {
             p.display()
         ),
         None => panic!(
-            "test model missing: run scripts/fetch-model.sh (or scripts/test.sh, which runs it)"
+            "test model missing: run scripts/fetch-model.sh (or scripts/ci/test.sh, which runs it)"
         ),
     }
 }
