@@ -8,8 +8,10 @@
 //! cargo run --release -p stageb-worker --example bench_matmul -- [--threads 2] [--kernels amx]
 //!     [--repeat 3] [--f32]
 //! ```
-//! `--f32` adds the f32 kernels' rate for comparison. On a shared machine, repeat and read the
-//! best figure with the load average printed beside it.
+//! `--f32` adds the f32 kernels' rate for comparison. Rates are per CPU-second of the process
+//! times the threads (what the threads would do with the cores to themselves), so a shared,
+//! loaded machine changes them less than wall time; the wall-time rate is printed beside them
+//! with the load average.
 
 use std::arch::asm;
 use std::time::Instant;
@@ -166,18 +168,38 @@ fn peak_amx<const K: u16>() -> u64 {
     ITERS / 4 * 4 * 16 * 16 * K as u64
 }
 
-/// GMAC/s of `f` on `threads` threads at once (the sum), best of `repeat`.
-fn peak_rate(f: Peak, threads: usize, repeat: usize) -> f64 {
+/// CPU seconds this process has used (every thread).
+fn cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec the call fills.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// Times `f`: (CPU seconds / threads, wall seconds), the best of `repeat` by CPU time.
+fn timed(threads: usize, repeat: usize, f: &mut dyn FnMut()) -> (f64, f64) {
     (0..repeat)
         .map(|_| {
-            let t = Instant::now();
-            let macs: u64 = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..threads).map(|_| s.spawn(f)).collect();
-                hs.into_iter().map(|h| h.join().unwrap()).sum()
-            });
-            macs as f64 / t.elapsed().as_secs_f64() / 1e9
+            let (c, t) = (cpu_seconds(), Instant::now());
+            f();
+            ((cpu_seconds() - c) / threads as f64, t.elapsed().as_secs_f64())
         })
-        .fold(0.0, f64::max)
+        .fold((f64::INFINITY, f64::INFINITY), |a, b| if b.0 < a.0 { b } else { a })
+}
+
+/// GMAC/s of `f` on `threads` threads at once (the sum; CPU time, see the module docs).
+fn peak_rate(f: Peak, threads: usize, repeat: usize) -> f64 {
+    let mut macs = 0;
+    let (cpu, _) = timed(threads, repeat, &mut || {
+        macs = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads).map(|_| s.spawn(f)).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+    });
+    macs as f64 / cpu / 1e9
 }
 
 /// The peak of every path this CPU has: (path, GMAC/s).
@@ -255,11 +277,11 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
-    pool.install(|| gemms(peak, repeat, f32_too));
+    pool.install(|| gemms(peak, threads, repeat, f32_too));
 }
 
 /// The engine's GEMM at each `m` and shape, best of `repeat`, against `peak`.
-fn gemms(peak: f64, repeat: usize, f32_too: bool) {
+fn gemms(peak: f64, threads: usize, repeat: usize, f32_too: bool) {
     // (name, n, k, q8_0)
     let shapes = [
         ("smollm2 qkv 576->960", 960, 576, false),
@@ -279,28 +301,26 @@ fn gemms(peak: f64, repeat: usize, f32_too: bool) {
             let reps = (4e9 / (m * n * k) as f64).clamp(1.0, 400.0) as usize;
             let time = |f: &mut dyn FnMut()| {
                 f();
-                (0..repeat)
-                    .map(|_| {
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            f();
-                        }
-                        t.elapsed().as_secs_f64() / reps as f64
-                    })
-                    .fold(f64::INFINITY, f64::min)
+                let (cpu, wall) = timed(threads, repeat, &mut || {
+                    for _ in 0..reps {
+                        f();
+                    }
+                });
+                (cpu / reps as f64, wall / reps as f64)
             };
             let gmac = (m * n * k) as f64 / 1e9;
             let mut ws = Int8Workspace::default();
-            let ti = time(&mut || int8::matmul(&x, m, &wi, &mut y, &mut ws));
+            let (ti, wall) = time(&mut || int8::matmul(&x, m, &wi, &mut y, &mut ws));
             let mut line = format!(
-                "m={m:3} {name:30} int8 {:9.3} ms {:7.1} GMAC/s {:5.1}% of peak",
+                "m={m:3} {name:30} int8 {:9.3} ms {:7.1} GMAC/s {:5.1}% of peak (wall {:7.1})",
                 ti * 1e3,
                 gmac / ti,
-                100.0 * gmac / ti / peak
+                100.0 * gmac / ti / peak,
+                gmac / wall
             );
             if f32_too {
                 let mut yt = Vec::new();
-                let tf = time(&mut || kernels::matmul(&x, m, &w, &mut y, &mut yt));
+                let (tf, _) = time(&mut || kernels::matmul(&x, m, &w, &mut y, &mut yt));
                 line += &format!("  f32 {:7.1} GMAC/s", gmac / tf);
             }
             println!("{line}");

@@ -203,7 +203,9 @@ unsafe fn unpack_q4_1(w: &Interleaved, g: usize, gt: usize, dst: &mut [u8]) {
 /// `RT` tiles of input rows from `r` times `GT` groups from `g`, every block in order: the
 /// block's integer sums by the tiles, then per output `acc = fma(dw·dx, sum, acc)` and for Q4_1
 /// `acc = fma(mw, s, acc)`, accumulated in `span` (group `gi`'s row `r'` at `(gi·m + r')·16`,
-/// zero at the start).
+/// zero at the start). The tiles of block `b + 1` are issued before the float steps of block
+/// `b` (two buffers of sums), so the vector loads of a block's sums never wait on its tile
+/// stores; each output still takes its blocks in order.
 ///
 /// # Safety
 /// As [`dots`]'s loop: rows `r..r+16·RT` exist, `weights` holds `GT·nb` blocks of 512 bytes in
@@ -217,43 +219,69 @@ unsafe fn tiles<const RT: usize, const GT: usize>(
     weights: *const u8,
     span: &mut [f32],
 ) {
-    let (m, nb, k) = (a.rows, w.nb, a.k);
+    let (nb, k) = (w.nb, a.k);
+    let mut sums = [Sums([[0; 256]; 4]), Sums([[0; 256]; 4])];
+    for b in 0..=nb {
+        if b < nb {
+            let xa: [*const i8; RT] =
+                core::array::from_fn(|i| a.q[(r + TILE_ROWS * i) * k + b * 32..].as_ptr());
+            // SAFETY: block b of each of the GT groups is 512 bytes at `weights` (the contract).
+            let wb: [*const u8; GT] =
+                core::array::from_fn(|j| unsafe { weights.add((j * nb + b) * 512) });
+            let q4 = w.kind == BlockKind::Q4_1;
+            // SAFETY: the tiles read 16 rows of 32 bytes at stride k from rows that exist, 8
+            // rows of 64 bytes of weights, and write 16 rows of 64 bytes into `sums`.
+            unsafe { tile_block::<RT, GT>(xa, k, wb, q4, &mut sums[b & 1]) };
+        }
+        if b > 0 {
+            // SAFETY: AVX-512F (this function's features); the shapes of the contract.
+            unsafe { float_steps::<RT, GT>(a, r, w, g, b - 1, &sums[(b - 1) & 1], span) };
+        }
+    }
+}
+
+/// Block `b`'s float steps for the `RT × GT` tiles of sums (see [`tiles`]).
+///
+/// # Safety
+/// AVX-512F; as [`tiles`].
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
+unsafe fn float_steps<const RT: usize, const GT: usize>(
+    a: &QuantizedRows,
+    r: usize,
+    w: &Interleaved,
+    g: usize,
+    b: usize,
+    sums: &Sums,
+    span: &mut [f32],
+) {
+    let (m, nb) = (a.rows, w.nb);
     let q4 = w.kind == BlockKind::Q4_1;
-    let mut sums = Sums([[0; 256]; 4]);
-    for b in 0..nb {
-        let xa: [*const i8; RT] =
-            core::array::from_fn(|i| a.q[(r + TILE_ROWS * i) * k + b * 32..].as_ptr());
-        // SAFETY: block b of each of the GT groups is 512 bytes at `weights` (the contract).
-        let wb: [*const u8; GT] =
-            core::array::from_fn(|j| unsafe { weights.add((j * nb + b) * 512) });
-        // SAFETY: the tiles read 16 rows of 32 bytes at stride k from rows that exist, 8 rows of
-        // 64 bytes of weights, and write 16 rows of 64 bytes into `sums`.
-        unsafe { tile_block::<RT, GT>(xa, k, wb, q4, &mut sums) };
-        for i in 0..RT {
-            for j in 0..GT {
-                let at = (g + j) * nb + b;
-                // SAFETY: group g + j's block b has 16 scales (and mins for Q4_1).
-                let dw = unsafe { _mm512_loadu_ps(w.d.as_ptr().add(at * GROUP)) };
-                let mw = if q4 {
-                    unsafe { _mm512_loadu_ps(w.m.as_ptr().add(at * GROUP)) }
-                } else {
-                    _mm512_setzero_ps()
-                };
-                let sum = &sums.0[i * 2 + j];
-                for t in 0..TILE_ROWS {
-                    let row = r + TILE_ROWS * i + t;
-                    let o = &mut span[(j * m + row) * GROUP..(j * m + row + 1) * GROUP];
-                    // SAFETY: `o` is 16 floats and `sum[16t..16t+16]` 16 integers.
-                    unsafe {
-                        let acc = _mm512_loadu_ps(o.as_ptr());
-                        let si = _mm512_cvtepi32_ps(_mm512_loadu_si512(sum[16 * t..].as_ptr().cast()));
-                        let dx = _mm512_set1_ps(a.d[row * nb + b]);
-                        let mut acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), si, acc);
-                        if q4 {
-                            acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[row * nb + b]), acc);
-                        }
-                        _mm512_storeu_ps(o.as_mut_ptr(), acc);
+    for i in 0..RT {
+        for j in 0..GT {
+            let at = (g + j) * nb + b;
+            // SAFETY: group g + j's block b has 16 scales (and mins for Q4_1).
+            let dw = unsafe { _mm512_loadu_ps(w.d.as_ptr().add(at * GROUP)) };
+            let mw = if q4 {
+                unsafe { _mm512_loadu_ps(w.m.as_ptr().add(at * GROUP)) }
+            } else {
+                _mm512_setzero_ps()
+            };
+            let sum = &sums.0[i * 2 + j];
+            let rows = r + TILE_ROWS * i;
+            let o = &mut span[(j * m + rows) * GROUP..(j * m + rows + TILE_ROWS) * GROUP];
+            let (dx, sx) = (&a.d[rows * nb..], &a.s[rows * nb..]);
+            for t in 0..TILE_ROWS {
+                // SAFETY: `o` holds 16 rows of 16 floats, `sum` 16 rows of 16 integers.
+                unsafe {
+                    let op = o.as_mut_ptr().add(t * GROUP);
+                    let si = _mm512_cvtepi32_ps(_mm512_loadu_si512(sum.as_ptr().add(16 * t).cast()));
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
+                    let mut acc = _mm512_fmadd_ps(scale, si, _mm512_loadu_ps(op));
+                    if q4 {
+                        acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), acc);
                     }
+                    _mm512_storeu_ps(op, acc);
                 }
             }
         }
