@@ -158,8 +158,10 @@ fn peak_amx<const K: u16>() -> u64 {
         );
         for _ in 0..ITERS / 4 {
             asm!(
-                "tdpbssd tmm0, tmm4, tmm6", "tdpbssd tmm1, tmm4, tmm7",
-                "tdpbssd tmm2, tmm5, tmm6", "tdpbssd tmm3, tmm5, tmm7",
+                "tdpbssd tmm0, tmm4, tmm6",
+                "tdpbssd tmm1, tmm4, tmm7",
+                "tdpbssd tmm2, tmm5, tmm6",
+                "tdpbssd tmm3, tmm5, tmm7",
                 options(nostack, nomem),
             );
         }
@@ -185,9 +187,14 @@ fn timed(threads: usize, repeat: usize, f: &mut dyn FnMut()) -> (f64, f64) {
         .map(|_| {
             let (c, t) = (cpu_seconds(), Instant::now());
             f();
-            ((cpu_seconds() - c) / threads as f64, t.elapsed().as_secs_f64())
+            (
+                (cpu_seconds() - c) / threads as f64,
+                t.elapsed().as_secs_f64(),
+            )
         })
-        .fold((f64::INFINITY, f64::INFINITY), |a, b| if b.0 < a.0 { b } else { a })
+        .fold((f64::INFINITY, f64::INFINITY), |a, b| {
+            if b.0 < a.0 { b } else { a }
+        })
 }
 
 /// GMAC/s of `f` on `threads` threads at once (the sum; CPU time, see the module docs).
@@ -204,21 +211,34 @@ fn peak_rate(f: Peak, threads: usize, repeat: usize) -> f64 {
 
 /// The peak of every path this CPU has: (path, GMAC/s).
 fn peaks(threads: usize, repeat: usize) -> Vec<(&'static str, f64)> {
-    let has = |f: &str| std::arch::is_x86_feature_detected!("avx2") && match f {
-        "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
-        "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
-        "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
-        _ => true,
+    let has = |f: &str| {
+        std::arch::is_x86_feature_detected!("avx2")
+            && match f {
+                "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+                "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
+                "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+                _ => true,
+            }
     };
     let mut out = Vec::new();
     if int8::amx::available() {
-        out.push(("amx (tdpbssd, 64-byte depth)", peak_rate(peak_amx::<64>, threads, repeat)));
-        out.push(("amx (32-byte depth: one block)", peak_rate(peak_amx::<32>, threads, repeat)));
+        out.push((
+            "amx (tdpbssd, 64-byte depth)",
+            peak_rate(peak_amx::<64>, threads, repeat),
+        ));
+        out.push((
+            "amx (32-byte depth: one block)",
+            peak_rate(peak_amx::<32>, threads, repeat),
+        ));
     }
     let paths: [(&str, &str, Peak); 4] = [
         ("avx512vnni", "avx512vnni (vpdpbusd zmm)", peak_avx512vnni),
         ("avxvnni", "avxvnni (vpdpbusd ymm)", peak_avxvnni),
-        ("avx512bw", "avx512bw (vpmaddubsw+vpmaddwd zmm)", peak_avx512bw),
+        (
+            "avx512bw",
+            "avx512bw (vpmaddubsw+vpmaddwd zmm)",
+            peak_avx512bw,
+        ),
         ("avx2", "avx2 (vpmaddubsw+vpmaddwd ymm)", peak_avx2),
     ];
     for (feature, name, f) in paths {
@@ -265,14 +285,21 @@ fn main() {
         i += 2;
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("threads {threads}, best of {repeat}; load average {}", load.trim());
+    println!(
+        "threads {threads}, best of {repeat}; load average {}",
+        load.trim()
+    );
     let peaks = peaks(threads, repeat);
     for (name, rate) in &peaks {
         println!("peak {name:38} {rate:8.1} GMAC/s");
     }
     let path = isa::int8_isa();
     let peak = peak_of(path, &peaks);
-    println!("engine kernels: int8 {} (m >= 16 on tiles when amx), f32 {:?}", path.name(), isa::f32_isa());
+    println!(
+        "engine kernels: int8 {} (m >= 16 on tiles when amx), f32 {:?}",
+        path.name(),
+        isa::f32_isa()
+    );
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

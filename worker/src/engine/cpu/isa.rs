@@ -165,7 +165,10 @@ mod tests {
             "amx".parse::<KernelChoice>(),
             Ok(KernelChoice::AtMost(Isa::Amx))
         );
-        assert!(Isa::Amx > Isa::Avx512Vnni, "capping at VNNI turns the tiles off");
+        assert!(
+            Isa::Amx > Isa::Avx512Vnni,
+            "capping at VNNI turns the tiles off"
+        );
         assert!("sse9".parse::<KernelChoice>().is_err());
         assert!(int8_isa() <= detected());
     }

@@ -43,7 +43,9 @@ pub fn available() -> bool {
         match request_tile_state() {
             Ok(()) => true,
             Err(why) => {
-                tracing::warn!("AMX tiles unavailable ({why}); the integer kernels use AVX-512 VNNI");
+                tracing::warn!(
+                    "AMX tiles unavailable ({why}); the integer kernels use AVX-512 VNNI"
+                );
                 false
             }
         }
@@ -71,14 +73,23 @@ fn request_tile_state() -> Result<(), String> {
     // SAFETY: arch_prctl with these codes reads and writes no user memory except `bits`, a
     // local the kernel fills (GET_XCOMP_PERM takes a pointer to a u64).
     unsafe {
-        if libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 {
+        if libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) != 0
+        {
             return Err(format!(
                 "arch_prctl(ARCH_REQ_XCOMP_PERM) refused: {}",
                 std::io::Error::last_os_error()
             ));
         }
         let mut bits = 0u64;
-        if libc::syscall(libc::SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &mut bits as *mut u64) != 0
+        if libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &mut bits as *mut u64,
+        ) != 0
             || (bits >> XFEATURE_XTILEDATA) & 1 == 0
         {
             return Err("the tile data state was not granted".into());
@@ -275,7 +286,8 @@ unsafe fn float_steps<const RT: usize, const GT: usize>(
                 // SAFETY: `o` holds 16 rows of 16 floats, `sum` 16 rows of 16 integers.
                 unsafe {
                     let op = o.as_mut_ptr().add(t * GROUP);
-                    let si = _mm512_cvtepi32_ps(_mm512_loadu_si512(sum.as_ptr().add(16 * t).cast()));
+                    let si =
+                        _mm512_cvtepi32_ps(_mm512_loadu_si512(sum.as_ptr().add(16 * t).cast()));
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
                     let mut acc = _mm512_fmadd_ps(scale, si, _mm512_loadu_ps(op));
                     if q4 {
@@ -315,9 +327,17 @@ unsafe fn tile_block<const RT: usize, const GT: usize>(
     macro_rules! product {
         ($c:literal, $a:literal, $b:literal) => {
             if q4 {
-                asm!(concat!("tilezero tmm", $c), concat!("tdpbsud tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem))
+                asm!(
+                    concat!("tilezero tmm", $c),
+                    concat!("tdpbsud tmm", $c, ", tmm", $a, ", tmm", $b),
+                    options(nostack, nomem)
+                )
             } else {
-                asm!(concat!("tilezero tmm", $c), concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem))
+                asm!(
+                    concat!("tilezero tmm", $c),
+                    concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+                    options(nostack, nomem)
+                )
             }
         };
     }

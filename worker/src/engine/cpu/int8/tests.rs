@@ -194,7 +194,12 @@ fn tile_groups_and_offsets_match_the_recipe_in_every_slice() {
                         for l in 0..GROUP {
                             let want = dot_scalar(&a, r, &iw, (g0 + g) * GROUP + l);
                             let at = (g * m + r) * GROUP + l;
-                            assert_eq!(got[at].to_bits(), want.to_bits(), "{} g{g0}+{g} r{r}", isa.name());
+                            assert_eq!(
+                                got[at].to_bits(),
+                                want.to_bits(),
+                                "{} g{g0}+{g} r{r}",
+                                isa.name()
+                            );
                         }
                     }
                 }
