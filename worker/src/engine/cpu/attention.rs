@@ -6,8 +6,11 @@
 //! row's suffix), up to its limit. Its scores are `Σ_d q[d]·k[d]` by sequential fused
 //! multiply-add over `d`, times `scale`; then `e_j = exp(s_j − max)` ([`kernels::exp`]) and
 //! `z = Σ e_j` ([`kernels::exp_sub`]: 8 lanes, a fixed tree); the output is `Σ_j e_j·v_j` by
-//! fused multiply-add in key order, divided by `z`. Which queries share a call, how keys are tiled, and whether the AVX2 or the
-//! scalar copy runs never changes a bit (tests).
+//! fused multiply-add in key order, divided by `z`. Which queries share a call, how keys are
+//! tiled, and whether the AVX-512 (16 keys or dimensions a register), the AVX2 or the scalar copy
+//! runs never changes a bit (tests): each lane is one key's score or one dimension's sum, and the
+//! softmax between them is the one 8-lane `exp_sub` on every copy. (A one-pass online softmax
+//! would rescale partial sums and change bits, so the two passes stay.)
 //!
 //! # Why many queries at once
 //! Attention reads every visible key and value; per query, that is a stream from L2/L3 (1 MiB
@@ -20,8 +23,35 @@
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
-use super::isa::{F32Isa, f32_isa};
+use super::isa::{F32Isa, f32_isa, f32_wide};
 use super::kernels::{self, LANES};
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// Which copy of the recipe runs: every one gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lanes {
+    Scalar,
+    /// AVX2: 8 keys or dimensions a register.
+    Avx2,
+    /// AVX-512: 16 a register (the rest as AVX2).
+    Avx512,
+}
+
+/// The fastest copy this process runs (`--kernels avx2` keeps 8 lanes, `scalar` none).
+fn copy_in_use(d: usize) -> Lanes {
+    match f32_isa() {
+        F32Isa::Avx2 if d == 64 || d == 128 => {
+            if f32_wide() {
+                Lanes::Avx512
+            } else {
+                Lanes::Avx2
+            }
+        }
+        _ => Lanes::Scalar,
+    }
+}
 
 /// Keys per tile of the weighted sum: 32 values of d = 64 are 8 KiB, in L1 while every query of
 /// the call uses them.
@@ -145,6 +175,22 @@ pub fn attend(
     s: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    attend_with(copy_in_use(d), q, nq, limits, common, own, d, scale, s, out)
+}
+
+/// [`attend`] by a given copy (`copy` runs on this CPU and, unless scalar, `d` is 64 or 128).
+fn attend_with(
+    copy: Lanes,
+    q: &[f32],
+    nq: usize,
+    limits: &[usize],
+    common: &[KvRun],
+    own: Own,
+    d: usize,
+    scale: f32,
+    s: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     assert!(q.len() >= nq * d && out.len() >= nq * d && limits.len() >= nq);
     assert!(
         (own.ends.is_empty() || own.ends.len() == nq)
@@ -156,13 +202,17 @@ pub fn attend(
         assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
     }
     #[cfg(target_arch = "x86_64")]
-    if f32_isa() == F32Isa::Avx2 && (d == 64 || d == 128) {
-        // SAFETY: AVX2 and FMA were detected at run time (`f32_isa`); every run holds `d × cap`
-        // keys and `cap × d` values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` has
-        // runs for every query or none (asserted above): the bounds the kernel relies on.
-        unsafe { avx2::attend(q, nq, limits, common, own, d, scale, s, out) };
+    if copy != Lanes::Scalar {
+        assert!(d == 64 || d == 128, "the vector copies take d = 64 or 128");
+        let wide = copy == Lanes::Avx512;
+        // SAFETY: AVX2 and FMA (and AVX-512F when `wide`) were detected at run time (`f32_isa`,
+        // `f32_wide`, or the tests' `copies`); every run holds `d × cap` keys and `cap × d`
+        // values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` has runs for every query
+        // or none (asserted above): the bounds the kernel relies on.
+        unsafe { avx2::attend(wide, q, nq, limits, common, own, d, scale, s, out) };
         return;
     }
+    let _ = copy;
     attend_impl(q, nq, limits, common, own, d, scale, s, out)
 }
 
@@ -173,7 +223,32 @@ mod avx2 {
 
     use std::arch::x86_64::*;
 
-    use super::{KvRun, LANES, Own, VALUE_TILE};
+    use super::{KvRun, LANES, Own, VALUE_TILE, avx512};
+
+    /// `o += Σ_t e[t]·v_t` for keys `t0..t1` (see [`accumulate`]), 16 or 8 lanes a register.
+    ///
+    /// # Safety
+    /// As [`accumulate`]; AVX-512F available when `wide`; `d = o.len()` is 64 or 128.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate_any(
+        wide: bool,
+        e: &[f32],
+        run: &KvRun,
+        t0: usize,
+        t1: usize,
+        o: &mut [f32],
+    ) {
+        // SAFETY: the contract.
+        unsafe {
+            match (wide, o.len()) {
+                (true, 64) => avx512::accumulate::<4>(e, run, t0, t1, o),
+                (true, _) => avx512::accumulate::<8>(e, run, t0, t1, o),
+                (false, 64) => accumulate::<8>(e, run, t0, t1, o),
+                (false, _) => accumulate::<16>(e, run, t0, t1, o),
+            }
+        }
+    }
 
     /// Scores of `Q` queries (rows of `q`, each `d`) against 8·`V` keys from `j` of `run`.
     ///
@@ -215,6 +290,7 @@ mod avx2 {
     /// stride`; the run is valid (`len <= cap`, `kt` holds `d × cap`).
     #[target_feature(enable = "avx2,fma")]
     unsafe fn score_run(
+        wide: bool,
         q: &[f32],
         q0: usize,
         nq: usize,
@@ -253,6 +329,38 @@ mod avx2 {
                     }
                 }
             };
+        }
+        if wide {
+            // 16 keys a register: tiles of 32, then 16, each met by groups of up to 4 queries.
+            macro_rules! wide_tile {
+                ($v:literal) => {
+                    let mut qg = 0;
+                    while qg < nq {
+                        let g = (nq - qg).min(4);
+                        // SAFETY: queries q0+qg..q0+qg+g hold d floats each; keys
+                        // j..j+16·$v <= len <= cap; `s` row q0+qg+i holds at + len <= stride.
+                        unsafe {
+                            let qp = q.as_ptr().add((q0 + qg) * d);
+                            let sp = s.as_mut_ptr().add((q0 + qg) * stride + at + j);
+                            match g {
+                                4 => avx512::score_tile::<4, $v>(qp, run, j, d, sp, stride),
+                                3 => avx512::score_tile::<3, $v>(qp, run, j, d, sp, stride),
+                                2 => avx512::score_tile::<2, $v>(qp, run, j, d, sp, stride),
+                                _ => avx512::score_tile::<1, $v>(qp, run, j, d, sp, stride),
+                            }
+                        }
+                        qg += g;
+                    }
+                };
+            }
+            while j + 2 * avx512::WIDE <= run.len {
+                wide_tile!(2);
+                j += 2 * avx512::WIDE;
+            }
+            while j + avx512::WIDE <= run.len {
+                wide_tile!(1);
+                j += avx512::WIDE;
+            }
         }
         while j + 2 * LANES <= run.len {
             tile!(2);
@@ -309,7 +417,9 @@ mod avx2 {
     /// # Safety
     /// As [`attend`]; `lims[i] <= common_len + own.len_of(i)`.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn weighted_sums<const D8: usize>(
+    unsafe fn weighted_sums(
+        wide: bool,
+        d: usize,
         s: &[f32],
         stride: usize,
         lims: &[usize],
@@ -317,7 +427,6 @@ mod avx2 {
         own: Own,
         out: &mut [f32],
     ) {
-        let d = D8 * LANES;
         let nq = lims.len();
         out[..nq * d].fill(0.0);
         let mut base = 0;
@@ -332,7 +441,8 @@ mod avx2 {
                     let end = t1.min(lims[i] - base);
                     let e = &s[i * stride + base..];
                     // SAFETY: end <= run.len, `e` holds them; out row i holds d.
-                    unsafe { accumulate::<D8>(e, run, t0, end, &mut out[i * d..(i + 1) * d]) };
+                    let o = &mut out[i * d..(i + 1) * d];
+                    unsafe { accumulate_any(wide, e, run, t0, end, o) };
                 }
                 t0 = t1;
             }
@@ -344,7 +454,8 @@ mod avx2 {
                 let end = run.len.min(lims[i].saturating_sub(at));
                 let e = &s[i * stride + at..];
                 // SAFETY: as above.
-                unsafe { accumulate::<D8>(e, run, 0, end, &mut out[i * d..(i + 1) * d]) };
+                let o = &mut out[i * d..(i + 1) * d];
+                unsafe { accumulate_any(wide, e, run, 0, end, o) };
                 at += run.len;
             }
         }
@@ -353,9 +464,11 @@ mod avx2 {
     /// See [`super::attend`].
     ///
     /// # Safety
-    /// AVX2+FMA available; `d` is 64 or 128; the bounds [`super::attend`] asserts.
+    /// AVX2+FMA available (and AVX-512F when `wide`); `d` is 64 or 128; the bounds
+    /// [`super::attend`] asserts.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn attend(
+        wide: bool,
         q: &[f32],
         nq: usize,
         limits: &[usize],
@@ -373,7 +486,7 @@ mod avx2 {
         let mut base = 0;
         for run in common {
             // SAFETY: `s` holds nq·stride, base + len <= common_len <= stride.
-            unsafe { score_run(q, 0, nq, run, d, s, stride, base) };
+            unsafe { score_run(wide, q, 0, nq, run, d, s, stride, base) };
             base += run.len;
         }
         for i in 0..own.ends.len() {
@@ -381,7 +494,7 @@ mod avx2 {
             for run in own.of(i) {
                 // SAFETY: as above for query i alone; at + len <= common_len + own.len_of(i)
                 // <= stride.
-                unsafe { score_run(q, i, 1, run, d, s, stride, at) };
+                unsafe { score_run(wide, q, i, 1, run, d, s, stride, at) };
                 at += run.len;
             }
         }
@@ -396,13 +509,7 @@ mod avx2 {
             lims.push(lim);
         }
         // SAFETY: d is 64 or 128; the bounds of the contract.
-        unsafe {
-            if d == 64 {
-                weighted_sums::<8>(s, stride, &lims, common, own, out);
-            } else {
-                weighted_sums::<16>(s, stride, &lims, common, own, out);
-            }
-        }
+        unsafe { weighted_sums(wide, d, s, stride, &lims, common, own, out) };
         for (i, z) in zs.iter().enumerate() {
             for v in out[i * d..(i + 1) * d].iter_mut() {
                 *v /= *z;

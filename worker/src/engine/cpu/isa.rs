@@ -1,7 +1,7 @@
 //! The instruction sets the CPU kernels run with, chosen once per process from what the CPU
 //! has and the kernel choice (`--kernels`, [`choose`], else `STAGEB_KERNELS`): the integer
-//! kernels' level ([`int8_isa`]: AVX-512 VNNI, AVX-512BW, AVX2 or scalar, capped by the
-//! choice) and the f32 kernels' ([`f32_isa`]: AVX2+FMA, or scalar when the choice is
+//! kernels' level ([`int8_isa`]: AMX tiles, AVX-512 VNNI, AVX-512BW, AVX2 or scalar, capped by
+//! the choice; AMX only where the OS grants the tile state, see [`super::int8::amx`]) and the f32 kernels' ([`f32_isa`]: AVX2+FMA, or scalar when the choice is
 //! `scalar`). Every choice gives the same bits.
 
 use std::sync::OnceLock;
@@ -13,6 +13,8 @@ pub enum Isa {
     Avx2,
     Avx512Bw,
     Avx512Vnni,
+    /// AMX int8 tiles for batches of 16 rows or more, AVX-512 VNNI for the rest.
+    Amx,
 }
 
 impl Isa {
@@ -22,6 +24,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512Bw => "avx512bw",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
         }
     }
 }
@@ -37,7 +40,7 @@ pub enum KernelChoice {
 impl std::str::FromStr for KernelChoice {
     type Err = String;
 
-    /// `auto`, `avx512vnni`, `avx512bw`, `avx2` or `scalar`.
+    /// `auto`, `amx`, `avx512vnni`, `avx512bw`, `avx2` or `scalar`.
     fn from_str(s: &str) -> Result<Self, String> {
         let isa = match s {
             "auto" => return Ok(KernelChoice::Auto),
@@ -45,9 +48,10 @@ impl std::str::FromStr for KernelChoice {
             "avx2" => Isa::Avx2,
             "avx512bw" => Isa::Avx512Bw,
             "avx512vnni" => Isa::Avx512Vnni,
+            "amx" => Isa::Amx,
             _ => {
                 return Err(format!(
-                    "unknown kernels `{s}` (auto, avx512vnni, avx512bw, avx2, scalar)"
+                    "unknown kernels `{s}` (auto, amx, avx512vnni, avx512bw, avx2, scalar)"
                 ));
             }
         };
@@ -65,14 +69,23 @@ pub fn choose(choice: KernelChoice) -> bool {
     CHOICE.set(choice).is_ok() && ISA.get().is_none()
 }
 
-/// The best instruction set this CPU supports.
+/// The best instruction set this CPU supports (AMX: the CPU has the tiles and the OS granted
+/// this process their state; asked once, see [`super::int8::amx::available`]).
 pub fn detected() -> Isa {
+    static DETECTED: OnceLock<Isa> = OnceLock::new();
+    *DETECTED.get_or_init(detect)
+}
+
+fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
         let bw =
             avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
         if bw && is_x86_feature_detected!("avx512vnni") {
+            if super::int8::amx::available() {
+                return Isa::Amx;
+            }
             return Isa::Avx512Vnni;
         }
         if bw {
@@ -131,6 +144,12 @@ pub fn f32_isa() -> F32Isa {
     *F32.get_or_init(detect_f32)
 }
 
+/// Whether the f32 kernels that have a 16-lane copy (attention) run it: AVX-512F is there and
+/// the choice allows AVX-512 (`--kernels avx2` keeps 8 lanes). Every choice gives the same bits.
+pub fn f32_wide() -> bool {
+    f32_isa() == F32Isa::Avx2 && int8_isa() >= Isa::Avx512Bw
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +160,14 @@ mod tests {
         assert_eq!(
             "avx2".parse::<KernelChoice>(),
             Ok(KernelChoice::AtMost(Isa::Avx2))
+        );
+        assert_eq!(
+            "amx".parse::<KernelChoice>(),
+            Ok(KernelChoice::AtMost(Isa::Amx))
+        );
+        assert!(
+            Isa::Amx > Isa::Avx512Vnni,
+            "capping at VNNI turns the tiles off"
         );
         assert!("sse9".parse::<KernelChoice>().is_err());
         assert!(int8_isa() <= detected());

@@ -1,4 +1,5 @@
-//! Specs of attention: the AVX2 copy equals the recipe bit for bit however queries are grouped,
+//! Specs of attention: the AVX-512 and AVX2 copies equal the recipe bit for bit however queries
+//! are grouped,
 //! each query gives the same bits alone, and the result is softmax attention (f64 reference).
 
 use super::*;
@@ -167,14 +168,39 @@ fn a_prefill_block_gives_each_position_its_own_causal_result() {
     }
 }
 
-/// Attention of the queries `q` (one per limit) by the AVX2 copy, checked bit for bit
-/// against the recipe (the scalar copy).
+/// The vector copies this host runs (AVX-512 where it has AVX-512F, AVX2 where AVX2+FMA);
+/// the others are named as skipped.
+fn copies() -> Vec<Lanes> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            v.push(Lanes::Avx2);
+            if is_x86_feature_detected!("avx512f") {
+                v.push(Lanes::Avx512);
+            } else {
+                eprintln!("skipped: this host has no AVX-512 attention");
+            }
+        } else {
+            eprintln!("skipped: this host has no AVX2 attention");
+        }
+    }
+    v
+}
+
+/// Attention of the queries `q` (one per limit) by the copy in use and by every vector copy the
+/// host has, each checked bit for bit against the recipe (the scalar copy).
 fn both_copies(q: &[f32], limits: &[usize], common: &[KvRun], own: Own, d: usize) -> Vec<f32> {
     let nq = limits.len();
     let (mut s, mut out, mut want) = (Vec::new(), vec![0f32; nq * d], vec![0f32; nq * d]);
-    attend(q, nq, limits, common, own, d, 0.125, &mut s, &mut out);
     attend_impl(q, nq, limits, common, own, d, 0.125, &mut s, &mut want);
-    assert_eq!(bits(&out), bits(&want), "d={d}: AVX2 and scalar copies");
+    for copy in copies() {
+        out.fill(f32::NAN);
+        attend_with(copy, q, nq, limits, common, own, d, 0.125, &mut s, &mut out);
+        assert_eq!(bits(&out), bits(&want), "d={d}: {copy:?} and scalar copies");
+    }
+    attend(q, nq, limits, common, own, d, 0.125, &mut s, &mut out);
+    assert_eq!(bits(&out), bits(&want), "d={d}: the copy in use");
     out
 }
 
@@ -258,6 +284,32 @@ fn keys_paged_into_blocks_give_the_bits_of_one_run() {
         for i in 0..3 {
             let one = alone(&q[i * d..(i + 1) * d], whole, limits[i], d);
             assert_eq!(bits(&one), bits(&out[i * d..(i + 1) * d]), "d={d} row {i}");
+        }
+    }
+}
+
+#[test]
+fn long_prompts_give_every_copy_the_recipe_bits_at_any_cut() {
+    // 300 keys: tiles of 32 and 16 keys (AVX-512), 8 (AVX2) and single keys all occur, and the
+    // limits cut inside tiles; 7 queries fill groups of 4 and a remainder of 3.
+    for d in [64, 128] {
+        let cap = 304;
+        let (kt, v) = (rnd(d * cap, 41), rnd(cap * d, 42));
+        let common = [KvRun {
+            kt: &kt,
+            v: &v,
+            cap,
+            len: 300,
+        }];
+        let limits = [300, 299, 288, 257, 31, 17, 1];
+        let q = rnd(limits.len() * d, 43);
+        let out = both_copies(&q, &limits, &common, Own::NONE, d);
+        for (i, &lim) in limits.iter().enumerate() {
+            let exact = reference(&q[i * d..(i + 1) * d], &common, lim, d, 0.125);
+            for dd in 0..d {
+                let err = (out[i * d + dd] as f64 - exact[dd]).abs();
+                assert!(err < 1e-4, "d={d} q{i} d{dd}: {err:e}");
+            }
         }
     }
 }

@@ -21,11 +21,15 @@
 //!
 //! Each output is one lane from start to end, so the AVX-512 VNNI, AVX-512BW, AVX2 and scalar
 //! copies return the same bits (unit tests), and since an output depends only on its own two
-//! rows, results never depend on batch, tiling or threads.
+//! rows, results never depend on batch, tiling or threads. The AMX copy ([`amx`], batches of 16
+//! rows or more) computes each block's exact integer sum with tiles and then runs the same float
+//! steps per output in the same order, so it returns the same bits too.
 
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop)]
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -140,10 +144,17 @@ fn dots(isa: Isa, a: &QuantizedRows, w: &Interleaved, g0: usize, ng: usize, out:
     assert!(out.len() >= ng * m * GROUP && g0 + ng <= w.groups && w.cols == a.k);
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
+        let mut r0 = 0;
+        if isa == Isa::Amx && m >= amx::TILE_ROWS {
+            // SAFETY: `Isa::Amx` is detected only after `amx::available()` (and AVX-512BW);
+            // the shapes are asserted above.
+            unsafe { amx::dots(a, w, g0, ng, out) };
+            r0 = m - m % amx::TILE_ROWS;
+        }
         // SAFETY: `isa` never exceeds what `detected()` found (callers pass `int8_isa()` or, in
         // tests, a level at most `detected()`), and the shapes the kernels rely on are
         // asserted just above.
-        unsafe { x86::dots(isa, a, w, g0, ng, out) };
+        unsafe { x86::dots(isa, a, w, g0, ng, r0, out) };
         return;
     }
     let _ = isa;
@@ -181,8 +192,10 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int
     ws.acts.quantize(x, m, k);
     let isa = int8_isa();
     // Decode steps: about 8 tasks per thread; prefill: one group per task (its weights stay in
-    // L1 while every input row passes).
-    let per_task = if m > 16 {
+    // L1 while every input row passes), two with tiles (the kernel's widest shape).
+    let per_task = if isa == Isa::Amx && m >= 16 {
+        2
+    } else if m > 16 {
         1
     } else {
         (w.groups / (8 * rayon::current_num_threads().max(1))).max(1)

@@ -49,11 +49,19 @@ fn activations(m: usize, k: usize, seed: u64) -> Vec<f32> {
     x
 }
 
+/// The instruction sets this host runs; the others are named as skipped.
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512Bw, Isa::Avx512Vnni]
-        .into_iter()
-        .filter(|i| *i <= detected())
-        .collect()
+    let all = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512Bw,
+        Isa::Avx512Vnni,
+        Isa::Amx,
+    ];
+    for isa in all.iter().filter(|i| **i > detected()) {
+        eprintln!("skipped: this host has no {} kernels", isa.name());
+    }
+    all.into_iter().filter(|i| *i <= detected()).collect()
 }
 
 fn interleave(w: &PackedMatrix) -> PackedMatrix {
@@ -136,14 +144,16 @@ fn interleaving_keeps_every_weight_and_pads_the_last_group() {
 #[test]
 fn every_instruction_set_equals_the_scalar_recipe_bit_for_bit() {
     // Blocks per row: 1, 3, 18 and 48 (SmolLM2's 576 and 1536), 29; 11 rows pad a group, 40
-    // span three.
+    // span three (the tiles take groups two at a time: an odd one is left). Batches of 16 and
+    // more run on tiles (AMX) with leftover rows on VNNI: 16, 32, 33, 48 and 50 cover one and
+    // two row tiles and their remainders.
     for nb in [1, 3, 18, 29, 48] {
         let k = nb * 32;
-        for n in [11, 40] {
+        for n in [11, 40, 64] {
             for (wname, w) in [("q4_1", q4_1(n, k)), ("q8_0", q8_0(n, k))] {
                 let iw = Interleaved::from_packed(&w).unwrap();
                 let ng = iw.groups;
-                for m in [1, 3, 4, 8, 9, 13, 17] {
+                for m in [1, 3, 4, 8, 9, 13, 16, 17, 32, 33, 48, 50] {
                     let mut a = QuantizedRows::default();
                     a.quantize(&activations(m, k, nb as u64), m, k);
                     let mut want = vec![0f32; ng * m * GROUP];
@@ -156,6 +166,38 @@ fn every_instruction_set_equals_the_scalar_recipe_bit_for_bit() {
                                 g.to_bits(),
                                 e.to_bits(),
                                 "{} {wname} nb={nb} n={n} m={m} out {i}: {g} vs {e}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tile_groups_and_offsets_match_the_recipe_in_every_slice() {
+    // `matmul` hands the kernels slices of groups at an offset; each slice must match the
+    // recipe's outputs of those groups.
+    let (n, k, m) = (80, 96, 35);
+    for w in [q4_1(n, k), q8_0(n, k)] {
+        let iw = Interleaved::from_packed(&w).unwrap();
+        let mut a = QuantizedRows::default();
+        a.quantize(&activations(m, k, 9), m, k);
+        for isa in isas() {
+            for (g0, ng) in [(0, 5), (1, 3), (2, 2), (4, 1)] {
+                let mut got = vec![f32::NAN; ng * m * GROUP];
+                dots(isa, &a, &iw, g0, ng, &mut got);
+                for g in 0..ng {
+                    for r in 0..m {
+                        for l in 0..GROUP {
+                            let want = dot_scalar(&a, r, &iw, (g0 + g) * GROUP + l);
+                            let at = (g * m + r) * GROUP + l;
+                            assert_eq!(
+                                got[at].to_bits(),
+                                want.to_bits(),
+                                "{} g{g0}+{g} r{r}",
                                 isa.name()
                             );
                         }

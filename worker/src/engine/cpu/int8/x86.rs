@@ -15,7 +15,7 @@ use super::super::isa::Isa;
 use super::super::weights::{BlockKind, GROUP, Interleaved};
 use super::{QuantizedRows, ROUND_MAGIC};
 
-/// See [`super::dots`].
+/// See [`super::dots`], for input rows `r0..` only (AMX runs here as AVX-512 VNNI).
 ///
 /// # Safety
 /// The CPU supports `isa` (at least AVX2+FMA); `out.len() >= ng·a.rows·16`,
@@ -26,11 +26,13 @@ pub unsafe fn dots(
     w: &Interleaved,
     g0: usize,
     ng: usize,
+    r0: usize,
     out: &mut [f32],
 ) {
     let m = a.rows;
+    let isa = isa.min(Isa::Avx512Vnni);
     for g in g0..g0 + ng {
-        let mut r = 0;
+        let mut r = r0;
         while r < m {
             let at = ((g - g0) * m + r) * GROUP;
             let o = &mut out[at..];

@@ -1,0 +1,85 @@
+//! The 16-lane (AVX-512) pieces of the attention recipe: scores of 16 keys a register and the
+//! weighted sum over 16 dimensions a register. Each lane is one key's (or one dimension's)
+//! sequential chain of fused multiply-adds, exactly as in the scalar recipe and the 8-lane copy,
+//! so only the speed changes; the softmax between them stays the shared 8-lane
+//! [`crate::engine::cpu::kernels::exp_sub`], which fixes `z`'s order.
+
+use std::arch::x86_64::*;
+
+use super::KvRun;
+
+/// Keys per register.
+pub const WIDE: usize = 16;
+
+/// Scores of `Q` queries (rows of `q`, each `d`) against 16·`V` keys from `j` of `run`, stored at
+/// `s[i·stride + 16t ..]` for query `i` and register `t`.
+///
+/// # Safety
+/// AVX-512F available; `q` holds `Q·d`; keys `j..j+16V` are below `run.cap`; `run.kt` holds
+/// `d × cap`; `s` is valid for `(Q−1)·stride + 16V` writes.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub unsafe fn score_tile<const Q: usize, const V: usize>(
+    q: *const f32,
+    run: &KvRun,
+    j: usize,
+    d: usize,
+    s: *mut f32,
+    stride: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); V]; Q];
+    let kt = run.kt.as_ptr();
+    for dd in 0..d {
+        let mut kv = [_mm512_setzero_ps(); V];
+        for (t, k) in kv.iter_mut().enumerate() {
+            // SAFETY: dd < d and j + 16t + 16 <= cap: in bounds of `kt` (d × cap).
+            *k = unsafe { _mm512_loadu_ps(kt.add(dd * run.cap + j + t * WIDE)) };
+        }
+        for i in 0..Q {
+            // SAFETY: i < Q, dd < d: in bounds of `q`.
+            let qv = _mm512_set1_ps(unsafe { *q.add(i * d + dd) });
+            for t in 0..V {
+                acc[i][t] = _mm512_fmadd_ps(qv, kv[t], acc[i][t]);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (t, a) in row.iter().enumerate() {
+            // SAFETY: the contract on `s`.
+            unsafe { _mm512_storeu_ps(s.add(i * stride + t * WIDE), *a) };
+        }
+    }
+}
+
+/// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D16·16 = d` floats).
+///
+/// # Safety
+/// AVX-512F available; `t1 <= run.len`, `e` holds `t1` weights, `o` holds `d`; the run holds
+/// `cap × d` values.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub unsafe fn accumulate<const D16: usize>(
+    e: &[f32],
+    run: &KvRun,
+    t0: usize,
+    t1: usize,
+    o: &mut [f32],
+) {
+    let d = D16 * WIDE;
+    let v = run.v.as_ptr();
+    let mut acc = [_mm512_setzero_ps(); D16];
+    for (u, a) in acc.iter_mut().enumerate() {
+        // SAFETY: u·16 + 16 <= d = o.len().
+        *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(u * WIDE)) };
+    }
+    for t in t0..t1 {
+        let ev = _mm512_set1_ps(e[t]);
+        for (u, a) in acc.iter_mut().enumerate() {
+            // SAFETY: t < len <= cap, u·16 + 16 <= d: in bounds of `v` (cap × d).
+            let vv = unsafe { _mm512_loadu_ps(v.add(t * d + u * WIDE)) };
+            *a = _mm512_fmadd_ps(ev, vv, *a);
+        }
+    }
+    for (u, a) in acc.iter().enumerate() {
+        // SAFETY: u·16 + 16 <= d = o.len().
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(u * WIDE), *a) };
+    }
+}
