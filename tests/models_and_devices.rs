@@ -9,7 +9,7 @@ use crate::support;
 use std::process::{Command, Output};
 
 use serde_json::json;
-use stageb::cluster;
+use stageb::roles;
 use stageb_shared::config::DeviceKind;
 use support::harness::real_model;
 
@@ -166,11 +166,11 @@ fn image_placeholder_markers_typed_into_a_prompt_are_text_and_run() {
 /// run directory.
 fn toy_run_on(dir: &std::path::Path, name: &str, device: Option<DeviceKind>) -> std::path::PathBuf {
     let config = support::write_config(dir, json!({"output": {"run_name": name}}));
-    let inputs = cluster::prepare_inputs(&config, "embedded").expect("inputs");
+    let inputs = roles::prepare_inputs(&config, "embedded").expect("inputs");
     let script = support::Script::new(Default::default());
-    let settings = cluster::CoordinatorSettings {
+    let settings = roles::CoordinatorSettings {
         workers_device: device,
-        ..support::coordinator_settings(cluster::StartMode::Fresh)
+        ..support::coordinator_settings(roles::StartMode::Fresh)
     };
     support::run_prepared(
         inputs,

@@ -8,7 +8,7 @@ use crate::support;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use stageb::cluster;
+use stageb::roles;
 use stageb_coordinator::artifacts::files;
 use stageb_worker::engine::{
     Engine, EngineError, GenerateOutput, GenerateRequest, ModelFingerprint, RolloutOutput,
@@ -112,13 +112,13 @@ fn the_same_config_run_from_two_checkouts_records_the_same_manifest() {
             let config = checkout_with_relative_config(checkout.path());
             // Run from the checkout: its relative paths resolve there.
             let inputs =
-                cluster::prepare_inputs_in(&config, "embedded", checkout.path()).expect("inputs");
+                roles::prepare_inputs_in(&config, "embedded", checkout.path()).expect("inputs");
             let script = Script::new(Default::default());
             let summary = run_prepared(
                 inputs,
                 1,
                 move |_| ScriptedEngine::new(script.clone()),
-                coordinator_settings(cluster::StartMode::Fresh),
+                coordinator_settings(roles::StartMode::Fresh),
                 std::future::pending(),
             )
             .expect("the run completes");
@@ -136,7 +136,7 @@ fn the_same_config_run_from_two_checkouts_records_the_same_manifest() {
     assert!(
         a == b,
         "the manifests differ at {}",
-        support::compare::first_difference(&a, &b, String::new()).unwrap_or_default()
+        stageb_inspect::compare::first_difference(&a, &b, String::new()).unwrap_or_default()
     );
     // The inputs are named as the config wrote them, not where this checkout put them.
     assert_eq!(a["config_path"], "config.yaml");
@@ -157,7 +157,7 @@ fn a_run_from_another_checkout_resumes_and_still_sees_a_changed_ticket() {
     let first = tempfile::tempdir().unwrap();
     let config = checkout_with_relative_config(first.path());
     let run = |base: &Path, mode| {
-        let inputs = cluster::prepare_inputs_in(&config, "embedded", base)?;
+        let inputs = roles::prepare_inputs_in(&config, "embedded", base)?;
         let script = Script::new(Default::default());
         run_prepared(
             inputs,
@@ -167,7 +167,7 @@ fn a_run_from_another_checkout_resumes_and_still_sees_a_changed_ticket() {
             std::future::pending(),
         )
     };
-    let done = run(first.path(), cluster::StartMode::Fresh).expect("the run completes");
+    let done = run(first.path(), roles::StartMode::Fresh).expect("the run completes");
     // The checkout moved (same files, another directory): the run is still the same run.
     let moved = tempfile::tempdir().unwrap();
     let moved_root = moved.path().join("checkout");
@@ -175,7 +175,7 @@ fn a_run_from_another_checkout_resumes_and_still_sees_a_changed_ticket() {
     std::fs::create_dir(first.path()).unwrap();
     let config = moved_root.join("config.yaml");
     let run = |mode| {
-        let inputs = cluster::prepare_inputs_in(&config, "embedded", &moved_root)?;
+        let inputs = roles::prepare_inputs_in(&config, "embedded", &moved_root)?;
         let script = Script::new(Default::default());
         run_prepared(
             inputs,
@@ -185,13 +185,13 @@ fn a_run_from_another_checkout_resumes_and_still_sees_a_changed_ticket() {
             std::future::pending(),
         )
     };
-    let resumed = run(cluster::StartMode::Resume).expect("the moved run resumes");
+    let resumed = run(roles::StartMode::Resume).expect("the moved run resumes");
     assert_eq!(resumed.candidates, done.candidates);
     // A ticket edited in place is another input: the resume is refused by the tickets' digest.
     let stage_a = moved_root.join("stage_a.jsonl");
     let text = std::fs::read_to_string(&stage_a).unwrap();
     std::fs::write(&stage_a, text.replacen("QC-TOY-P0", "QC-TOY-PX", 1)).unwrap();
-    let refused = run(cluster::StartMode::Resume).expect_err("a changed ticket is seen");
+    let refused = run(roles::StartMode::Resume).expect_err("a changed ticket is seen");
     let message = refused.to_string();
     assert!(
         message.contains("E_RESUME_MISMATCH") && message.contains("tickets"),

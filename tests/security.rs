@@ -1011,13 +1011,13 @@ fn a_coordinator_told_the_weights_digest_admits_no_worker_with_other_weights() {
     support::write_toy_mission(dir.path());
     // The scripted model path names no file: rank 0 cannot read the model.
     let config = support::write_config(dir.path(), serde_json::json!({}));
-    let inputs = cluster::prepare_inputs(&config, "cluster").unwrap();
+    let inputs = roles::prepare_inputs(&config, "cluster").unwrap();
     let digest = "a".repeat(64);
-    let settings = cluster::CoordinatorSettings {
+    let settings = roles::CoordinatorSettings {
         token: None,
         rank0_runs_no_worker: true,
         model_digest: Some(digest.clone()),
-        ..support::coordinator_settings(cluster::StartMode::Fresh)
+        ..support::coordinator_settings(roles::StartMode::Fresh)
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1027,7 +1027,7 @@ fn a_coordinator_told_the_weights_digest_admits_no_worker_with_other_weights() {
     let ended = runtime.block_on(async {
         let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let rank0 = cluster::run_coordinator_until(
+        let rank0 = roles::run_coordinator_until(
             inputs,
             settings,
             move |start| {
@@ -1066,7 +1066,7 @@ fn a_coordinator_told_the_weights_digest_admits_no_worker_with_other_weights() {
         };
         tokio::join!(rank0, workers).0
     });
-    let Err(cluster::ClusterError::Interrupted { run_dir, .. }) = ended else {
+    let Err(roles::ClusterError::Interrupted { run_dir, .. }) = ended else {
         panic!("the run ended otherwise: {ended:?}");
     };
     let manifest = support::read_json(&run_dir, "manifest.json");

@@ -104,7 +104,7 @@ pub fn run_prepared<E, F>(
     make_engine: F,
     settings: CoordinatorSettings,
     interrupt: impl std::future::Future<Output = ()>,
-) -> Result<RunSummary, cluster::ClusterError>
+) -> Result<RunSummary, roles::ClusterError>
 where
     E: Engine + 'static,
     F: Fn(usize) -> E + Send + Sync + 'static,
