@@ -8,7 +8,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stageb_coordinator::run::checkpoint::{CHECKPOINT_FILE, Checkpoint, JSONL_ARTIFACTS, RunIdentity};
+use stageb_coordinator::run::checkpoint::{
+    CHECKPOINT_FILE, Checkpoint, JSONL_ARTIFACTS, RunIdentity,
+};
 use stageb_fuzz::fresh_dir;
 
 const ARTIFACT_BYTES: u64 = 16;
@@ -46,5 +48,6 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn json(c: &Option<Checkpoint>) -> Option<serde_json::Value> {
-    c.as_ref().map(|c| serde_json::to_value(c).expect("serializes"))
+    c.as_ref()
+        .map(|c| serde_json::to_value(c).expect("serializes"))
 }

@@ -20,14 +20,20 @@ fuzz_target!(|data: &[u8]| {
         std::fs::write(&path, data).expect("write the input");
         let err = load_config(&path).expect_err("bytes that are not UTF-8 are rejected");
         assert_eq!(err.code, ErrorCode::InvalidUtf8);
-        assert!(matches!(err.line, Some(l) if (1..=lines).contains(&l)), "{err}");
+        assert!(
+            matches!(err.line, Some(l) if (1..=lines).contains(&l)),
+            "{err}"
+        );
         return;
     };
     let first = parse_config(text, LABEL);
     assert_eq!(first, parse_config(text, LABEL), "not deterministic");
     match first {
         Ok(loaded) => {
-            assert_eq!(loaded.source_text_sha256, digest::sha256_hex(text.as_bytes()));
+            assert_eq!(
+                loaded.source_text_sha256,
+                digest::sha256_hex(text.as_bytes())
+            );
         }
         Err(err) => {
             assert_eq!(err.file, LABEL);

@@ -22,7 +22,11 @@ fuzz_target!(|data: &[u8]| {
     let path = scratch().join("guidance.json");
     std::fs::write(&path, data).expect("write the input");
     let first = load_mission_section(&path, &mission);
-    assert_eq!(first, load_mission_section(&path, &mission), "not deterministic");
+    assert_eq!(
+        first,
+        load_mission_section(&path, &mission),
+        "not deterministic"
+    );
     match first {
         Ok(section) => {
             assert_eq!(section.mission, mission);
@@ -36,12 +40,18 @@ fuzz_target!(|data: &[u8]| {
             }
             assert!(total <= MAX_GUIDANCE_CHARS, "{total} characters of rules");
             for key in section.metadata.keys() {
-                assert!(section.experiences.contains_key(key), "metadata for {key:?}");
+                assert!(
+                    section.experiences.contains_key(key),
+                    "metadata for {key:?}"
+                );
             }
         }
         Err(err) => {
             assert!(
-                matches!(err.code, ErrorCode::InvalidGuidance | ErrorCode::InputBudget),
+                matches!(
+                    err.code,
+                    ErrorCode::InvalidGuidance | ErrorCode::InputBudget
+                ),
                 "{err}"
             );
             assert_eq!(err.file, path.display().to_string());

@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
     let journal = match data.iter().position(|&b| b == 0) {
         Some(cut) => {
             std::fs::create_dir_all(dir.join("integrity")).unwrap();
-            let key = if cut == 0 { b"k".as_slice() } else { &data[..cut] };
+            let key = if cut == 0 {
+                b"k".as_slice()
+            } else {
+                &data[..cut]
+            };
             std::fs::write(dir.join("integrity/key"), to_hex(key)).unwrap();
             &data[cut + 1..]
         }
@@ -30,7 +34,11 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(&path, journal).unwrap();
     let key = seal::key_for(&dir).unwrap();
     let cache = ReplayCache::load(&path).expect("content never fails the load");
-    assert_eq!(cache.len(), ReplayCache::load(&path).unwrap().len(), "not deterministic");
+    assert_eq!(
+        cache.len(),
+        ReplayCache::load(&path).unwrap().len(),
+        "not deterministic"
+    );
     assert!(cache.len() <= line_count(journal));
     let Ok(text) = std::str::from_utf8(journal) else {
         return;
@@ -46,7 +54,10 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(parsed) = serde_json::from_str::<JournalRow>(&row)
             && parsed.journal_version == JOURNAL_VERSION
         {
-            assert!(cache.get(&parsed.digest).is_some(), "a valid row is not an answer: {row}");
+            assert!(
+                cache.get(&parsed.digest).is_some(),
+                "a valid row is not an answer: {row}"
+            );
         }
     }
 });

@@ -55,6 +55,9 @@ fuzz_target!(|data: &[u8]| {
         _ => panic!("the report is not deterministic"),
     }
     if let Ok(html) = page {
-        assert!(!html.to_ascii_lowercase().contains("<script"), "a script in the report");
+        assert!(
+            !html.to_ascii_lowercase().contains("<script"),
+            "a script in the report"
+        );
     }
 });

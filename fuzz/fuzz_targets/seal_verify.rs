@@ -23,7 +23,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let dir = fresh_dir("run");
     std::fs::create_dir_all(dir.join(seal::INTEGRITY_DIR)).unwrap();
-    std::fs::write(dir.join("integrity/key"), "00112233445566778899aabbccddeeff").unwrap();
+    std::fs::write(
+        dir.join("integrity/key"),
+        "00112233445566778899aabbccddeeff",
+    )
+    .unwrap();
     let key = seal::key_for(&dir).unwrap().expect("the key just written");
     match mode % 3 {
         0 => {
@@ -34,7 +38,11 @@ fuzz_target!(|data: &[u8]| {
             let verdict = seal::verify_file(&dir, FILE);
             assert_eq!(verdict, seal::verify_file(&dir, FILE), "not deterministic");
             if let Ok(Some(n)) = verdict {
-                assert!(n <= file.len() as u64, "vouches for {n} of {} bytes", file.len());
+                assert!(
+                    n <= file.len() as u64,
+                    "vouches for {n} of {} bytes",
+                    file.len()
+                );
             }
         }
         1 => {
@@ -48,9 +56,15 @@ fuzz_target!(|data: &[u8]| {
                 let at = usize::from(last) % rest.len();
                 flipped[at] ^= 0x01;
                 std::fs::write(&path, &flipped).unwrap();
-                assert!(matches!(seal::verify_file(&dir, FILE), Err(SealError::Mismatch { .. })));
+                assert!(matches!(
+                    seal::verify_file(&dir, FILE),
+                    Err(SealError::Mismatch { .. })
+                ));
                 std::fs::write(&path, &rest[..rest.len() - 1]).unwrap();
-                assert!(matches!(seal::verify_file(&dir, FILE), Err(SealError::Short { .. })));
+                assert!(matches!(
+                    seal::verify_file(&dir, FILE),
+                    Err(SealError::Short { .. })
+                ));
             }
         }
         _ => {

@@ -19,7 +19,11 @@ fuzz_target!(|data: &[u8]| {
     let label = path.display().to_string();
     let lines = line_count(data);
     let first = load_tickets(std::slice::from_ref(&path));
-    assert_eq!(first, load_tickets(std::slice::from_ref(&path)), "not deterministic");
+    assert_eq!(
+        first,
+        load_tickets(std::slice::from_ref(&path)),
+        "not deterministic"
+    );
     match first {
         Ok(run) => {
             let [input] = run.input_digests.as_slice() else {
@@ -32,7 +36,9 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(keys.len(), run.tickets.len(), "ticket keys repeat");
             let twice = load_tickets(&[path.clone(), path.clone()]);
             assert_eq!(
-                twice.expect_err("a file given twice repeats its tickets").code,
+                twice
+                    .expect_err("a file given twice repeats its tickets")
+                    .code,
                 ErrorCode::DuplicateTicket
             );
         }

@@ -33,9 +33,17 @@ fuzz_target!(|data: &[u8]| {
         Some(pb::submit_request::Result::Error(e)) => {
             if wire::is_error_code(&e.code) {
                 assert!(!e.code.is_empty() && e.code.len() <= wire::MAX_ERROR_CODE_BYTES);
-                assert!(e.code.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'));
+                assert!(
+                    e.code
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                );
             }
-            let kept: String = e.message.chars().take(wire::MAX_ERROR_MESSAGE_CHARS).collect();
+            let kept: String = e
+                .message
+                .chars()
+                .take(wire::MAX_ERROR_MESSAGE_CHARS)
+                .collect();
             assert!(kept.chars().count() <= wire::MAX_ERROR_MESSAGE_CHARS);
             return;
         }
@@ -78,11 +86,22 @@ fn check_accepted(payload: &JobPayload, output: &JobOutput) {
     match (payload, output) {
         (
             JobPayload::Rollout { decodes, .. },
-            JobOutput::Rollout { candidates, prompt_tokens, prefix_tokens, prefill_us, decode_us },
+            JobOutput::Rollout {
+                candidates,
+                prompt_tokens,
+                prefix_tokens,
+                prefill_us,
+                decode_us,
+            },
         ) => {
             let expected: HashSet<(u32, u32, u64)> = decodes
                 .iter()
-                .flat_map(|d| d.seeds.iter().enumerate().map(|(i, s)| (d.decode_index, i as u32, *s)))
+                .flat_map(|d| {
+                    d.seeds
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| (d.decode_index, i as u32, *s))
+                })
                 .collect();
             let got: HashSet<(u32, u32, u64)> = candidates
                 .iter()
@@ -100,7 +119,14 @@ fn check_accepted(payload: &JobPayload, output: &JobOutput) {
         }
         (
             JobPayload::Generate { .. },
-            JobOutput::Generate { text, prompt_tokens, prefix_tokens, completion_tokens, finish_reason, latency_us },
+            JobOutput::Generate {
+                text,
+                prompt_tokens,
+                prefix_tokens,
+                completion_tokens,
+                finish_reason,
+                latency_us,
+            },
         ) => {
             assert!(text.len() <= MAX_TEXT_BYTES * 4);
             assert!(FINISH_REASONS.contains(&finish_reason.as_str()));
@@ -121,7 +147,10 @@ fn rollout_job() -> JobPayload {
         seeds,
     };
     JobPayload::Rollout {
-        messages: vec![ChatMessage { role: "user".into(), content: "ticket".into() }],
+        messages: vec![ChatMessage {
+            role: "user".into(),
+            content: "ticket".into(),
+        }],
         decodes: vec![decode(0, vec![11, 12]), decode(3, vec![13])],
         constrained: true,
     }
@@ -129,7 +158,10 @@ fn rollout_job() -> JobPayload {
 
 fn generate_job() -> JobPayload {
     JobPayload::Generate {
-        messages: vec![ChatMessage { role: "user".into(), content: "reflect".into() }],
+        messages: vec![ChatMessage {
+            role: "user".into(),
+            content: "reflect".into(),
+        }],
         json_schema: None,
         seed: 7,
         temperature: 0.0,
