@@ -438,3 +438,12 @@ fn the_gate_is_off_unless_enabled_and_keeps_its_fractions() {
     assert!(gate.enabled);
     assert_eq!((gate.gate_fraction, gate.final_fraction), (0.2, 0.3));
 }
+
+/// Found by the `config_yaml` fuzz target: a config that is one comment line without a final
+/// newline was reported at line 2 of a one-line file (the scanner's end-of-text position).
+#[test]
+fn a_comment_only_config_without_a_final_newline_names_its_one_line() {
+    let err = parse_config("# runner.epochs: three", "inline.yaml").expect_err("not a mapping");
+    assert_eq!(err.code, ErrorCode::InvalidConfigValue);
+    assert_eq!(err.line, Some(1), "{err}");
+}

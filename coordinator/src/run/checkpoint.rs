@@ -161,6 +161,16 @@ impl Checkpoint {
         if checkpoint.run != *run {
             return ignored(&path, "written by another run");
         }
+        // Only the run's own JSONL artifacts: `restore_files` cuts every file named here, so a
+        // name outside them (`../x`, an absolute path, `manifest.json`) must never be accepted.
+        if let Some(name) = (checkpoint.artifact_bytes.keys())
+            .find(|name| !JSONL_ARTIFACTS.contains(&name.as_str()))
+        {
+            return ignored(
+                &path,
+                &format!("it names {name:?}, which is not a JSONL artifact of the run"),
+            );
+        }
         for (name, want) in &checkpoint.artifact_bytes {
             let have = std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
             if have < *want {
@@ -266,6 +276,43 @@ mod tests {
         p.saved(1000);
         assert!(!p.due(999));
         assert!(p.due(1000));
+    }
+
+    /// The invariant of the `checkpoint_load` fuzz target: a checkpoint naming a file outside
+    /// the run's JSONL artifacts (`../x`, an absolute path, `manifest.json`) was accepted, and
+    /// in a run without a seal key `restore_files` would then cut that file to the length the
+    /// checkpoint names.
+    #[test]
+    fn a_checkpoint_naming_a_file_outside_the_run_is_ignored() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        let victim = root.path().join("victim.txt");
+        std::fs::write(&victim, "keep me").unwrap();
+        let run = RunIdentity {
+            config_sha256: "c".into(),
+            tickets_digest: "t".into(),
+        };
+        for name in ["../victim.txt", victim.to_str().unwrap(), "manifest.json"] {
+            let checkpoint = Checkpoint {
+                checkpoint_version: CHECKPOINT_VERSION,
+                run: run.clone(),
+                position: Position {
+                    epoch: 1,
+                    steps_done: 0,
+                    epoch_step: 0,
+                },
+                counters: LoopCounters::default(),
+                window: None,
+                reflector: ReflectorState::default(),
+                guidance_file: String::new(),
+                initial_guidance_hash: String::new(),
+                artifact_bytes: BTreeMap::from([(name.to_string(), 0)]),
+            };
+            checkpoint.save(&dir).unwrap();
+            assert!(Checkpoint::load(&dir, &run).is_none(), "{name} accepted");
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     }
 
     #[test]

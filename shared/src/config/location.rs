@@ -260,6 +260,9 @@ impl Doc<'_> {
             .rev()
             .find_map(|len| probe_line(self.text, &path[..len]))
             .unwrap_or(1)
+            // The scanner places the end of a text without a final newline on the line after
+            // it; an error there names the last line the text has.
+            .min(self.text.matches('\n').count() + 1)
     }
 
     pub(super) fn error(
