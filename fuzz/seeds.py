@@ -3,7 +3,7 @@
 (and, for the run-file targets, from a finished run directory given with --run-dir).
 
 Run from the repository root: python3 fuzz/seeds.py [--run-dir DIR]. Seeds are small (a few
-KB per target); libFuzzer grows its working corpus elsewhere (scripts/fuzz.sh), never here.
+KB per target); libFuzzer grows its working corpus elsewhere (scripts/ci/fuzz.sh), never here.
 """
 import argparse, glob, hashlib, hmac, json, os, struct
 

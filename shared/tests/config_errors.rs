@@ -447,3 +447,17 @@ fn a_comment_only_config_without_a_final_newline_names_its_one_line() {
     assert_eq!(err.code, ErrorCode::InvalidConfigValue);
     assert_eq!(err.line, Some(1), "{err}");
 }
+
+#[test]
+fn invalid_yaml_at_the_end_of_a_text_without_a_final_newline_names_its_last_line() {
+    // Found by the config_yaml fuzz target: the scanner's end-of-text position is the line
+    // after the last one, and the error named a line the file does not have.
+    let text = include_str!("../../fuzz/regressions/config_yaml-eof-line");
+    let lines = text.matches('\n').count() + 1;
+    let err = parse_config(text, "fuzzed.yaml").expect_err("the fuzzed config is invalid");
+    let line = err.line.expect("a line");
+    assert!(
+        (1..=lines).contains(&line),
+        "line {line} of a {lines}-line text: {err}"
+    );
+}

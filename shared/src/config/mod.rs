@@ -137,13 +137,20 @@ pub fn load_config(path: &Path) -> Result<LoadedConfig, InputError> {
     parse_config(text, &file_label)
 }
 
+/// The YAML scanner places the end of a text without a final newline on the line after it; an
+/// error there names the last line the text has.
+fn last_line_at_most(text: &str, line: usize) -> usize {
+    line.min(text.matches('\n').count() + 1)
+}
+
 /// Validate config text; `file_label` names the source in errors and notices.
 pub fn parse_config(text: &str, file_label: &str) -> Result<LoadedConfig, InputError> {
     let mut root: Value = serde_norway::from_str(text).map_err(|err| {
         InputError::new(
             ErrorCode::InvalidYaml,
             file_label,
-            err.location().map(|loc| loc.line()),
+            err.location()
+                .map(|loc| last_line_at_most(text, loc.line())),
             format!("invalid YAML: {err}"),
         )
     })?;
@@ -151,7 +158,8 @@ pub fn parse_config(text: &str, file_label: &str) -> Result<LoadedConfig, InputE
         InputError::new(
             ErrorCode::InvalidYaml,
             file_label,
-            err.location().map(|loc| loc.line()),
+            err.location()
+                .map(|loc| last_line_at_most(text, loc.line())),
             format!("invalid YAML merge: {err}"),
         )
     })?;

@@ -75,8 +75,17 @@ impl ReplayCache {
         };
         let key = path.parent().map(seal::key_for).transpose()?.flatten();
         let (mut skipped, mut forged) = (0usize, 0usize);
-        for line in io::BufReader::new(file).lines() {
-            let line = line?;
+        // Split on bytes, not `lines()`: one row that is not UTF-8 (a corrupt byte on disk) is
+        // skipped like any other unreadable row instead of failing the whole replay.
+        for raw in io::BufReader::new(file).split(b'\n') {
+            let mut raw = raw?;
+            if raw.last() == Some(&b'\r') {
+                raw.pop();
+            }
+            let Ok(line) = String::from_utf8(raw) else {
+                skipped += 1;
+                continue;
+            };
             // With a key, only a row whose mac matches is an answer rank 0 wrote.
             let row_text = match &key {
                 Some(key) => match seal::check_row_mac(key, &line) {
@@ -267,6 +276,28 @@ mod tests {
         )
         .unwrap();
         assert!(ReplayCache::load(&path).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_row_that_is_not_utf8_is_skipped_and_the_rows_around_it_replay() {
+        // Found by the journal_replay fuzz target: one corrupt byte failed the whole replay.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let generated = generated();
+        Journal::create(&path)
+            .unwrap()
+            .record("sha256:a", &generated);
+        let good = std::fs::read(&path).unwrap();
+        let mut bytes = good.clone();
+        bytes.extend_from_slice(b"{\"journal_version\":1,\xff\xfe}\n");
+        let second = String::from_utf8(good)
+            .unwrap()
+            .replace("sha256:a", "sha256:b");
+        bytes.extend_from_slice(second.as_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let cache = ReplayCache::load(&path).unwrap();
+        assert_eq!(cache.len(), 2);
+        assert!(cache.get("sha256:a").is_some() && cache.get("sha256:b").is_some());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 # prints one table: executions, coverage (libFuzzer's `cov:` edges and `ft:` features), the
 # working corpus and the crashes, per target. See docs/FUZZING.md.
 #
-#   scripts/fuzz.sh [--seconds N] [--target NAME]... [--smoke] [--no-build]
+#   scripts/ci/fuzz.sh [--seconds N] [--target NAME]... [--smoke] [--no-build]
 #
 #   --seconds N   time per target (default 60)
 #   --target NAME only this target (repeatable; default: every target in fuzz/fuzz_targets)
@@ -21,7 +21,7 @@
 # usage or build failure; 77 SKIPPED: no nightly toolchain or no cargo-fuzz (the product
 # itself builds on stable; fuzzing needs nightly for the sanitizer flags).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 SKIPPED=77
 seconds=60
