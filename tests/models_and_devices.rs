@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use serde_json::json;
 use stageb::roles;
 use stageb_shared::config::DeviceKind;
+#[cfg(not(feature = "cuda"))]
 use support::harness::real_model;
 
 fn stageb(args: &[&str]) -> Output {
@@ -21,6 +22,7 @@ fn stageb(args: &[&str]) -> Output {
         .unwrap()
 }
 
+#[cfg(not(feature = "cuda"))]
 fn assert_invalid_device(out: &Output, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{what}: {err}");
