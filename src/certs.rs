@@ -217,7 +217,7 @@ mod tests {
         assert!(!out.join("ca.key").exists(), "the CA key is never written");
     }
 
-    /// Issue 26, item 7: a link planted at `DIR/node.key` received the private key and had
+    /// Regression: a link planted at `DIR/node.key` received the private key and had
     /// its target chmodded.
     #[cfg(unix)]
     #[test]

@@ -1,4 +1,4 @@
-//! The loop's contract against a hostile reflection model (issue 8, item 7).
+//! The loop's contract against a hostile reflection model: nothing it writes breaks guidance.
 //!
 //! A test double answers reflection calls from a corpus of hostile outputs
 //! (`tests/fixtures/adversarial/hostile.jsonl`, one line per case with its rationale): label

@@ -124,7 +124,7 @@ fn an_edited_scaffold_rule_or_guidance_chain_is_caught() {
     );
 }
 
-/// Coverage counts only applied changes (issue 8): a cycle claiming a ticket as covered that no
+/// Coverage counts only applied changes: a cycle claiming a ticket as covered that no
 /// applied op cites is caught, and so is a rule text naming a group id of the run.
 #[test]
 fn coverage_without_an_applied_op_and_a_label_in_a_rule_are_caught() {

@@ -1,4 +1,4 @@
-//! Stopping like a citizen of a scheduler (issue 10, item 2): rank 0 drains on SIGTERM, workers
+//! Stopping like a citizen of a scheduler: rank 0 drains on SIGTERM, workers
 //! act on rank 0's word, and a dead job stops holding its device.
 //!
 //! - A drained rank 0 journals every answer in flight when the signal came, so the resumed run

@@ -287,12 +287,12 @@ fn real_model_learning_loop_runs_two_epochs_with_sound_reflection() {
     assert_reflection_outputs_are_sound(&dir);
 }
 
-/// Issue 23: the next step's rollouts queued ahead while reflection runs, and the next
+/// Pipelining: the next step's rollouts queued ahead while reflection runs, and the next
 /// reflection cycles' calls queued ahead while a cycle runs, change no byte on the real model.
 /// Ten demo tickets make a step of eight and one of two; every split vote is a gradient
 /// candidate, so the first boundary reflects while the second step is queued ahead, and six
 /// calls an epoch leave room for a cycle after the first. The pipelined run goes once on one
-/// worker and once on three (issue 23 asks for both on the real model). (Sixteen tickets took
+/// worker and once on three (scheduling differs between the two). (Sixteen tickets took
 /// 94 s for two runs here, ten take 78 s, and the calls ahead with their budget 16 s more: the
 /// CI budget is tight.)
 #[test]
@@ -974,10 +974,10 @@ fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
     assert_eq!(manifest["effective_limits"]["context_source"], "config");
 }
 
-/// Issue 25: the gate decision on the real model. The real engine rolls out every ticket, the
-/// step's and the gate's (parent and candidate guidance); only the reflection answers are
-/// scripted, so that an edit reaches the gate at all (the 135M model never writes a valid
-/// rule): the decision pass keeps every case, the ops pass adds one rule citing them all.
+/// Held-out splits: the gate decision on the real model. The real engine rolls out every
+/// ticket, the step's and the gate's (parent and candidate guidance); only the reflection
+/// answers are scripted, so that an edit reaches the gate at all (the 135M model never writes a
+/// valid rule): the decision pass keeps every case, the ops pass adds one rule citing them all.
 struct RealRolloutsScriptedOps {
     real: CandleEngine,
 }

@@ -1,7 +1,8 @@
-//! The network attacks of issue #9 that need rank 0 as its own process: its memory, its
-//! descriptor limit and its log are what the attacker aims at. Each test starts the real
-//! `stageb coordinator` binary on a small scripted mission and attacks it over loopback; the
-//! legitimate worker is the scripted engine running the real worker loop in this process.
+//! The network attacks found by an independent gRPC client that need rank 0 as its own process:
+//! its memory, its descriptor limit and its log are what the attacker aims at. Each test starts
+//! the real `stageb coordinator` binary on a small scripted mission and attacks it over
+//! loopback; the legitimate worker is the scripted engine running the real worker loop in this
+//! process.
 
 use crate::support;
 
@@ -72,7 +73,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// Regression (issue #9): ~1,000 sockets that never speak exhausted a 1024-descriptor rank 0,
+/// Regression: ~1,000 sockets that never speak exhausted a 1024-descriptor rank 0,
 /// new workers could not connect, and the run failed writing its last artifact. Now silent
 /// sockets are closed at the preface deadline, the cap keeps descriptors for the run, and a
 /// legitimate worker (whose name tries to forge a log line) completes an audited run.
@@ -142,7 +143,7 @@ fn a_legit_worker_completes_the_run_while_1000_idle_sockets_are_held() {
     );
 }
 
-/// Regression (issue #9): 100 unfinished ~4 MiB health `Check` bodies took an idle rank 0
+/// Regression: 100 unfinished ~4 MiB health `Check` bodies took an idle rank 0
 /// from 13 MB to 426 MB. The health cap (1 KiB) refuses each after its 5-byte header and
 /// flow control bounds what is buffered: rank 0 grows by less than 32 MiB.
 #[test]
@@ -208,7 +209,7 @@ fn assert_coordinator_refuses_input(config: &Path) {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
 }
 
-/// Regression (issue #9): a mission name that is not a plain path component is bad input
+/// Regression: a mission name that is not a plain path component is bad input
 /// (exit 2, like every input error), and an input error found once the run directory exists
 /// leaves no empty `jobs.jsonl` behind.
 #[test]

@@ -1,4 +1,4 @@
-//! Held-out splits (`reflection.gate`, issue 25 deliverable 1): with the gate on, the mission's
+//! Held-out splits (`reflection.gate`): with the gate on, the mission's
 //! groups are split into train / gate / final by the run seed; gate and final tickets are
 //! decided every epoch like the others, recorded with their split and scored apart, and never
 //! reach reflection. With it off, nothing a run writes changes.

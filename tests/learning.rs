@@ -1,4 +1,4 @@
-//! The verdict loop learns (issue 4): on the demo mission, with the scripted engine that follows
+//! The verdict loop learns: on the demo mission, with the scripted engine that follows
 //! guidance rules literally and the scripted reflector that proposes rules from evidence, three
 //! epochs of rollout → selection → two-pass reflection raise accuracy, and every rule change is
 //! backed only by learnable evidence of its own cycle.

@@ -1,4 +1,4 @@
-//! The Prometheus endpoint (issue 12, item 1): what a scrape of a finished run shows, and that
+//! The Prometheus endpoint: what a scrape of a finished run shows, and that
 //! it follows Prometheus conventions with bounded labels.
 //!
 //! The scrape runs in a process of its own: the recorder is process-wide, so the counts below
@@ -90,9 +90,9 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
     let idle = sample(&body, "stageb_workers_idle_ratio");
     assert!((0.0..=1.0).contains(&idle), "idle ratio {idle}");
     assert!(sample(&body, "stageb_worker_prefill_tokens_total") > 0.0);
-    // Prefix reuse (issue 13 item 2): the scripted engine reports each rollout's common
+    // Prefix reuse: the scripted engine reports each rollout's common
     // prefix with the one before, as the real engine's prefix cache does.
-    // Rollouts and reflection calls (issue 23 item 2) are counted apart, by `kind`.
+    // Rollouts and reflection calls are counted apart, by `kind`.
     for (kind, least) in [("rollout", decided), ("generate", 1.0)] {
         let lookups = sample(
             &body,
@@ -109,7 +109,7 @@ fn a_scrape_counts_the_run_and_keeps_to_prometheus_conventions() {
         let saved = format!("stageb_worker_prefill_tokens_saved_total{{kind=\"{kind}\"}}");
         assert!(sample(&body, &saved) > 0.0, "{kind}");
     }
-    // The phase (issue 23 item 4): a finished run is `done`, and nothing else.
+    // The phase: a finished run is `done`, and nothing else.
     assert_eq!(sample(&body, "stageb_phase{phase=\"done\"}"), 1.0);
     assert_eq!(sample(&body, "stageb_phase{phase=\"rollouts\"}"), 0.0);
     assert!(sample(&body, "stageb_rollout_step") >= 1.0);

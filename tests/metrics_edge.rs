@@ -1,4 +1,4 @@
-//! The metrics listener's connection policy (issue 26 item 1). 1,100 idle connections to
+//! The metrics listener's connection policy. Regression: 1,100 idle connections to
 //! `--metrics-listen` took the descriptors rank 0 needed to write its artifacts (exit 3), and
 //! 1,000 half-sent request heads held ~439 KiB each with no deadline. Now the listener holds
 //! a fixed number of connections (kept back from the gRPC cap too), closes the rest at once,

@@ -1,4 +1,4 @@
-//! Rollouts queued ahead (issue 23, item 1; `runner.pipeline_steps`): while a step's
+//! Rollouts queued ahead (`runner.pipeline_steps`): while a step's
 //! reflection runs, the next step's rollouts are already queued under the guidance of that
 //! moment. An answer is used only when its step's guidance is still the one it ran under;
 //! otherwise its job is withdrawn and queued again. Artifacts are the same bytes with and

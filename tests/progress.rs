@@ -1,5 +1,5 @@
-//! The progress display's numbers are real while a step is still running (issue 8, item 10),
-//! and it names the phase the run is in (issue 23, item 4).
+//! The progress display's numbers are real while a step is still running,
+//! and it names the phase the run is in.
 //!
 //! Regression: the progress line read `candidates_per_s: 0.00` for the first half minute of the
 //! demo, because candidates were counted only when their step was decided, and a step waits for
@@ -204,7 +204,7 @@ fn live_workers_count_the_worker_before_its_first_result_regression_zero_until_a
     assert_eq!(summary.tickets, 48);
 }
 
-/// Issue 23, item 4: the progress state names every phase as the run enters it. A toy run of
+/// The progress state names every phase as the run enters it. A toy run of
 /// one epoch in two steps of 8 tickets goes: rollouts of step 1, the reflection cycles due at
 /// its boundary, rollouts of step 2, the cycles due then and those the epoch end drains, then
 /// writing and done; and the reflection phases are exactly the calls of `reflection.jsonl`,

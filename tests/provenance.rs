@@ -1,4 +1,4 @@
-//! Provenance of failure rows (issue 8, item 6): a malformed candidate's
+//! Provenance of failure rows: a malformed candidate's
 //! `failure_malformed.jsonl` row carries the same `epoch_step`, `guidance_step` and
 //! `guidance_hash` as its ticket's selection row, so a failure can be placed in the guidance
 //! history like any decision. The raw text (special tokens included) is kept as generated.
@@ -43,7 +43,7 @@ impl Engine for SpecialTokenEngine {
 }
 
 #[test]
-fn regression_issue8_failure_rows_carry_the_provenance_of_selections() {
+fn regression_failure_rows_carry_the_provenance_of_selections() {
     let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
         .quiet()
         .run_with(json!({"runner": {"epochs": 2}}), |script, _| {

@@ -1,4 +1,4 @@
-//! Two-pass reflection over the real cluster runtime (seed 003, DESIGN §6, issue 4): the
+//! Two-pass reflection over the real cluster runtime (seed 003; docs/design/reflection.md): the
 //! stop-gradient, closure-retry, non-sticky need-review and JSON-retry guarantees, observed
 //! only through the run's artifacts and the requests the scripted engine received.
 //!
@@ -378,7 +378,7 @@ fn a_revision_round_applies_every_op_once() {
     assert_audit_ok(&run_dir);
 }
 
-/// Reflection reuses its prefixes (issue 23, item 2): every prompt puts what the run's calls
+/// Reflection reuses its prefixes: every prompt puts what the run's calls
 /// share (mission, guidance) before what changes from cycle to cycle, and the cases before what
 /// one call alone adds, so the revision round is the ops prompt plus its rejected ops; the
 /// summary counts the prefill the workers' prefix caches saved on reflection calls.
@@ -425,7 +425,7 @@ fn reflection_prompts_put_their_shared_head_first_and_the_summary_counts_its_reu
     );
 }
 
-/// Budgets are charged for what happened (issue 8, item 5): cases the token budget drops
+/// Budgets are charged for what happened: cases the token budget drops
 /// before any model saw them are re-batched without being charged a reflection retry. With a
 /// budget that fits one case per prompt, every case is reflected on at attempt 0, nothing is
 /// retried for having been dropped, and nothing is exhausted.
@@ -433,7 +433,7 @@ fn reflection_prompts_put_their_shared_head_first_and_the_summary_counts_its_reu
 /// Fails on the old code: dropped cases went through retry-or-route (attempts 1, 2, then
 /// `budget_exhausted`).
 #[test]
-fn regression_issue8_cases_dropped_by_the_token_budget_are_not_charged_a_retry() {
+fn regression_cases_dropped_by_the_token_budget_are_not_charged_a_retry() {
     let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
         .quiet()
         .run(json!({"reflection": {"token_budget": 1}}));
@@ -467,7 +467,7 @@ fn regression_issue8_cases_dropped_by_the_token_budget_are_not_charged_a_retry()
 /// Fails on the old code: later cycles still called the model, and their uncovered tickets were
 /// retried and ended `budget_exhausted`.
 #[test]
-fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
+fn regression_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
     let ScriptedRun { run_dir, .. } = ScriptedMission::toy()
         .quiet()
         .run(json!({"reflection": {"change_cap_per_epoch": 1}}));
@@ -510,13 +510,13 @@ fn regression_issue8_change_cap_stops_ops_calls_and_routes_with_its_own_code() {
     assert_audit_ok(&run_dir);
 }
 
-/// No configuration may make every reflection call fail silently (issue 8, item 1): when no
+/// No configuration may make every reflection call fail silently: when no
 /// decision pass of an epoch yields a usable answer, `summary.json` says so.
 ///
 /// Fails on the old code: the run ended normally with no trace beyond per-cycle
 /// `decision_error` warnings in `reflection.jsonl`.
 #[test]
-fn regression_issue8_an_epoch_without_a_usable_decision_pass_is_reported_loudly() {
+fn regression_an_epoch_without_a_usable_decision_pass_is_reported_loudly() {
     let ScriptedRun {
         summary, run_dir, ..
     } = ScriptedMission::toy()

@@ -1,4 +1,4 @@
-//! `stageb report` (issue 12): the HTML report of a run says what the artifacts say, stays
+//! `stageb report`: the HTML report of a run says what the artifacts say, stays
 //! inert whatever text the model wrote, loads nothing from the network, and survives missing
 //! or damaged artifacts.
 //!
@@ -322,7 +322,7 @@ fn hostile_text_in_artifacts_is_escaped() {
 }
 
 /// The page names the run by `{run_name}/{mission}`, never by the absolute path it was
-/// rendered from (issue 26, item 11).
+/// rendered from (a shared report must not reveal the host's paths).
 #[test]
 fn the_page_does_not_show_the_absolute_run_path() {
     let html = report::render(fixture()).unwrap();

@@ -1,5 +1,5 @@
 //! `--resume` after rank 0 dies, and the guard against starting over an earlier run
-//! (DESIGN §9: "Coordinator loss: `stageb run --resume` continues from the artifacts").
+//! (the user's DESIGN: "Coordinator loss: `stageb run --resume` continues from the artifacts").
 //!
 //! The spec: a run stopped at any point and resumed writes exactly the artifacts an
 //! uninterrupted run writes (timing and provenance aside), and the workers only compute what
@@ -167,7 +167,7 @@ fn a_run_stopped_inside_a_reflection_cycle_and_resumed_equals_the_uninterrupted_
     stop_and_resume(StopAfter::Generations(5), Ahead::NONE);
 }
 
-/// Issue 23, item 5: stopped while reflection ran and the next step's rollouts were queued
+/// Pipelining: stopped while reflection ran and the next step's rollouts were queued
 /// ahead (some computed, some in flight, some under a guidance the cycle then changed); with
 /// three steps ahead too.
 #[test]
@@ -186,7 +186,7 @@ fn a_run_stopped_while_reflection_calls_were_queued_ahead_resumes_to_the_uninter
     stop_and_resume(StopAfter::Rollouts(60), Ahead::cycles(3));
 }
 
-/// Issue 25: with the held-out splits on and a reflector that keeps proposing a rejected edit,
+/// With the held-out splits on and a reflector that keeps proposing a rejected edit,
 /// the remembered rejections and the open predictions travel in the step checkpoint (three
 /// epochs, stopped in the third, after rejections were remembered and while claims made in
 /// the second are being settled).
@@ -359,7 +359,7 @@ fn starting_over_an_earlier_run_is_refused_unless_asked_for() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Journal compaction (issue 11, item 5): a resume starts from the last step checkpoint, and
+// Journal compaction: a resume starts from the last step checkpoint, and
 // the journal holds only the answers since. Every crash window of a checkpoint is simulated
 // on the directory a stopped attempt left (see `stageb_coordinator::run::checkpoint`).
 
@@ -538,7 +538,7 @@ fn a_checkpoint_that_does_not_match_the_artifacts_is_ignored_and_the_run_recompu
     assert_audit_ok(&resumed);
 }
 
-/// Issue 26 item 10: a resume refused for an edited guidance copy inside `checkpoint.json`
+/// Regression: a resume refused for an edited guidance copy inside `checkpoint.json`
 /// (`E_INVALID_GUIDANCE`) had already written the forged rule into `guidance.json`. The copy
 /// is now checked before anything is cut or written: a refused resume leaves every file as
 /// it was.
@@ -613,7 +613,7 @@ fn a_run_stopped_and_resumed_several_times_equals_the_uninterrupted_run() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Integrity (issue 26 item 10): rows edited after rank 0 wrote them.
+// Integrity: rows edited after rank 0 wrote them.
 
 /// A journal row whose answer was edited (its digest kept) was replayed into
 /// `trajectories.jsonl` on `--resume`, and the audit passed. Each journal row now carries a

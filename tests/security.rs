@@ -1,6 +1,6 @@
 //! Security properties of the coordinator, checked against a real gRPC server on an ephemeral
 //! loopback port and, for the listen policy, the real binary. The attacks an independent gRPC
-//! client ran against rank 0 (issue #9) are reproduced here, one test each, named after what
+//! client ran against rank 0 are reproduced here, one test each, named after what
 //! got through; `tests/edge_attacks.rs` holds the ones that need a separate rank 0 process.
 
 use crate::support;
@@ -300,7 +300,7 @@ fn listening_off_loopback_without_a_token_is_refused() {
     assert!(stderr.contains("without a token"), "stderr: {stderr}");
 }
 
-// --- The edge, attack by attack (issue #9) ---
+// --- The edge, attack by attack ---
 
 /// A coordinator with custom edge limits and no token; returns its address, the live
 /// connection count, the stop switch and the serving task.
@@ -463,7 +463,7 @@ async fn registered_client(
     c
 }
 
-/// Issue 26 items 2 and 3: 4,096 connections that sent the HTTP/2 preface and then only
+/// Regression: 4,096 connections that sent the HTTP/2 preface and then only
 /// answered pings (or stalled ClientHellos under mutual TLS) filled the connection cap; every
 /// new Register got UNAVAILABLE and the workers gave up. Connections that have not made an
 /// authenticated call are now closed oldest first to make room, and never more of them are
@@ -664,7 +664,7 @@ async fn fingerprint_squatting_fails_regression_first_register_pinned_the_run() 
 }
 
 #[tokio::test]
-async fn a_peer_registering_first_cannot_decide_the_numerics_regression_issue_26_item_9() {
+async fn a_peer_registering_first_cannot_decide_the_numerics() {
     // Rank 0 runs a worker of its own that takes a moment to load; a token holder registers
     // first with the run's weights and another suffix. It used to pin the run (the real
     // workers were then refused and exited 3).
@@ -901,7 +901,7 @@ fn worker_numerics_this_build_cannot_produce_are_refused_at_the_command_line() {
 
 #[test]
 fn off_loopback_without_a_worker_of_its_own_rank_0_needs_the_numerics_decided() {
-    // Issue 26 item 9: otherwise the first peer holding the token decides them.
+    // Otherwise the first peer holding the token decides them.
     let token = "t".repeat(64);
     let (code, stderr) = coordinator_off_loopback(Some(&token));
     assert_eq!(code, Some(2), "stderr: {stderr}");

@@ -1,4 +1,4 @@
-//! Straggler speculation (issue 11, item 4): an idle worker may take a second copy of a job
+//! Straggler speculation: an idle worker may take a second copy of a job
 //! that runs far longer than its kind's median; the first accepted answer wins, the other copy
 //! is fenced, and the artifacts are the same bytes as without speculation.
 

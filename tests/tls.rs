@@ -275,7 +275,7 @@ async fn tls_init_certificates_serve_both_sides_by_the_coordinator_name() {
         .expect("and authenticates the worker");
 }
 
-/// Issue 26 item 8: a worker with a token but no TLS, pointed at a mutual-TLS port, retried
+/// Regression: a worker with a token but no TLS, pointed at a mutual-TLS port, retried
 /// forever despite `--connect-timeout-s` (its connections opened, every Register failed, and
 /// only connection failures counted against the window), logging nothing at INFO. Connecting
 /// and registering now share the window, and the error says what is likely wrong.

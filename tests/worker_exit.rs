@@ -1,4 +1,4 @@
-//! A worker gives its device back soon after rank 0 is gone (issue 10, item 3).
+//! A worker gives its device back soon after rank 0 is gone (so a scheduler can reuse it).
 //!
 //! Regression: a registered worker kept redialing a vanished rank 0 for its whole first-contact
 //! window (600 s under `stageb launch`), holding the GPU and the Slurm allocation idle. Once it

@@ -1,7 +1,7 @@
 //! Property: whatever op sequence a model proposes, validation followed by apply keeps the
-//! guidance's invariants (issue 8, item 7). Random proposals mix valid and hostile ops (S* and
-//! G0 targets, unknown keys, label leaks, version strings, restatements, evidence outside L);
-//! over several rounds applied to the same guidance:
+//! guidance's invariants, however hostile the model. Random proposals mix valid and hostile ops
+//! (S* and G0 targets, unknown keys, label leaks, version strings, restatements, evidence
+//! outside L); over several rounds applied to the same guidance:
 //! - `S*` never changes, `G0` always exists and keeps its focus, experiences are non-empty;
 //! - no accepted text names a group id or label, none is a number/version/identifier;
 //! - every accepted op's evidence ⊆ L; coverage comes only from applied ops and an op skipped at

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Continuous batching (issue 22): one worker holding K jobs in one decode loop, against the
+# Continuous batching: one worker holding K jobs in one decode loop, against the
 # same worker holding one (`--max-jobs 1`, the old behaviour) and against llama.cpp's server
 # with the same number of tickets in flight, side by side in one script run, runs alternated.
 #

@@ -21,7 +21,7 @@
 # epochs per scaling run (1); --tickets: the same T-ticket mission for every worker count
 # (default workers x jobs-per-worker). The load generator's reflection answers propose no edit, so the
 # guidance never changes and every step queued ahead is used: the case where the step
-# barrier alone bounds the scaling (issue 23).
+# barrier alone bounds the scaling.
 # STAGEB_BIN=PATH runs another coordinator build (e.g. an experiment) with the same harness.
 # Rank 0 runs with --no-report: its numbers are the loop's own (the end-of-run report and its
 # audit read the artifacts back; `stageb report` measures that separately).

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Resume cost of a long run (issue 11, item 5): a T-ticket synthetic run is SIGKILLed once
-# 90% of its tickets are decided, then continued with `--resume`. Per build: the journal
-# (jobs.jsonl) and checkpoint bytes on disk at the kill, rank 0's time from its start to the
-# first lease after `--resume` (the load generator starts with it; its `first_job_s`), the
-# resumed attempt's wall time and peak RSS (scripts/lib/rusage.py), and whether the finished
-# run holds every ticket once. Rank 0 and the load generator as in scripts/bench/bench-cluster.sh
-# (one epoch, reflection off, 0 ms jobs: rank 0 as fast as it goes).
+# Resume cost of a long run (journal and checkpoint size, time to resume): a T-ticket synthetic
+# run is SIGKILLed once 90% of its tickets are decided, then continued with `--resume`. Per
+# build: the journal (jobs.jsonl) and checkpoint bytes on disk at the kill, rank 0's time from
+# its start to the first lease after `--resume` (the load generator starts with it; its
+# `first_job_s`), the resumed attempt's wall time and peak RSS (scripts/lib/rusage.py), and
+# whether the finished run holds every ticket once. Rank 0 and the load generator as in
+# scripts/bench/bench-cluster.sh (one epoch, reflection off, 0 ms jobs: rank 0 as fast as it
+# goes).
 #
 # usage: scripts/bench/bench-resume.sh [--tickets 100000] [--kill-at 0.9] [--workers 100]
 #          [--step-tickets 1000] [--out DIR] [--profile release|dev]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check the house rules of the source tree (docs/ARCHITECTURE.md §2, "Checking the layout").
+"""Check the house rules of the source tree (docs/ARCHITECTURE.md, "The tree").
 
     scripts/ci/check-layout.py [--max-file-lines 800] [--max-fn-lines 120] [CRATE_DIR ...]
 

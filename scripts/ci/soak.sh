@@ -108,7 +108,7 @@ setup() {
     local name
     # Steps queued ahead while reflection runs (pipeline_steps 1) and the next reflection
     # cycles' calls queued ahead while a cycle runs (pipeline_cycles 4): kills and pauses land
-    # in that work too (issue 23, item 5).
+    # in that work too, so resume is tested with work queued ahead.
     for name in reference soak; do
         python3 "$ROOT/scripts/lib/cluster_config.py" "$OUT/$name.yaml" --stage-a "$OUT/mission/stage_a.jsonl" \
             --root "$OUT/$name" --run-name soak --step-tickets "$STEP" --epochs "$EPOCHS" --reflection on \

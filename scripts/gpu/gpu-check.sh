@@ -471,10 +471,11 @@ EOF
   return $rc
 }
 
-# throughput on an H200, from first principles (gpu-notes §3): a decode step reads the 15.2 GB
-# of weights a step uses (3.2 ms at 4.8 TB/s); stageb's candle path adds ~15-25 ms of kernel
-# launches and the host-side sampling of 8 rows x 151,936 logits, so a ticket (2,000-token
-# prefill ~0.3 s + 255 steps) is ~5-8 s: 8 tickets x 3 passes ~3 min after ~40 s of load.
+# throughput on an H200, from first principles (gpu-notes: decode is bound by memory
+# bandwidth): a decode step reads the 15.2 GB of weights a step uses (3.2 ms at 4.8 TB/s);
+# stageb's candle path adds ~15-25 ms of kernel launches and the host-side sampling of 8
+# rows x 151,936 logits, so a ticket (2,000-token prefill ~0.3 s + 255 steps) is ~5-8 s:
+# 8 tickets x 3 passes ~3 min after ~40 s of load.
 # transformers: load ~30 s, batch search 1..32 tickets ~90 s (the 32-ticket batch: 512k
 # row-tokens of prefill ~15-20 s, then 256 steps of ~30-50 ms, each reading the weights and
 # the batch's 85 GB of KV cache), then 64 tickets x 3 passes at ~35 s a 32-ticket batch

@@ -10,8 +10,9 @@
 //! The constrained decoder (`stageb-worker`'s `constraint` module) generates this language by
 //! construction; this parser is still the rubric of record, because constraints can be off
 //! (unsupported tokenizer, `constrained: false`) and because rank 0 never trusts worker output.
-//! A violation is reported with a stable [`ViolationCode`] and the candidate is dropped from the
-//! vote (`failure_malformed.jsonl`). Nothing is ever "salvaged" (python-original §10 item 1).
+//! A violation is reported with a stable [`ViolationCode`] and the candidate is dropped from
+//! the vote (`failure_malformed.jsonl`). Nothing is ever "salvaged": the original repaired
+//! malformed answers into verdicts, which hid the model's failures.
 //!
 //! # Decisions (the language, exactly)
 //!

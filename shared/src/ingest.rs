@@ -5,7 +5,7 @@
 //! tickets (whose per-key state then collided, bug B8). Here a file either ingests cleanly or
 //! the run does not start, with the file, the 1-based line and a stable [`ErrorCode`].
 //!
-//! # Record rules (reference §2)
+//! # Record rules (the reference's Stage-A input format)
 //! Each non-blank line is one JSON object:
 //! - `group_id`: non-empty string without leading/trailing whitespace (op evidence and
 //!   decision ids are resolved trimmed, so a padded id could never match), or an integer

@@ -1,7 +1,7 @@
 //! Typed outputs of the two reflection passes (seed 003) and the JSON Schemas that constrain
 //! their generation.
 //!
-//! Reflection is strict JSON with no text fallback (python-original §10 item 5): the original
+//! Reflection is strict JSON with no text fallback (a python-original flaw fixed): the original
 //! dug JSON out of prose and code fences and silently accepted truncated blocks. Here a pass's
 //! output is parsed by [`parse_decision`] / [`parse_ops`], which accept exactly one JSON object
 //! (surrounding whitespace allowed) and report anything else with a stable
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn no_text_fallback_regression_for_original_json_salvage() {
-        // python-original §10 item 5: the original dug JSON out of prose and fences.
+        // The original dug JSON out of prose and fences; a fenced answer must be refused.
         let fenced = "```json\n{\"no_evidence_group_ids\": [], \"decision_analysis\": \"\"}\n```";
         assert_eq!(
             parse_decision(fenced).unwrap_err().code,

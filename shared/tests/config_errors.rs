@@ -215,7 +215,7 @@ fn zero_samples_per_decode_is_out_of_range() {
     );
 }
 
-/// Issue 26, item 5: `samples_per_decode: 100000` passed `validate`, then the run aborted on
+/// Regression: `samples_per_decode: 100000` passed `validate`, then the run aborted on
 /// allocation. Candidates per ticket are capped (`wire::MAX_CANDIDATES_PER_JOB`).
 #[test]
 fn regression_samples_per_decode_100000_is_refused_at_its_line() {

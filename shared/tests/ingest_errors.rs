@@ -1,6 +1,7 @@
-//! Malformed Stage-A input (reliability anchors §3.3): one test per case, each asserting the
-//! stable code AND the line. Inputs are small files written into a tempdir by each test, so
-//! every case states its bytes and why they are wrong right where it is checked.
+//! Malformed Stage-A input (every bad record is refused with its code and line): one test per
+//! case, each asserting the stable code AND the line. Inputs are small files written into a
+//! tempdir by each test, so every case states its bytes and why they are wrong right where it
+//! is checked.
 
 use crate::support;
 
@@ -256,7 +257,7 @@ fn empty_group_id() {
 }
 
 #[test]
-fn regression_issue8_padded_group_id() {
+fn regression_padded_group_id() {
     // Op evidence and decision ids are resolved trimmed: " QC-1 ::fail" could never be
     // matched, so the padded id is an ingest error instead of a silently unlearnable ticket.
     for padded in [" QC-1", "QC-1 ", "\tQC-1"] {
@@ -494,7 +495,7 @@ fn several_missions_across_files() {
     assert!(err.file.ends_with("b.jsonl"));
 }
 
-/// Issue 26 item 6: 10 million tiny records grew `validate` to 3 GB before it was killed.
+/// Regression: 10 million tiny records grew `validate` to 3 GB before it was killed.
 /// The record after the input budget's last ticket is refused at its line, so memory stays
 /// bounded by the budget whatever the file holds.
 #[test]

@@ -81,7 +81,8 @@ pub(crate) struct ReportArgs {
     pub(crate) no_report: bool,
 }
 
-/// Limits of the coordinator's gRPC edge (the rest are fixed; docs/ARCHITECTURE.md §11.2).
+/// Limits of the coordinator's gRPC edge (the rest are fixed; docs/design/security.md lists
+/// them all).
 #[derive(Args, Clone, Copy)]
 pub(crate) struct EdgeArgs {
     /// Most connections held at once (default: 4096, lowered to fit the descriptor limit).

@@ -24,7 +24,8 @@ pub fn job_from_pb(kind: pb::job::Kind) -> Result<Job, EngineError> {
         pb::job::Kind::Rollout(job) => {
             let asked: usize = job.decodes.iter().map(|d| d.seeds.len()).sum();
             if asked > MAX_CANDIDATES_PER_JOB {
-                // Refused before the engine allocates a row per candidate (issue 26, item 5).
+                // Refused before the engine allocates a row per candidate: a huge count would
+                // abort the worker.
                 return Err(EngineError::InvalidRequest(format!(
                     "a rollout job asks for {asked} candidates; a worker decodes at most {MAX_CANDIDATES_PER_JOB} per job"
                 )));
@@ -100,7 +101,7 @@ pub fn result_to_pb(result: Result<JobOutput, EngineError>) -> pb::submit_reques
 mod tests {
     use super::*;
 
-    /// Issue 26, item 5: a coordinator sending 100k seeds in one decode made the worker abort
+    /// Regression: a coordinator sending 100k seeds in one decode made the worker abort
     /// on allocation. The job is refused with a coded error before the engine sees it.
     #[test]
     fn regression_a_job_with_100k_seeds_is_refused_before_the_engine() {

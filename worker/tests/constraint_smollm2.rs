@@ -306,7 +306,8 @@ fn vocabulary_bytes_match_llguidance_tokenizer_json_reader() {
         mismatches.len(),
         &mismatches[..mismatches.len().min(10)]
     );
-    // Facts the constraint relies on (inference-notes §8).
+    // Facts the constraint relies on (inference-notes: a byte-level vocabulary has tokens that
+    // are partial UTF-8, and `<|im_end|>` is token 2).
     let partial = (0..s.vocab.len() as u32)
         .filter(|&id| {
             s.vocab

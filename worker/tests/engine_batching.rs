@@ -217,7 +217,7 @@ fn jobs_joining_together_share_the_prompt_head_the_first_one_prefilled() {
     assert_eq!(got, reference, "sharing changes no bit");
 }
 
-/// Paged KV (issue 22 item 3): a job takes blocks from the pool as its cache fills and gives
+/// Paged KV: a job takes blocks from the pool as its cache fills and gives
 /// every one back when it ends; with the prefix store on, the second of two jobs admitted
 /// together reads the head the first one prefilled from the same blocks (the pool's peak is
 /// lower), and the store keeps the prompts' blocks after the jobs end. The outputs are the
@@ -247,7 +247,7 @@ fn a_batch_takes_kv_blocks_as_it_fills_shares_a_stored_head_and_gives_every_bloc
     );
 }
 
-/// A full pool makes a new job wait (issue 22 item 3): with a KV budget too small for two
+/// A full pool makes a new job wait: with a KV budget too small for two
 /// jobs' worst cases, the second job's prefill starts only once the first has ended (one job
 /// always runs, whatever its size), so the jobs never share a step and the pool's peak is one
 /// job's; nothing fails, nothing is evicted, and the outputs are the bits they are with room

@@ -263,7 +263,7 @@ fn a_position_gives_the_same_logits_however_the_prompt_is_split() {
     }
 }
 
-/// Issue 13 item 4: the sampling prefilter draws the exhaustive sampler's token on the model's
+/// The sampling prefilter draws the exhaustive sampler's token on the model's
 /// own logits (after a rollout prompt and after partial answers), for the grid's settings and
 /// others, with the repetition penalty over the prompt and with a constraint-like mask.
 #[test]

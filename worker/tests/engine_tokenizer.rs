@@ -93,7 +93,7 @@ fn no_chatml_fallback_and_unsupported_files_are_refused() {
     );
 }
 
-/// Issue 26 item 11: chat markers typed into a ticket or a rule (or written by the model into
+/// Regression: chat markers typed into a ticket or a rule (or written by the model into
 /// guidance) were tokenized as control tokens, so input text could close its turn and open a
 /// forged assistant turn. They are text now; the template's own markers stay control tokens,
 /// and a prompt without such strings tokenizes exactly as before.

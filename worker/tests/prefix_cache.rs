@@ -146,7 +146,7 @@ fn generation(user: &str) -> GenerateRequest {
     }
 }
 
-/// Issue 23 item 2: reflection calls (generations) reuse the head they share (system prompt,
+/// Reflection calls (generations) reuse the head they share (system prompt,
 /// guidance, cases) from a store of their own, bit for bit, and without evicting the rollouts'.
 #[test]
 fn generations_reuse_their_shared_head_bit_for_bit_and_leave_the_rollouts_store_alone() {

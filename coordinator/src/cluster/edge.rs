@@ -55,7 +55,7 @@ const CAP_WARNING_EVERY: Duration = Duration::from_secs(10);
 /// Largest gRPC message either side may send (prompts, reflection outputs).
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
-/// Every limit of the edge, with its default (docs/ARCHITECTURE.md §11.2 lists them).
+/// Every limit of the edge, with its default (listed in docs/design/security.md).
 #[derive(Debug, Clone)]
 pub struct EdgeLimits {
     /// Connections held at once (default: 4096, or the fd limit less 128 and less the metrics

@@ -361,7 +361,7 @@ mod tests {
     }
 
     #[test]
-    fn a_made_up_fingerprint_suffix_cannot_pin_the_numerics_regression_issue_26_item_9() {
+    fn a_made_up_fingerprint_suffix_cannot_pin_the_numerics() {
         // Rank 0 runs a worker of its own: a token holder registering first with the run's
         // weights and another (even valid) suffix is told to retry, and once rank 0's worker
         // decided, it is refused; the real workers are admitted.

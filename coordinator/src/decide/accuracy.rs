@@ -1,4 +1,4 @@
-//! Accuracy metrics from selection outcomes (reference §6.3 `metrics.jsonl`).
+//! Accuracy metrics from selection outcomes (the `metrics.jsonl` rows, docs/ARTIFACTS.md).
 //!
 //! `pass` is the positive class: `fp` = predicted pass with gt fail, `fn` = predicted fail with
 //! gt pass. A ticket without a verdict (hard failure) counts as an error on its label's side:

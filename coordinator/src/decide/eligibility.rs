@@ -1,5 +1,5 @@
-//! Gradient candidates: which tickets carry learnable signal for reflection (seed 003,
-//! DESIGN §5).
+//! Gradient candidates: which tickets carry learnable signal for reflection (seed 003 and the
+//! user's design define the rules below).
 //!
 //! A ticket is eligible when any of these holds (all are reported, the first in this fixed
 //! precedence is the primary `rule_hit`):
@@ -14,7 +14,7 @@
 //! Otherwise `NotEligible.Stable`. A selection without a verdict (no format-ok candidate) is a
 //! hard failure and never enters reflection: `NotEligible.NoValidCandidates`.
 //!
-//! The reflection priority orders cases when packing a reflection prompt (reference §4.2):
+//! The reflection priority orders cases when packing a reflection prompt, highest first:
 //! 3 = contradiction, 2 = every format-ok candidate disagrees with `gt`, 1 = the final verdict
 //! mismatches, 0 = otherwise.
 

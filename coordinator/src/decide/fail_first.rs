@@ -1,5 +1,6 @@
 //! The mission-scoped fail-first guardrail: deterministic evidence extraction from Stage-A
-//! summaries (reference §6.2 "Deterministic overrides").
+//! summaries (the reference's "Deterministic overrides": evidence of a failure overrides the
+//! vote).
 //!
 //! A Stage-A summary is a list of object chains such as
 //! `光纤/显示完整/缺失×1，螺丝/符合要求×3；备注: …`. The guardrail looks for explicit negative

@@ -1,5 +1,5 @@
 //! One verdict per ticket: majority vote over format-ok candidates, then the mission-scoped
-//! fail-first override (reference §6.2, DESIGN §5).
+//! fail-first override (evidence of a failure in Stage-A overrides a passing vote).
 //!
 //! The decision is a pure function of its inputs and carries a `rule_hit` id and a template
 //! explanation (seed 000): no free text beyond values.

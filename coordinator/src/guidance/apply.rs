@@ -21,7 +21,7 @@ pub struct OpsApplication {
 
 /// Apply ops in order to a copy of `current` (pure; persistence is [`GuidanceRepo::apply`]).
 ///
-/// Semantics (reference §7.4, with the strict differences noted):
+/// Semantics (the reference's apply rules, with the strict differences noted):
 /// - `delete`: `S*` and `G0` are never removed; a missing key is skipped (and therefore never
 ///   counts as evidence coverage, B9).
 /// - `add`: text equal ([`loose_form`]) to an existing rule is skipped (`unchanged` for a `G`
@@ -423,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn regression_issue8_an_identical_rule_changes_nothing() {
+    fn regression_an_identical_rule_changes_nothing() {
         // An add equal to an existing rule (or repeated in the same apply) and an update that
         // restates its rule are skipped `unchanged`: no hit, no sources, no coverage, and when
         // nothing else changes, no step and no version.

@@ -1,4 +1,5 @@
-//! The per-run guidance repository (reference §3, §7.4, §7.6; DESIGN §6).
+//! The per-run guidance repository: loading, applying ops, versions and snapshots
+//! (docs/design/guidance.md).
 //!
 //! The global guidance file (`{mission: {step, updated_at, experiences, metadata}}`) is read
 //! once; this mission's section is validated and copied to `{run_dir}/guidance.json`, which is

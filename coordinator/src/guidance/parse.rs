@@ -1,4 +1,4 @@
-//! Reading and validating a mission's section of a guidance file (reference §3 rules).
+//! Reading and validating a mission's section of a guidance file (the reference's file rules).
 //!
 //! The same validation applies to the global guidance file (seeding a run) and to the run's own
 //! `guidance.json` (resume, chain verification), so a resumed run never accepts content that
@@ -62,7 +62,7 @@ pub(super) fn read_json(path: &Path) -> Result<Value, InputError> {
     Ok(value)
 }
 
-/// Read and validate one mission's section of a guidance file (reference §3 rules).
+/// Read and validate one mission's section of a guidance file (the reference's file rules).
 pub fn load_mission_section(path: &Path, mission: &str) -> Result<MissionGuidance, InputError> {
     let value = read_json(path)?;
     let section = mission_section(&value, mission, path)?;
@@ -383,7 +383,7 @@ mod tests {
         }
     }
 
-    /// Issue 26 item 6: a 100,000-rule guidance passed `validate` and then failed every
+    /// Regression: a 100,000-rule guidance passed `validate` and then failed every
     /// ticket (every prompt too long). Rules beyond the input budget are refused at load,
     /// with `E_INPUT_BUDGET`, and so is a file larger than its byte cap, before it is parsed.
     #[test]

@@ -1,5 +1,5 @@
 //! Hit/miss feedback bookkeeping: which *rule* a decided ticket's feedback belongs to
-//! (ARCHITECTURE §8.9; issue 8, item 4).
+//! (docs/design/reflection.md, "Hit/miss feedback"): never a newer rule under a reused key.
 //!
 //! Feedback is owed to the rules of the last applied reflection at the time a ticket is
 //! decided, but it is written later: stable tickets at the step's end, gradient candidates only
@@ -111,7 +111,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn regression_issue8_feedback_never_reaches_a_new_rule_under_a_reused_key() {
+    fn regression_feedback_never_reaches_a_new_rule_under_a_reused_key() {
         let mut ledger = FeedbackLedger::default();
         // Reflection 1 adds G2; a gradient ticket decided now buffers feedback for it.
         ledger.on_applied(&[RuleKey::G(2)], &[]);

@@ -1,5 +1,5 @@
 //! The stop-gradient queue: rows of `need_review_queue.jsonl` and their deterministic
-//! aggregation into `need_review.json` (seed 003, reference §6.3).
+//! aggregation into `need_review.json` (seed 003; docs/ARTIFACTS.md describes both files).
 //!
 //! Three routes lead here: the decision pass declared a ticket unlearnable after seeing its
 //! label (`reflection_no_evidence_after_gt`), its bounded retries or the epoch's calls ran out
@@ -311,7 +311,7 @@ mod tests {
     }
 
     #[test]
-    fn regression_issue8_need_review_json_shows_the_final_epoch() {
+    fn regression_need_review_json_shows_the_final_epoch() {
         // The history alone reads as a sticky queue: a ticket routed in epoch 1 and learned in
         // epoch 2 is not in review at the end of a 2-epoch run.
         let rows = vec![

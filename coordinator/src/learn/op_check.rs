@@ -1,5 +1,5 @@
-//! Rank 0's validation of ops-pass proposals (reference §7.3, DESIGN §6, seed 001: the
-//! receiving stage validates).
+//! Rank 0's validation of ops-pass proposals (docs/design/reflection.md, "Op validation"): the
+//! stage that receives the ops validates them, never the model that wrote them.
 //!
 //! Every proposed op is checked and either accepted (as a typed [`GuidanceOp`]) or rejected
 //! with a stable [`RejectReason`] code and a detail; nothing is skipped silently (the original

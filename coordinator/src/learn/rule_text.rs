@@ -1,5 +1,5 @@
 //! Rule text as *content*: the checks that decide whether a proposed rule text is a rule a
-//! rollout prompt may carry (issue 8, items 2 and 3).
+//! rollout prompt may carry (not a label leak, a version string or a restatement).
 //!
 //! [`crate::learn::op_check`] checks the shape of an op (kind, keys, evidence, caps); this module checks
 //! what its text says, because a model can write well-formed JSON whose text is not a rule:

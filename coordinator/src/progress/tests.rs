@@ -78,7 +78,7 @@ fn the_eta_scales_rollouts_by_the_time_per_ticket_and_rounds_by_their_mean() {
     assert_eq!(p.eta(t0 + secs(26)), Some(secs(80 + 70)));
 }
 
-/// Regression (issue 23, item 4): once every ticket was answered the line read `eta=0s` for
+/// Regression: once every ticket was answered the line read `eta=0s` for
 /// the minutes the last reflection rounds still took.
 #[test]
 fn the_eta_stays_above_zero_while_reflection_is_still_to_run() {

@@ -6,7 +6,7 @@
 //! label at all, so it cannot leak it (a test checks that both labels of a resubmitted group
 //! give byte-identical prompts). Summaries are sanitized first: traditional→simplified, spaces
 //! normalized, and Stage-A's own third-state markers (`需复核`) removed so the model is never
-//! shown the words it must not write (python-original §10 item 12).
+//! shown the words it must not write (the original showed them, and the model copied them).
 
 use stageb_shared::config::RunConfig;
 use stageb_shared::domain::{ChatMessage, Ticket};

@@ -335,7 +335,7 @@ impl Page {
 mod tests {
     use super::*;
 
-    /// Issue 26, item 11: raw bidi controls reached report.html.
+    /// Regression: raw bidi controls reached report.html, where they could reorder the text shown.
     #[test]
     fn regression_bidi_and_control_characters_are_shown_as_code_points() {
         assert_eq!(esc("a\u{202E}cba\u{202C}"), "a[U+202E]cba[U+202C]");
@@ -351,7 +351,7 @@ mod tests {
         );
     }
 
-    /// Issue 26, item 11: the page showed the absolute path of the run directory.
+    /// Regression: the page showed the absolute path of the run directory.
     #[test]
     fn regression_the_run_is_named_without_its_absolute_path() {
         let dir = std::path::Path::new("/home/alice/secret/runs/demo/挡风板安装检查");

@@ -643,7 +643,7 @@ mod tests {
     use super::rows::without_terminator;
 
     #[test]
-    fn regression_issue8_raw_text_keeps_special_tokens_the_model_emitted() {
+    fn regression_raw_text_keeps_special_tokens_the_model_emitted() {
         // 2 = EOS, 7 = a special token emitted mid-answer: only the terminator goes.
         let stop = [2, 3];
         assert_eq!(without_terminator(&[5, 7, 6, 2], &stop), &[5, 7, 6]);

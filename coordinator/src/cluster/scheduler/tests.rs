@@ -137,7 +137,7 @@ async fn heartbeats_keep_a_lease_alive() {
 }
 
 #[tokio::test]
-async fn a_lease_held_by_heartbeats_alone_ends_with_its_lifetime_regression_issue_26_item_9() {
+async fn a_lease_held_by_heartbeats_alone_ends_with_its_lifetime() {
     // A peer that leases and only heartbeats used to keep the job for ever (speculation needs
     // completed jobs first). Heartbeats extend a lease only up to its lifetime; then the job
     // goes back to the queue and an honest worker answers it.
@@ -437,7 +437,7 @@ fn call_job(seed: u64) -> JobPayload {
 #[tokio::test]
 async fn reflection_calls_queued_ahead_are_leased_before_rollouts_queued_ahead() {
     // The steps queued ahead wait for the boundary's chain of calls; calls queued ahead
-    // behind them left that chain waiting (issue 23).
+    // behind them used to leave that chain waiting.
     let (s, _rx) = scheduler(10_000);
     s.enqueue_ahead(rollout_job(vec![1]));
     s.enqueue_ahead(call_job(5));

@@ -557,7 +557,7 @@ fn adds_past_the_rule_budget_and_text_past_the_character_budget_are_guidance_bud
 }
 
 #[test]
-fn regression_issue8_noop_update_and_add_of_an_existing_rule_are_unchanged_text() {
+fn regression_noop_update_and_add_of_an_existing_rule_are_unchanged_text() {
     // A restated rule changed nothing and must not count toward closure `L == E`.
     let f = Fixture::new();
     let v = f.validate(
@@ -583,7 +583,7 @@ fn regression_issue8_noop_update_and_add_of_an_existing_rule_are_unchanged_text(
 }
 
 #[test]
-fn regression_issue8_label_leak_is_rejected_in_every_form() {
+fn regression_label_leak_is_rejected_in_every_form() {
     // A rule naming a ticket would put its label into every later rollout prompt.
     let f = Fixture::new();
     for text in [
@@ -610,7 +610,7 @@ fn regression_issue8_label_leak_is_rejected_in_every_form() {
 }
 
 #[test]
-fn regression_issue8_version_strings_are_not_rules() {
+fn regression_version_strings_are_not_rules() {
     // Observed on the real model: G0 replaced by `2.0.0`, `G2: "1.0.0"`, `G3: "1.2.0"`.
     let f = Fixture::new();
     let v = f.validate(

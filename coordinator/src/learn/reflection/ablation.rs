@@ -1,4 +1,4 @@
-//! Rule ablation (`reflection.gate.ablation_every`, issue 25 deliverable 5): at the end of every
+//! Rule ablation (`reflection.gate.ablation_every`): at the end of every
 //! N-th epoch, each learned rule (`G1` and after) is left out of the epoch's final guidance in
 //! turn, the gate split is rolled out under each such guidance (the gate phase's rollouts and
 //! its outcomes of the epoch, so the full guidance usually costs nothing), and the rule's

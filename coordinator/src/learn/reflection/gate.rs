@@ -1,4 +1,4 @@
-//! The gate phase of a cycle (`reflection.gate.check_edits`, issue 25 deliverable 2), between
+//! The gate phase of a cycle (`reflection.gate.check_edits`), between
 //! the ops rounds and apply: the guidance the accepted ops would make (the candidate) and the
 //! current one (its parent) are both rolled out on the gate split as ordinary rollout jobs with
 //! the epoch's seeds, each ticket decided by the same vote as a step's, and

@@ -1,6 +1,6 @@
 //! One row of `reflection.jsonl` as a type: the reflector writes a [`ReflectionRow`] when a
 //! cycle closes, and the report and the audit read it back with the same type
-//! (docs/ARTIFACTS.md § `reflection.jsonl`).
+//! (docs/ARTIFACTS.md, `reflection.jsonl`).
 //!
 //! Keys are written in the order of the fields. A phase's keys are absent when the cycle ended
 //! before that phase (`Option` fields skipped when `None`); a key the row always has is always
