@@ -6,10 +6,10 @@
 //!
 //! On the candle backend the decoded rows' logits reach the host as the `readback` switch
 //! says ([`Readback`]): `once` gathers the fed rows on the device (pad rows and finished
-//! rows dropped, one `index_select`) and copies them to the host in one go, in the dtype the
-//! output head computed; `per-job` is the path before it (each job's logits cast to f32 and
-//! copied whole, then its fed rows picked on the host), kept to A/B the two on a GPU. Both
-//! give the same f32 values.
+//! rows dropped, one `index_select`, or a view when they are the first rows) and copies them
+//! to the host in one go, in the dtype the output head computed; `per-job` is the path before
+//! it (each job's logits cast to f32 and copied whole, then its fed rows picked on the host),
+//! kept to A/B the two on a GPU. Both give the same f32 values.
 
 use std::time::Instant;
 
@@ -172,8 +172,14 @@ impl CandleEngine {
                 let t2 = Instant::now();
                 if let Some(logits) = logits {
                     let n = fed.len();
-                    let idx = ops::one(Tensor::from_vec(fed, n, model.device())).map_err(me)?;
-                    let live = ops::one(logits.index_select(&idx, 0)).map_err(me)?;
+                    // Fed rows that are the first `n` rows need no gather: a view reads them
+                    // (candle's index_select allocates and zero-fills a fresh tensor).
+                    let live = if fed.iter().enumerate().all(|(i, &f)| f as usize == i) {
+                        logits.narrow(0, 0, n).map_err(me)?
+                    } else {
+                        let idx = ops::one(Tensor::from_vec(fed, n, model.device())).map_err(me)?;
+                        ops::one(logits.index_select(&idx, 0)).map_err(me)?
+                    };
                     ops::one(self.step_logits.read(&live)).map_err(me)?;
                 }
                 (t1, t2)
