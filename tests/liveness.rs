@@ -235,3 +235,91 @@ async fn a_hung_worker_is_told_its_lease_was_revoked_and_counts_it() {
     assert_eq!(summary.jobs_cancelled, 1, "{summary:?}");
     assert_eq!(scheduler.stats().leases_revoked_no_progress, 1);
 }
+
+/// A batching engine that plods: each step takes `pause`, and a job is answered at its
+/// `steps`-th step.
+struct Plodding {
+    inner: ScriptedEngine,
+    batch: VecDeque<(u64, Job, u32)>,
+    pause: Duration,
+    steps: u32,
+}
+
+impl Engine for Plodding {
+    fn fingerprint(&self) -> &ModelFingerprint {
+        self.inner.fingerprint()
+    }
+    fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
+        self.inner.rollout(request)
+    }
+    fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        self.inner.generate(request)
+    }
+    fn batches(&self) -> bool {
+        true
+    }
+    fn admit(&mut self, key: u64, job: &Job, _: CancelFlag) -> Result<(), EngineError> {
+        self.batch.push_back((key, job.clone(), 0));
+        Ok(())
+    }
+    fn step(&mut self) -> Vec<(u64, Result<JobOutput, EngineError>)> {
+        std::thread::sleep(self.pause);
+        self.batch.iter_mut().for_each(|(_, _, n)| *n += 1);
+        let mut ended = Vec::new();
+        while let Some(i) = self.batch.iter().position(|(_, _, n)| *n >= self.steps) {
+            let (key, job, _) = self.batch.remove(i).expect("a position in the batch");
+            let Job::Rollout(r) = job else {
+                unreachable!("rollouts only")
+            };
+            ended.push((key, self.inner.rollout(&r).map(JobOutput::Rollout)));
+        }
+        ended
+    }
+}
+
+/// The other side of the rule: a job that takes twice the floor, on an engine whose steps
+/// keep coming, keeps its lease (its progress reaches rank 0 with the heartbeats).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_job_whose_steps_keep_coming_keeps_its_lease() {
+    let (scheduler, mut completions) = Scheduler::new(SchedulerConfig {
+        progress: ProgressRule {
+            multiple: 4,
+            floor: Duration::from_millis(600),
+            heartbeat: Duration::from_millis(50),
+        },
+        speculation: SpeculationConfig::OFF,
+        ..SchedulerConfig::default()
+    });
+    let scheduler = Arc::new(scheduler);
+    scheduler.enqueue(rollout_job(vec![1]));
+    let server = serve_for_workers(scheduler.clone(), Duration::from_millis(50)).await;
+    let engine = Plodding {
+        inner: ScriptedEngine::new(Script::new(Behaviour::default())),
+        batch: VecDeque::new(),
+        pause: Duration::from_millis(100),
+        steps: 12,
+    };
+    let opts = worker_options(server.addr.to_string());
+    let worker = tokio::spawn(run_worker(engine, opts, std::future::pending()));
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), completions.recv())
+        .await
+        .expect("the job is answered")
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1200),
+        "twelve steps of 100 ms"
+    );
+    scheduler.set_control(ControlSignal::Stop);
+    let summary = tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker leaves after STOP")
+        .unwrap()
+        .expect("a clean exit");
+    assert_eq!((summary.leases_revoked, summary.jobs_cancelled), (0, 0));
+    let stats = scheduler.stats();
+    assert_eq!(
+        (stats.leases_revoked_no_progress, stats.leases_issued),
+        (0, 1)
+    );
+}
