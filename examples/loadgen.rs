@@ -400,6 +400,8 @@ fn spawn_heartbeat(
                 session: session.clone(),
                 lease_ids,
                 jobs_done: shared.done.load(Ordering::Relaxed),
+                // The load generator computes nothing: its leases are kept by heartbeats.
+                progress: Vec::new(),
             };
             let Ok(resp) = client.heartbeat(request).await.map(|r| r.into_inner()) else {
                 continue;

@@ -17,6 +17,7 @@ mod e2e_real_model;
 mod edge_attacks;
 mod gate;
 mod learning;
+mod liveness;
 mod metrics;
 mod metrics_edge;
 mod models_and_devices;

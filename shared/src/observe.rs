@@ -73,7 +73,7 @@ fn describe_rank0() {
     describe_counter!(LEASES_ISSUED, "Leases handed to workers.");
     describe_counter!(
         LEASES_EXPIRED,
-        "Leases that expired or were fenced (their jobs re-queued)."
+        "Leases that ended without an answer (their jobs re-queued), by cause: expired, lifetime, register, no_progress."
     );
     describe_counter!(
         SUBMITS_FENCED,

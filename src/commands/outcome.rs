@@ -84,6 +84,7 @@ pub(crate) fn worker_code(summary: &WorkerSummary) -> u8 {
         jobs = summary.jobs_done,
         failed = summary.jobs_failed,
         cancelled = summary.jobs_cancelled,
+        revoked = summary.leases_revoked,
         end = ?summary.end,
         "worker finished"
     );

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use stageb_coordinator::cluster::scheduler::journal::{Journal, ReplayCache};
 use stageb_coordinator::cluster::scheduler::{
-    Completion, ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig,
+    Completion, ControlSignal, ProgressRule, Scheduler, SchedulerConfig, SpeculationConfig,
 };
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
 use stageb_coordinator::run::start;
@@ -177,6 +177,11 @@ fn scheduler(
         speculation: SpeculationConfig {
             multiple: runner.speculation_multiple,
             min_age: Duration::from_millis(runner.speculation_min_ms),
+        },
+        progress: ProgressRule {
+            multiple: runner.no_progress_multiple,
+            floor: Duration::from_millis(runner.no_progress_floor_ms),
+            heartbeat: heartbeat_interval(runner),
         },
         expected_workers: settings.expected_workers,
         ..SchedulerConfig::with_lease_ttl(Duration::from_secs(runner.lease_ttl_s.max(1)))

@@ -8,13 +8,14 @@
 //!
 //! Rank 0's word arrives with every lease and heartbeat: `DRAIN` (it is shutting down: finish
 //! the job in hand, take nothing new, leave), `STOP` (the run is over: leave now), and the
-//! leases it fenced (another worker has the job: abandon it at the next decode step). How a
-//! worker ended ([`WorkerEnd`]) decides its exit code. Dialing (endpoint, TLS, the connect
-//! loop) is the child `dial.rs`.
+//! leases it fenced (another worker has the job: abandon it at the next decode step) or revoked
+//! (the job made no progress: the engine looks hung). How a worker ended ([`WorkerEnd`])
+//! decides its exit code. Dialing (endpoint, TLS, the connect loop) is the child `dial.rs`;
+//! the heartbeat task, which reports each lease's progress, `heartbeat.rs`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,10 +29,12 @@ use tonic::{Code, Request, Status};
 use crate::engine::{CancelFlag, Engine, EngineError, Job};
 use crate::job_codec::{job_from_pb, result_to_pb};
 use crate::pace::Pace;
-use crate::runner::{self, Incoming, Outgoing};
+use crate::runner::{self, Incoming, Outgoing, StepCount};
 use dial::connect;
+use heartbeat::spawn_heartbeat;
 
 mod dial;
+mod heartbeat;
 
 /// How a worker reaches its coordinator.
 #[derive(Debug, Clone)]
@@ -111,6 +114,8 @@ pub struct WorkerSummary {
     pub jobs_failed: u64,
     /// Jobs abandoned mid-run: their lease was fenced, or the run ended under them.
     pub jobs_cancelled: u64,
+    /// Leases rank 0 revoked because their job made no progress (the engine looked hung).
+    pub leases_revoked: u64,
     pub registrations: u64,
     pub end: WorkerEnd,
 }
@@ -197,18 +202,29 @@ enum SessionEnd {
     Lost,
 }
 
+/// One lease in hand: its job's cancel flag, and its step count where the engine keeps one.
+struct Held {
+    cancel: CancelFlag,
+    steps: Option<StepCount>,
+}
+
 /// What the job loop and the heartbeat task of one session share.
 struct SessionShared {
-    /// Leases in hand, reported with every heartbeat, each with its job's cancel flag.
-    held: Mutex<BTreeMap<u64, CancelFlag>>,
+    /// Leases in hand, reported with every heartbeat.
+    held: Mutex<BTreeMap<u64, Held>>,
     /// Jobs finished by this worker: the progress counter rank 0 sees with every heartbeat.
     finished: AtomicU64,
     /// The strongest control rank 0 sent in a heartbeat: 0 continue, 1 drain, 2 stop.
     directive: AtomicU8,
+    /// Leases rank 0 revoked for making no progress, this session.
+    revoked: AtomicU64,
+    /// A lease was revoked for making no progress and the engine has given no job back since:
+    /// lease nothing new.
+    stuck: AtomicBool,
 }
 
 impl SessionShared {
-    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancelFlag>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Held>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -349,50 +365,6 @@ fn register_failure(opts: &WorkerOptions, status: &Status) -> String {
     why
 }
 
-/// Heartbeats beside the job loop: they keep the leases in hand alive, and carry rank 0's
-/// word back: a fenced lease cancels its job at the next decode step, `STOP` cancels every
-/// job in hand, `DRAIN` lets them finish.
-fn spawn_heartbeat(
-    mut client: Client,
-    session: &Session,
-    shared: Arc<SessionShared>,
-) -> tokio::task::JoinHandle<()> {
-    let session_id = session.id.clone();
-    let every = session.heartbeat;
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tick.tick().await;
-            let lease_ids: Vec<u64> = shared.held().keys().copied().collect();
-            let response = client
-                .heartbeat(pb::HeartbeatRequest {
-                    session: session_id.clone(),
-                    lease_ids,
-                    jobs_done: shared.finished.load(Ordering::Relaxed),
-                })
-                .await;
-            let Ok(response) = response.map(|r| r.into_inner()) else {
-                continue;
-            };
-            let control = pb::Control::try_from(response.control).unwrap_or(pb::Control::Continue);
-            shared.note_control(control);
-            let held = shared.held();
-            for id in &response.fenced_lease_ids {
-                if let Some(flag) = held.get(id) {
-                    tracing::warn!(
-                        lease = id,
-                        "rank 0 fenced a lease in hand: abandoning its job"
-                    );
-                    flag.cancel();
-                }
-            }
-            if control == pb::Control::Stop {
-                held.values().for_each(CancelFlag::cancel);
-            }
-        }
-    })
-}
-
 /// The jobs a session holds: what the engine thread runs, and the KV bytes each one takes.
 struct InHand {
     to_engine: Option<std::sync::mpsc::Sender<Incoming>>,
@@ -402,6 +374,9 @@ struct InHand {
     block: u64,
     /// How many jobs finish within the lease TTL at this worker's pace.
     pace: Pace,
+    /// The engine batches: the engine thread counts each job's steps, the heartbeat reports
+    /// them.
+    counts_steps: bool,
 }
 
 impl InHand {
@@ -431,6 +406,8 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         held: Mutex::default(),
         finished: AtomicU64::new(summary.jobs_done + summary.jobs_failed),
         directive: AtomicU8::new(0),
+        revoked: AtomicU64::new(0),
+        stuck: AtomicBool::new(false),
     });
     let heartbeat = spawn_heartbeat(client.clone(), session, shared.clone());
     let (to_engine, inbox) = std::sync::mpsc::channel();
@@ -451,6 +428,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         per_position,
         block,
         pace: Pace::new(session.lease_ttl),
+        counts_steps: batches,
     };
     let max_jobs = if batches {
         opts.limits.max_jobs.max(1)
@@ -470,7 +448,9 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
             break;
         }
         let limit = max_jobs.min(hand.pace.limit());
-        let room = hand.count() < limit && (hand.count() == 0 || hand.kv_bytes() < budget);
+        let room = hand.count() < limit
+            && (hand.count() == 0 || hand.kv_bytes() < budget)
+            && !shared.stuck.load(Ordering::Relaxed);
         if ending.is_none() && room {
             let lease = pb::LeaseRequest {
                 session: session.id.clone(),
@@ -503,7 +483,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
                         tracing::warn!(code = ?status.code(), "lease failed: {}", status.message());
                     }
                     // The session is gone: its jobs' results could not be submitted.
-                    shared.held().values().for_each(CancelFlag::cancel);
+                    shared.held().values().for_each(|h| h.cancel.cancel());
                     ending = Some(SessionEnd::Lost);
                     continue;
                 }
@@ -525,6 +505,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     hand.to_engine = None;
     let _ = thread.await;
     heartbeat.abort();
+    summary.leases_revoked += shared.revoked.load(Ordering::Relaxed);
     ending.unwrap_or(SessionEnd::Lost)
 }
 
@@ -567,7 +548,12 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
     for job in jobs {
         let Some(kind) = job.kind else { continue };
         let cancel = CancelFlag::default();
-        shared.held().insert(job.lease_id, cancel.clone());
+        let steps = StepCount::default();
+        let held = Held {
+            cancel: cancel.clone(),
+            steps: hand.counts_steps.then(|| steps.clone()),
+        };
+        shared.held().insert(job.lease_id, held);
         let job_or_refusal = job_from_pb(kind);
         let kv = job_or_refusal
             .as_ref()
@@ -586,6 +572,7 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
                 key: job.lease_id,
                 job: job_or_refusal,
                 cancel,
+                steps,
             })
             .is_ok()
         });
@@ -607,6 +594,8 @@ async fn finish_job(
     let Some(kv) = hand.kv.remove(&out.key) else {
         return;
     };
+    // The engine gave a job back: it is not hung (any more).
+    shared.stuck.store(false, Ordering::Relaxed);
     let cancelled = matches!(out.result, Err(EngineError::Cancelled));
     if cancelled {
         hand.pace.job_dropped(hand.count());

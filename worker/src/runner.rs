@@ -6,8 +6,14 @@
 //!
 //! The thread owns no session state: the lease loop ([`crate::client`]) decides how many jobs
 //! to hold (the KV budget and `--max-jobs`) and submits the results.
+//!
+//! On a batching engine the thread also counts each job's progress ([`StepCount`]): every
+//! step of the batch that returns counts for every job in it. The heartbeat reports the counts
+//! to rank 0, which revokes a lease whose count stands still too long (an engine hung inside a
+//! forward). An engine that runs one job to its end in one call shows no progress until then.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +29,23 @@ pub struct Incoming {
     pub key: u64,
     pub job: Result<Job, EngineError>,
     pub cancel: CancelFlag,
+    /// Counts the batch steps the job has been through (a batching engine only).
+    pub steps: StepCount,
+}
+
+/// The forward steps a job has been through on a batching engine: the engine thread counts,
+/// the heartbeat reads. Shared, cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct StepCount(Arc<AtomicU64>);
+
+impl StepCount {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn add_one(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A job that ended: its output or why not, and how long it was in the engine.
@@ -42,7 +65,7 @@ pub fn run_engine<E: Engine>(
     outbox: UnboundedSender<Outgoing>,
 ) {
     let mut queue: VecDeque<(Incoming, Instant)> = VecDeque::new();
-    let mut started: Vec<(u64, Instant)> = Vec::new();
+    let mut started: Vec<(u64, Instant, StepCount)> = Vec::new();
     let mut open = true;
     loop {
         let idle = queue.is_empty() && started.is_empty();
@@ -89,7 +112,7 @@ pub fn run_engine<E: Engine>(
 fn batch_step<E: Engine + ?Sized>(
     engine: &mut E,
     queue: &mut VecDeque<(Incoming, Instant)>,
-    started: &mut Vec<(u64, Instant)>,
+    started: &mut Vec<(u64, Instant, StepCount)>,
 ) -> Vec<Outgoing> {
     let mut ended = Vec::new();
     for (inc, t0) in queue.drain(..) {
@@ -97,7 +120,7 @@ fn batch_step<E: Engine + ?Sized>(
             .job
             .and_then(|job| engine.admit(inc.key, &job, inc.cancel));
         match admitted {
-            Ok(()) => started.push((inc.key, t0)),
+            Ok(()) => started.push((inc.key, t0, inc.steps)),
             Err(e) => ended.push(Outgoing {
                 key: inc.key,
                 result: Err(e),
@@ -107,6 +130,8 @@ fn batch_step<E: Engine + ?Sized>(
         }
     }
     let ended_now = engine.step();
+    // The step returned: progress for every job in the batch (a hung forward never gets here).
+    started.iter().for_each(|(_, _, steps)| steps.add_one());
     let (rows, jobs) = engine.last_step_size();
     if rows > 0 {
         metrics::histogram!(observe::WORKER_STEP_ROWS).record(rows as f64);
@@ -117,7 +142,7 @@ fn batch_step<E: Engine + ?Sized>(
         metrics::gauge!(observe::WORKER_KV_BLOCKS, "state" => "free").set(kv.free as f64);
     }
     for (key, result) in ended_now {
-        let took = match started.iter().position(|(k, _)| *k == key) {
+        let took = match started.iter().position(|(k, _, _)| *k == key) {
             Some(i) => started.swap_remove(i).1.elapsed(),
             None => Duration::ZERO,
         };

@@ -331,19 +331,24 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let req = request.into_inner();
         check_control_size(&req)?;
         wire::check_len("session", &req.session, wire::MAX_SESSION_BYTES)?;
-        if req.lease_ids.len() > wire::MAX_HEARTBEAT_LEASES {
+        if req.lease_ids.len() > wire::MAX_HEARTBEAT_LEASES
+            || req.progress.len() > wire::MAX_HEARTBEAT_LEASES
+        {
             return Err(Status::invalid_argument(format!(
                 "a heartbeat names at most {} leases",
                 wire::MAX_HEARTBEAT_LEASES
             )));
         }
-        let (fenced, control) = self
+        let progress: Vec<(u64, u64)> =
+            req.progress.iter().map(|p| (p.lease_id, p.steps)).collect();
+        let answer = self
             .scheduler
-            .heartbeat(&req.session, &req.lease_ids)
+            .heartbeat_with(&req.session, &req.lease_ids, &progress)
             .map_err(session_error)?;
         Ok(Response::new(pb::HeartbeatResponse {
-            control: control_to_pb(control),
-            fenced_lease_ids: fenced,
+            control: control_to_pb(answer.control),
+            fenced_lease_ids: answer.invalid,
+            revoked_lease_ids: answer.revoked,
         }))
     }
 }

@@ -7,8 +7,8 @@ use super::types::{
     GateConfig, GridEntry, GuidanceConfig, LifecycleConfig, MIN_CONSTRAINED_NEW_TOKENS,
     MIN_MODEL_LEN, ManualReviewConfig, ModelConfig, OutputConfig, ReflectionConfig, RunConfig,
     RunnerConfig, SamplerConfig, SelectionConfig, SelectionPolicy, TieBreak, WrittenTuning,
-    default_pipeline_cycles, default_pipeline_steps, default_speculation_min_ms,
-    default_speculation_multiple,
+    default_no_progress_floor_ms, default_no_progress_multiple, default_pipeline_cycles,
+    default_pipeline_steps, default_speculation_min_ms, default_speculation_multiple,
 };
 use crate::error::{ErrorCode, InputError};
 use serde_norway::Value;
@@ -357,6 +357,18 @@ fn build_runner(doc: &Doc, runner: &Section) -> Result<RunnerConfig, InputError>
             doc,
             "speculation_min_ms",
             default_speculation_min_ms(),
+            0,
+        )?,
+        no_progress_multiple: runner.opt_u32(
+            doc,
+            "no_progress_multiple",
+            default_no_progress_multiple(),
+            0,
+        )?,
+        no_progress_floor_ms: runner.opt_u64(
+            doc,
+            "no_progress_floor_ms",
+            default_no_progress_floor_ms(),
             0,
         )?,
         pipeline_steps: runner.opt_u32(doc, "pipeline_steps", default_pipeline_steps(), 0)?,

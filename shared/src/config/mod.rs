@@ -35,6 +35,9 @@
 //!   smaller than the lease TTL): lease timing between rank 0 and the workers.
 //! - `runner.speculation_multiple` (default 3, 0 turns it off) and `runner.speculation_min_ms`
 //!   (default 2000): when rank 0 leases a second copy of a straggling job.
+//! - `runner.no_progress_multiple` (default 8, 0 turns it off) and
+//!   `runner.no_progress_floor_ms` (default 120000): when rank 0 revokes a lease whose
+//!   progress stands still.
 //! - `runner.pipeline_steps` (0..=16): queue the next steps' rollouts while the current
 //!   step's reflection runs.
 //! - `runner.pipeline_cycles` (0..=16): queue the next reflection cycles' calls while a cycle

@@ -164,6 +164,8 @@ const RUNNER_SCHEMA: SectionSchema = SectionSchema {
         "heartbeat_interval_s",
         "speculation_multiple",
         "speculation_min_ms",
+        "no_progress_multiple",
+        "no_progress_floor_ms",
         "pipeline_steps",
         "pipeline_cycles",
     ],

@@ -227,6 +227,17 @@ pub struct RunnerConfig {
     /// fast the median job. Default 2000.
     #[serde(default = "default_speculation_min_ms")]
     pub speculation_min_ms: u64,
+    /// stageb addition: liveness by progress. A lease whose worker reports its progress and
+    /// whose progress stands still longer than this multiple of the worker's longest recent
+    /// stall (never less than `no_progress_floor_ms`) is revoked, and its job leased again.
+    /// 0 turns it off. Default 8.
+    #[serde(default = "default_no_progress_multiple")]
+    pub no_progress_multiple: u32,
+    /// stageb addition: the least time (milliseconds) a lease may make no progress before it
+    /// is revoked, and the whole bound while the worker's pace is not known yet. Default
+    /// 120000.
+    #[serde(default = "default_no_progress_floor_ms")]
+    pub no_progress_floor_ms: u64,
     /// stageb addition: steps whose rollouts are queued ahead, under the guidance of the
     /// moment, while the current step's reflection runs (0 to 16, never past the epoch's end;
     /// steps queued under a guidance that has changed are queued again at the next boundary).
@@ -276,6 +287,14 @@ pub(super) fn default_speculation_multiple() -> u32 {
 
 pub(super) fn default_speculation_min_ms() -> u64 {
     2000
+}
+
+pub(super) fn default_no_progress_multiple() -> u32 {
+    8
+}
+
+pub(super) fn default_no_progress_floor_ms() -> u64 {
+    120_000
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

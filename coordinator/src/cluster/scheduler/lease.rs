@@ -77,13 +77,15 @@ impl Scheduler {
                     }
                 }
                 if out.is_empty()
-                    && let Some(job_id) = self.straggler(&g, session, now)
+                    && let Some((job_id, stalled)) = self.straggler(&g, session, now)
                     && let Some(leased) = self.issue_lease(&mut g, job_id, session, now, true)
                 {
                     g.stats.speculative_leases += 1;
+                    g.stats.speculative_leases_no_progress += u64::from(stalled);
                     tracing::info!(
                         job = job_id,
                         lease = leased.0,
+                        no_progress = stalled,
                         "straggler: leasing a second copy"
                     );
                     out.push(leased);
@@ -131,6 +133,7 @@ impl Scheduler {
                 issued: now,
                 speculative,
                 at_lifetime: false,
+                progress: None,
             },
         );
         g.stats.leases_issued += 1;

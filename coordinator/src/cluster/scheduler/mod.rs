@@ -8,13 +8,22 @@
 //! leases put their job back at the front of the queue. Lease ids are never reused, so a
 //! late result can never be mistaken for the current attempt's.
 //!
+//! A lease ends without an answer (is revoked) for one of four causes, counted apart in the
+//! metrics (`cause` of `stageb_leases_expired_total`) and in the summary: its deadline passed
+//! with no heartbeat (`expired`), heartbeats kept it to its lifetime (`lifetime`, see
+//! [`lifetime`]), its worker registered again (`register`), or its progress stood still too
+//! long while heartbeats went on (`no_progress`: the rule by progress, see [`liveness`]: at
+//! least `runner.no_progress_floor_ms`, else 8 × the worker's longest recent stall). Each is
+//! fenced the same way and puts its job back at the front of the queue.
+//!
 //! The scheduler knows nothing about tickets: callers attach a [`JobId`] and receive
 //! [`Completion`]s on a channel, in whatever order workers finish. The run loop restores a
 //! deterministic order itself.
 //!
 //! Here: the table, leasing, heartbeats, the checklist of a submission and expiry. Beside it:
 //! [`job`] (what a job asks and answers), `sessions.rs` (worker sessions), [`result_check`]
-//! (an answer fits its job), [`speculation`] (second copies of stragglers), [`journal`]
+//! (an answer fits its job), [`speculation`] (second copies of stragglers), [`liveness`]
+//! (revoking leases that make no progress), [`journal`]
 //! (accepted answers, for `--resume`), `stats.rs` (the counters), `lease.rs` (the long-poll
 //! `Lease`: which queued jobs a call takes), `ahead.rs` (jobs queued ahead of their turn: leased
 //! after all others, withdrawn when their answer is no longer wanted).
@@ -31,6 +40,7 @@ pub mod job;
 pub mod journal;
 mod lease;
 pub mod lifetime;
+pub mod liveness;
 pub mod result_check;
 mod sessions;
 pub mod speculation;
@@ -46,6 +56,7 @@ use sessions::SessionState;
 
 pub use lease::Leased;
 pub use lifetime::LeaseLifetime;
+pub use liveness::{HeartbeatAnswer, ProgressRule};
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
 pub use stats::SchedulerStats;
@@ -70,6 +81,9 @@ pub struct SchedulerConfig {
     pub speculation: SpeculationConfig,
     /// How long heartbeats may keep one lease (see [`crate::cluster::scheduler::lifetime`]).
     pub lease_lifetime: LeaseLifetime,
+    /// When a lease whose progress stands still is revoked (see
+    /// [`crate::cluster::scheduler::liveness`]).
+    pub progress: ProgressRule,
     /// Workers the run was started with (`run --workers N`, the launcher's world size; 0 when
     /// unknown). A lease is capped at a fair share of the work among at least this many
     /// workers, so the first worker to register does not take a whole step that its peers,
@@ -100,6 +114,7 @@ impl Default for SchedulerConfig {
             max_sessions: 16_384,
             speculation: SpeculationConfig::default(),
             lease_lifetime: LeaseLifetime::default(),
+            progress: ProgressRule::default(),
             expected_workers: 0,
         }
     }
@@ -175,6 +190,19 @@ struct LeaseState {
     speculative: bool,
     /// A heartbeat could not extend the lease by a full TTL: it ends with its lifetime.
     at_lifetime: bool,
+    /// Its progress as last reported (`None`: its worker reports none).
+    progress: Option<liveness::Seen>,
+}
+
+/// Why a lease ends without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Revocation {
+    /// Its deadline passed (no heartbeat in time, or the end of its lifetime).
+    Deadline,
+    /// Its worker registered again.
+    Register,
+    /// Its progress stood still too long.
+    NoProgress,
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +216,8 @@ struct Inner {
     jobs: HashMap<JobId, JobState>,
     leases: HashMap<LeaseId, LeaseState>,
     accepted: HashMap<LeaseId, String>,
+    /// Leases revoked for making no progress, with their session: its heartbeat is told.
+    revoked: HashMap<LeaseId, String>,
     sessions: HashMap<String, SessionState>,
     control: Option<ControlSignal>,
     stats: SchedulerStats,
@@ -342,8 +372,10 @@ impl Scheduler {
     }
 
     /// The oldest straggling job `session` could take a second copy of: its only lease is held
-    /// by another session and is older than the threshold of its kind (`session` empty: any).
-    fn straggler(&self, g: &Inner, session: &str, now: Instant) -> Option<JobId> {
+    /// by another session and is older than the threshold of its kind, or made no progress
+    /// for the shorter bound of [`liveness`] (`session` empty: any). With the job, whether
+    /// only its want of progress made it one.
+    fn straggler(&self, g: &Inner, session: &str, now: Instant) -> Option<(JobId, bool)> {
         let config = &self.config.speculation;
         if !config.enabled() {
             return None;
@@ -353,51 +385,31 @@ impl Scheduler {
             .filter(|l| l.session != session)
             .filter_map(|l| {
                 let job = g.jobs.get(&l.job)?;
+                if job.done || job.speculated || job.live.len() != 1 {
+                    return None;
+                }
                 let age = now.saturating_duration_since(l.issued);
-                let threshold = g.times.threshold(job.kind(), config)?;
-                (!job.done && !job.speculated && job.live.len() == 1 && age >= threshold)
-                    .then_some((age, l.job))
+                let slow = g
+                    .times
+                    .threshold(job.kind(), config)
+                    .is_some_and(|t| age >= t);
+                let stalled = !slow && self.stalled_for_copy(g, l, now);
+                (slow || stalled).then_some((age, l.job, stalled))
             })
             .max()
-            .map(|(_, job)| job)
+            .map(|(_, job, stalled)| (job, stalled))
     }
 
     /// Extend the session's live leases; returns the ids among `lease_ids` that are no longer
-    /// valid (the worker should drop that work).
+    /// valid (the worker should drop that work). [`Scheduler::heartbeat_with`] without
+    /// progress.
     pub fn heartbeat(
         &self,
         session: &str,
         lease_ids: &[LeaseId],
     ) -> Result<(Vec<LeaseId>, ControlSignal), SubmitError> {
-        let mut g = self.lock();
-        let now = Instant::now();
-        match g.sessions.get_mut(session) {
-            Some(s) => s.last_seen = now,
-            None => return Err(SubmitError::UnknownSession),
-        }
-        let ttl = self.config.lease_ttl;
-        let mut invalid = Vec::new();
-        let mut failed = Vec::new();
-        for id in lease_ids {
-            let end = self.lifetime_end(&g, *id);
-            match g.leases.get_mut(id) {
-                // A heartbeat never revives a lease past its deadline (that job may already
-                // be promised to the next worker), nor extends it past its lifetime.
-                Some(l) if l.session == session && l.deadline > now => {
-                    l.deadline = (now + ttl).min(end.unwrap_or(now + ttl));
-                    l.at_lifetime |= l.deadline < now + ttl;
-                }
-                Some(l) if l.session == session => {
-                    self.expire_lease(&mut g, *id, &mut failed);
-                    invalid.push(*id);
-                }
-                _ => invalid.push(*id),
-            }
-        }
-        let control = g.control.unwrap_or(ControlSignal::Continue);
-        drop(g);
-        self.after_expiry(failed, !invalid.is_empty());
-        Ok((invalid, control))
+        let answer = self.heartbeat_with(session, lease_ids, &[])?;
+        Ok((answer.invalid, answer.control))
     }
 
     /// When lease `id` reaches the end of its lifetime (`None`: no such lease).
@@ -509,7 +521,7 @@ impl Scheduler {
         };
         if lease.deadline <= Instant::now() {
             let mut failed = Vec::new();
-            self.expire_lease(g, lease_id, &mut failed);
+            self.expire_lease(g, lease_id, Revocation::Deadline, &mut failed);
             g.stats.submits_fenced += 1;
             return Err(LeaseRefusal::Expired(failed));
         }
@@ -623,8 +635,9 @@ impl Scheduler {
             // Highest id first, each pushed to the front: the oldest lease's job leads.
             expired.sort_unstable_by(|a, b| b.cmp(a));
             for id in &expired {
-                self.expire_lease(&mut g, *id, &mut failed);
+                self.expire_lease(&mut g, *id, Revocation::Deadline, &mut failed);
             }
+            let stalled = self.revoke_stalled(&mut g, now, None, &mut failed);
             self.forget_idle_sessions(&mut g, now);
             self.sample_worker_time(&mut g, now);
             metrics::gauge!(observe::QUEUE_DEPTH).set(g.queue.len() as f64);
@@ -636,24 +649,33 @@ impl Scheduler {
             if g.queue.is_empty() && self.straggler(&g, "", now).is_some() {
                 self.work_available.notify_waiters();
             }
-            expired.len()
+            expired.len() + stalled
         };
         self.after_expiry(failed, n > 0);
         n
     }
 
-    /// Remove lease `id` as expired: its job goes back to the front of the queue, or fails
-    /// (into `failed`) once it has expired `max_expiries` times.
-    fn expire_lease(&self, g: &mut Inner, id: LeaseId, failed: &mut Vec<JobId>) {
+    /// Remove lease `id` as expired (for `why`): its job goes back to the front of the queue,
+    /// or fails (into `failed`) once it has expired `max_expiries` times.
+    fn expire_lease(&self, g: &mut Inner, id: LeaseId, why: Revocation, failed: &mut Vec<JobId>) {
         let Some(lease) = g.leases.remove(&id) else {
             return;
         };
         g.stats.leases_expired += 1;
-        metrics::counter!(observe::LEASES_EXPIRED).increment(1);
-        if lease.at_lifetime {
-            g.stats.leases_past_lifetime += 1;
-            tracing::warn!(lease = id, job = lease.job, session = %lease.session, "lease reached its lifetime: heartbeats alone do not keep a job");
-        }
+        let cause = match why {
+            Revocation::Deadline if lease.at_lifetime => {
+                g.stats.leases_past_lifetime += 1;
+                tracing::warn!(lease = id, job = lease.job, session = %lease.session, "lease reached its lifetime: heartbeats alone do not keep a job");
+                "lifetime"
+            }
+            Revocation::Deadline => "expired",
+            Revocation::Register => "register",
+            Revocation::NoProgress => {
+                g.stats.leases_revoked_no_progress += 1;
+                "no_progress"
+            }
+        };
+        metrics::counter!(observe::LEASES_EXPIRED, "cause" => cause).increment(1);
         let Some(job) = g.jobs.get_mut(&lease.job) else {
             return;
         };

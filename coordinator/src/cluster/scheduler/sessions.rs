@@ -6,13 +6,16 @@ use std::time::Instant;
 
 use stageb_shared::observe;
 
-use super::{Inner, LeaseId, Scheduler, SubmitError};
+use super::liveness::Stalls;
+use super::{Inner, LeaseId, Revocation, Scheduler, SubmitError};
 
-/// A registered worker: its id and when it was last heard from.
+/// A registered worker: its id, when it was last heard from, and its recent pace.
 #[derive(Debug)]
 pub(super) struct SessionState {
     pub(super) worker_id: String,
     pub(super) last_seen: Instant,
+    /// How long its leases' progress stood still between moves, lately.
+    pub(super) stalls: Stalls,
 }
 
 impl Scheduler {
@@ -45,7 +48,7 @@ impl Scheduler {
             // Highest id first, each pushed to the front: the oldest lease's job leads.
             fenced.sort_unstable_by(|a, b| b.cmp(a));
             for id in &fenced {
-                self.expire_lease(&mut g, *id, &mut failed);
+                self.expire_lease(&mut g, *id, Revocation::Register, &mut failed);
             }
             g.stats.leases_fenced_on_register += fenced.len() as u64;
         }
@@ -73,6 +76,7 @@ impl Scheduler {
             SessionState {
                 worker_id: worker_id.clone(),
                 last_seen: Instant::now(),
+                stalls: Stalls::default(),
             },
         );
         Ok((worker_id, session))

@@ -13,6 +13,10 @@
 //! empty (speculation never delays first attempts); only past `multiple × median` of the last
 //! [`WINDOW`] accepted jobs of the same kind (rollouts and reflection generations differ by
 //! orders of magnitude), and never before `min_age`.
+//!
+//! A second trigger needs no timed jobs: a lease whose reported progress has stood still for
+//! half the bound at which it would be revoked ([`super::liveness`]) is a straggler too, from
+//! the run's first job on (counted apart as `speculative_leases_no_progress`).
 
 use std::collections::VecDeque;
 use std::time::Duration;

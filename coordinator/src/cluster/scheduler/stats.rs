@@ -24,6 +24,9 @@ pub struct SchedulerStats {
     pub leases_fenced_on_register: u64,
     /// Second copies leased for straggling jobs.
     pub speculative_leases: u64,
+    /// The part of `speculative_leases` leased because the original made no progress (before
+    /// it was slow by the job times; see [`crate::cluster::scheduler::liveness`]).
+    pub speculative_leases_no_progress: u64,
     /// Jobs whose speculative copy answered first.
     pub speculation_wins: u64,
     /// Leases fenced because the other copy of their job answered first.
@@ -34,6 +37,9 @@ pub struct SchedulerStats {
     /// Leases that reached their lifetime while heartbeats kept them (a subset of
     /// `leases_expired`; see [`crate::cluster::scheduler::lifetime`]).
     pub leases_past_lifetime: u64,
+    /// Leases revoked because their reported progress stood still too long while heartbeats
+    /// went on (a subset of `leases_expired`; see [`crate::cluster::scheduler::liveness`]).
+    pub leases_revoked_no_progress: u64,
     /// Continuous batching, summed over accepted answers: the forward steps each job took
     /// part in, and the rows those steps computed (see [`Scheduler::note_batching`]).
     pub batch_job_steps: u64,
