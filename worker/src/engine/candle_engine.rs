@@ -29,6 +29,7 @@
 mod batch;
 mod forward;
 mod load;
+mod paged;
 mod prefill;
 mod readback;
 mod rows;
@@ -127,6 +128,8 @@ pub(crate) enum Reuse {
 enum DecodeCache {
     /// Lockstep rows (`None` until expanded).
     Candle(Option<KvCache>),
+    /// Block tables of the paged pool (the `paged`/`fused` switches on the candle backend).
+    Paged(paged::PagedJob),
     Cpu(CpuCache),
 }
 
@@ -177,6 +180,8 @@ pub struct CandleEngine {
     split: StepSplit,
     /// The last decode step's logits on the host, which the rows sample from next.
     step_logits: readback::StepLogits,
+    /// The paged path (candle backend, `paged` or `fused` switch on), else `None`.
+    paging: Option<paged::Paging>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -198,13 +203,14 @@ impl CandleEngine {
         self.size_kv_pool();
     }
 
-    /// The CPU path's pool of KV blocks holds the jobs' budget and what the prefix stores
-    /// may keep.
-    fn size_kv_pool(&self) {
+    /// The pool of KV blocks holds the jobs' budget and what the prefix stores may keep: the
+    /// CPU path's is resized; the paged path's is made again at the next job.
+    fn size_kv_pool(&mut self) {
         if let Backend::Cpu(m) = &self.model {
             m.kv_pool()
                 .set_capacity_bytes(self.kv_budget.saturating_add(self.stores_budget()));
         }
+        self.drop_paged_pool();
     }
 
     /// Bytes the two prefix stores may hold together.
@@ -220,12 +226,15 @@ impl CandleEngine {
         };
         match cache {
             DecodeCache::Cpu(c) => prefill::keep(store, prompt, c),
+            // The paged path's store holds tables of its pool only.
+            DecodeCache::Candle(Some(_)) if self.paging.is_some() => {}
             DecodeCache::Candle(Some(c)) => {
                 // The store only saves work: a prompt it cannot copy is not kept.
                 if let Err(e) = prefill::keep_candle(store, prompt, c) {
                     tracing::debug!("prompt not kept for reuse: {e}");
                 }
             }
+            DecodeCache::Paged(p) => prefill::keep_paged(store, prompt, p),
             DecodeCache::Candle(None) => {}
         }
     }
@@ -377,6 +386,7 @@ impl CandleEngine {
                     );
                 }
             }
+            DecodeCache::Paged(p) => CandleEngine::fork_rows(p, n),
             DecodeCache::Cpu(c) => c.add_rows(n, max_new),
         }
         Ok(())
@@ -522,6 +532,7 @@ impl Engine for CandleEngine {
     fn kv_block_positions(&self) -> u64 {
         match &self.model {
             Backend::Cpu(_) => crate::engine::cpu::kv_pool::BLOCK_POSITIONS as u64,
+            Backend::Candle(_) if self.paging.is_some() => crate::engine::kernels::BLOCK as u64,
             Backend::Candle(_) => 1,
         }
     }
@@ -534,7 +545,7 @@ impl Engine for CandleEngine {
     fn kv_blocks(&self) -> Option<super::PoolStats> {
         match &self.model {
             Backend::Cpu(m) => Some(m.kv_pool().stats()),
-            Backend::Candle(_) => None,
+            Backend::Candle(_) => self.paged_stats(),
         }
     }
 }

@@ -36,7 +36,7 @@ pub(super) struct Live {
     key: u64,
     /// `Some((decode_index, sample_index))` per row for a rollout; `None` for a generation.
     ids: Option<RowIds>,
-    prompt: Vec<u32>,
+    pub(super) prompt: Vec<u32>,
     pub(super) rows: Vec<Row>,
     pub(super) cache: DecodeCache,
     /// The prompt's last logits: every row's first draw.
@@ -269,8 +269,11 @@ impl CandleEngine {
 
     /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
     /// looked up when the prefill starts, [`Self::look_up_prefix`]), or a one-row cache for
-    /// the prompt's prefill (candle backend).
-    fn new_job_cache(&self, prompt: &[u32]) -> Result<DecodeCache, EngineError> {
+    /// the prompt's prefill (candle backend; on the paged path with an empty table).
+    fn new_job_cache(&mut self, prompt: &[u32]) -> Result<DecodeCache, EngineError> {
+        if self.paging.is_some() {
+            return self.new_paged_job(prompt.len());
+        }
         match &self.model {
             Backend::Cpu(model) => Ok(DecodeCache::Cpu(model.new_cache(prompt.len()))),
             Backend::Candle(model) => {
@@ -305,6 +308,7 @@ impl CandleEngine {
                 Err(e) => return Err(EngineError::Model(e)),
             },
             DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache),
+            DecodeCache::Paged(p) => prefill::paged_lookup(store, &j.prompt, p),
             DecodeCache::Candle(None) => 0,
         };
         (j.prefilled, j.reused) = (reused, reused);
@@ -327,6 +331,7 @@ impl CandleEngine {
                     tracing::debug!("prompt not kept for reuse: {e}");
                 }
             }
+            DecodeCache::Paged(p) => prefill::keep_paged(store, &job.prompt, p),
             DecodeCache::Candle(None) => return Ok(()),
         }
         job.published = true;
@@ -449,6 +454,7 @@ impl CandleEngine {
         // input by input, row by row.
         let mut chunk_logits = match &self.model {
             Backend::Cpu(_) => self.forward_cpu(live, &inputs)?,
+            Backend::Candle(_) if self.paging.is_some() => self.forward_paged(live, &inputs)?,
             Backend::Candle(_) => self.forward_candle(live, &inputs)?,
         };
         let t1 = Instant::now();
@@ -460,6 +466,9 @@ impl CandleEngine {
                     j.prefilled += i.tokens.len();
                     j.prefill_us += (t1 - t0).as_micros() as u64;
                     if j.decoding() {
+                        if let DecodeCache::Paged(p) = &mut j.cache {
+                            self.seal_prompt(p)?;
+                        }
                         self.publish_prompt(j)?;
                         self.start_rows(j, chunk_logits.take().unwrap_or_default())?;
                     }
@@ -483,8 +492,17 @@ impl CandleEngine {
     /// waits for others to end, and none fails or is evicted. The step a prefill runs in
     /// changes no bit.
     fn may_prefill(&self, live: &[Live]) -> bool {
-        let Backend::Cpu(model) = &self.model else {
-            return true;
+        // Per row, the paged path may copy the prompt's partial last block.
+        let (b, block_bytes, per_row) = match (&self.model, self.paged_stats()) {
+            (Backend::Cpu(model), _) => (
+                crate::engine::cpu::kv_pool::BLOCK_POSITIONS,
+                model.kv_pool().block_bytes(),
+                0,
+            ),
+            (Backend::Candle(_), Some(stats)) => {
+                (crate::engine::kernels::BLOCK, stats.block_bytes, 1)
+            }
+            (Backend::Candle(_), None) => return true,
         };
         let begun = |j: &Live| j.decoding() || j.prefilled > j.reused;
         let Some(next) = live.iter().position(|j| !j.decoding()) else {
@@ -494,15 +512,14 @@ impl CandleEngine {
             return true;
         }
         let need = |j: &Live| {
-            let b = crate::engine::cpu::kv_pool::BLOCK_POSITIONS;
             let max_new = j.rows.iter().map(|r| r.max_new).max().unwrap_or(0);
-            (j.prompt.len().div_ceil(b) + j.rows.len() * max_new.div_ceil(b)) as u64
+            (j.prompt.len().div_ceil(b) + j.rows.len() * (max_new.div_ceil(b) + per_row)) as u64
         };
         let held: Vec<u64> = live.iter().filter(|j| begun(j)).map(need).collect();
         if held.is_empty() {
             return true;
         }
-        let blocks = self.kv_budget / model.kv_pool().block_bytes().max(1) as u64;
+        let blocks = self.kv_budget / block_bytes.max(1) as u64;
         held.iter().sum::<u64>() + need(&live[next]) <= blocks
     }
 

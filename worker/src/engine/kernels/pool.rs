@@ -37,8 +37,9 @@ pub enum PoolError {
     Candle(#[from] candle_core::Error),
 }
 
-/// The blocks of one sequence (a prompt, a row, a stored prefix), in position order.
-#[derive(Debug, PartialEq, Eq)]
+/// The blocks of one sequence (a prompt, a row, a stored prefix), in position order. The
+/// default is an empty table (a pad row's).
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct BlockTable {
     blocks: Vec<u32>,
     len: usize,
