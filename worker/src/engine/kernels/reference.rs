@@ -103,7 +103,8 @@ pub fn gather_slots(pool_layer: &Tensor, slots: &Tensor) -> candle_core::Result<
 
 /// Dense decode attention of each row over its table's positions, in f32 with one softmax
 /// (gathering the row's keys and values by slot first): `(rows, n_head, head_dim)` in `q`'s
-/// dtype. The table is the one [`super::pool::row_table_tensor`] makes.
+/// dtype; zeros for a row of length 0 (a pad row). The table is the one
+/// [`super::pool::row_table_tensor`] makes.
 pub fn paged_decode_attention(
     q: &Tensor,
     pool_layer: &Tensor,
@@ -116,6 +117,11 @@ pub fn paged_decode_attention(
     let mut outs = Vec::with_capacity(rows);
     for (r, row) in table.iter().enumerate() {
         let len = row[0] as usize;
+        if len == 0 {
+            // A pad row attends to nothing: zeros, as the kernel gives.
+            outs.push(Tensor::zeros((n_head, d), DType::F32, q.device())?);
+            continue;
+        }
         let slots: Vec<u32> = (0..len)
             .map(|p| row[1 + p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32)
             .collect();
