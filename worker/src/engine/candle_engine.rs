@@ -30,6 +30,7 @@ mod batch;
 mod forward;
 mod load;
 mod paged;
+mod paged_step;
 mod prefill;
 mod readback;
 mod rows;
@@ -49,7 +50,7 @@ use super::prompt_text::PromptEncoder;
 use super::sampler::SamplingParams;
 use super::step_split::StepSplit;
 use super::switches::EngineSwitches;
-use super::transformer::{KvCache, Transformer, TransformerConfig};
+use super::transformer::{DecodeTile, KvCache, Transformer, TransformerConfig};
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, GenerateOutput, GenerateRequest, Job,
     JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
@@ -182,6 +183,8 @@ pub struct CandleEngine {
     step_logits: readback::StepLogits,
     /// The paged path (candle backend, `paged` or `fused` switch on), else `None`.
     paging: Option<paged::Paging>,
+    /// Test only: the decode tile instead of the device's ([`CandleEngine::set_decode_tile`]).
+    tile: Option<DecodeTile>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -274,6 +277,19 @@ impl CandleEngine {
     #[doc(hidden)]
     pub fn set_fast_forward(&mut self, on: bool) {
         self.fast_forward = on;
+    }
+
+    /// Test only: decode steps on the candle backend run their projections on tiles of `rows`
+    /// rows instead of the device's (the CPU's 8, CUDA's 64): lets a CPU test count a step's
+    /// operations at the tile a GPU runs. Changes the numerics; never set in production.
+    #[doc(hidden)]
+    pub fn set_decode_tile(&mut self, rows: usize) {
+        self.tile = Some(DecodeTile(rows.max(1)));
+    }
+
+    /// The decode tile in force: the device's unless a test set one.
+    fn decode_tile(&self, device: &candle_core::Device) -> DecodeTile {
+        self.tile.unwrap_or_else(|| DecodeTile::for_device(device))
     }
 
     /// Tokens the last job took by forced-token fast-forward (fed without sampling).

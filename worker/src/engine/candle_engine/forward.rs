@@ -20,7 +20,7 @@ use super::{Backend, CandleEngine, DecodeCache};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, Part};
 use crate::engine::switches::Readback;
-use crate::engine::transformer::{DecodePart, DecodeTile, KvCache, Transformer, ops};
+use crate::engine::transformer::{DecodePart, KvCache, Transformer, ops};
 
 fn me(e: candle_core::Error) -> EngineError {
     EngineError::Model(e.to_string())
@@ -171,7 +171,7 @@ impl CandleEngine {
         let Backend::Candle(model) = &self.model else {
             return Err(EngineError::Model("not the candle backend".into()));
         };
-        let tile = DecodeTile::for_device(model.device());
+        let tile = self.decode_tile(model.device());
         let (ops0, t0) = (ops::issued(), Instant::now());
         let split = match self.switches.readback {
             Readback::Once => {

@@ -261,6 +261,7 @@ impl CandleEngine {
             split: StepSplit::default(),
             step_logits: super::readback::StepLogits::new(vocab),
             paging: None,
+            tile: None,
         })
     }
 }

@@ -1,8 +1,7 @@
 //! The candle backend on the paged KV pool (the `paged` and `fused` engine switches,
 //! [`crate::engine::switches`]): at load the kernels' self-check, the concatenated weights and
 //! the fingerprint's kernel suffix ([`CandleEngine::enable_paging`]); a job's KV as block
-//! tables of one pool ([`PagedJob`]); and the decode step of every fed row of every job in
-//! one [`Transformer::forward_decode_paged`](crate::engine::transformer::Transformer::forward_decode_paged).
+//! tables of one pool ([`PagedJob`]); the decode step is in `paged_step.rs`.
 //!
 //! The prefill is not paged: a prompt is prefilled as on the unfused path into a one-row
 //! cache, whose positions are then copied into the pool ([`CandleEngine::seal_prompt`]); the
@@ -12,25 +11,24 @@
 //! the store evicts, give theirs back without a call to forget.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
-use super::batch::{Input, Live};
 use super::{Backend, CandleEngine, DecodeCache};
 use crate::engine::EngineError;
 use crate::engine::cpu::kv_pool::PoolStats;
 use crate::engine::kernels::{
     BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, reference, self_check,
 };
-use crate::engine::transformer::{DecodeTile, KvCache, PagedStep, ops};
+use crate::engine::prefix_cache::PrefixStore;
+use crate::engine::transformer::{KvCache, ops};
 
-fn me(e: impl std::fmt::Display) -> EngineError {
+pub(super) fn me(e: impl std::fmt::Display) -> EngineError {
     EngineError::Model(e.to_string())
 }
 
 /// The pool a [`Held`] table belongs to.
-type SharedPool = Arc<Mutex<PagedKvPool>>;
+pub(super) type SharedPool = Arc<Mutex<PagedKvPool>>;
 
-fn lock(pool: &SharedPool) -> MutexGuard<'_, PagedKvPool> {
+pub(super) fn lock(pool: &SharedPool) -> MutexGuard<'_, PagedKvPool> {
     // A panic while the pool was locked leaves counts that are still consistent per call.
     pool.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -40,12 +38,12 @@ fn lock(pool: &SharedPool) -> MutexGuard<'_, PagedKvPool> {
 /// to be remade when they change between runs).
 pub(super) struct Paging {
     pub(super) kernels: KernelUse,
-    pool: Option<SharedPool>,
+    pub(super) pool: Option<SharedPool>,
 }
 
 /// A block table of the pool; its blocks go back when it is dropped.
 pub(super) struct Held {
-    table: BlockTable,
+    pub(super) table: BlockTable,
     pool: SharedPool,
 }
 
@@ -141,16 +139,13 @@ impl CandleEngine {
         Ok(())
     }
 
-    /// The pool, made now if it is not yet: every block the KV budget and the prefix stores'
+    /// The pool's shape for the budgets now: every block the KV budget and the prefix stores'
     /// budgets hold (at least one).
-    fn paged_pool(&mut self) -> Result<SharedPool, EngineError> {
-        let bytes = self.kv_budget.saturating_add(self.stores_budget());
-        let (Backend::Candle(model), Some(paging)) = (&self.model, &mut self.paging) else {
-            return Err(me("not the paged candle backend"));
+    fn pool_shape(&self) -> Option<PoolShape> {
+        let Backend::Candle(model) = &self.model else {
+            return None;
         };
-        if let Some(p) = &paging.pool {
-            return Ok(p.clone());
-        }
+        let bytes = self.kv_budget.saturating_add(self.stores_budget());
         let c = &model.config;
         let mut shape = PoolShape {
             n_layer: c.n_layer,
@@ -159,6 +154,20 @@ impl CandleEngine {
             num_blocks: 0,
         };
         shape.num_blocks = PagedKvPool::blocks_for_bytes(shape, model.dtype(), bytes).max(1);
+        Some(shape)
+    }
+
+    /// The pool, made now (of [`Self::pool_shape`]) if it is not yet.
+    fn paged_pool(&mut self) -> Result<SharedPool, EngineError> {
+        let shape = self.pool_shape();
+        let (Backend::Candle(model), Some(paging), Some(shape)) =
+            (&self.model, &mut self.paging, shape)
+        else {
+            return Err(me("not the paged candle backend"));
+        };
+        if let Some(p) = &paging.pool {
+            return Ok(p.clone());
+        }
         let pool = PagedKvPool::new(shape, model.dtype(), model.device()).map_err(me)?;
         let pool = Arc::new(Mutex::new(pool));
         paging.pool = Some(pool.clone());
@@ -172,13 +181,20 @@ impl CandleEngine {
     }
 
     /// Drops the pool (remade at the next job with the budgets then) and the prefix stores'
-    /// entries in it, when no job holds blocks; else keeps it as it is.
+    /// entries in it when the budgets ask for another size and no job holds blocks; else
+    /// keeps it as it is.
     pub(super) fn drop_paged_pool(&mut self) {
-        if let Some(paging) = &mut self.paging
-            && self.live.is_empty()
-        {
-            self.prefix = super::prefill::Store::new(self.prefix.budget());
-            self.generate_prefix = super::prefill::Store::new(self.generate_prefix.budget());
+        let blocks = self.pool_shape().map(|s| s.num_blocks);
+        let Some(paging) = &mut self.paging else {
+            return;
+        };
+        let same = match &paging.pool {
+            Some(p) => Some(lock(p).stats().capacity) == blocks,
+            None => true,
+        };
+        if !same && self.live.is_empty() {
+            self.prefix = PrefixStore::new(self.prefix.budget());
+            self.generate_prefix = PrefixStore::new(self.generate_prefix.budget());
             paging.pool = None;
         }
     }
@@ -232,95 +248,5 @@ impl CandleEngine {
                 pool: job.prompt.pool.clone(),
             })
             .collect();
-    }
-
-    /// The paged path's forward call: the prefill chunk (if any) as on the unfused path, then
-    /// one paged decode step of every fed row of every job (a finished row is not fed: rows
-    /// do not step in lockstep here).
-    pub(super) fn forward_paged(
-        &mut self,
-        live: &mut [Live],
-        inputs: &[Input],
-    ) -> Result<Option<Vec<f32>>, EngineError> {
-        let mut chunk = None;
-        let mut fed: Vec<(usize, usize, u32)> = Vec::new();
-        for i in inputs {
-            match &i.rows {
-                None => {
-                    let t = Instant::now();
-                    let Backend::Candle(model) = &self.model else {
-                        return Err(me("not the candle backend"));
-                    };
-                    let DecodeCache::Paged(PagedJob {
-                        prefill: Some(cache),
-                        ..
-                    }) = &mut live[i.job].cache
-                    else {
-                        return Err(me("a prefill chunk of a job without its prompt cache"));
-                    };
-                    chunk = Some(super::forward::prefill_chunk(model, &i.tokens, cache)?);
-                    self.split.prefill += t.elapsed();
-                    self.split.prefill_steps += 1;
-                }
-                Some(rows) if rows.len() != i.tokens.len() => {
-                    return Err(me("multi-token decode on the paged path"));
-                }
-                Some(rows) => fed.extend(rows.iter().zip(&i.tokens).map(|(r, t)| (i.job, *r, *t))),
-            }
-        }
-        if !fed.is_empty() {
-            self.decode_paged(live, &fed)?;
-        }
-        Ok(chunk)
-    }
-
-    /// One paged decode step of the fed rows `(job, row, token)`, in order: their logits go
-    /// to the step logits. Timed and counted.
-    fn decode_paged(
-        &mut self,
-        live: &mut [Live],
-        fed: &[(usize, usize, u32)],
-    ) -> Result<(), EngineError> {
-        let (Backend::Candle(model), Some(paging)) = (&self.model, &self.paging) else {
-            return Err(me("not the paged candle backend"));
-        };
-        let pool = paging.pool.clone().ok_or_else(|| me("no KV pool"))?;
-        let tile = DecodeTile::for_device(model.device());
-        let (ops0, t0) = (ops::issued(), Instant::now());
-        let mut pool = lock(&pool);
-        let mut slots = Vec::with_capacity(fed.len());
-        for &(j, r, _) in fed {
-            let row = match &mut live[j].cache {
-                DecodeCache::Paged(p) => p.rows.get_mut(r),
-                _ => None,
-            };
-            let row = row.ok_or_else(|| me("a fed row without its table"))?;
-            slots.push(pool.append_slots(&mut row.table, 1).map_err(me)?[0]);
-        }
-        let mut rows = Vec::with_capacity(fed.len());
-        for (&(j, r, token), &slot) in fed.iter().zip(&slots) {
-            let DecodeCache::Paged(p) = &live[j].cache else {
-                return Err(me("a fed row without its table"));
-            };
-            rows.push((token, &p.rows[r].table, slot));
-        }
-        let step = PagedStep::new(&rows, tile, model.device()).map_err(me)?;
-        let logits = model
-            .forward_decode_paged(&step, &pool, &paging.kernels, tile)
-            .map_err(me)?;
-        drop(pool);
-        let t1 = Instant::now();
-        model.device().synchronize().map_err(me)?;
-        let t2 = Instant::now();
-        // The fed rows are the step's first rows: a view reads them.
-        let first = logits.narrow(0, 0, fed.len()).map_err(me)?;
-        ops::one(self.step_logits.read(&first)).map_err(me)?;
-        let split = &mut self.split;
-        split.decode_steps += 1;
-        split.forward_issued += t1 - t0;
-        split.forward_done += t2 - t1;
-        split.readback += t2.elapsed();
-        split.add_ops(ops::issued() - ops0);
-        Ok(())
     }
 }

@@ -235,7 +235,8 @@ impl PagedKvPool {
     /// Copies block `src` into block `dst` in every layer.
     fn copy_block(&mut self, src: u32, dst: u32) -> candle_core::Result<()> {
         for layer in &self.layers {
-            let block = layer.narrow(0, src as usize, 1)?.copy()?;
+            // Only the block: `copy` of a view would clone the whole layer's storage.
+            let block = layer.narrow(0, src as usize, 1)?.force_contiguous()?;
             layer.slice_set(&block, 0, dst as usize)?;
         }
         Ok(())
