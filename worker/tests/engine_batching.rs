@@ -491,7 +491,13 @@ fn the_candle_backend_counts_the_device_operations_of_a_decode_step_the_cpu_path
 #[test]
 #[ignore]
 fn host_operations_per_decode_step_at_1_8_and_16_jobs() {
-    for (tile, jobs) in [(None, 1), (None, 8), (None, 16), (Some(64), 1), (Some(64), 8)] {
+    for (tile, jobs) in [
+        (None, 1),
+        (None, 8),
+        (None, 16),
+        (Some(64), 1),
+        (Some(64), 8),
+    ] {
         let mut eng = candle_engine(WeightFormat::Dequantized);
         if let Some(rows) = tile {
             eng.set_decode_tile(rows);

@@ -8,9 +8,10 @@
 //!    job may start after a prefix kept from an earlier prompt of its kind, [`super::prefix_cache`]:
 //!    rollouts and generations keep separate stores, see [`Reuse`]);
 //! 3. give every candidate (all decodes of the ticket) a row after the prompt's KV, which the
-//!    rows share, and decode them as one batch; a finished row leaves the batch (CPU path) or
-//!    keeps being fed a pad token whose output is ignored (candle's lockstep path, whose
-//!    projections run in fixed tiles of rows: `transformer::DecodeTile`);
+//!    rows share, and decode them as one batch; a finished row leaves the batch (CPU path and
+//!    candle's paged path) or keeps being fed a pad token whose output is ignored (candle's
+//!    lockstep path); candle's projections run in fixed tiles of rows
+//!    (`transformer::DecodeTile`);
 //! 4. per row and token: logits → constraint mask (if any) →
 //!    [`sampler::sample`](super::sampler::sample) with `uniform_at(candidate seed, token
 //!    index)` → constraint `consume`; a row stops on a stop token, when its constraint is
@@ -24,7 +25,8 @@
 //!
 //! Children, each an `impl CandleEngine` over this file's fields: `load.rs` (a model file into
 //! an engine), `prefill.rs` (step 2, with the prefix store), `rows.rs` (steps 4 and 5 for one
-//! row, and its text). The decode loop (step 3) is here.
+//! row, and its text), `paged.rs` and `paged_step.rs` (the candle backend on the paged KV pool,
+//! the `paged` and `fused` switches). The decode loop (step 3) is here.
 
 mod batch;
 mod forward;

@@ -7,7 +7,9 @@
 //! A row's tokens never depend on what shares its steps: its logits come from its own prompt
 //! and tokens ([`CpuModel::forward_parts`] keeps every position's arithmetic what it is alone;
 //! on the candle backend `Transformer::forward_decode` runs every projection on fixed tiles of
-//! rows and a prefill chunk in a forward call of its own),
+//! rows and a prefill chunk in a forward call of its own; its paged step,
+//! `Transformer::forward_decode_paged`, keeps the tiles and reduces each row's attention in an
+//! order fixed by the row's own length),
 //! its draw is `uniform_at(seed, token index)`, and the prompt's prefill follows the fixed
 //! chunk schedule whatever step it runs in. `tests/engine_batching.rs` checks it on the real
 //! model. Also here: building a job's rows from its request and its output from its rows,
@@ -36,7 +38,7 @@ pub(super) struct Live {
     key: u64,
     /// `Some((decode_index, sample_index))` per row for a rollout; `None` for a generation.
     ids: Option<RowIds>,
-    pub(super) prompt: Vec<u32>,
+    prompt: Vec<u32>,
     pub(super) rows: Vec<Row>,
     pub(super) cache: DecodeCache,
     /// The prompt's last logits: every row's first draw.

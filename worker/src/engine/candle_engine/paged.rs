@@ -12,11 +12,13 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use candle_core::Tensor;
+
 use super::{Backend, CandleEngine, DecodeCache};
 use crate::engine::EngineError;
 use crate::engine::cpu::kv_pool::PoolStats;
 use crate::engine::kernels::{
-    BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, reference, self_check,
+    BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, reference, self_check,
 };
 use crate::engine::prefix_cache::PrefixStore;
 use crate::engine::transformer::{KvCache, ops};
@@ -78,18 +80,30 @@ impl Held {
     }
 
     /// Each layer's keys and values at this table's first `len` positions,
-    /// `(len, n_kv_head, head_dim)`.
-    pub(super) fn read(
-        &self,
-        len: usize,
-    ) -> candle_core::Result<Vec<(candle_core::Tensor, candle_core::Tensor)>> {
+    /// `(len, n_kv_head, head_dim)`: one row gather each from the layer seen as rows of one
+    /// position's heads (keys of slot `s` at row `(s/B)*2B + s%B`, values `B` rows further).
+    pub(super) fn read(&self, len: usize) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
         let pool = lock(&self.pool);
-        let slots: Vec<u32> = (0..len)
-            .map(|p| self.table.slot(p).expect("a position the table holds"))
-            .collect();
-        let slots = candle_core::Tensor::new(slots.as_slice(), pool.layer(0).device())?;
-        (0..pool.shape().n_layer)
-            .map(|li| reference::gather_slots(pool.layer(li), &slots))
+        let shape = pool.shape();
+        let (b, w) = (BLOCK as u32, shape.n_kv_head * shape.head_dim);
+        let rows = |value: u32| -> candle_core::Result<Tensor> {
+            let idx: Vec<u32> = (0..len)
+                .map(|p| {
+                    let s = self.table.slot(p).expect("a position the table holds");
+                    (s / b) * 2 * b + s % b + value
+                })
+                .collect();
+            Tensor::new(idx.as_slice(), pool.layer(0).device())
+        };
+        let (keys, values) = (rows(0)?, rows(b)?);
+        let heads = (len, shape.n_kv_head, shape.head_dim);
+        (0..shape.n_layer)
+            .map(|li| {
+                let flat = pool.layer(li).reshape((shape.num_blocks * 2 * BLOCK, w))?;
+                let k = flat.index_select(&keys, 0)?.reshape(heads)?;
+                let v = flat.index_select(&values, 0)?.reshape(heads)?;
+                Ok((k, v))
+            })
             .collect()
     }
 }
