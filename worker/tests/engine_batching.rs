@@ -483,19 +483,33 @@ fn the_candle_backend_counts_the_device_operations_of_a_decode_step_the_cpu_path
     );
 }
 
-/// The figure the issue's step-count goal reads: device operations per decode step of the
-/// candle backend (f32, on the CPU) at 1, 8 and 16 jobs of 8 candidates. Slow (16 jobs are 128
-/// rows a step): run it by hand with `--ignored --nocapture`.
+/// The figure the step-count goal reads: device operations per decode step of the candle
+/// backend (f32, on the CPU) at 1, 8 and 16 jobs of 8 candidates, with the switches of
+/// `STAGEB_ENGINE_SWITCHES` (e.g. `paged=on,fused=on`), at the CPU's decode tile (8 rows, so
+/// 8 GEMMs per projection at 64 rows) and at CUDA's (64). Slow (16 jobs are 128 rows a step):
+/// run it by hand with `--ignored --nocapture`.
 #[test]
 #[ignore]
 fn host_operations_per_decode_step_at_1_8_and_16_jobs() {
-    let mut eng = candle_engine(WeightFormat::Dequantized);
-    for jobs in [1, 8, 16] {
+    for (tile, jobs) in [
+        (None, 1),
+        (None, 8),
+        (None, 16),
+        (Some(64), 1),
+        (Some(64), 8),
+    ] {
+        let mut eng = candle_engine(WeightFormat::Dequantized);
+        if let Some(rows) = tile {
+            eng.set_decode_tile(rows);
+        }
         let (per_step, split) = ops_per_step_at(&mut eng, jobs, 3);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / split.decode_steps as f64;
         eprintln!(
-            "candle f32 cpu, {jobs} job(s) x 8 rows: {per_step:.0} host ops/decode step; per step \
-             sampling {:.1} ms, forward issued {:.1} ms, done {:.1} ms, readback {:.1} ms",
+            "candle f32 cpu [{}], tile {}, {jobs} job(s) x 8 rows: {per_step:.0} host ops/decode \
+             step; per step sampling {:.1} ms, forward issued {:.1} ms, done {:.1} ms, readback \
+             {:.1} ms",
+            eng.switches(),
+            tile.map_or("8 (cpu)".to_string(), |t| t.to_string()),
             ms(split.sampling),
             ms(split.forward_issued),
             ms(split.forward_done),

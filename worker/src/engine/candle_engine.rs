@@ -8,9 +8,10 @@
 //!    job may start after a prefix kept from an earlier prompt of its kind, [`super::prefix_cache`]:
 //!    rollouts and generations keep separate stores, see [`Reuse`]);
 //! 3. give every candidate (all decodes of the ticket) a row after the prompt's KV, which the
-//!    rows share, and decode them as one batch; a finished row leaves the batch (CPU path) or
-//!    keeps being fed a pad token whose output is ignored (candle's lockstep path, whose
-//!    projections run in fixed tiles of rows: `transformer::DecodeTile`);
+//!    rows share, and decode them as one batch; a finished row leaves the batch (CPU path and
+//!    candle's paged path) or keeps being fed a pad token whose output is ignored (candle's
+//!    lockstep path); candle's projections run in fixed tiles of rows
+//!    (`transformer::DecodeTile`);
 //! 4. per row and token: logits → constraint mask (if any) →
 //!    [`sampler::sample`](super::sampler::sample) with `uniform_at(candidate seed, token
 //!    index)` → constraint `consume`; a row stops on a stop token, when its constraint is
@@ -24,11 +25,14 @@
 //!
 //! Children, each an `impl CandleEngine` over this file's fields: `load.rs` (a model file into
 //! an engine), `prefill.rs` (step 2, with the prefix store), `rows.rs` (steps 4 and 5 for one
-//! row, and its text). The decode loop (step 3) is here.
+//! row, and its text), `paged.rs` and `paged_step.rs` (the candle backend on the paged KV pool,
+//! the `paged` and `fused` switches). The decode loop (step 3) is here.
 
 mod batch;
 mod forward;
 mod load;
+mod paged;
+mod paged_step;
 mod prefill;
 mod readback;
 mod rows;
@@ -48,7 +52,7 @@ use super::prompt_text::PromptEncoder;
 use super::sampler::SamplingParams;
 use super::step_split::StepSplit;
 use super::switches::EngineSwitches;
-use super::transformer::{KvCache, Transformer, TransformerConfig};
+use super::transformer::{DecodeTile, KvCache, Transformer, TransformerConfig};
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, GenerateOutput, GenerateRequest, Job,
     JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
@@ -127,6 +131,8 @@ pub(crate) enum Reuse {
 enum DecodeCache {
     /// Lockstep rows (`None` until expanded).
     Candle(Option<KvCache>),
+    /// Block tables of the paged pool (the `paged`/`fused` switches on the candle backend).
+    Paged(paged::PagedJob),
     Cpu(CpuCache),
 }
 
@@ -177,6 +183,10 @@ pub struct CandleEngine {
     split: StepSplit,
     /// The last decode step's logits on the host, which the rows sample from next.
     step_logits: readback::StepLogits,
+    /// The paged path (candle backend, `paged` or `fused` switch on), else `None`.
+    paging: Option<paged::Paging>,
+    /// Test only: the decode tile instead of the device's ([`CandleEngine::set_decode_tile`]).
+    tile: Option<DecodeTile>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -198,13 +208,14 @@ impl CandleEngine {
         self.size_kv_pool();
     }
 
-    /// The CPU path's pool of KV blocks holds the jobs' budget and what the prefix stores
-    /// may keep.
-    fn size_kv_pool(&self) {
+    /// The pool of KV blocks holds the jobs' budget and what the prefix stores may keep: the
+    /// CPU path's is resized; the paged path's is made again at the next job.
+    fn size_kv_pool(&mut self) {
         if let Backend::Cpu(m) = &self.model {
             m.kv_pool()
                 .set_capacity_bytes(self.kv_budget.saturating_add(self.stores_budget()));
         }
+        self.drop_paged_pool();
     }
 
     /// Bytes the two prefix stores may hold together.
@@ -220,12 +231,15 @@ impl CandleEngine {
         };
         match cache {
             DecodeCache::Cpu(c) => prefill::keep(store, prompt, c),
+            // The paged path's store holds tables of its pool only.
+            DecodeCache::Candle(Some(_)) if self.paging.is_some() => {}
             DecodeCache::Candle(Some(c)) => {
                 // The store only saves work: a prompt it cannot copy is not kept.
                 if let Err(e) = prefill::keep_candle(store, prompt, c) {
                     tracing::debug!("prompt not kept for reuse: {e}");
                 }
             }
+            DecodeCache::Paged(p) => prefill::keep_paged(store, prompt, p),
             DecodeCache::Candle(None) => {}
         }
     }
@@ -265,6 +279,19 @@ impl CandleEngine {
     #[doc(hidden)]
     pub fn set_fast_forward(&mut self, on: bool) {
         self.fast_forward = on;
+    }
+
+    /// Test only: decode steps on the candle backend run their projections on tiles of `rows`
+    /// rows instead of the device's (the CPU's 8, CUDA's 64): lets a CPU test count a step's
+    /// operations at the tile a GPU runs. Changes the numerics; never set in production.
+    #[doc(hidden)]
+    pub fn set_decode_tile(&mut self, rows: usize) {
+        self.tile = Some(DecodeTile(rows.max(1)));
+    }
+
+    /// The decode tile in force: the device's unless a test set one.
+    fn decode_tile(&self, device: &candle_core::Device) -> DecodeTile {
+        self.tile.unwrap_or_else(|| DecodeTile::for_device(device))
     }
 
     /// Tokens the last job took by forced-token fast-forward (fed without sampling).
@@ -377,6 +404,7 @@ impl CandleEngine {
                     );
                 }
             }
+            DecodeCache::Paged(p) => CandleEngine::fork_rows(p, n),
             DecodeCache::Cpu(c) => c.add_rows(n, max_new),
         }
         Ok(())
@@ -522,6 +550,7 @@ impl Engine for CandleEngine {
     fn kv_block_positions(&self) -> u64 {
         match &self.model {
             Backend::Cpu(_) => crate::engine::cpu::kv_pool::BLOCK_POSITIONS as u64,
+            Backend::Candle(_) if self.paging.is_some() => crate::engine::kernels::BLOCK as u64,
             Backend::Candle(_) => 1,
         }
     }
@@ -534,7 +563,7 @@ impl Engine for CandleEngine {
     fn kv_blocks(&self) -> Option<super::PoolStats> {
         match &self.model {
             Backend::Cpu(m) => Some(m.kv_pool().stats()),
-            Backend::Candle(_) => None,
+            Backend::Candle(_) => self.paged_stats(),
         }
     }
 }

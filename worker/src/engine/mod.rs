@@ -238,6 +238,16 @@ pub fn numerics_known(numerics: &str) -> bool {
         return false;
     };
     let kind = device_info::device_kind(device);
+    // The candle backend on the paged path appends the kernels it runs to its dtype.
+    let dtype = match dtype.split_once(';') {
+        Some((candle, kernels)) if kernels::suffix_known(kernels) => match candle {
+            "cuda-f32" | "cuda-bf16" | "cpu-f32" | "cpu-bf16" => candle,
+            "f32-dequantized" | "gguf-quantized" => candle,
+            _ => return false,
+        },
+        Some(_) => return false,
+        None => dtype,
+    };
     let dtype_fits = match dtype {
         "cpu-q8-fixed-order" | "cpu-f32-fixed-order" | "cpu-f32" | "cpu-bf16" => kind == "cpu",
         "cuda-f32" | "cuda-bf16" => kind == "cuda",
@@ -395,6 +405,11 @@ mod tests {
             format!("candle-{v}|cuda-bf16|cuda"),
             format!("candle-{v}|gguf-quantized|cuda"),
             format!("candle-{v}|cuda-bf16|cuda(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)"),
+            format!("candle-{v}|cuda-bf16;kernels=paged-attn+silu-mul|cuda"),
+            format!("candle-{v}|cpu-f32;kernels=none|cpu"),
+            format!(
+                "candle-{v}|f32-dequantized;kernels=paged-attn+add-rmsnorm+qk-rope-kv+silu-mul|cpu"
+            ),
         ] {
             assert!(numerics_known(&ok), "{ok}");
         }
@@ -405,6 +420,12 @@ mod tests {
             format!("candle-{v}|cpu-f32|cpu|extra"),
             format!("candle-{v}|cpu-f32|cpu(NVIDIA H200; cc 9.0; 132 SMs; cuBLAS 13.1.0)"),
             format!("candle-{v}|cuda-bf16|cuda(made up"),
+            format!("candle-{v}|cuda-bf16;kernels=made-up|cuda"),
+            format!("candle-{v}|cuda-bf16;kernels=silu-mul+paged-attn|cuda"),
+            format!("candle-{v}|cuda-bf16;kernels=silu-mul+silu-mul|cuda"),
+            format!("candle-{v}|cuda-bf16;kernels=|cuda"),
+            format!("candle-{v}|cpu-q8-fixed-order;kernels=none|cpu"),
+            format!("candle-{v}|cpu-f32;kernels=none|cuda"),
             String::new(),
         ] {
             assert!(!numerics_known(&made_up), "{made_up}");

@@ -6,9 +6,13 @@
 //! |----------|---------------|---------|-----------------|
 //! | events   | on, off       | off     | cudarc event tracking on the CUDA device (off: one explicit stream) |
 //! | readback | once, per-job | once    | logits copied to the host once a step into a reused buffer, or per job (the old path) |
-//! | paged    | on, off       | off     | paged batched decode attention on the candle backend |
-//! | fused    | on, off       | off     | fused kernels (add+RMSnorm, q/k-norm+RoPE+KV write, SiLU*mul) |
+//! | paged    | auto, on, off | auto    | paged batched decode attention on the candle backend |
+//! | fused    | auto, on, off | auto    | fused kernels (add+RMSnorm, q/k-norm+RoPE+KV write, SiLU*mul) |
 //! | graphs   | on, off       | off     | CUDA graphs for the decode step |
+//!
+//! `auto` is on for a model on CUDA and off on the CPU ([`EngineSwitches::kernels_on`]), so the
+//! CPU candle path stays what it was unless asked. With either on, the candle backend's decode
+//! step runs the batched paged path, each kernel only where the device's self-check passed it.
 //!
 //! An unknown name or value is an error ([`SwitchError`], stable code [`SWITCH_ERROR_CODE`]),
 //! never ignored: a typo must not silently measure the default. [`EngineSwitches`]' `Display`
@@ -41,10 +45,10 @@ pub struct EngineSwitches {
     pub events: bool,
     /// `readback`.
     pub readback: Readback,
-    /// `paged`: paged batched decode attention (not wired yet: parsed, no effect).
-    pub paged: bool,
-    /// `fused`: fused kernels (not wired yet: parsed, no effect).
-    pub fused: bool,
+    /// `paged`: paged batched decode attention; `None` is `auto` (see [`Self::kernels_on`]).
+    pub paged: Option<bool>,
+    /// `fused`: fused kernels and concatenated projections; `None` is `auto`.
+    pub fused: Option<bool>,
     /// `graphs`: CUDA graphs for the decode step (not built: parsed, no effect).
     pub graphs: bool,
 }
@@ -62,6 +66,17 @@ impl SwitchError {
 }
 
 const NAMES: [&str; 5] = ["events", "readback", "paged", "fused", "graphs"];
+
+fn auto_on_off(name: &str, value: &str) -> Result<Option<bool>, SwitchError> {
+    match value {
+        "auto" => Ok(None),
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        _ => Err(SwitchError(format!(
+            "`{name}={value}`: {name} is `auto`, `on` or `off`"
+        ))),
+    }
+}
 
 fn on_off(name: &str, value: &str) -> Result<bool, SwitchError> {
     match value {
@@ -103,8 +118,8 @@ impl EngineSwitches {
                         }
                     }
                 }
-                "paged" => s.paged = on_off(name, value)?,
-                "fused" => s.fused = on_off(name, value)?,
+                "paged" => s.paged = auto_on_off(name, value)?,
+                "fused" => s.fused = auto_on_off(name, value)?,
                 "graphs" => s.graphs = on_off(name, value)?,
                 _ => {
                     return Err(SwitchError(format!(
@@ -116,6 +131,11 @@ impl EngineSwitches {
             seen.push(name);
         }
         Ok(s)
+    }
+
+    /// `(paged, fused)` for a model on CUDA (`cuda`) or on the CPU: `auto` is on on CUDA.
+    pub fn kernels_on(&self, cuda: bool) -> (bool, bool) {
+        (self.paged.unwrap_or(cuda), self.fused.unwrap_or(cuda))
     }
 
     /// The switches [`SWITCHES_VAR`] sets (unset or empty: the defaults).
@@ -132,9 +152,10 @@ impl EngineSwitches {
 
 impl fmt::Display for EngineSwitches {
     /// The canonical list: every switch, in a fixed order, e.g.
-    /// `events=off,readback=once,paged=off,fused=off,graphs=off`.
+    /// `events=off,readback=once,paged=auto,fused=auto,graphs=off`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let oo = |b: bool| if b { "on" } else { "off" };
+        let auto = |b: Option<bool>| b.map_or("auto", oo);
         let readback = match self.readback {
             Readback::Once => "once",
             Readback::PerJob => "per-job",
@@ -143,8 +164,8 @@ impl fmt::Display for EngineSwitches {
             f,
             "events={},readback={readback},paged={},fused={},graphs={}",
             oo(self.events),
-            oo(self.paged),
-            oo(self.fused),
+            auto(self.paged),
+            auto(self.fused),
             oo(self.graphs)
         )
     }
@@ -160,19 +181,28 @@ mod tests {
         assert_eq!(d, EngineSwitches::default());
         assert_eq!(
             d.to_string(),
-            "events=off,readback=once,paged=off,fused=off,graphs=off"
+            "events=off,readback=once,paged=auto,fused=auto,graphs=off"
         );
+        assert_eq!(d.kernels_on(true), (true, true), "auto is on on CUDA");
+        assert_eq!(
+            d.kernels_on(false),
+            (false, false),
+            "auto is off on the CPU"
+        );
+        let s = EngineSwitches::parse("paged=on,fused=off").unwrap();
+        assert_eq!(s.kernels_on(false), (true, false));
+        assert_eq!(s.kernels_on(true), (true, false));
     }
 
     #[test]
     fn named_switches_change_and_the_canonical_list_reads_back() {
         let s = EngineSwitches::parse(" readback=per-job , events=on,graphs=on,").unwrap();
         assert_eq!(s.readback, Readback::PerJob);
-        assert!(s.events && s.graphs && !s.paged && !s.fused);
+        assert!(s.events && s.graphs && s.paged.is_none() && s.fused.is_none());
         let canonical = s.to_string();
         assert_eq!(
             canonical,
-            "events=on,readback=per-job,paged=off,fused=off,graphs=on"
+            "events=on,readback=per-job,paged=auto,fused=auto,graphs=on"
         );
         assert_eq!(EngineSwitches::parse(&canonical).unwrap(), s);
     }
@@ -184,6 +214,7 @@ mod tests {
             "evnets=on",
             "paged",
             "fused=yes",
+            "paged=maybe",
             "events=on,events=off",
         ] {
             let e = EngineSwitches::parse(bad).unwrap_err();

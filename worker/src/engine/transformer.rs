@@ -28,11 +28,13 @@
 mod attention;
 mod decode;
 pub mod ops;
+mod paged;
 
 use candle_core::quantized::QMatMul;
 
 use candle_core::{DType, Device, Module, Tensor};
 pub use decode::{DecodePart, DecodeTile};
+pub use paged::PagedStep;
 
 pub use super::model_config::{RopeStyle, TransformerConfig};
 
@@ -90,6 +92,14 @@ pub struct Layer {
     pub w_down: Linear,
 }
 
+/// One layer's projections concatenated for the fused decode step: `q|k|v` and `gate|up`
+/// (one GEMM each; [`crate::engine::kernels::weights`]).
+#[derive(Debug, Clone)]
+pub struct FusedWeights {
+    pub wqkv: Linear,
+    pub w_gate_up: Linear,
+}
+
 /// The weights of a loaded model. Immutable after load; every forward takes `&self`.
 #[derive(Debug)]
 pub struct Transformer {
@@ -99,6 +109,10 @@ pub struct Transformer {
     pub layers: Vec<Layer>,
     pub final_norm: Tensor,
     pub lm_head: Linear,
+    /// Per layer, the concatenated projections of the fused decode step (empty unless
+    /// [`Transformer::fuse_weights`] made them: dense weights only). The separate ones stay
+    /// for the prefill and the unfused step.
+    pub fused: Vec<FusedWeights>,
     /// RoPE tables `(max_context, rot_dim/2)`.
     cos: Tensor,
     sin: Tensor,
@@ -137,6 +151,21 @@ pub struct KvPrefix {
 }
 
 impl KvPrefix {
+    /// A prefix from each layer's keys and values `(len, n_kv_head, head_dim)` (read from
+    /// the paged pool).
+    pub fn from_positions(layers: Vec<(Tensor, Tensor)>) -> candle_core::Result<KvPrefix> {
+        let len = match layers.first() {
+            Some((k, _)) => k.dim(0)?,
+            None => 0,
+        };
+        let heads = |t: &Tensor| t.transpose(0, 1)?.unsqueeze(0)?.contiguous();
+        let layers = layers
+            .iter()
+            .map(|(k, v)| Ok((heads(k)?, heads(v)?)))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(KvPrefix { layers, len })
+    }
+
     /// Positions held.
     pub fn len(&self) -> usize {
         self.len
@@ -261,6 +290,30 @@ impl KvCache {
             .map(|(k, v)| Ok((copy(k)?, copy(v)?)))
             .collect::<candle_core::Result<_>>()?;
         Ok(KvPrefix { layers, len })
+    }
+
+    /// Layer `li`'s keys and values at positions `from..from + len` of this one-row cache
+    /// (before [`expand`](Self::expand)), each `(len, n_kv_head, head_dim)` contiguous: what
+    /// the paged pool receives after a prefill.
+    pub fn positions(
+        &self,
+        li: usize,
+        from: usize,
+        len: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        if self.batch != 1 || !self.shared.is_empty() || from + len > self.len {
+            candle_core::bail!(
+                "positions {from}..{} of a cache of {}",
+                from + len,
+                self.len
+            )
+        }
+        let (k, v) = &self.layers[li];
+        let rows = |t: &Tensor| {
+            let part = t.narrow(2, from, len)?.squeeze(0)?.transpose(0, 1)?;
+            ops::contiguous(&part)
+        };
+        Ok((rows(k)?, rows(v)?))
     }
 
     /// Starts this empty one-row cache at position `len`, its first `len` positions copied
@@ -407,6 +460,7 @@ impl Transformer {
             layers,
             final_norm,
             lm_head,
+            fused: Vec::new(),
             max_context,
             device: device.clone(),
         })
@@ -414,6 +468,42 @@ impl Transformer {
 
     pub fn max_context(&self) -> usize {
         self.max_context
+    }
+
+    /// Makes every layer's concatenated `q|k|v` and `gate|up` projections when all of them
+    /// are dense (quantized ones keep their separate GEMMs); returns whether it did.
+    pub fn fuse_weights(&mut self) -> candle_core::Result<bool> {
+        use crate::engine::kernels::weights::{concat_bias, concat_dense};
+        let dense = |l: &Linear| match &l.weight {
+            LinearWeight::Dense(w) => Some(w.clone()),
+            LinearWeight::Quantized(_) => None,
+        };
+        let mut fused = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let (Some(q), Some(k), Some(v), Some(g), Some(u)) = (
+                dense(&l.wq),
+                dense(&l.wk),
+                dense(&l.wv),
+                dense(&l.w_gate),
+                dense(&l.w_up),
+            ) else {
+                return Ok(false);
+            };
+            let bias = concat_bias(&[l.wq.bias.as_ref(), l.wk.bias.as_ref(), l.wv.bias.as_ref()])?;
+            let gate_bias = concat_bias(&[l.w_gate.bias.as_ref(), l.w_up.bias.as_ref()])?;
+            fused.push(FusedWeights {
+                wqkv: Linear {
+                    weight: LinearWeight::Dense(concat_dense(&[&q, &k, &v])?),
+                    bias,
+                },
+                w_gate_up: Linear {
+                    weight: LinearWeight::Dense(concat_dense(&[&g, &u])?),
+                    bias: gate_bias,
+                },
+            });
+        }
+        self.fused = fused;
+        Ok(true)
     }
 
     pub fn device(&self) -> &Device {

@@ -7,7 +7,9 @@
 //! A row's tokens never depend on what shares its steps: its logits come from its own prompt
 //! and tokens ([`CpuModel::forward_parts`] keeps every position's arithmetic what it is alone;
 //! on the candle backend `Transformer::forward_decode` runs every projection on fixed tiles of
-//! rows and a prefill chunk in a forward call of its own),
+//! rows and a prefill chunk in a forward call of its own; its paged step,
+//! `Transformer::forward_decode_paged`, keeps the tiles and reduces each row's attention in an
+//! order fixed by the row's own length),
 //! its draw is `uniform_at(seed, token index)`, and the prompt's prefill follows the fixed
 //! chunk schedule whatever step it runs in. `tests/engine_batching.rs` checks it on the real
 //! model. Also here: building a job's rows from its request and its output from its rows,
@@ -269,8 +271,11 @@ impl CandleEngine {
 
     /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
     /// looked up when the prefill starts, [`Self::look_up_prefix`]), or a one-row cache for
-    /// the prompt's prefill (candle backend).
-    fn new_job_cache(&self, prompt: &[u32]) -> Result<DecodeCache, EngineError> {
+    /// the prompt's prefill (candle backend; on the paged path with an empty table).
+    fn new_job_cache(&mut self, prompt: &[u32]) -> Result<DecodeCache, EngineError> {
+        if self.paging.is_some() {
+            return self.new_paged_job(prompt.len());
+        }
         match &self.model {
             Backend::Cpu(model) => Ok(DecodeCache::Cpu(model.new_cache(prompt.len()))),
             Backend::Candle(model) => {
@@ -305,6 +310,7 @@ impl CandleEngine {
                 Err(e) => return Err(EngineError::Model(e)),
             },
             DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache),
+            DecodeCache::Paged(p) => prefill::paged_lookup(store, &j.prompt, p),
             DecodeCache::Candle(None) => 0,
         };
         (j.prefilled, j.reused) = (reused, reused);
@@ -327,6 +333,7 @@ impl CandleEngine {
                     tracing::debug!("prompt not kept for reuse: {e}");
                 }
             }
+            DecodeCache::Paged(p) => prefill::keep_paged(store, &job.prompt, p),
             DecodeCache::Candle(None) => return Ok(()),
         }
         job.published = true;
@@ -449,6 +456,7 @@ impl CandleEngine {
         // input by input, row by row.
         let mut chunk_logits = match &self.model {
             Backend::Cpu(_) => self.forward_cpu(live, &inputs)?,
+            Backend::Candle(_) if self.paging.is_some() => self.forward_paged(live, &inputs)?,
             Backend::Candle(_) => self.forward_candle(live, &inputs)?,
         };
         let t1 = Instant::now();
@@ -460,6 +468,9 @@ impl CandleEngine {
                     j.prefilled += i.tokens.len();
                     j.prefill_us += (t1 - t0).as_micros() as u64;
                     if j.decoding() {
+                        if let DecodeCache::Paged(p) = &mut j.cache {
+                            self.seal_prompt(p)?;
+                        }
                         self.publish_prompt(j)?;
                         self.start_rows(j, chunk_logits.take().unwrap_or_default())?;
                     }
@@ -483,8 +494,17 @@ impl CandleEngine {
     /// waits for others to end, and none fails or is evicted. The step a prefill runs in
     /// changes no bit.
     fn may_prefill(&self, live: &[Live]) -> bool {
-        let Backend::Cpu(model) = &self.model else {
-            return true;
+        // Per row, the paged path may copy the prompt's partial last block.
+        let (b, block_bytes, per_row) = match (&self.model, self.paged_stats()) {
+            (Backend::Cpu(model), _) => (
+                crate::engine::cpu::kv_pool::BLOCK_POSITIONS,
+                model.kv_pool().block_bytes(),
+                0,
+            ),
+            (Backend::Candle(_), Some(stats)) => {
+                (crate::engine::kernels::BLOCK, stats.block_bytes, 1)
+            }
+            (Backend::Candle(_), None) => return true,
         };
         let begun = |j: &Live| j.decoding() || j.prefilled > j.reused;
         let Some(next) = live.iter().position(|j| !j.decoding()) else {
@@ -494,15 +514,14 @@ impl CandleEngine {
             return true;
         }
         let need = |j: &Live| {
-            let b = crate::engine::cpu::kv_pool::BLOCK_POSITIONS;
             let max_new = j.rows.iter().map(|r| r.max_new).max().unwrap_or(0);
-            (j.prompt.len().div_ceil(b) + j.rows.len() * max_new.div_ceil(b)) as u64
+            (j.prompt.len().div_ceil(b) + j.rows.len() * (max_new.div_ceil(b) + per_row)) as u64
         };
         let held: Vec<u64> = live.iter().filter(|j| begun(j)).map(need).collect();
         if held.is_empty() {
             return true;
         }
-        let blocks = self.kv_budget / model.kv_pool().block_bytes().max(1) as u64;
+        let blocks = self.kv_budget / block_bytes.max(1) as u64;
         held.iter().sum::<u64>() + need(&live[next]) <= blocks
     }
 

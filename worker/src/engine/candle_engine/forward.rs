@@ -20,10 +20,23 @@ use super::{Backend, CandleEngine, DecodeCache};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, Part};
 use crate::engine::switches::Readback;
-use crate::engine::transformer::{DecodePart, DecodeTile, KvCache, ops};
+use crate::engine::transformer::{DecodePart, KvCache, Transformer, ops};
 
 fn me(e: candle_core::Error) -> EngineError {
     EngineError::Model(e.to_string())
+}
+
+/// One prefill chunk of `tokens` into the one-row `cache`: the logits of its last token.
+pub(super) fn prefill_chunk(
+    model: &Transformer,
+    tokens: &[u32],
+    cache: &mut KvCache,
+) -> Result<Vec<f32>, EngineError> {
+    let input = Tensor::new(tokens, model.device())
+        .and_then(|t| t.unsqueeze(0))
+        .map_err(me)?;
+    let logits = model.forward(&input, cache).map_err(me)?;
+    logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)
 }
 
 impl CandleEngine {
@@ -42,7 +55,7 @@ impl CandleEngine {
             .iter_mut()
             .map(|j| match &mut j.cache {
                 DecodeCache::Cpu(c) => Some(c),
-                DecodeCache::Candle(_) => None,
+                DecodeCache::Candle(_) | DecodeCache::Paged(_) => None,
             })
             .collect();
         let mut parts = Vec::with_capacity(inputs.len());
@@ -110,7 +123,7 @@ impl CandleEngine {
             .iter_mut()
             .map(|j| match &mut j.cache {
                 DecodeCache::Candle(c) => c.as_mut(),
-                DecodeCache::Cpu(_) => None,
+                DecodeCache::Cpu(_) | DecodeCache::Paged(_) => None,
             })
             .collect();
         // The decoded parts, and each fed row's place among the parts' rows (`at`, from 0).
@@ -122,11 +135,7 @@ impl CandleEngine {
             match &i.rows {
                 None => {
                     let t = Instant::now();
-                    let input = Tensor::new(i.tokens.as_slice(), model.device())
-                        .and_then(|t| t.unsqueeze(0))
-                        .map_err(me)?;
-                    let logits = model.forward(&input, cache).map_err(me)?;
-                    chunk = Some(logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)?);
+                    chunk = Some(prefill_chunk(model, &i.tokens, cache)?);
                     self.split.prefill += t.elapsed();
                     self.split.prefill_steps += 1;
                 }
@@ -162,7 +171,7 @@ impl CandleEngine {
         let Backend::Candle(model) = &self.model else {
             return Err(EngineError::Model("not the candle backend".into()));
         };
-        let tile = DecodeTile::for_device(model.device());
+        let tile = self.decode_tile(model.device());
         let (ops0, t0) = (ops::issued(), Instant::now());
         let split = match self.switches.readback {
             Readback::Once => {

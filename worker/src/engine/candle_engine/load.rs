@@ -111,6 +111,7 @@ impl CandleEngine {
         };
         engine.pool = pool;
         engine.switches = switches;
+        engine.enable_paging()?;
         engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
     }
@@ -259,6 +260,8 @@ impl CandleEngine {
             switches: EngineSwitches::default(),
             split: StepSplit::default(),
             step_logits: super::readback::StepLogits::new(vocab),
+            paging: None,
+            tile: None,
         })
     }
 }

@@ -9,6 +9,7 @@
 
 use candle_core::Tensor;
 
+use super::paged::{Held, PagedJob};
 use super::{Backend, CandleEngine, DecodeCache, PREFILL_CHUNK, Reuse, chunk_end, store_of};
 use crate::engine::EngineError;
 use crate::engine::cpu::model::{CpuCache, CpuModel, Slot, Workspace};
@@ -21,6 +22,8 @@ use crate::engine::transformer::{KvCache, KvPrefix};
 pub(super) enum Kept {
     Cpu(CpuCache),
     Candle(KvPrefix),
+    /// The paged path's prompt: a table sharing its whole chunks' blocks.
+    Paged(Held),
 }
 
 /// A prefix store of either backend's prompts.
@@ -165,6 +168,64 @@ pub(super) fn candle_lookup(
     }
     match cache.load_prefix(p, whole) {
         Ok(()) => whole,
+        Err(e) => {
+            tracing::debug!("stored prefix not reused: {e}");
+            0
+        }
+    }
+}
+
+/// Keeps the whole chunks of a paged job's sealed prompt in `store`, which is on: a table
+/// sharing their blocks (no copy). Nothing for a prompt shorter than a chunk, or not yet in
+/// the pool.
+pub(super) fn keep_paged(store: &mut Store, prompt: &[u32], job: &PagedJob) {
+    let whole = prompt.len() / PREFILL_CHUNK * PREFILL_CHUNK;
+    if whole == 0 || job.prompt.len() < whole || store.refresh(&prompt[..whole]) {
+        return;
+    }
+    match job.prompt.share(whole) {
+        Ok(held) => {
+            let bytes = held.bytes();
+            store.insert(prompt[..whole].to_vec(), Kept::Paged(held), bytes);
+        }
+        Err(e) => tracing::debug!("prompt not kept for reuse: {e}"),
+    }
+}
+
+/// Starts the paged `job` of `prompt` (nothing prefilled yet) after the longest run of whole
+/// chunks the store holds for it: its prompt table shares their blocks, and its prefill cache
+/// gets a copy of their keys and values (the prefill attends to them). Returns the positions
+/// reused (0 on a miss, without a store, or when the prefix cannot be read: logged).
+pub(super) fn paged_lookup(store: Option<&mut Store>, prompt: &[u32], job: &mut PagedJob) -> usize {
+    let Some(hit) = store.and_then(|s| s.lookup(prompt)) else {
+        return 0;
+    };
+    let Kept::Paged(stored) = hit.value else {
+        return 0;
+    };
+    let whole = hit.len / PREFILL_CHUNK * PREFILL_CHUNK;
+    let Some(cache) = job.prefill.as_mut() else {
+        return 0;
+    };
+    if whole == 0 || !stored.same_pool(&job.prompt) || job.prompt.len() != 0 {
+        return 0;
+    }
+    let loaded = stored
+        .share(whole)
+        .map_err(|e| e.to_string())
+        .and_then(|table| {
+            let layers = stored.read(whole).map_err(|e| e.to_string())?;
+            let prefix = KvPrefix::from_positions(layers).map_err(|e| e.to_string())?;
+            cache
+                .load_prefix(&prefix, whole)
+                .map_err(|e| e.to_string())?;
+            Ok(table)
+        });
+    match loaded {
+        Ok(table) => {
+            job.prompt = table;
+            whole
+        }
         Err(e) => {
             tracing::debug!("stored prefix not reused: {e}");
             0

@@ -1,8 +1,8 @@
 //! Kernels of the candle backend's decode step, each a candle op with a CPU reference of the
 //! very same computation (run on CPU and in CI) and a CUDA kernel (`worker/kernels/*.cu`,
 //! compiled to PTX at build time under the `cuda` feature), and the paged KV pool they read
-//! and write. Self-contained: the decode loop adopts them behind the `paged` and `fused`
-//! engine switches, and only those the device's [`self_check`] found right.
+//! and write. The candle backend's decode step runs them behind the `paged` and `fused`
+//! engine switches ([`dispatch`]), only those the device's [`self_check`] found right.
 //!
 //! # Modules
 //! - [`pool`]: the paged KV pool (blocks, reference counts, copy-on-write, slot mapping).
@@ -15,11 +15,13 @@
 //! - [`reference`]: each kernel's composition from plain candle ops (the self-check's and
 //!   the tests' yardstick).
 //! - [`self_check`]: each kernel against its composition on the device; which are usable.
+//! - [`dispatch`]: the kernels a decode step runs, each else its composition.
 
 use candle_core::{CpuStorage, Layout, Storage, Tensor, WithDType};
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod dispatch;
 pub mod fused;
 pub mod paged_attention;
 pub mod params;
@@ -32,12 +34,13 @@ pub mod weights;
 #[cfg(test)]
 mod tests;
 
+pub use dispatch::KernelUse;
 pub use fused::{add_rms_norm, silu_mul};
 pub use paged_attention::paged_decode_attention;
 pub use params::{PARTITION, QkvSpec, Rope, RopePairs};
 pub use pool::{BLOCK, BlockTable, PAD_SLOT, PagedKvPool, PoolError, PoolShape, row_table_tensor};
 pub use qkv_rope::{kv_norm_rope_write, q_norm_rope};
-pub use self_check::{KernelCheck, KernelId, SelfCheckReport, self_check};
+pub use self_check::{KernelCheck, KernelId, SelfCheckReport, self_check, suffix_known};
 
 fn shape_err(msg: String) -> candle_core::Error {
     candle_core::Error::Msg(msg)

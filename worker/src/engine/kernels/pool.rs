@@ -37,8 +37,9 @@ pub enum PoolError {
     Candle(#[from] candle_core::Error),
 }
 
-/// The blocks of one sequence (a prompt, a row, a stored prefix), in position order.
-#[derive(Debug, PartialEq, Eq)]
+/// The blocks of one sequence (a prompt, a row, a stored prefix), in position order. The
+/// default is an empty table (a pad row's).
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct BlockTable {
     blocks: Vec<u32>,
     len: usize,
@@ -234,7 +235,8 @@ impl PagedKvPool {
     /// Copies block `src` into block `dst` in every layer.
     fn copy_block(&mut self, src: u32, dst: u32) -> candle_core::Result<()> {
         for layer in &self.layers {
-            let block = layer.narrow(0, src as usize, 1)?.copy()?;
+            // Only the block: `copy` of a view would clone the whole layer's storage.
+            let block = layer.narrow(0, src as usize, 1)?.force_contiguous()?;
             layer.slice_set(&block, 0, dst as usize)?;
         }
         Ok(())

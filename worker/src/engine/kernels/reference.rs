@@ -103,7 +103,8 @@ pub fn gather_slots(pool_layer: &Tensor, slots: &Tensor) -> candle_core::Result<
 
 /// Dense decode attention of each row over its table's positions, in f32 with one softmax
 /// (gathering the row's keys and values by slot first): `(rows, n_head, head_dim)` in `q`'s
-/// dtype. The table is the one [`super::pool::row_table_tensor`] makes.
+/// dtype; zeros for a row of length 0 (a pad row). The table is the one
+/// [`super::pool::row_table_tensor`] makes.
 pub fn paged_decode_attention(
     q: &Tensor,
     pool_layer: &Tensor,
@@ -116,6 +117,11 @@ pub fn paged_decode_attention(
     let mut outs = Vec::with_capacity(rows);
     for (r, row) in table.iter().enumerate() {
         let len = row[0] as usize;
+        if len == 0 {
+            // A pad row attends to nothing: zeros, as the kernel gives.
+            outs.push(Tensor::zeros((n_head, d), DType::F32, q.device())?);
+            continue;
+        }
         let slots: Vec<u32> = (0..len)
             .map(|p| row[1 + p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32)
             .collect();
@@ -132,4 +138,33 @@ pub fn paged_decode_attention(
         outs.push(w.matmul(&v)?.reshape((n_head, d))?);
     }
     Tensor::stack(&outs, 0)?.to_dtype(q.dtype())
+}
+
+/// Writes keys and values `(rows, n_kv, head_dim)` into `pool_layer` at `slots` (host slot
+/// ids; a [`super::pool::PAD_SLOT`] row is skipped) with one scatter: the K/V write of the
+/// unfused path, and how a prefilled prompt's positions reach the pool.
+pub fn write_slots(
+    pool_layer: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    slots: &[u32],
+) -> candle_core::Result<()> {
+    let (nb, _, _, n_kv, d) = pool_layer.dims5()?;
+    let (rows, w) = (slots.len(), n_kv * d);
+    // The pool as rows of one position's heads: keys of slot s at row (s/B)*2B + s%B, values
+    // B rows further.
+    let flat = pool_layer.reshape((nb * 2 * BLOCK, w))?;
+    let mut idx = Vec::with_capacity(2 * rows * w);
+    for value in [0, BLOCK as u32] {
+        for &s in slots {
+            let row = match s {
+                super::pool::PAD_SLOT => u32::MAX,
+                s => (s / BLOCK as u32) * 2 * BLOCK as u32 + s % BLOCK as u32 + value,
+            };
+            idx.extend(std::iter::repeat_n(row, w));
+        }
+    }
+    let idx = Tensor::from_vec(idx, (2 * rows, w), pool_layer.device())?;
+    let src = Tensor::cat(&[k.reshape((rows, w))?, v.reshape((rows, w))?], 0)?;
+    flat.scatter_set(&idx, &src.to_dtype(pool_layer.dtype())?, 0)
 }

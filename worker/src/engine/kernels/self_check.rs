@@ -105,6 +105,19 @@ impl SelfCheckReport {
     }
 }
 
+/// Whether `suffix` is one [`SelfCheckReport::fingerprint_suffix`] can write: `kernels=none`
+/// or kernel names joined by `+` in their fixed order, each once.
+pub fn suffix_known(suffix: &str) -> bool {
+    let Some(names) = suffix.strip_prefix("kernels=") else {
+        return false;
+    };
+    if names == "none" {
+        return true;
+    }
+    let mut rest = KernelId::ALL.iter().map(|k| k.name());
+    !names.is_empty() && names.split('+').all(|n| rest.any(|k| k == n))
+}
+
 /// Checks every kernel on `device` (see the module header).
 pub fn self_check(device: &Device) -> SelfCheckReport {
     check_all(device, None)

@@ -489,6 +489,59 @@ fn pad_rows_write_nothing_and_attend_to_zeros() {
     );
 }
 
+/// The decode step pads its rows to a whole tile: a kernel the self-check rejected runs its
+/// composition on pad rows too (once a softmax over no position panicked there).
+#[test]
+fn regression_the_compositions_take_pad_rows_like_the_kernels() {
+    let d = 64;
+    let (qkv, _, _, cos, sin) = qkv_case(d, DType::F32);
+    let spec = QkvSpec {
+        n_head: 4,
+        n_kv: 2,
+        head_dim: d,
+        q_norm: None,
+        k_norm: None,
+        eps: 1e-6,
+    };
+    let rope = Rope {
+        cos: &cos,
+        sin: &sin,
+        pairs: RopePairs::Halves,
+    };
+    let shape = PoolShape {
+        n_layer: 1,
+        n_kv_head: 2,
+        head_dim: d,
+        num_blocks: 2,
+    };
+    let (mut kernel, composed) = (
+        PagedKvPool::new(shape, DType::F32, &CPU).unwrap(),
+        PagedKvPool::new(shape, DType::F32, &CPU).unwrap(),
+    );
+    let mut row = kernel.empty_table();
+    let slot = kernel.append_slots(&mut row, 1).unwrap()[0];
+    let pos = Tensor::new(&[0u32, 0, 0], &CPU).unwrap();
+    let host = [PAD_SLOT, slot, PAD_SLOT];
+    let slots = Tensor::new(&host, &CPU).unwrap();
+    kv_norm_rope_write(kernel.layer(0), &qkv, &spec, &rope, &pos, &slots).unwrap();
+    let (k, v) = reference::kv_norm_rope(&qkv, &spec, &rope, &pos).unwrap();
+    reference::write_slots(composed.layer(0), &k, &v, &host).unwrap();
+    assert!(
+        max_err(kernel.layer(0), composed.layer(0)) < 1e-6,
+        "the scatter writes the real row only, as the kernel"
+    );
+    let q = q_norm_rope(&qkv, &spec, &rope, &pos).unwrap();
+    let pad = BlockTable::default();
+    let table = row_table_tensor(&[&pad, &row, &pad], &CPU).unwrap();
+    let scale = 1.0 / (d as f32).sqrt();
+    let want = paged_decode_attention(&q, kernel.layer(0), &table, scale).unwrap();
+    let got = reference::paged_decode_attention(&q, composed.layer(0), &table, scale).unwrap();
+    assert!(
+        max_err(&got, &want) < 1e-6,
+        "pad rows attend to zeros in both"
+    );
+}
+
 /// Runs only where a CUDA device is present (a GPU check); elsewhere it says so and passes.
 #[cfg(feature = "cuda")]
 #[test]

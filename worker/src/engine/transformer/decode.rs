@@ -40,7 +40,7 @@ pub struct DecodePart<'a> {
 }
 
 /// `l` applied to `x` (`(m, in)`, `m` a multiple of the tile) one tile of rows at a time.
-fn tiled(l: &Linear, x: &Tensor, tile: usize) -> candle_core::Result<Tensor> {
+pub(super) fn tiled(l: &Linear, x: &Tensor, tile: usize) -> candle_core::Result<Tensor> {
     let m = x.dim(0)?;
     if m == tile {
         return l.forward(x);

@@ -1,0 +1,266 @@
+//! The candle backend on the paged KV pool (the `paged` and `fused` engine switches,
+//! [`crate::engine::switches`]): at load the kernels' self-check, the concatenated weights and
+//! the fingerprint's kernel suffix ([`CandleEngine::enable_paging`]); a job's KV as block
+//! tables of one pool ([`PagedJob`]); the decode step is in `paged_step.rs`.
+//!
+//! The prefill is not paged: a prompt is prefilled as on the unfused path into a one-row
+//! cache, whose positions are then copied into the pool ([`CandleEngine::seal_prompt`]); the
+//! job's rows share the prompt's blocks (copy-on-write of its partial last block) and write
+//! their own. Blocks are counted by reference and go back to the pool when the last table
+//! holding them is dropped ([`Held`]): a job that ends, fails or is cancelled, and a prefix
+//! the store evicts, give theirs back without a call to forget.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use candle_core::Tensor;
+
+use super::{Backend, CandleEngine, DecodeCache};
+use crate::engine::EngineError;
+use crate::engine::cpu::kv_pool::PoolStats;
+use crate::engine::kernels::{
+    BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, reference, self_check,
+};
+use crate::engine::prefix_cache::PrefixStore;
+use crate::engine::transformer::{KvCache, ops};
+
+pub(super) fn me(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Model(e.to_string())
+}
+
+/// The pool a [`Held`] table belongs to.
+pub(super) type SharedPool = Arc<Mutex<PagedKvPool>>;
+
+pub(super) fn lock(pool: &SharedPool) -> MutexGuard<'_, PagedKvPool> {
+    // A panic while the pool was locked leaves counts that are still consistent per call.
+    pool.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The paged path's state: the kernels in use and the pool (made at the first job, sized by
+/// the KV budget and the prefix stores' budgets then; [`CandleEngine::size_kv_pool`] drops it
+/// to be remade when they change between runs).
+pub(super) struct Paging {
+    pub(super) kernels: KernelUse,
+    pub(super) pool: Option<SharedPool>,
+}
+
+/// A block table of the pool; its blocks go back when it is dropped.
+pub(super) struct Held {
+    pub(super) table: BlockTable,
+    pool: SharedPool,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("table", &self.table).finish()
+    }
+}
+
+impl Held {
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// A table of this one's first `len` positions, sharing its blocks.
+    pub(super) fn share(&self, len: usize) -> Result<Held, PoolError> {
+        let table = lock(&self.pool).share_prefix(&self.table, len)?;
+        Ok(Held {
+            table,
+            pool: self.pool.clone(),
+        })
+    }
+
+    /// Bytes of the blocks it holds.
+    pub(super) fn bytes(&self) -> usize {
+        self.table.blocks().len() * lock(&self.pool).stats().block_bytes
+    }
+
+    /// Whether `other` is a table of the same pool.
+    pub(super) fn same_pool(&self, other: &Held) -> bool {
+        Arc::ptr_eq(&self.pool, &other.pool)
+    }
+
+    /// Each layer's keys and values at this table's first `len` positions,
+    /// `(len, n_kv_head, head_dim)`: one row gather each from the layer seen as rows of one
+    /// position's heads (keys of slot `s` at row `(s/B)*2B + s%B`, values `B` rows further).
+    pub(super) fn read(&self, len: usize) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
+        let pool = lock(&self.pool);
+        let shape = pool.shape();
+        let (b, w) = (BLOCK as u32, shape.n_kv_head * shape.head_dim);
+        let rows = |value: u32| -> candle_core::Result<Tensor> {
+            let idx: Vec<u32> = (0..len)
+                .map(|p| {
+                    let s = self.table.slot(p).expect("a position the table holds");
+                    (s / b) * 2 * b + s % b + value
+                })
+                .collect();
+            Tensor::new(idx.as_slice(), pool.layer(0).device())
+        };
+        let (keys, values) = (rows(0)?, rows(b)?);
+        let heads = (len, shape.n_kv_head, shape.head_dim);
+        (0..shape.n_layer)
+            .map(|li| {
+                let flat = pool.layer(li).reshape((shape.num_blocks * 2 * BLOCK, w))?;
+                let k = flat.index_select(&keys, 0)?.reshape(heads)?;
+                let v = flat.index_select(&values, 0)?.reshape(heads)?;
+                Ok((k, v))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let table = std::mem::take(&mut self.table);
+        lock(&self.pool).release(table);
+    }
+}
+
+/// One job's KV on the paged path.
+pub(super) struct PagedJob {
+    /// The one-row cache the prompt is prefilled in; `None` once its positions are in the
+    /// pool ([`CandleEngine::seal_prompt`]).
+    pub(super) prefill: Option<KvCache>,
+    /// The prompt's positions in the pool (the leading ones shared from the prefix store).
+    pub(super) prompt: Held,
+    /// Each row's table after the prompt (empty until the rows start).
+    pub(super) rows: Vec<Held>,
+}
+
+impl CandleEngine {
+    /// Turns the paged path on when the switches ask for it on this device (`auto`: on CUDA):
+    /// runs the kernels' self-check, concatenates the projections for `fused`, and appends the
+    /// kernels in use to the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
+    /// both switches off nothing changes, the fingerprint included.
+    pub(super) fn enable_paging(&mut self) -> Result<(), EngineError> {
+        let Backend::Candle(model) = &mut self.model else {
+            return Ok(());
+        };
+        let (paged, fused) = self.switches.kernels_on(model.device().is_cuda());
+        if !paged && !fused {
+            return Ok(());
+        }
+        let report = self_check(model.device());
+        if fused {
+            model.fuse_weights().map_err(me)?;
+        }
+        let suffix = report.fingerprint_suffix(paged, fused);
+        tracing::info!(paged, fused, %suffix, "the candle backend decodes on the paged KV pool");
+        self.fingerprint.dtype = format!("{};{suffix}", self.fingerprint.dtype);
+        self.paging = Some(Paging {
+            kernels: KernelUse::new(&report, paged, fused),
+            pool: None,
+        });
+        Ok(())
+    }
+
+    /// The pool's shape for the budgets now: every block the KV budget and the prefix stores'
+    /// budgets hold (at least one).
+    fn pool_shape(&self) -> Option<PoolShape> {
+        let Backend::Candle(model) = &self.model else {
+            return None;
+        };
+        let bytes = self.kv_budget.saturating_add(self.stores_budget());
+        let c = &model.config;
+        let mut shape = PoolShape {
+            n_layer: c.n_layer,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            num_blocks: 0,
+        };
+        shape.num_blocks = PagedKvPool::blocks_for_bytes(shape, model.dtype(), bytes).max(1);
+        Some(shape)
+    }
+
+    /// The pool, made now (of [`Self::pool_shape`]) if it is not yet.
+    fn paged_pool(&mut self) -> Result<SharedPool, EngineError> {
+        let shape = self.pool_shape();
+        let (Backend::Candle(model), Some(paging), Some(shape)) =
+            (&self.model, &mut self.paging, shape)
+        else {
+            return Err(me("not the paged candle backend"));
+        };
+        if let Some(p) = &paging.pool {
+            return Ok(p.clone());
+        }
+        let pool = PagedKvPool::new(shape, model.dtype(), model.device()).map_err(me)?;
+        let pool = Arc::new(Mutex::new(pool));
+        paging.pool = Some(pool.clone());
+        Ok(pool)
+    }
+
+    /// The paged pool's blocks now (`None` off the paged path or before the first job).
+    pub(super) fn paged_stats(&self) -> Option<PoolStats> {
+        let pool = self.paging.as_ref()?.pool.as_ref()?;
+        Some(lock(pool).stats())
+    }
+
+    /// Drops the pool (remade at the next job with the budgets then) and the prefix stores'
+    /// entries in it when the budgets ask for another size and no job holds blocks; else
+    /// keeps it as it is.
+    pub(super) fn drop_paged_pool(&mut self) {
+        let blocks = self.pool_shape().map(|s| s.num_blocks);
+        let Some(paging) = &mut self.paging else {
+            return;
+        };
+        let same = match &paging.pool {
+            Some(p) => Some(lock(p).stats().capacity) == blocks,
+            None => true,
+        };
+        if !same && self.live.is_empty() {
+            self.prefix = PrefixStore::new(self.prefix.budget());
+            self.generate_prefix = PrefixStore::new(self.generate_prefix.budget());
+            paging.pool = None;
+        }
+    }
+
+    /// A joining job's KV on the paged path: a one-row cache for its prefill and an empty
+    /// prompt table.
+    pub(super) fn new_paged_job(&mut self, prompt_len: usize) -> Result<DecodeCache, EngineError> {
+        let pool = self.paged_pool()?;
+        let Backend::Candle(model) = &self.model else {
+            return Err(me("not the candle backend"));
+        };
+        let prefill = model.new_cache(1, prompt_len).map_err(me)?;
+        Ok(DecodeCache::Paged(PagedJob {
+            prefill: Some(prefill),
+            prompt: Held {
+                table: BlockTable::default(),
+                pool,
+            },
+            rows: Vec::new(),
+        }))
+    }
+
+    /// A prefilled prompt's positions not yet in the pool (those after a shared prefix) are
+    /// copied there from its one-row cache, which is then dropped.
+    pub(super) fn seal_prompt(&self, job: &mut PagedJob) -> Result<(), EngineError> {
+        let Some(cache) = job.prefill.take() else {
+            return Ok(());
+        };
+        let from = job.prompt.len();
+        let n = cache.len() - from;
+        let mut pool = lock(&job.prompt.pool);
+        let slots = pool.append_slots(&mut job.prompt.table, n).map_err(me)?;
+        for li in 0..pool.shape().n_layer {
+            let (k, v) = cache.positions(li, from, n).map_err(me)?;
+            // The scatter: an index upload, the keys and values joined, the write.
+            ops::add(4);
+            reference::write_slots(pool.layer(li), &k, &v, &slots).map_err(me)?;
+        }
+        Ok(())
+    }
+
+    /// `n` rows after the sealed prompt, each sharing its blocks.
+    pub(super) fn fork_rows(job: &mut PagedJob, n: usize) {
+        let mut pool = lock(&job.prompt.pool);
+        let rows: Vec<BlockTable> = (0..n).map(|_| pool.fork(&job.prompt.table)).collect();
+        drop(pool);
+        job.rows = rows
+            .into_iter()
+            .map(|table| Held {
+                table,
+                pool: job.prompt.pool.clone(),
+            })
+            .collect();
+    }
+}
