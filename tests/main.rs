@@ -15,6 +15,7 @@ mod compare;
 mod drain;
 mod e2e_real_model;
 mod edge_attacks;
+mod fuzz_corpus;
 mod gate;
 mod learning;
 mod liveness;

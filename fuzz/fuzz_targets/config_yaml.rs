@@ -1,46 +1,5 @@
-//! The run config (`stageb_shared::config`): YAML with strict validation, user input.
-//!
-//! Invariants: deterministic; every rejection names the file and, except for YAML the
-//! scanner cannot locate, a line that exists in the text; an accepted config records the
-//! sha256 of the exact text; bytes that are not UTF-8 are `E_INVALID_UTF8` at a real line.
+//! libFuzzer entry for `stageb_fuzz::checks::config_yaml`: the input and its invariants are
+//! described there, where the stable corpus replay (`tests/fuzz_corpus.rs`) runs them too.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use stageb_fuzz::{line_count, scratch};
-use stageb_shared::config::{load_config, parse_config};
-use stageb_shared::digest;
-use stageb_shared::error::ErrorCode;
-
-const LABEL: &str = "fuzz.yaml";
-
-fuzz_target!(|data: &[u8]| {
-    let lines = line_count(data);
-    let Ok(text) = std::str::from_utf8(data) else {
-        let path = scratch().join(LABEL);
-        std::fs::write(&path, data).expect("write the input");
-        let err = load_config(&path).expect_err("bytes that are not UTF-8 are rejected");
-        assert_eq!(err.code, ErrorCode::InvalidUtf8);
-        assert!(
-            matches!(err.line, Some(l) if (1..=lines).contains(&l)),
-            "{err}"
-        );
-        return;
-    };
-    let first = parse_config(text, LABEL);
-    assert_eq!(first, parse_config(text, LABEL), "not deterministic");
-    match first {
-        Ok(loaded) => {
-            assert_eq!(
-                loaded.source_text_sha256,
-                digest::sha256_hex(text.as_bytes())
-            );
-        }
-        Err(err) => {
-            assert_eq!(err.file, LABEL);
-            match err.line {
-                Some(line) => assert!((1..=lines).contains(&line), "line {line} of {lines}: {err}"),
-                None => assert_eq!(err.code, ErrorCode::InvalidYaml, "no line: {err}"),
-            }
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stageb_fuzz::checks::config_yaml::check(data));

@@ -1,31 +1,5 @@
-//! The reflection decision pass's answer (`reflection_schema::parse_decision`), model output.
-//!
-//! Invariants: deterministic; an accepted answer serializes back to JSON that parses to the
-//! same value (nothing is dropped or invented); a rejection has a stable code.
+//! libFuzzer entry for `stageb_fuzz::checks::reflection_decision`: the input and its invariants are
+//! described there, where the stable corpus replay (`tests/fuzz_corpus.rs`) runs them too.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use stageb_shared::reflection_schema::parse_decision;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let first = parse_decision(text);
-    match &first {
-        Ok(decision) => {
-            let again = serde_json::to_string(decision).expect("serializes");
-            assert_eq!(parse_decision(&again).as_ref().ok(), Some(decision));
-            let pretty = serde_json::to_string_pretty(decision).expect("serializes");
-            assert_eq!(parse_decision(&pretty).as_ref().ok(), Some(decision));
-        }
-        Err(e) => {
-            assert!(!e.code.code().is_empty());
-        }
-    }
-    assert_eq!(
-        first.as_ref().ok(),
-        parse_decision(text).as_ref().ok(),
-        "not deterministic"
-    );
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stageb_fuzz::checks::reflection_decision::check(data));

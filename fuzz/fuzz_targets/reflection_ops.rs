@@ -1,31 +1,5 @@
-//! The reflection ops pass's answer (`reflection_schema::parse_ops`), model output.
-//!
-//! Invariants: deterministic; an accepted answer round-trips through its JSON serialization
-//! (compact and pretty) to the same value; a rejection has a stable code.
+//! libFuzzer entry for `stageb_fuzz::checks::reflection_ops`: the input and its invariants are
+//! described there, where the stable corpus replay (`tests/fuzz_corpus.rs`) runs them too.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use stageb_shared::reflection_schema::parse_ops;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let first = parse_ops(text);
-    match &first {
-        Ok(ops) => {
-            let again = serde_json::to_string(ops).expect("serializes");
-            assert_eq!(parse_ops(&again).as_ref().ok(), Some(ops));
-            let pretty = serde_json::to_string_pretty(ops).expect("serializes");
-            assert_eq!(parse_ops(&pretty).as_ref().ok(), Some(ops));
-        }
-        Err(e) => {
-            assert!(!e.code.code().is_empty());
-        }
-    }
-    assert_eq!(
-        first.as_ref().ok(),
-        parse_ops(text).as_ref().ok(),
-        "not deterministic"
-    );
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stageb_fuzz::checks::reflection_ops::check(data));

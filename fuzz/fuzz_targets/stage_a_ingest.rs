@@ -1,52 +1,5 @@
-//! Stage-A JSONL ingest (`stageb_shared::ingest::load_tickets`), user input read from a file.
-//!
-//! Invariants: deterministic; a rejection names the file and, when it has one, a line that
-//! exists; an accepted file records its exact sha256 and as many records as tickets, no more
-//! records than lines, unique ticket keys, labels `pass`/`fail`; the same file given twice
-//! is rejected as duplicate tickets (every ticket repeats).
+//! libFuzzer entry for `stageb_fuzz::checks::stage_a_ingest`: the input and its invariants are
+//! described there, where the stable corpus replay (`tests/fuzz_corpus.rs`) runs them too.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use stageb_fuzz::{line_count, scratch};
-use stageb_shared::digest;
-use stageb_shared::error::ErrorCode;
-use stageb_shared::ingest::load_tickets;
-use std::collections::HashSet;
-
-fuzz_target!(|data: &[u8]| {
-    let path = scratch().join("stage_a.jsonl");
-    std::fs::write(&path, data).expect("write the input");
-    let label = path.display().to_string();
-    let lines = line_count(data);
-    let first = load_tickets(std::slice::from_ref(&path));
-    assert_eq!(
-        first,
-        load_tickets(std::slice::from_ref(&path)),
-        "not deterministic"
-    );
-    match first {
-        Ok(run) => {
-            let [input] = run.input_digests.as_slice() else {
-                panic!("one digest per file");
-            };
-            assert_eq!(input.sha256, digest::sha256_hex(data));
-            assert_eq!(input.records, run.tickets.len());
-            assert!(input.records >= 1 && input.records <= lines);
-            let keys: HashSet<String> = run.tickets.iter().map(|t| t.key().0).collect();
-            assert_eq!(keys.len(), run.tickets.len(), "ticket keys repeat");
-            let twice = load_tickets(&[path.clone(), path.clone()]);
-            assert_eq!(
-                twice
-                    .expect_err("a file given twice repeats its tickets")
-                    .code,
-                ErrorCode::DuplicateTicket
-            );
-        }
-        Err(err) => {
-            assert_eq!(err.file, label);
-            if let Some(line) = err.line {
-                assert!((1..=lines).contains(&line), "line {line} of {lines}: {err}");
-            }
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stageb_fuzz::checks::stage_a_ingest::check(data));

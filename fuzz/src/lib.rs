@@ -1,31 +1,5 @@
-//! Helpers shared by the fuzz targets: a scratch directory per process (parsers that read
-//! from a path get the input written there) and a line count to bound reported lines.
+//! The fuzz targets' invariant checks ([`checks`]), shared with the stable corpus replay.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+pub mod checks;
 
-/// This process's scratch directory (removed when the process exits normally; libFuzzer
-/// runs one process per target, so a few KB stay behind at most after a crash).
-pub fn scratch() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("a temp dir"))
-        .path()
-}
-
-/// A fresh, empty subdirectory of the scratch directory, named `name`.
-pub fn fresh_dir(name: &str) -> PathBuf {
-    let dir = scratch().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create a scratch dir");
-    dir
-}
-
-/// The number of lines a located error may name in `bytes`: one per `\n`, plus the last.
-pub fn line_count(bytes: &[u8]) -> usize {
-    bytes.iter().filter(|&&b| b == b'\n').count() + 1
-}
-
-/// Splits `data` at each `\0` into at most `n` parts (the rest stays in the last one).
-pub fn split_parts(data: &[u8], n: usize) -> Vec<&[u8]> {
-    data.splitn(n, |&b| b == 0).collect()
-}
+pub use checks::support::{fresh_dir, line_count, scratch, split_parts};
