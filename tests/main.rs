@@ -32,6 +32,7 @@ mod resume;
 mod schema_tailoring;
 mod security;
 mod speculation;
+mod stranger_budget;
 mod tls;
 mod version;
 mod worker_exit;

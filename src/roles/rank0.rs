@@ -155,7 +155,7 @@ async fn bind(
         token: settings.token.clone(),
         tls: settings.tls.clone(),
         limits: settings.edge_limits.clone(),
-        connections: Default::default(),
+        ..Default::default()
     };
     let (listener, warnings) =
         server::bind(settings.listen, settings.token.as_ref(), edge.transport()).await?;

@@ -8,10 +8,16 @@
 //!   [`EdgeLimits::max_unauthenticated`] of them have not yet made an authenticated call
 //!   ([`Slots`]: the auth interceptor marks a connection when its token matches, or on any call
 //!   when the run has no token; under mutual TLS only certified peers get that far). A new
-//!   connection beyond either cap closes the oldest unauthenticated one to make room, so
-//!   strangers holding idle connections, stalled ClientHellos or half-sent health streams
-//!   cannot lock a worker out; only when every held connection is authenticated is the new
-//!   one closed at once (a warning says so, at most once every few seconds).
+//!   connection beyond either cap closes an unauthenticated one to make room (one that spent
+//!   its allowance first, else the oldest), so strangers holding idle connections, stalled
+//!   ClientHellos or half-sent health streams cannot lock a worker out; only when every held
+//!   connection is authenticated is the new one closed at once (a warning says so, at most
+//!   once every few seconds).
+//! - **Strangers hold little.** Until it authenticates, a connection is charged for every byte
+//!   read from it and for each call it has open ([`crate::cluster::slots`]): reads stop at its
+//!   allowance ([`EdgeLimits::unauthenticated_connection_bytes`]) and it is closed if it stays
+//!   there for [`EdgeLimits::unauthenticated_stall`]; all strangers together stay within
+//!   [`EdgeLimits::unauthenticated_budget_bytes`].
 //! - **Preface deadline.** A connection must start speaking (the HTTP/2 preface, or a TLS
 //!   ClientHello) within [`EdgeLimits::preface_timeout`]; one that does not is closed before
 //!   it reaches the HTTP/2 server, so silent sockets cannot pile up.
@@ -22,14 +28,12 @@
 //! The HTTP/2 and gRPC limits (streams per connection, keepalive, request timeout, header and
 //! message sizes) are applied by [`crate::cluster::server::serve`] from the same [`EdgeLimits`].
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future as _;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -38,6 +42,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::cluster::slots::{Room, SlotGuard};
+pub use crate::cluster::slots::{SlotCaps, Slots, StrangerUsage};
 
 /// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -85,6 +92,22 @@ pub struct EdgeLimits {
     pub coordinator_message_bytes: usize,
     /// How long shutdown waits for open connections before aborting them (5 s).
     pub shutdown_grace: Duration,
+    /// What one connection may make rank 0 hold before it authenticates (256 KiB): the bytes
+    /// read from it, plus 32 KiB for each call it has open (a 16 KiB header list and the
+    /// stream's state: [`crate::cluster::slots::STREAM_COST_BYTES`]). Reads stop there; see
+    /// `unauthenticated_stall`.
+    pub unauthenticated_connection_bytes: usize,
+    /// What all unauthenticated connections together may make rank 0 hold (64 MiB). The
+    /// defaults are derived so that it holds at the caps: 256 connections x 256 KiB = 64 MiB.
+    /// When it is full (only with other settings) the connection holding most is closed.
+    pub unauthenticated_budget_bytes: usize,
+    /// Calls an unauthenticated connection may have open at once (4: health checks need one);
+    /// one more closes the connection. 4 x 32 KiB leaves 128 KiB of the allowance for bytes.
+    pub unauthenticated_streams: u32,
+    /// How long an unauthenticated connection that spent its allowance may wait for its
+    /// first authenticated call to be seen before it is closed (10 s). A worker's first call
+    /// carries its token ahead of any bulk, so it waits milliseconds at most.
+    pub unauthenticated_stall: Duration,
 }
 
 impl Default for EdgeLimits {
@@ -103,6 +126,23 @@ impl Default for EdgeLimits {
             health_message_bytes: 1024,
             coordinator_message_bytes: MAX_MESSAGE_BYTES,
             shutdown_grace: Duration::from_secs(5),
+            unauthenticated_connection_bytes: 256 * 1024,
+            unauthenticated_budget_bytes: 64 * 1024 * 1024,
+            unauthenticated_streams: 4,
+            unauthenticated_stall: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EdgeLimits {
+    /// The caps the connection table enforces.
+    pub fn slot_caps(&self) -> SlotCaps {
+        SlotCaps {
+            max_connections: self.max_connections,
+            max_unauthenticated: self.max_unauthenticated,
+            connection_bytes: self.unauthenticated_connection_bytes,
+            budget_bytes: self.unauthenticated_budget_bytes,
+            streams: self.unauthenticated_streams,
         }
     }
 }
@@ -174,128 +214,6 @@ pub fn raise_fd_limit() -> Option<u64> {
     }
 }
 
-/// The connections held, in arrival order, and which of them have authenticated (see the
-/// module header). Shared by the accept loop and the auth interceptor.
-#[derive(Clone)]
-pub struct Slots(Arc<Mutex<SlotTable>>);
-
-struct SlotTable {
-    max: usize,
-    max_unauthenticated: usize,
-    next_id: u64,
-    /// By arrival (ids increase), so the first unauthenticated entry is the oldest.
-    held: BTreeMap<u64, Held>,
-    by_peer: HashMap<SocketAddr, u64>,
-    unauthenticated: usize,
-}
-
-struct Held {
-    peer: SocketAddr,
-    authenticated: bool,
-    /// Closes this connection (a child of the edge's `force_close`).
-    close: CancellationToken,
-}
-
-impl Slots {
-    pub fn new(limits: &EdgeLimits) -> Self {
-        Slots(Arc::new(Mutex::new(SlotTable {
-            max: limits.max_connections.max(1),
-            max_unauthenticated: limits.max_unauthenticated.max(1),
-            next_id: 0,
-            held: BTreeMap::new(),
-            by_peer: HashMap::new(),
-            unauthenticated: 0,
-        })))
-    }
-
-    fn table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The connection from `peer` made an authenticated call: it is no longer closed to make
-    /// room for others. Unknown peers (already closed) are ignored.
-    pub fn mark_authenticated(&self, peer: SocketAddr) {
-        let mut t = self.table();
-        let Some(id) = t.by_peer.get(&peer).copied() else {
-            return;
-        };
-        if let Some(h) = t.held.get_mut(&id)
-            && !h.authenticated
-        {
-            h.authenticated = true;
-            t.unauthenticated -= 1;
-        }
-    }
-
-    /// Connections held, and how many of them have authenticated.
-    pub fn held(&self) -> (usize, usize) {
-        let t = self.table();
-        (t.held.len(), t.held.len() - t.unauthenticated)
-    }
-
-    /// A slot for a new connection from `peer`, closing the oldest unauthenticated connection
-    /// if a cap is reached; `None` when every held connection is authenticated and the cap is
-    /// reached.
-    fn admit(&self, peer: SocketAddr, force_close: &CancellationToken) -> Option<SlotGuard> {
-        let mut t = self.table();
-        if t.held.len() >= t.max || t.unauthenticated >= t.max_unauthenticated {
-            let oldest = t
-                .held
-                .iter()
-                .find(|(_, h)| !h.authenticated)
-                .map(|(id, _)| *id)?;
-            if let Some(victim) = t.remove(oldest) {
-                tracing::debug!(peer = %victim.peer, "closing an unauthenticated connection to make room");
-                victim.close.cancel();
-            }
-        }
-        let id = t.next_id;
-        t.next_id += 1;
-        let close = force_close.child_token();
-        t.held.insert(
-            id,
-            Held {
-                peer,
-                authenticated: false,
-                close: close.clone(),
-            },
-        );
-        t.by_peer.insert(peer, id);
-        t.unauthenticated += 1;
-        Some(SlotGuard {
-            slots: self.clone(),
-            id,
-            close,
-        })
-    }
-}
-
-impl SlotTable {
-    fn remove(&mut self, id: u64) -> Option<Held> {
-        let h = self.held.remove(&id)?;
-        if self.by_peer.get(&h.peer) == Some(&id) {
-            self.by_peer.remove(&h.peer);
-        }
-        if !h.authenticated {
-            self.unauthenticated -= 1;
-        }
-        Some(h)
-    }
-}
-
-/// One connection's place in [`Slots`]; given back when the connection ends.
-struct SlotGuard {
-    slots: Slots,
-    id: u64,
-    close: CancellationToken,
-}
-
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        self.slots.table().remove(self.id);
-    }
-}
-
 /// Counts one held connection; the count drops when the connection does.
 struct ConnectionPermit(Arc<AtomicUsize>);
 
@@ -305,19 +223,59 @@ impl Drop for ConnectionPermit {
     }
 }
 
-/// An accepted connection that passed the gate: counted against the cap, and aborted when
-/// `force_close` fires.
+/// An accepted connection that passed the gate: counted against the cap, charged for what it
+/// sends until it authenticates, and aborted when `force_close` fires.
 pub struct GatedConnection {
     stream: TcpStream,
     _permit: ConnectionPermit,
-    _slot: SlotGuard,
-    /// Fires at forced shutdown, or when the connection is closed to make room.
+    slot: SlotGuard,
+    /// Fires at forced shutdown, or when the connection is closed to make room or for
+    /// passing its allowance.
     force_close: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// How long a full connection may wait to authenticate ([`EdgeLimits::unauthenticated_stall`]).
+    stall_limit: Duration,
+    /// Set while the connection waits with its allowance spent.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl GatedConnection {
     fn aborted(&mut self, cx: &mut Context<'_>) -> bool {
         self.force_close.as_mut().poll(cx).is_ready()
+    }
+
+    /// Wait for room (the connection authenticates or a call ends); close the connection
+    /// when none comes within the stall limit.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let limit = self.stall_limit;
+        let deadline = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        ready!(deadline.as_mut().poll(cx));
+        self.slot.close_full();
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "rank 0 closed an unauthenticated connection that spent its allowance",
+        )))
+    }
+
+    /// Read at most `granted` bytes (already charged) into `buf`; give back what was not read.
+    fn poll_read_granted(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        granted: usize,
+    ) -> Poll<io::Result<()>> {
+        let mut part = ReadBuf::new(buf.initialize_unfilled_to(granted));
+        let polled = Pin::new(&mut self.stream).poll_read(cx, &mut part);
+        let used = match polled {
+            Poll::Ready(Ok(())) => part.filled().len(),
+            _ => 0,
+        };
+        self.slot.settle(granted, used);
+        if used > 0 {
+            buf.advance(used);
+        }
+        polled
     }
 }
 
@@ -337,7 +295,22 @@ impl AsyncRead for GatedConnection {
         if self.aborted(cx) {
             return Poll::Ready(Err(aborted_error()));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        if self.slot.is_authenticated() || buf.remaining() == 0 {
+            self.stalled = None;
+            return Pin::new(&mut self.stream).poll_read(cx, buf);
+        }
+        match self.slot.reserve(buf.remaining(), cx.waker()) {
+            Room::Unlimited => {
+                self.stalled = None;
+                Pin::new(&mut self.stream).poll_read(cx, buf)
+            }
+            Room::Granted(granted) => {
+                self.stalled = None;
+                self.poll_read_granted(cx, buf, granted)
+            }
+            Room::Full => self.poll_stalled(cx),
+            Room::Closed => Poll::Ready(Err(aborted_error())),
+        }
     }
 }
 
@@ -402,6 +375,7 @@ pub fn gated_incoming(
     let (tx, rx) = mpsc::channel(64);
     let max = limits.max_connections.max(1);
     let preface_timeout = limits.preface_timeout;
+    let stall_limit = limits.unauthenticated_stall;
     tokio::spawn(async move {
         let mut refused = 0u64;
         let mut last_warning: Option<Instant> = None;
@@ -448,15 +422,17 @@ pub fn gated_incoming(
             count.0.fetch_add(1, Ordering::AcqRel);
             let permit = ConnectionPermit(count.0.clone());
             let tx = tx.clone();
-            let close = slot.close.clone();
+            let close = slot.close_token();
             tokio::spawn(async move {
                 match tokio::time::timeout(preface_timeout, speaks_first(&stream, tls)).await {
                     Ok(Ok(true)) => {
                         let conn = GatedConnection {
                             stream,
                             _permit: permit,
-                            _slot: slot,
+                            slot,
                             force_close: Box::pin(close.cancelled_owned()),
+                            stall_limit,
+                            stalled: None,
                         };
                         let _ = tx.send(Ok(conn)).await;
                     }
@@ -525,7 +501,7 @@ mod tests {
             false,
             shutdown,
             ConnectionCount::default(),
-            Slots::new(&limits),
+            Slots::new(limits.slot_caps(), StrangerUsage::default()),
         );
         let mut client = TcpStream::connect(addr).await.unwrap();
         client
@@ -534,6 +510,78 @@ mod tests {
             .unwrap();
         let conn = incoming.next().await.unwrap().unwrap();
         assert!(conn.stream.nodelay().unwrap());
+    }
+
+    /// A gate with a 1 KiB allowance per stranger and a 300 ms stall; the client side of two
+    /// connections that each sent the preface and 4 KiB more, and their server side.
+    async fn two_strangers_over_their_allowance() -> (Slots, Vec<(TcpStream, GatedConnection)>) {
+        use tokio::io::AsyncWriteExt;
+        use tokio_stream::StreamExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = EdgeLimits {
+            unauthenticated_connection_bytes: 1024,
+            unauthenticated_stall: Duration::from_millis(300),
+            ..EdgeLimits::default()
+        };
+        let slots = Slots::new(limits.slot_caps(), StrangerUsage::default());
+        let mut incoming = gated_incoming(
+            listener,
+            &limits,
+            false,
+            EdgeShutdown::default(),
+            ConnectionCount::default(),
+            slots.clone(),
+        );
+        let mut pairs = Vec::new();
+        for _ in 0..2 {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            client.write_all(H2_PREFACE).await.unwrap();
+            client.write_all(&[7u8; 4096]).await.unwrap();
+            let conn = incoming.next().await.unwrap().unwrap();
+            pairs.push((client, conn));
+        }
+        (slots, pairs)
+    }
+
+    /// Read from `conn` until it fails or `within` passes; the bytes read and the failure.
+    async fn read_all(conn: &mut GatedConnection, within: Duration) -> (usize, Option<io::Error>) {
+        use tokio::io::AsyncReadExt;
+        let mut got = 0;
+        let mut buf = [0u8; 8192];
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
+                Ok(Ok(0)) | Err(_) => return (got, None),
+                Ok(Ok(n)) => got += n,
+                Ok(Err(e)) => return (got, Some(e)),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stranger_is_read_up_to_its_allowance_then_closed_after_the_stall() {
+        let (slots, mut pairs) = two_strangers_over_their_allowance().await;
+        let (_client, conn) = &mut pairs[0];
+        let started = Instant::now();
+        let (read, failed) = read_all(conn, Duration::from_secs(5)).await;
+        assert_eq!(read, 1024, "nothing past the allowance reaches the server");
+        let failed = failed.expect("the connection is closed");
+        assert_eq!(failed.kind(), io::ErrorKind::ConnectionAborted);
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        assert_eq!(slots.held(), (1, 0), "its slot is given back at once");
+    }
+
+    #[tokio::test]
+    async fn a_full_stranger_that_authenticates_is_read_on_without_a_charge() {
+        let (slots, mut pairs) = two_strangers_over_their_allowance().await;
+        let (client, conn) = &mut pairs[1];
+        let (read, failed) = read_all(conn, Duration::from_millis(100)).await;
+        assert_eq!((read, failed.is_none()), (1024, true), "it waits, full");
+        slots.mark_authenticated(client.local_addr().unwrap());
+        let (rest, failed) = read_all(conn, Duration::from_millis(500)).await;
+        assert!(failed.is_none(), "{failed:?}");
+        assert_eq!(read + rest, H2_PREFACE.len() + 4096);
     }
 
     #[test]

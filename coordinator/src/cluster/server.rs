@@ -31,6 +31,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use crate::cluster::edge::{self, ConnectionCount, EdgeLimits, EdgeShutdown};
+use crate::cluster::slots::{ChargeCalls, Slots, StrangerUsage};
 
 use crate::cluster::scheduler::{
     CandidateText, ControlSignal, JobFailure, JobOutput, JobPayload, Scheduler, SubmitError,
@@ -354,12 +355,12 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
 }
 
 /// Checks `authorization: Bearer <token>` in constant time when the run has a token, and
-/// marks the connection of a call that passes as authenticated ([`edge::Slots`]: it is then
-/// never closed to make room for a stranger's).
+/// marks the connection of a call that passes as authenticated ([`Slots`]: it is then never
+/// closed to make room for a stranger's, and no longer charged for what it sends).
 #[derive(Clone)]
 pub struct AuthInterceptor {
     token: Option<AuthToken>,
-    slots: edge::Slots,
+    slots: Slots,
 }
 
 impl AuthInterceptor {
@@ -456,6 +457,8 @@ pub struct EdgeConfig {
     pub limits: EdgeLimits,
     /// Live connection count (read it to report or test the cap).
     pub connections: ConnectionCount,
+    /// What unauthenticated connections hold (read it to report or test their budget).
+    pub strangers: StrangerUsage,
 }
 
 impl EdgeConfig {
@@ -499,7 +502,7 @@ pub async fn serve(
     let svc = pb::coordinator_server::CoordinatorServer::new(service)
         .max_decoding_message_size(limits.coordinator_message_bytes)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let slots = edge::Slots::new(&limits);
+    let slots = Slots::new(limits.slot_caps(), edge.strangers.clone());
     let svc = tonic::service::interceptor::InterceptedService::new(
         svc,
         AuthInterceptor {
@@ -507,6 +510,9 @@ pub async fn serve(
             slots: slots.clone(),
         },
     );
+    // Calls a stranger opens are charged to its connection (the interceptor runs first).
+    let health = ChargeCalls::new(health, slots.clone());
+    let svc = ChargeCalls::new(svc, slots.clone());
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
