@@ -183,7 +183,7 @@ impl RunLoop {
             if let Ok(row) =
                 serde_json::from_value::<crate::decide::accuracy::MetricsRow>(row.clone())
             {
-                super::record_epoch_accuracy(row.epoch, &row);
+                super::boundary::record_epoch_accuracy(row.epoch, &row);
             }
         }
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
