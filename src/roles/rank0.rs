@@ -10,6 +10,7 @@ use stageb_coordinator::cluster::scheduler::{
     Completion, ControlSignal, Scheduler, SchedulerConfig, SpeculationConfig,
 };
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
+use stageb_coordinator::learn::dispatch::Dispatch;
 use stageb_coordinator::run::start;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
 use stageb_shared::config::RunnerConfig;
@@ -105,20 +106,13 @@ pub async fn run_coordinator_until(
     let shown = progress.clone();
 
     let result = async {
-        let run = RunLoop::prepare(
-            inputs,
-            resuming,
-            scheduler.clone(),
-            completions,
-            model,
-            progress,
-            settings.worker_grace,
-        )
-        .inspect_err(|_| {
-            if !resuming {
-                discard_empty_start(&run_dir);
-            }
-        })?;
+        let dispatch = Dispatch::new(scheduler.clone(), completions, settings.worker_grace);
+        let run =
+            RunLoop::prepare(inputs, resuming, dispatch, model, progress).inspect_err(|_| {
+                if !resuming {
+                    discard_empty_start(&run_dir);
+                }
+            })?;
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
         let run = run.run();
         tokio::pin!(run);

@@ -8,7 +8,7 @@ use stageb_shared::observe;
 
 use super::{EpochRun, RunError, RunLoop, io_err, rollout_prompt};
 use crate::decide::accuracy;
-use crate::decide::split::Split;
+use crate::decide::split::{Split, Splits};
 use crate::learn::reflection::GateProbe;
 use crate::progress::Phase;
 
@@ -71,43 +71,13 @@ impl RunLoop {
         }
         let rules = self
             .reflector
-            .ablate(
-                epoch,
-                &self.guidance,
-                &self.scheduler,
-                &mut self.completions,
-            )
+            .ablate(epoch, &self.guidance, &mut self.dispatch)
             .await?;
         let rows: Vec<serde_json::Value> = rules
             .iter()
             .filter_map(|r| serde_json::to_value(r).ok())
             .collect();
         Ok((!rows.is_empty()).then_some(rows))
-    }
-
-    /// The gate split's tickets and rollouts for the reflector's gate phase and rule ablation,
-    /// when the gate checks edits or ablates rules.
-    pub(super) fn gate_probe(&self, cfg: &RunConfig, tickets: &[Ticket]) -> Option<GateProbe> {
-        let splits = self.splits.as_ref()?;
-        let gate = &cfg.reflection.gate;
-        if !gate.check_edits && gate.ablation_every == 0 {
-            return None;
-        }
-        let gate: Vec<Ticket> = tickets
-            .iter()
-            .filter(|t| splits.of(&t.group_id) == Split::Gate)
-            .cloned()
-            .collect();
-        if gate.is_empty() {
-            tracing::warn!(
-                "reflection.gate: the gate split holds no group (gate_fraction × groups rounds to 0): no edit is checked and no rule ablated"
-            );
-        }
-        Some(GateProbe {
-            tickets: gate,
-            config: cfg.clone(),
-            payload: rollout_prompt::rollout_payload,
-        })
     }
 
     /// The ticket group's split, when `reflection.gate` is on.
@@ -118,4 +88,33 @@ impl RunLoop {
     pub(super) fn append_metrics(&mut self, row: &accuracy::MetricsRow) -> Result<(), RunError> {
         self.writers.metrics.append(row).map_err(io_err(&self.dir))
     }
+}
+
+/// The gate split's tickets and rollouts for the reflector's gate phase and rule ablation,
+/// when the gate checks edits or ablates rules.
+pub(super) fn gate_probe(
+    splits: Option<&Splits>,
+    cfg: &RunConfig,
+    tickets: &[Ticket],
+) -> Option<GateProbe> {
+    let splits = splits?;
+    let gate = &cfg.reflection.gate;
+    if !gate.check_edits && gate.ablation_every == 0 {
+        return None;
+    }
+    let gate: Vec<Ticket> = tickets
+        .iter()
+        .filter(|t| splits.of(&t.group_id) == Split::Gate)
+        .cloned()
+        .collect();
+    if gate.is_empty() {
+        tracing::warn!(
+            "reflection.gate: the gate split holds no group (gate_fraction × groups rounds to 0): no edit is checked and no rule ablated"
+        );
+    }
+    Some(GateProbe {
+        tickets: gate,
+        config: cfg.clone(),
+        payload: rollout_prompt::rollout_payload,
+    })
 }

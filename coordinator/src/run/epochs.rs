@@ -3,7 +3,6 @@
 
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stageb_shared::config::RunConfig;
@@ -11,20 +10,21 @@ use stageb_shared::domain::Ticket;
 use stageb_shared::limits::EffectiveLimits;
 use stageb_shared::observe;
 use stageb_shared::seed::{derived_seed, shuffled_indices};
-use tokio::sync::mpsc;
 
+use super::boundary::gate_probe;
+use super::outputs::{ManifestFacts, write_manifest};
 use super::resume::{EpochStart, Opened, open_at_checkpoint, open_fresh, run_identity};
 use super::steps_ahead::AheadStats;
 use super::{
-    EpochRun, RunError, RunInputs, RunLoop, RunSummary, files, io_err, now_iso, run_dir, step_size,
+    EpochRun, PreparedRun, RunError, RunInputs, RunLoop, RunSummary, files, io_err, now_iso,
+    run_dir, step_size,
 };
 use crate::artifacts::documents::PrefixReuse;
-use crate::cluster::completions::Completions;
-use crate::cluster::scheduler::{Completion, Scheduler};
 use crate::decide::accuracy;
 use crate::decide::split::Splits;
 use crate::guidance::RepoOptions;
-use crate::learn::reflection::{ReflectorSettings, RunContext};
+use crate::learn::dispatch::Dispatch;
+use crate::learn::reflection::{Reflector, ReflectorSettings};
 use crate::progress::{Phase, ProgressHandle};
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
 
@@ -38,12 +38,10 @@ impl RunLoop {
     pub fn prepare(
         inputs: RunInputs,
         resuming: bool,
-        scheduler: Arc<Scheduler>,
-        completions: mpsc::UnboundedReceiver<Completion>,
+        dispatch: Dispatch,
         model: crate::cluster::server::ModelPinHandle,
         progress: ProgressHandle,
-        worker_grace: Duration,
-    ) -> Result<Self, RunError> {
+    ) -> Result<PreparedRun, RunError> {
         let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         // End-of-run files of an earlier run (overwritten or resumed) would describe other
@@ -63,22 +61,15 @@ impl RunLoop {
         let resume_from = resuming
             .then(|| Checkpoint::load(&dir, &run_identity(&inputs)))
             .flatten();
-        let settings = ReflectorSettings {
-            run_groups: (inputs.ingested.tickets.iter())
-                .map(|t| t.group_id.clone())
-                .collect(),
-            worker_grace,
-            progress: Some(progress.clone()),
-            guidance_reused: false,
-        };
         let opened = match &resume_from {
-            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options, settings)?,
-            None => open_fresh(&dir, &inputs, resuming, options, settings)?,
+            Some(checkpoint) => open_at_checkpoint(&dir, &inputs, checkpoint, options)?,
+            None => open_fresh(&dir, &inputs, resuming, options)?,
         };
         let Opened {
             guidance,
             writers,
-            reflector,
+            reflection,
+            guidance_reused,
             initial_guidance_hash,
         } = opened;
         let gate = &inputs.config.reflection.gate;
@@ -86,35 +77,26 @@ impl RunLoop {
             let groups = inputs.ingested.tickets.iter().map(|t| t.group_id.as_str());
             Splits::assign(inputs.config.seed, groups, gate)
         });
-        Ok(RunLoop {
+        Ok(PreparedRun {
             dir,
-            scheduler,
-            completions: Completions::new(completions),
+            dispatch,
             model,
             progress,
             guidance,
-            reflector,
             writers,
-            worker_grace,
-            resuming,
-            global_step: 0,
-            schedule_step: 0,
+            reflection,
+            guidance_reused,
             initial_guidance_hash,
-            candidates_seen: 0,
-            malformed: 0,
-            hard_failures: 0,
-            prefix_reuse: PrefixReuse::default(),
-            steps_ahead: std::collections::VecDeque::new(),
-            ahead_stats: AheadStats::default(),
+            resuming,
             limits: None,
-            epoch_rows: Vec::new(),
             resume_from,
-            checkpoints: CheckpointPolicy::default(),
             splits,
             inputs,
         })
     }
+}
 
+impl PreparedRun {
     pub fn run_dir(&self) -> &Path {
         &self.dir
     }
@@ -128,14 +110,121 @@ impl RunLoop {
         self.write_manifest(&started_at, None)?;
         let cfg = limits.apply(&self.inputs.config);
         let tickets = self.inputs.ingested.tickets.clone();
-        let gate_probe = self.gate_probe(&cfg, &tickets);
-        self.reflector.enter_run(RunContext {
-            limits: &limits,
-            gate_probe,
+        let resume_from = self.resume_from.take();
+        let run = self.into_loop(&cfg, &tickets);
+        run.run(cfg, tickets, resume_from, (started, started_at))
+            .await
+    }
+
+    /// Writes `manifest.json` before the loop is built (`finished_at` is `None`).
+    fn write_manifest(&self, started_at: &str, finished_at: Option<&str>) -> Result<(), RunError> {
+        write_manifest(
+            &ManifestFacts {
+                dir: &self.dir,
+                inputs: &self.inputs,
+                model: &self.model,
+                limits: self.limits.as_ref(),
+                guidance_reused: self.guidance_reused,
+                initial_guidance_hash: &self.initial_guidance_hash,
+                scheduler: &self.dispatch.scheduler,
+                resuming: self.resuming,
+            },
+            started_at,
+            finished_at,
+        )
+    }
+
+    /// The loop, its reflector built for the run's fitted config `cfg` (every call is
+    /// planned within the run's context) and the gate split of `tickets`.
+    fn into_loop(self, cfg: &RunConfig, tickets: &[Ticket]) -> RunLoop {
+        let inputs = self.inputs;
+        let reflector = Reflector::new(ReflectorSettings {
+            run: cfg,
+            mission: &inputs.ingested.mission,
+            run_groups: (inputs.ingested.tickets.iter())
+                .map(|t| t.group_id.clone())
+                .collect(),
+            progress: Some(self.progress.clone()),
+            guidance_reused: self.guidance_reused,
+            gate_probe: gate_probe(self.splits.as_ref(), cfg, tickets),
+            opening: self.reflection,
         });
+        RunLoop {
+            dir: self.dir,
+            dispatch: self.dispatch,
+            model: self.model,
+            progress: self.progress,
+            guidance: self.guidance,
+            reflector,
+            writers: self.writers,
+            resuming: self.resuming,
+            global_step: 0,
+            schedule_step: 0,
+            initial_guidance_hash: self.initial_guidance_hash,
+            candidates_seen: 0,
+            malformed: 0,
+            hard_failures: 0,
+            prefix_reuse: PrefixReuse::default(),
+            steps_ahead: std::collections::VecDeque::new(),
+            ahead_stats: AheadStats::default(),
+            limits: self.limits,
+            epoch_rows: Vec::new(),
+            checkpoints: CheckpointPolicy::default(),
+            splits: self.splits,
+            inputs,
+        }
+    }
+
+    /// Wait for the run's model and context, fit the config's lengths into the context and
+    /// say once what was lowered. The full model fingerprint (and the context, unless known at
+    /// start) comes with the first admitted worker; `run` records both in the manifest before
+    /// the first job is queued, so whatever work a later `--resume` replays, the manifest
+    /// already names the model that did it.
+    async fn plan_limits(&mut self) -> Result<EffectiveLimits, RunError> {
+        let waited = Instant::now();
+        let grace = self.dispatch.worker_grace;
+        let context = loop {
+            {
+                let pin = self.model.lock().unwrap_or_else(|e| e.into_inner());
+                if let (Some(_), Some(context)) = (&pin.fingerprint, pin.context) {
+                    break context;
+                }
+            }
+            if waited.elapsed() >= grace {
+                return Err(RunError::NoWorkers(grace));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let limits = EffectiveLimits::fit(&self.inputs.config, context);
+        for a in &limits.adjusted {
+            tracing::warn!(key = %a.key, asked = a.asked, used = a.used, why = %a.why, "config value lowered to fit the model's context");
+        }
+        tracing::info!(
+            context = limits.context,
+            context_from = ?limits.context_source,
+            rollout_max_new_tokens = ?limits.rollout_max_new_tokens,
+            reflection_max_new_tokens = limits.reflection_max_new_tokens,
+            reflection_prompt_tokens = limits.reflection_prompt_budget(),
+            "effective limits"
+        );
+        self.limits = Some(limits.clone());
+        Ok(limits)
+    }
+}
+
+impl RunLoop {
+    /// Every epoch, from the start or from where `resume_from` left the run, under the
+    /// fitted config `cfg`; then the run-end files.
+    async fn run(
+        mut self,
+        cfg: RunConfig,
+        tickets: Vec<Ticket>,
+        resume_from: Option<Checkpoint>,
+        (started, started_at): (Instant, String),
+    ) -> Result<RunSummary, RunError> {
         let total = tickets.len() as u64 * cfg.runner.epochs as u64;
         let mut at = EpochStart::default();
-        if let Some(checkpoint) = self.resume_from.take() {
+        if let Some(checkpoint) = resume_from {
             self.restore_counters(&checkpoint.counters);
             at = EpochStart {
                 epoch: checkpoint.position.epoch,
@@ -180,41 +269,6 @@ impl RunLoop {
     /// Rollout steps of one epoch.
     pub(super) fn steps_per_epoch(&self, cfg: &RunConfig) -> u64 {
         self.inputs.ingested.tickets.len().div_ceil(step_size(cfg)) as u64
-    }
-
-    /// Wait for the run's model and context, fit the config's lengths into the context and
-    /// say once what was lowered. The full model fingerprint (and the context, unless known at
-    /// start) comes with the first admitted worker; `run` records both in the manifest before
-    /// the first job is queued, so whatever work a later `--resume` replays, the manifest
-    /// already names the model that did it.
-    pub(super) async fn plan_limits(&mut self) -> Result<EffectiveLimits, RunError> {
-        let waited = Instant::now();
-        let context = loop {
-            {
-                let pin = self.model.lock().unwrap_or_else(|e| e.into_inner());
-                if let (Some(_), Some(context)) = (&pin.fingerprint, pin.context) {
-                    break context;
-                }
-            }
-            if waited.elapsed() >= self.worker_grace {
-                return Err(RunError::NoWorkers(self.worker_grace));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let limits = EffectiveLimits::fit(&self.inputs.config, context);
-        for a in &limits.adjusted {
-            tracing::warn!(key = %a.key, asked = a.asked, used = a.used, why = %a.why, "config value lowered to fit the model's context");
-        }
-        tracing::info!(
-            context = limits.context,
-            context_from = ?limits.context_source,
-            rollout_max_new_tokens = ?limits.rollout_max_new_tokens,
-            reflection_max_new_tokens = limits.reflection_max_new_tokens,
-            reflection_prompt_tokens = limits.reflection_prompt_budget(),
-            "effective limits"
-        );
-        self.limits = Some(limits.clone());
-        Ok(limits)
     }
 
     /// One epoch, from its start or from the step a checkpoint left it at (`start`).

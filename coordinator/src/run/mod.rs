@@ -27,7 +27,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stageb_shared::config::{ConfigNotice, RunConfig};
@@ -35,12 +34,12 @@ use stageb_shared::domain::Ticket;
 use stageb_shared::ingest::Ingested;
 use stageb_shared::limits::EffectiveLimits;
 
-use crate::cluster::completions::{Completions, WaitError};
-use crate::cluster::scheduler::Scheduler;
+use crate::cluster::completions::WaitError;
 use crate::decide::accuracy;
 use crate::decide::split::Splits;
 use crate::guidance::{GuidanceError, GuidanceRepo};
-use crate::learn::reflection::{ReflectionError, Reflector};
+use crate::learn::dispatch::Dispatch;
+use crate::learn::reflection::{ReflectionError, ReflectionOpening, Reflector};
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy};
 
 mod boundary;
@@ -186,18 +185,41 @@ struct EpochRun<'a> {
     epoch_step: u64,
 }
 
-/// The rank-0 run loop.
+/// A run whose directory is open ([`RunLoop::prepare`]); [`PreparedRun::run`] waits for
+/// the model's context, then builds the loop and runs it.
+pub struct PreparedRun {
+    inputs: RunInputs,
+    dir: PathBuf,
+    dispatch: Dispatch,
+    model: crate::cluster::server::ModelPinHandle,
+    progress: ProgressHandle,
+    guidance: GuidanceRepo,
+    writers: Writers,
+    /// What reflection opened with the run (prompts, logs, a checkpoint's state).
+    reflection: ReflectionOpening,
+    guidance_reused: bool,
+    initial_guidance_hash: String,
+    /// Continuing an earlier attempt (shown in the manifest's `runtime`).
+    resuming: bool,
+    /// The token limits the run plans with, once its context is known.
+    limits: Option<EffectiveLimits>,
+    /// Where a resumed run continues.
+    resume_from: Option<Checkpoint>,
+    /// The held-out splits, when `reflection.gate` is on.
+    splits: Option<Splits>,
+}
+
+/// The rank-0 run loop, built once the run's context is known.
 pub struct RunLoop {
     inputs: RunInputs,
     dir: PathBuf,
-    scheduler: Arc<Scheduler>,
-    completions: Completions,
+    /// Where jobs go and answers come back, with the run's worker grace.
+    dispatch: Dispatch,
     model: crate::cluster::server::ModelPinHandle,
     progress: ProgressHandle,
     guidance: GuidanceRepo,
     reflector: Reflector,
     writers: Writers,
-    worker_grace: Duration,
     /// Continuing an earlier attempt (shown in the manifest's `runtime`).
     resuming: bool,
     /// Tickets decided so far, across epochs (the original's `global_step`).
@@ -219,8 +241,6 @@ pub struct RunLoop {
     limits: Option<EffectiveLimits>,
     /// Epoch rows of the finished epochs (the summary's `epoch_accuracy`).
     epoch_rows: Vec<serde_json::Value>,
-    /// Where a resumed run continues, taken by [`RunLoop::run`].
-    resume_from: Option<Checkpoint>,
     checkpoints: CheckpointPolicy,
     /// The held-out splits, when `reflection.gate` is on.
     splits: Option<Splits>,

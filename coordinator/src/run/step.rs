@@ -8,7 +8,6 @@ use stageb_shared::observe;
 
 use super::ticket::TicketAt;
 use super::{EpochRun, RunError, RunLoop, StepGuidance, io_err};
-use crate::cluster::completions::await_any;
 use crate::cluster::scheduler::{Completion, JobId, JobOutput};
 use crate::decide::accuracy;
 use crate::decide::split::Split;
@@ -56,7 +55,10 @@ impl RunLoop {
         }
         // Step boundary: make the step durable before guidance may change.
         self.writers.sync().map_err(io_err(&self.dir))?;
-        self.scheduler.sync_journal().map_err(io_err(&self.dir))?;
+        self.dispatch
+            .scheduler
+            .sync_journal()
+            .map_err(io_err(&self.dir))?;
         self.queue_ahead(run, upcoming);
         self.reflection_round(run.epoch, false).await?;
         ::metrics::gauge!(observe::GUIDANCE_STEP).set(self.guidance.step() as f64);
@@ -77,8 +79,7 @@ impl RunLoop {
                 epoch,
                 self.global_step,
                 &mut self.guidance,
-                &self.scheduler,
-                &mut self.completions,
+                &mut self.dispatch,
                 drain,
             )
             .await;
@@ -163,14 +164,7 @@ impl RunLoop {
                 .live_workers = n;
         };
         while !pending.is_empty() {
-            let next = await_any(
-                &self.scheduler,
-                &mut self.completions,
-                &pending,
-                self.worker_grace,
-                &mut live,
-            )
-            .await?;
+            let next = self.dispatch.await_any(&pending, &mut live).await?;
             let mut p = self.lock_progress();
             p.ticket_answered();
             // Counted as results arrive, not when the step is decided (a whole step later),
@@ -180,7 +174,7 @@ impl RunLoop {
             }
             // A scan of every session: once a second is plenty for a progress line.
             if live_checked.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                p.live_workers = self.scheduler.live_workers();
+                p.live_workers = self.dispatch.scheduler.live_workers();
                 live_checked = Some(Instant::now());
             }
             drop(p);
