@@ -11,6 +11,7 @@ use stageb_coordinator::cluster::scheduler::{
 };
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
 use stageb_coordinator::learn::dispatch::Dispatch;
+use stageb_coordinator::run::dir::{LOCK_FILE, lock_run_dir};
 use stageb_coordinator::run::start;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
 use stageb_shared::config::RunnerConfig;
@@ -27,7 +28,7 @@ fn discard_empty_start(dir: &Path) {
     let journal = dir.join(stageb_coordinator::cluster::scheduler::journal::JOURNAL_FILE);
     if std::fs::metadata(&journal).is_ok_and(|m| m.len() == 0) {
         let _ = std::fs::remove_file(&journal);
-        let _ = std::fs::remove_file(dir.join(start::LOCK_FILE));
+        let _ = std::fs::remove_file(dir.join(LOCK_FILE));
     }
     let _ = std::fs::remove_dir(dir);
 }
@@ -73,7 +74,7 @@ pub async fn run_coordinator_until(
     let model = model_pin(&inputs, &plan, &settings).await?;
     let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
     // Before anything is written: a second process on this directory must not truncate it.
-    let _run_lock = start::lock_run_dir(&plan.dir)?;
+    let _run_lock = lock_run_dir(&plan.dir)?;
     let journal = plan.open_journal()?;
     let (scheduler, completions) =
         scheduler(&inputs.config.runner, &settings, journal, plan.replay);

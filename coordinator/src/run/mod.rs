@@ -44,6 +44,7 @@ use crate::run::checkpoint::{Checkpoint, CheckpointPolicy};
 
 mod boundary;
 pub mod checkpoint;
+pub mod dir;
 mod epochs;
 mod outputs;
 mod resume;
