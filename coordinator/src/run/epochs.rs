@@ -17,7 +17,7 @@ use super::resume::{EpochStart, Opened, open_at_checkpoint, open_fresh, run_iden
 use super::steps_ahead::AheadStats;
 use super::{
     EpochRun, PreparedRun, RunError, RunInputs, RunLoop, RunSummary, files, io_err, now_iso,
-    run_dir, step_size,
+    step_size,
 };
 use crate::artifacts::documents::PrefixReuse;
 use crate::decide::accuracy;
@@ -27,22 +27,23 @@ use crate::learn::dispatch::Dispatch;
 use crate::learn::reflection::{Reflector, ReflectorSettings};
 use crate::progress::{Phase, ProgressHandle};
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};
+use crate::run::dir::RunDir;
 
 impl RunLoop {
-    /// Prepare the run directory (fresh per-run artifacts; guidance reused only when
-    /// `guidance.reset_on_rerun` is false and a previous run left one) and the writers.
-    /// `resuming`: an earlier attempt at this very run is being continued
-    /// ([`crate::run::start`]): from its last step checkpoint when it left a usable one
-    /// ([`crate::run::checkpoint`]), else everything is rewritten from the start, with the guidance
-    /// seeded exactly as that attempt seeded it.
+    /// Prepare `run_dir` (fresh per-run artifacts; guidance reused only when
+    /// `guidance.reset_on_rerun` is false and a previous run left one) and the writers. When
+    /// the directory continues an earlier attempt at this very run ([`crate::run::start`]),
+    /// the run goes on from its last step checkpoint when it left a usable one
+    /// ([`crate::run::checkpoint`]), else everything is rewritten from the start, with the
+    /// guidance seeded exactly as that attempt seeded it.
     pub fn prepare(
         inputs: RunInputs,
-        resuming: bool,
+        run_dir: &RunDir,
         dispatch: Dispatch,
         model: crate::cluster::server::ModelPinHandle,
         progress: ProgressHandle,
     ) -> Result<PreparedRun, RunError> {
-        let dir = run_dir(&inputs.config, &inputs.ingested.mission)?;
+        let (dir, resuming) = (run_dir.path().to_path_buf(), run_dir.resuming());
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         // End-of-run files of an earlier run (overwritten or resumed) would describe other
         // artifacts than the ones this run is writing; they reappear when this run completes.
