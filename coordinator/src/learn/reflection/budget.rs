@@ -141,6 +141,32 @@ mod tests {
     }
 
     #[test]
+    fn no_cycle_ahead_gets_calls_once_the_change_cap_is_reached() {
+        let mut b = EpochBudget::new((None, Some(1)), CallBudget::default(), ChangeCap::default());
+        assert!(b.covers_cycle_ahead(3));
+        b.count_applied();
+        assert!(b.change_cap_reached());
+        assert!(!b.covers_cycle_ahead(0));
+        assert!(b.calls_left(), "the call budget is another budget");
+    }
+
+    #[test]
+    fn a_new_epoch_starts_both_budgets_afresh_under_the_same_caps() {
+        let mut b = EpochBudget::new(
+            (Some(1), Some(1)),
+            CallBudget::default(),
+            ChangeCap::default(),
+        );
+        b.charge_call();
+        b.count_applied();
+        assert!(!b.calls_left() && b.change_cap_reached());
+        b.reset();
+        assert!(b.calls_left() && !b.change_cap_reached());
+        b.charge_call();
+        assert!(!b.calls_left(), "still capped at one call");
+    }
+
+    #[test]
     fn budgets_serialize_as_their_bare_counts() {
         let mut b = CallBudget::default();
         b.charge();

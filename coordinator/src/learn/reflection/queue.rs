@@ -195,6 +195,90 @@ impl ReflectionQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::selection::Selection;
+    use crate::learn::feedback::PendingFeedback;
+    use stageb_shared::domain::Verdict;
+
+    fn record(group: &str) -> GradientRecord {
+        GradientRecord {
+            ticket_key: TicketKey::new(group, Verdict::Fail),
+            group_id: group.into(),
+            mission: "m".into(),
+            gt: Verdict::Fail,
+            summaries: vec![],
+            candidates: vec![],
+            final_verdict: None,
+            final_reason: String::new(),
+            vote_strength: None,
+            low_agreement: false,
+            eligibility_reasons: vec![],
+            priority: 0,
+            selection: Selection::default(),
+            order: 0,
+            feedback: PendingFeedback::default(),
+        }
+    }
+
+    fn empty() -> QueueParts {
+        QueueParts {
+            pending: vec![],
+            retry: BTreeMap::new(),
+            retry_counts: HashMap::new(),
+            arrivals: 0,
+        }
+    }
+
+    fn groups(records: &[GradientRecord]) -> Vec<&str> {
+        records.iter().map(|r| r.group_id.as_str()).collect()
+    }
+
+    #[test]
+    fn mid_epoch_only_full_batches_leave_and_the_epoch_end_drains_the_rest() {
+        let mut q = ReflectionQueue::new(2, 1, empty());
+        for g in ["a", "b", "c"] {
+            q.push(record(g));
+        }
+        let (attempt, batch) = q.next_batch(false).expect("a full batch");
+        assert_eq!((attempt, groups(&batch)), (0, vec!["a", "b"]));
+        assert!(q.next_batch(false).is_none(), "one case is not a batch");
+        let (_, rest) = q.next_batch(true).expect("drained");
+        assert_eq!(groups(&rest), vec!["c"]);
+        assert_eq!(rest[0].order, 2, "numbered in arrival order");
+    }
+
+    #[test]
+    fn cases_no_model_saw_go_back_in_arrival_order_without_a_retry_charged() {
+        let mut q = ReflectionQueue::new(2, 0, empty());
+        for g in ["a", "b", "c"] {
+            q.push(record(g));
+        }
+        let (attempt, mut batch) = q.next_batch(false).unwrap();
+        let dropped = vec![batch.pop().unwrap()];
+        q.requeue_uncharged(attempt, dropped);
+        let (_, next) = q.next_batch(false).unwrap();
+        assert_eq!(groups(&next), vec!["b", "c"]);
+        assert!(q.parts().retry_counts.is_empty());
+    }
+
+    #[test]
+    fn a_case_retries_while_its_budget_lasts_then_is_given_up() {
+        let mut q = ReflectionQueue::new(4, 1, empty());
+        let given_up = q.retry_or_give_up(vec![record("b"), record("a")]);
+        assert!(given_up.is_empty(), "each has one retry");
+        let (attempt, batch) = q.next_batch(true).unwrap();
+        assert_eq!((attempt, groups(&batch)), (1, vec!["a", "b"]));
+        let given_up = q.retry_or_give_up(batch);
+        assert_eq!(
+            groups(&given_up),
+            vec!["a", "b"],
+            "out of budget, in key order"
+        );
+        q.clear();
+        assert!(
+            q.retry_or_give_up(vec![record("a")]).is_empty(),
+            "a new epoch"
+        );
+    }
 
     #[test]
     pub(super) fn retry_batches_halve_and_never_reach_zero() {
