@@ -13,7 +13,8 @@
 //!
 //! # Files
 //! - `mod.rs` (here): the loop's state ([`RunLoop`]), its inputs and errors.
-//! - `epochs.rs`: the loop itself: [`RunLoop::prepare`], [`RunLoop::run`] → epochs → steps.
+//! - `epochs.rs`: the loop itself: [`RunLoop::prepare`] opens the run ([`PreparedRun`]),
+//!   [`PreparedRun::run`] waits for the model's context, builds the loop, then epochs → steps.
 //! - `step.rs`: one step: its rollouts awaited, its tickets decided, its reflection round.
 //! - `boundary.rs`: the epoch boundary: drained reflection, the epoch row, the ablation.
 //! - `ticket.rs`: one ticket decided and its rows written (selection, trajectories, failures).
@@ -21,7 +22,8 @@
 //! - `steps_ahead.rs`: the next steps' rollouts, queued ahead while a step's reflection runs.
 //! - [`rollout_prompt`]: a ticket's rollout job (prompt and seeds).
 //! - [`checkpoint`] and `resume.rs`: the step checkpoint, and opening a run from its start or
-//!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`.
+//!   from a checkpoint; [`start`]: fresh, `--overwrite` or `--resume`; [`dir`]: the run
+//!   directory an attempt holds ([`dir::RunDir`]: its lock and job journal).
 //!
 //! The row types themselves are [`crate::artifacts::rows`] and [`crate::artifacts::documents`].
 
