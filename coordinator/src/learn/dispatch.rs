@@ -22,16 +22,17 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    /// The dispatch of a run: `completions` is the scheduler's answer channel.
+    /// The dispatch of a run: `completions` is the scheduler's answer channel, `grace` the
+    /// run's worker grace.
     pub fn new(
         scheduler: Arc<Scheduler>,
         completions: mpsc::UnboundedReceiver<Completion>,
-        worker_grace: Duration,
+        grace: Duration,
     ) -> Self {
         Dispatch {
             scheduler,
             completions: Completions::new(completions),
-            worker_grace,
+            worker_grace: grace,
         }
     }
 
