@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::Value;
 use stageb_coordinator::cluster::scheduler::journal::JOURNAL_FILE;
 use stageb_coordinator::run::checkpoint::CHECKPOINT_FILE;
-use stageb_coordinator::run::start::LOCK_FILE;
+use stageb_coordinator::run::dir::LOCK_FILE;
 
 use crate::report::REPORT_FILE;
 

@@ -10,6 +10,8 @@ use stageb_coordinator::cluster::scheduler::{
     Completion, ControlSignal, ProgressRule, Scheduler, SchedulerConfig, SpeculationConfig,
 };
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
+use stageb_coordinator::learn::dispatch::Dispatch;
+use stageb_coordinator::run::dir::{RunDir, RunJournal};
 use stageb_coordinator::run::start;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};
 use stageb_shared::config::RunnerConfig;
@@ -19,17 +21,6 @@ use tokio::sync::oneshot;
 use super::local_workers::{LocalPin, LocalStart, LocalWorkers};
 use super::model::model_pin;
 use super::{ClusterError, CoordinatorSettings};
-
-/// After an input error found once the run directory exists: remove the journal this start
-/// created if nothing was written to it, and the directory if that leaves it empty.
-fn discard_empty_start(dir: &Path) {
-    let journal = dir.join(stageb_coordinator::cluster::scheduler::journal::JOURNAL_FILE);
-    if std::fs::metadata(&journal).is_ok_and(|m| m.len() == 0) {
-        let _ = std::fs::remove_file(&journal);
-        let _ = std::fs::remove_file(dir.join(start::LOCK_FILE));
-    }
-    let _ = std::fs::remove_dir(dir);
-}
 
 /// Serve one run as rank 0. `spawn_local` receives the bound address, the token and the model
 /// pin ([`LocalStart`]) and starts in-process workers; pass a closure returning no handles for a coordinator alone.
@@ -70,12 +61,9 @@ pub async fn run_coordinator_until(
     inputs.tuning = Some(tuning);
     let plan = start::plan(&inputs, settings.start)?;
     let model = model_pin(&inputs, &plan, &settings).await?;
-    let (run_dir, resuming) = (plan.dir.clone(), plan.resuming);
-    // Before anything is written: a second process on this directory must not truncate it.
-    let _run_lock = start::lock_run_dir(&plan.dir)?;
-    let journal = plan.open_journal()?;
-    let (scheduler, completions) =
-        scheduler(&inputs.config.runner, &settings, journal, plan.replay);
+    // Locked before anything is written: a second process on it must not truncate it.
+    let (run_dir, RunJournal { journal, replay }) = RunDir::open(plan)?;
+    let (scheduler, completions) = scheduler(&inputs.config.runner, &settings, journal, replay);
     let service = server::build_service(
         scheduler.clone(),
         &ServiceConfig {
@@ -105,20 +93,9 @@ pub async fn run_coordinator_until(
     let shown = progress.clone();
 
     let result = async {
-        let run = RunLoop::prepare(
-            inputs,
-            resuming,
-            scheduler.clone(),
-            completions,
-            model,
-            progress,
-            settings.worker_grace,
-        )
-        .inspect_err(|_| {
-            if !resuming {
-                discard_empty_start(&run_dir);
-            }
-        })?;
+        let dispatch = Dispatch::new(scheduler.clone(), completions, settings.worker_grace);
+        let run = RunLoop::prepare(inputs, &run_dir, dispatch, model, progress)
+            .inspect_err(|_| run_dir.discard_unused())?;
         tracing::info!(run_dir = %run.run_dir().display(), "run started");
         let run = run.run();
         tokio::pin!(run);
@@ -130,7 +107,7 @@ pub async fn run_coordinator_until(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .start_draining();
-        drain(&scheduler, run, settings.drain_timeout, &run_dir).await
+        drain(&scheduler, run, settings.drain_timeout, run_dir.path()).await
     }
     .await;
 

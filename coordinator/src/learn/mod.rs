@@ -1,6 +1,7 @@
 //! Learning from gradient candidates: the two-pass reflection and everything that judges what
 //! it proposes.
 //!
+//! - [`dispatch`]: where jobs go and answers come back, with the run's worker grace.
 //! - [`reflection`]: the driver (decision pass → need-review, ops pass → guidance edits) and
 //!   the `reflection.jsonl` row it writes ([`reflection::ReflectionRow`]).
 //! - [`op_check`]: validation of the ops a reflection proposes (stable reject codes).
@@ -11,6 +12,7 @@
 //! - [`feedback`]: which rule (key and generation) buffered hit/miss feedback belongs to.
 //! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
 
+pub mod dispatch;
 pub mod feedback;
 pub mod gate_decision;
 pub mod need_review;

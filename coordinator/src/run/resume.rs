@@ -10,14 +10,15 @@ use super::{RunError, RunInputs, RunLoop, Writers, io_err};
 use crate::artifacts::{JsonlWriter, seal};
 use crate::decide::accuracy::Accumulator;
 use crate::guidance::{GuidanceRepo, RepoOptions};
-use crate::learn::reflection::{Reflector, ReflectorSettings};
+use crate::learn::reflection::ReflectionOpening;
 use crate::run::checkpoint::{self, Checkpoint, LoopCounters, Position, RunIdentity};
 
 /// What a run writes to, opened fresh or from a checkpoint.
 pub(super) struct Opened {
     pub(super) guidance: GuidanceRepo,
     pub(super) writers: Writers,
-    pub(super) reflector: Reflector,
+    pub(super) reflection: ReflectionOpening,
+    pub(super) guidance_reused: bool,
     pub(super) initial_guidance_hash: String,
 }
 
@@ -50,7 +51,6 @@ pub(super) fn open_fresh(
     inputs: &RunInputs,
     resuming: bool,
     options: RepoOptions,
-    mut settings: ReflectorSettings,
 ) -> Result<Opened, RunError> {
     checkpoint::remove(dir).map_err(io_err(dir))?;
     let mission = inputs.ingested.mission.as_str();
@@ -77,10 +77,8 @@ pub(super) fn open_fresh(
     Ok(Opened {
         guidance,
         writers: Writers::open(dir, JsonlWriter::create)?,
-        reflector: {
-            settings.guidance_reused = reuse;
-            Reflector::open(dir, &inputs.config, mission, settings, None)?
-        },
+        reflection: ReflectionOpening::open(dir, &inputs.config.reflection, None)?,
+        guidance_reused: reuse,
         initial_guidance_hash,
     })
 }
@@ -101,7 +99,6 @@ pub(super) fn open_at_checkpoint(
     inputs: &RunInputs,
     checkpoint: &Checkpoint,
     options: RepoOptions,
-    settings: ReflectorSettings,
 ) -> Result<Opened, RunError> {
     let mission = inputs.ingested.mission.as_str();
     // Checked before anything is cut or written: a refused checkpoint copy of the guidance
@@ -112,7 +109,7 @@ pub(super) fn open_at_checkpoint(
     checkpoint.restore_files(dir).map_err(io_err(dir))?;
     let guidance = GuidanceRepo::open(dir, mission, options)?;
     let state = Some(checkpoint.reflector.clone());
-    let reflector = Reflector::open(dir, &inputs.config, mission, settings, state)?;
+    let reflection = ReflectionOpening::open(dir, &inputs.config.reflection, state)?;
     let p = checkpoint.position;
     tracing::info!(
         epoch = p.epoch,
@@ -123,7 +120,8 @@ pub(super) fn open_at_checkpoint(
     Ok(Opened {
         guidance,
         writers: Writers::open(dir, JsonlWriter::open_resume)?,
-        reflector,
+        reflection,
+        guidance_reused: false,
         initial_guidance_hash: checkpoint.initial_guidance_hash.clone(),
     })
 }
@@ -183,7 +181,7 @@ impl RunLoop {
             if let Ok(row) =
                 serde_json::from_value::<crate::decide::accuracy::MetricsRow>(row.clone())
             {
-                super::record_epoch_accuracy(row.epoch, &row);
+                super::boundary::record_epoch_accuracy(row.epoch, &row);
             }
         }
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,7 +197,11 @@ impl RunLoop {
         position: Position,
         window: Option<&Accumulator>,
     ) -> Result<(), RunError> {
-        if window.is_some() && !self.checkpoints.due(self.scheduler.journal_bytes()) {
+        if window.is_some()
+            && !self
+                .checkpoints
+                .due(self.dispatch.scheduler.journal_bytes())
+        {
             return Ok(());
         }
         let dir = self.dir.clone();
@@ -217,6 +219,9 @@ impl RunLoop {
         .map_err(io_err(&dir))?;
         let bytes = checkpoint.save(&dir).map_err(io_err(&dir))?;
         self.checkpoints.saved(bytes);
-        self.scheduler.restart_journal().map_err(io_err(&dir))
+        self.dispatch
+            .scheduler
+            .restart_journal()
+            .map_err(io_err(&dir))
     }
 }

@@ -39,7 +39,7 @@ impl RunLoop {
         if let Some(ahead) = self.steps_ahead.pop_front() {
             if ahead.guidance == guidance && ahead.tickets() == step {
                 let ids = ahead.ids();
-                self.scheduler.promote(&ids);
+                self.dispatch.scheduler.promote(&ids);
                 self.ahead_stats.steps_used += 1;
                 self.ahead_stats.jobs_used += ids.len() as u64;
                 return ahead.jobs;
@@ -79,7 +79,9 @@ impl RunLoop {
             }
             kept = false;
             let jobs = self.enqueue_step(run, step, &guidance, true);
-            self.completions.expect(jobs.iter().map(|(j, _)| *j));
+            self.dispatch
+                .completions
+                .expect(jobs.iter().map(|(j, _)| *j));
             self.ahead_stats.steps_ahead += 1;
             self.ahead_stats.jobs_ahead += jobs.len() as u64;
             self.steps_ahead.push_back(StepAhead {
@@ -96,8 +98,8 @@ impl RunLoop {
     /// Withdraw a step queued ahead: its jobs dropped or fenced, their completions forgotten.
     fn discard(&mut self, ahead: &StepAhead) {
         let ids = ahead.ids();
-        self.scheduler.withdraw(&ids);
-        self.completions.forget(&ids);
+        self.dispatch.scheduler.withdraw(&ids);
+        self.dispatch.completions.forget(&ids);
         self.ahead_stats.steps_discarded += 1;
         self.ahead_stats.jobs_discarded += ids.len() as u64;
     }
@@ -115,9 +117,9 @@ impl RunLoop {
             .map(|&ti| {
                 let payload = rollout_payload(run.cfg, run.epoch, &run.tickets[ti], guidance);
                 let job = if ahead {
-                    self.scheduler.enqueue_ahead(payload)
+                    self.dispatch.scheduler.enqueue_ahead(payload)
                 } else {
-                    self.scheduler.enqueue(payload)
+                    self.dispatch.scheduler.enqueue(payload)
                 };
                 (job, ti)
             })

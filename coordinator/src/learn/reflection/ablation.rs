@@ -9,11 +9,10 @@
 use serde::{Deserialize, Serialize};
 use stageb_shared::seed::derived_seed;
 
-use super::call::Dispatch;
-use super::{ReflectionError, Reflector};
-use crate::cluster::completions::Completions;
-use crate::cluster::scheduler::Scheduler;
+use super::ReflectionError;
+use super::gate::Gate;
 use crate::guidance::{GuidanceRepo, MissionGuidance, RuleKey};
+use crate::learn::dispatch::Dispatch;
 use crate::learn::gate_decision::{self, Contribution};
 
 /// One learned rule's contribution on the gate split.
@@ -29,22 +28,21 @@ pub struct RuleAblation {
     pub contribution: Contribution,
 }
 
-impl Reflector {
+impl Gate {
     /// Whether `epoch`'s end runs the ablation: the gate on with tickets, and every N-th epoch.
-    pub fn ablation_due(&self, epoch: u32) -> bool {
-        let gate = &self.config.gate;
+    pub(super) fn ablation_due(&self, epoch: u32) -> bool {
+        let gate = &self.config;
         let every = gate.ablation_every;
-        gate.enabled && every > 0 && epoch.is_multiple_of(every) && self.gate.has_tickets()
+        gate.enabled && every > 0 && epoch.is_multiple_of(every) && self.has_tickets()
     }
 
     /// Each learned rule of `guidance` left out in turn (key order); empty when none is due
     /// or there is no learned rule.
-    pub async fn ablate(
+    pub(super) async fn ablate(
         &mut self,
         epoch: u32,
         guidance: &GuidanceRepo,
-        scheduler: &Scheduler,
-        completions: &mut Completions,
+        dispatch: &mut Dispatch,
     ) -> Result<Vec<RuleAblation>, ReflectionError> {
         let full = guidance.current();
         let learned: Vec<RuleKey> = full
@@ -59,14 +57,7 @@ impl Reflector {
         let variants: Vec<MissionGuidance> = learned.iter().map(|k| without(full, *k)).collect();
         let mut guidances = vec![full];
         guidances.extend(variants.iter());
-        let mut dispatch = Dispatch {
-            scheduler,
-            completions,
-        };
-        let outcomes = self
-            .gate
-            .outcomes_of(epoch, &guidances, &mut dispatch, self.worker_grace)
-            .await?;
+        let outcomes = self.outcomes_of(epoch, &guidances, dispatch).await?;
         let with = &outcomes[0];
         let accuracy = |v: &[bool]| v.iter().filter(|c| **c).count() as f64 / v.len() as f64;
         Ok(learned

@@ -1,7 +1,8 @@
-//! The epoch's reflection budgets, each owned by one type: the model calls an epoch may make
-//! (`reflection.max_calls_per_epoch`) and the reflections an epoch may apply
-//! (`reflection.change_cap_per_epoch`). Both are counted here, reset here at the epoch's start,
-//! and compared here; the caps come from the config, the counts go into checkpoints.
+//! The epoch's reflection budgets: the model calls an epoch may make
+//! (`reflection.max_calls_per_epoch`, [`CallBudget`]) and the reflections an epoch may apply
+//! (`reflection.change_cap_per_epoch`, [`ChangeCap`]). [`EpochBudget`] holds both with their
+//! caps: they are counted here, reset here at the epoch's start and compared here; the caps
+//! come from the config, the counts go into checkpoints.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,68 @@ impl ChangeCap {
     }
 }
 
+/// The epoch's two budgets with their caps: what the cycle asks before a call or an apply.
+#[derive(Debug, Clone)]
+pub(super) struct EpochBudget {
+    calls: CallBudget,
+    changes: ChangeCap,
+    call_cap: Option<u32>,
+    change_cap: Option<u32>,
+}
+
+impl EpochBudget {
+    /// The budgets under `call_cap` and `change_cap`, with the counts spent so far this epoch.
+    pub(super) fn new(
+        (call_cap, change_cap): (Option<u32>, Option<u32>),
+        calls: CallBudget,
+        changes: ChangeCap,
+    ) -> Self {
+        EpochBudget {
+            calls,
+            changes,
+            call_cap,
+            change_cap,
+        }
+    }
+
+    /// A new epoch: nothing spent, nothing applied.
+    pub(super) fn reset(&mut self) {
+        self.calls = CallBudget::default();
+        self.changes = ChangeCap::default();
+    }
+
+    /// Whether one more call fits this epoch.
+    pub(super) fn calls_left(&self) -> bool {
+        self.calls.left(self.call_cap)
+    }
+
+    /// Charge one call (the caller has checked [`EpochBudget::calls_left`]).
+    pub(super) fn charge_call(&mut self) {
+        self.calls.charge();
+    }
+
+    /// Has the epoch applied its cap of reflections already?
+    pub(super) fn change_cap_reached(&self) -> bool {
+        self.changes.reached(self.change_cap)
+    }
+
+    /// Count one applied reflection.
+    pub(super) fn count_applied(&mut self) {
+        self.changes.count_applied();
+    }
+
+    /// Whether upcoming cycle `j` (0: the next) is likely to get its calls: the change cap is
+    /// not reached and the call budget covers this cycle's two calls and theirs.
+    pub(super) fn covers_cycle_ahead(&self, j: usize) -> bool {
+        !self.change_cap_reached() && self.calls.covers_cycle_ahead(self.call_cap, j)
+    }
+
+    /// The counts, as a checkpoint stores them.
+    pub(super) fn counts(&self) -> (CallBudget, ChangeCap) {
+        (self.calls, self.changes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +138,32 @@ mod tests {
         assert!(!b.covers_cycle_ahead(Some(4), 0));
         assert!(!b.covers_cycle_ahead(Some(6), 1));
         assert!(b.covers_cycle_ahead(None, 100));
+    }
+
+    #[test]
+    fn no_cycle_ahead_gets_calls_once_the_change_cap_is_reached() {
+        let mut b = EpochBudget::new((None, Some(1)), CallBudget::default(), ChangeCap::default());
+        assert!(b.covers_cycle_ahead(3));
+        b.count_applied();
+        assert!(b.change_cap_reached());
+        assert!(!b.covers_cycle_ahead(0));
+        assert!(b.calls_left(), "the call budget is another budget");
+    }
+
+    #[test]
+    fn a_new_epoch_starts_both_budgets_afresh_under_the_same_caps() {
+        let mut b = EpochBudget::new(
+            (Some(1), Some(1)),
+            CallBudget::default(),
+            ChangeCap::default(),
+        );
+        b.charge_call();
+        b.count_applied();
+        assert!(!b.calls_left() && b.change_cap_reached());
+        b.reset();
+        assert!(b.calls_left() && !b.change_cap_reached());
+        b.charge_call();
+        assert!(!b.calls_left(), "still capped at one call");
     }
 
     #[test]

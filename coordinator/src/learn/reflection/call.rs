@@ -1,25 +1,111 @@
 //! One reflection model call: a JSON-mode generation leased to a worker, retried with a new
 //! seed while its output does not parse, each attempt logged in the row as a [`CallRecord`].
+//! [`Calls`] holds what every call of a run is built with (seed, sampling, progress) and what
+//! they cost; the reflector's calls queued ahead are planned here too, as a call that waits
+//! re-plans them when an answer they depend on arrives.
+
+use std::collections::BTreeSet;
 
 use serde_json::Value;
-use stageb_shared::domain::ChatMessage;
+use stageb_shared::config::ReflectionConfig;
+use stageb_shared::domain::{ChatMessage, TicketKey};
 use stageb_shared::observe;
-use stageb_shared::reflection_schema::ReflectionParseError;
+use stageb_shared::reflection_schema::{self, ReflectionParseError};
 use stageb_shared::seed::derived_seed;
 
+use super::calls_ahead::CallsAhead;
+use super::cycle::split_stop_gradient;
+use super::record::Learnable;
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
-use super::{JSON_RETRIES, ReflectionError, Reflector};
+use super::{GradientRecord, JSON_RETRIES, ReflectionError, Reflector};
 use crate::artifacts::documents::CallPrefixReuse;
-use crate::cluster::completions::{Completions, await_any};
-use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER, Scheduler};
+use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER};
 use crate::guidance::GuidanceRepo;
-use crate::progress::{Phase, ReflectPass};
+use crate::learn::dispatch::Dispatch;
+use crate::progress::{Phase, ProgressHandle, ReflectPass};
 
-/// Where reflection calls go: the scheduler that leases them to workers, and the channel their
-/// answers come back on.
-pub(super) struct Dispatch<'a> {
-    pub(super) scheduler: &'a Scheduler,
-    pub(super) completions: &'a mut Completions,
+/// What every reflection call of a run is built with, and what the calls cost: the run seed
+/// (each call's seed derives from it), the sampling settings, where calls are shown, the
+/// prefill the workers' caches saved, and the calls queued ahead.
+pub(super) struct Calls {
+    run_seed: u64,
+    temperature: f32,
+    top_p: f32,
+    repetition_penalty: f32,
+    /// The fitted `reflection.max_new_tokens`.
+    max_new_tokens: u32,
+    /// Where each call's cycle and pass are shown, when set.
+    progress: Option<ProgressHandle>,
+    /// Prefill the workers' prefix caches saved on this attempt's calls (runtime only: a
+    /// resumed attempt counts its own).
+    pub(super) prefix_reuse: CallPrefixReuse,
+    /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
+    pub(super) ahead: CallsAhead,
+}
+
+impl Calls {
+    /// The calls of a run under the fitted `config`, queued ahead for `pipeline_cycles` cycles.
+    pub(super) fn new(
+        config: &ReflectionConfig,
+        run_seed: u64,
+        pipeline_cycles: usize,
+        progress: Option<ProgressHandle>,
+    ) -> Self {
+        Calls {
+            run_seed,
+            temperature: config.temperature,
+            top_p: config.top_p,
+            repetition_penalty: config.repetition_penalty,
+            max_new_tokens: config.max_new_tokens,
+            progress,
+            prefix_reuse: CallPrefixReuse::default(),
+            ahead: CallsAhead::new(pipeline_cycles),
+        }
+    }
+
+    /// The seed of attempt `attempt` of `pass` in `cycle`.
+    pub(super) fn seed(&self, epoch: u32, cycle: u64, pass: CallPass, attempt: u32) -> u64 {
+        derived_seed(
+            self.run_seed,
+            "reflection-call",
+            &[
+                &epoch.to_le_bytes(),
+                &cycle.to_le_bytes(),
+                pass.as_str().as_bytes(),
+                &attempt.to_le_bytes(),
+            ],
+        )
+    }
+
+    /// The job of one call: everything its answer depends on.
+    pub(super) fn payload(
+        &self,
+        messages: &[ChatMessage],
+        schema: &Value,
+        seed: u64,
+    ) -> JobPayload {
+        JobPayload::Generate {
+            messages: messages.to_vec(),
+            json_schema: Some(schema.to_string()),
+            seed,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            repetition_penalty: self.repetition_penalty,
+            max_new_tokens: self.max_new_tokens,
+        }
+    }
+
+    /// The progress state names the call's cycle and pass.
+    fn show(&self, cycle: u64, pass: CallPass) {
+        let pass = match pass {
+            CallPass::Decision => ReflectPass::Decision,
+            CallPass::Ops => ReflectPass::Ops,
+            CallPass::OpsRevision => ReflectPass::Revision,
+        };
+        if let Some(progress) = &self.progress {
+            crate::progress::enter(progress, Phase::Reflecting { cycle, pass });
+        }
+    }
 }
 
 /// Counting is done here, where the records are made; the totals are a part of
@@ -61,20 +147,22 @@ impl Reflector {
         pass: CallPass,
         (messages, schema): (Vec<ChatMessage>, &Value),
         guidance: &GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
         parse: impl Fn(&str) -> Result<T, ReflectionParseError>,
     ) -> Result<Option<T>, ReflectionError> {
         for attempt in 0..=JSON_RETRIES {
-            if !self.calls_left() {
+            if !self.budget.calls_left() {
                 return Ok(None);
             }
-            self.state.calls_epoch.charge();
-            self.show_call(row.reflection_cycle, pass);
-            let seed = self.call_seed(row.epoch, row.reflection_cycle, pass, attempt);
-            let payload = self.call_payload(&messages, schema, seed);
+            self.budget.charge_call();
+            self.calls.show(row.reflection_cycle, pass);
+            let seed = self
+                .calls
+                .seed(row.epoch, row.reflection_cycle, pass, attempt);
+            let payload = self.calls.payload(&messages, schema, seed);
             let completion = self.generate(payload, guidance, dispatch).await?;
             let (record, outcome) = judge(pass, attempt, seed, completion, &parse);
-            self.prefix_reuse.count(&record);
+            self.calls.prefix_reuse.count(&record);
             row.calls.push(record);
             match outcome {
                 Attempt::Parsed(v) => return Ok(Some(v)),
@@ -85,50 +173,6 @@ impl Reflector {
         Ok(None)
     }
 
-    /// The seed of attempt `attempt` of `pass` in `cycle`.
-    pub(super) fn call_seed(&self, epoch: u32, cycle: u64, pass: CallPass, attempt: u32) -> u64 {
-        derived_seed(
-            self.run_seed,
-            "reflection-call",
-            &[
-                &epoch.to_le_bytes(),
-                &cycle.to_le_bytes(),
-                pass.as_str().as_bytes(),
-                &attempt.to_le_bytes(),
-            ],
-        )
-    }
-
-    /// The job of one call: everything its answer depends on.
-    pub(super) fn call_payload(
-        &self,
-        messages: &[ChatMessage],
-        schema: &Value,
-        seed: u64,
-    ) -> JobPayload {
-        JobPayload::Generate {
-            messages: messages.to_vec(),
-            json_schema: Some(schema.to_string()),
-            seed,
-            temperature: self.config.temperature,
-            top_p: self.config.top_p,
-            repetition_penalty: self.config.repetition_penalty,
-            max_new_tokens: self.config.max_new_tokens,
-        }
-    }
-
-    /// The progress state names the call's cycle and pass.
-    fn show_call(&self, cycle: u64, pass: CallPass) {
-        let pass = match pass {
-            CallPass::Decision => ReflectPass::Decision,
-            CallPass::Ops => ReflectPass::Ops,
-            CallPass::OpsRevision => ReflectPass::Revision,
-        };
-        if let Some(progress) = &self.progress {
-            crate::progress::enter(progress, Phase::Reflecting { cycle, pass });
-        }
-    }
-
     /// Lease one generation (or take the same job queued ahead) and wait for its answer. While
     /// it waits, each decision answer of a call queued ahead that arrives re-plans the calls
     /// ahead, so that its cycle's ops call is queued at once.
@@ -136,9 +180,9 @@ impl Reflector {
         &mut self,
         payload: JobPayload,
         guidance: &GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
     ) -> Result<Completion, ReflectionError> {
-        let job = match self.calls_ahead.take(&payload) {
+        let job = match self.calls.ahead.take(&payload) {
             Some(job) => {
                 dispatch.scheduler.promote(&[job]);
                 job
@@ -148,22 +192,97 @@ impl Reflector {
         // Kept if it arrives while the calls ahead are re-planned (which collects what came).
         dispatch.completions.expect([job]);
         loop {
-            let mut watch = self.calls_ahead.decisions_in_flight(dispatch);
+            let mut watch = self.calls.ahead.decisions_in_flight(dispatch);
             watch.insert(job);
-            let done = await_any(
-                dispatch.scheduler,
-                dispatch.completions,
-                &watch,
-                self.worker_grace,
-                &mut |_| {},
-            )
-            .await?;
+            let done = dispatch.await_any(&watch, &mut |_| {}).await?;
             if done.job == job {
                 return Ok(done);
             }
             dispatch.completions.put_back(done);
             self.plan_calls_ahead(guidance, dispatch);
         }
+    }
+
+    /// Queue ahead the calls the next cycles will most likely make (see `calls_ahead`);
+    /// calls queued for cycles now past, or for upcoming cycles under another guess, are
+    /// withdrawn. The current cycle's own calls are left as they are.
+    pub(super) fn plan_calls_ahead(&mut self, guidance: &GuidanceRepo, dispatch: &mut Dispatch) {
+        if self.calls.ahead.depth() == 0 {
+            return;
+        }
+        dispatch.completions.collect_ready();
+        let current = self.cycles;
+        let mut wanted: BTreeSet<String> = BTreeSet::new();
+        // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
+        // remaining cycles route their cases without a call: nothing to guess).
+        let depth = (0..self.calls.ahead.depth())
+            .take_while(|&j| self.budget.covers_cycle_ahead(j))
+            .count();
+        let drain = self.calls.ahead.draining();
+        let pack = |batch| self.prompts.pack(batch, guidance);
+        let upcoming = self.queue.upcoming(drain, depth, pack);
+        for (j, kept) in upcoming.into_iter().enumerate() {
+            let cycle = current + 1 + j as u64;
+            self.queue_likely_calls(cycle, kept, guidance, dispatch, &mut wanted);
+        }
+        self.calls.ahead.withdraw_where(dispatch, |digest, cycle| {
+            cycle < current || (cycle > current && !wanted.contains(digest))
+        });
+    }
+
+    /// Queue the decision call `cycle` would make on its packed cases `kept`, and its ops call
+    /// when the decision's answer (queued ahead before) is in and leaves cases to learn from;
+    /// their digests go into `wanted`.
+    fn queue_likely_calls(
+        &mut self,
+        cycle: u64,
+        kept: Vec<GradientRecord>,
+        guidance: &GuidanceRepo,
+        dispatch: &mut Dispatch,
+        wanted: &mut BTreeSet<String>,
+    ) {
+        let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
+        let (messages, schema) = self.prompts.decision(&kept, &kept_keys, guidance, cycle);
+        let seed = self.calls.seed(self.epoch, cycle, CallPass::Decision, 0);
+        let decision = self.calls.payload(&messages, &schema, seed);
+        let (digest, job) = self
+            .calls
+            .ahead
+            .want(cycle, CallPass::Decision, decision, dispatch);
+        wanted.insert(digest);
+        let answer = dispatch
+            .completions
+            .peek(job)
+            .and_then(|c| match &c.result {
+                Ok(JobOutput::Generate { text, .. }) => {
+                    reflection_schema::parse_decision(text).ok()
+                }
+                _ => None,
+            });
+        let Some(decision) = answer else {
+            return;
+        };
+        let learnable = split_stop_gradient(kept, &kept_keys, &decision).learnable;
+        if learnable.records.is_empty() {
+            return;
+        }
+        let ops = self.first_ops_payload(&learnable, guidance, cycle);
+        let ahead = &mut self.calls.ahead;
+        wanted.insert(ahead.want(cycle, CallPass::Ops, ops, dispatch).0);
+    }
+
+    /// The job of `cycle`'s ops pass on `learnable` (its first attempt), built as the cycle's
+    /// ops rounds build it: for a call queued ahead.
+    fn first_ops_payload(
+        &self,
+        learnable: &Learnable,
+        guidance: &GuidanceRepo,
+        cycle: u64,
+    ) -> JobPayload {
+        let inputs = self.ops_inputs(learnable, guidance);
+        let messages = inputs.messages(&self.prompts, cycle, None);
+        let seed = self.calls.seed(self.epoch, cycle, CallPass::Ops, 0);
+        self.calls.payload(&messages, &inputs.schema, seed)
     }
 }
 

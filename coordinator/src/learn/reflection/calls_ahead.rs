@@ -14,19 +14,13 @@
 //! a boundary's cycles are done are withdrawn too. `summary.json` `runtime.pipeline` counts
 //! the calls queued ahead, used and withdrawn.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
-use stageb_shared::reflection_schema;
-
-use super::call::Dispatch;
-use super::cycle::split_stop_gradient;
 use super::row::CallPass;
-use super::{GradientRecord, Reflector};
 use crate::artifacts::documents::CallsAheadStats;
 use crate::cluster::scheduler::journal::payload_digest;
-use crate::cluster::scheduler::{JobId, JobOutput, JobPayload};
-use crate::guidance::GuidanceRepo;
-use stageb_shared::domain::TicketKey;
+use crate::cluster::scheduler::{JobId, JobPayload};
+use crate::learn::dispatch::Dispatch;
 
 /// One call queued ahead.
 struct Queued {
@@ -69,7 +63,7 @@ impl CallsAhead {
 
     /// Decision calls queued ahead whose answer has not arrived: an arrival may let its
     /// cycle's ops call be queued too.
-    pub(super) fn decisions_in_flight(&self, dispatch: &Dispatch<'_>) -> HashSet<JobId> {
+    pub(super) fn decisions_in_flight(&self, dispatch: &Dispatch) -> HashSet<JobId> {
         self.queued
             .values()
             .filter(|q| q.pass == CallPass::Decision)
@@ -78,14 +72,24 @@ impl CallsAhead {
             .collect()
     }
 
+    /// Cycles queued ahead (`runner.pipeline_cycles`; 0: none).
+    pub(super) fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Whether the boundary being reflected on is the epoch's end.
+    pub(super) fn draining(&self) -> bool {
+        self.drain
+    }
+
     /// Queue `payload` of `cycle` ahead unless it is queued already; returns its digest and
     /// its job.
-    fn want(
+    pub(super) fn want(
         &mut self,
         cycle: u64,
         pass: CallPass,
         payload: JobPayload,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
     ) -> (String, JobId) {
         let digest = payload_digest(&payload);
         if let Some(q) = self.queued.get(&digest) {
@@ -99,15 +103,15 @@ impl CallsAhead {
         (digest, job)
     }
 
-    /// Withdraw every call for which `unwanted` holds.
-    fn withdraw_where(
+    /// Withdraw every call for which `unwanted(digest, cycle)` holds.
+    pub(super) fn withdraw_where(
         &mut self,
-        dispatch: &mut Dispatch<'_>,
-        unwanted: impl Fn(&str, &Queued) -> bool,
+        dispatch: &mut Dispatch,
+        unwanted: impl Fn(&str, u64) -> bool,
     ) {
         let mut jobs: Vec<JobId> = Vec::new();
         self.queued.retain(|digest, q| {
-            let gone = unwanted(digest, q);
+            let gone = unwanted(digest, q.cycle);
             if gone {
                 jobs.push(q.job);
             }
@@ -123,93 +127,12 @@ impl CallsAhead {
     }
 
     /// The boundary's cycles are done: nothing queued ahead will be asked for.
-    pub(super) fn withdraw_all(&mut self, dispatch: &mut Dispatch<'_>) {
+    pub(super) fn withdraw_all(&mut self, dispatch: &mut Dispatch) {
         self.withdraw_where(dispatch, |_, _| true);
     }
 
     /// A boundary's cycles begin; `drain`: it is the epoch's end (partial batches are due).
     pub(super) fn start_boundary(&mut self, drain: bool) {
         self.drain = drain;
-    }
-}
-
-impl Reflector {
-    /// Queue ahead the calls the next cycles will most likely make (see the module header);
-    /// calls queued for cycles now past, or for upcoming cycles under another guess, are
-    /// withdrawn. The current cycle's own calls are left as they are.
-    pub(super) fn plan_calls_ahead(
-        &mut self,
-        guidance: &GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
-    ) {
-        if self.calls_ahead.depth == 0 {
-            return;
-        }
-        dispatch.completions.collect_ready();
-        let current = self.state.cycles;
-        let mut wanted: BTreeSet<String> = BTreeSet::new();
-        // Only the cycles the budget lets call are guessed (once it is spent, a boundary's
-        // remaining cycles route their cases without a call: nothing to guess).
-        let depth = (0..self.calls_ahead.depth)
-            .take_while(|&j| self.cycle_ahead_gets_calls(j))
-            .count();
-        let upcoming = self.upcoming_cases(self.calls_ahead.drain, depth, guidance);
-        for (j, kept) in upcoming.into_iter().enumerate() {
-            let cycle = current + 1 + j as u64;
-            self.queue_likely_calls(cycle, kept, guidance, dispatch, &mut wanted);
-        }
-        self.calls_ahead.withdraw_where(dispatch, |digest, q| {
-            q.cycle < current || (q.cycle > current && !wanted.contains(digest))
-        });
-    }
-
-    /// Whether upcoming cycle `j` (0: the next) is likely to get its calls: the epoch's change
-    /// cap is not reached and the call budget covers this cycle's two calls and theirs.
-    fn cycle_ahead_gets_calls(&self, j: usize) -> bool {
-        if self.change_cap_reached() {
-            return false;
-        }
-        self.state
-            .calls_epoch
-            .covers_cycle_ahead(self.config.max_calls_per_epoch, j)
-    }
-
-    /// Queue the decision call `cycle` would make on its packed cases `kept`, and its ops call
-    /// when the decision's answer (queued ahead before) is in and leaves cases to learn from;
-    /// their digests go into `wanted`.
-    fn queue_likely_calls(
-        &mut self,
-        cycle: u64,
-        kept: Vec<GradientRecord>,
-        guidance: &GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
-        wanted: &mut BTreeSet<String>,
-    ) {
-        let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
-        let (messages, schema) = self.decision_prompt(&kept, &kept_keys, guidance, cycle);
-        let seed = self.call_seed(self.state.epoch, cycle, CallPass::Decision, 0);
-        let decision = self.call_payload(&messages, &schema, seed);
-        let (digest, job) = self
-            .calls_ahead
-            .want(cycle, CallPass::Decision, decision, dispatch);
-        wanted.insert(digest);
-        let answer = dispatch
-            .completions
-            .peek(job)
-            .and_then(|c| match &c.result {
-                Ok(JobOutput::Generate { text, .. }) => {
-                    reflection_schema::parse_decision(text).ok()
-                }
-                _ => None,
-            });
-        let Some(decision) = answer else {
-            return;
-        };
-        let learnable = split_stop_gradient(kept, &kept_keys, &decision).learnable;
-        if learnable.records.is_empty() {
-            return;
-        }
-        let ops = self.first_ops_payload(&learnable, guidance, cycle);
-        wanted.insert(self.calls_ahead.want(cycle, CallPass::Ops, ops, dispatch).0);
     }
 }

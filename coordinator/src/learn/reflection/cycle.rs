@@ -1,7 +1,7 @@
 //! One reflection cycle on one batch, as named phases:
 //!
-//! guard → pack → decision pass → ops rounds (`ops.rs`) → gate (`gate.rs`) → apply → closure,
-//! then close.
+//! guard → pack → decision pass → ops rounds (validated by `ops.rs`) → gate (`gate.rs`) →
+//! apply → closure, then close.
 //!
 //! Each phase either hands the next one its input ([`Flow::Next`]) or ends the cycle
 //! ([`Flow::End`]) with a [`CycleEnd`] that names how it ended; whichever way it ended, `close`
@@ -9,21 +9,22 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::Value;
 use stageb_shared::digest::{digest_of, sha256_hex};
-use stageb_shared::domain::{ChatMessage, TicketKey};
+use stageb_shared::domain::TicketKey;
 use stageb_shared::observe;
 use stageb_shared::reflection_schema::{self, DecisionOutput};
 
-use super::call::Dispatch;
+use super::ops::{OpsInputs, absorb, proposal, validate_remembering};
 use super::prompt::shorthand;
-use super::record::keys_of;
-use super::row::{CallPass, CoverageCounts, DecisionRecord, ReflectionRow, Routing, RowOpening};
-use super::{GradientRecord, ReflectionError, Reflector, io_err, tailor_decision_schema};
-use crate::artifacts::files;
+use super::record::{Learnable, keys_of};
+use super::row::{
+    CallPass, CoverageCounts, DecisionRecord, Proposal, ReflectionRow, Routing, RowOpening,
+};
+use super::{GradientRecord, REVISION_ROUNDS, ReflectionError, Reflector};
 use crate::guidance::{ApplyOutcome, GuidanceError, GuidanceRepo, OpEffect, RuleKey};
-use crate::learn::need_review::NeedReviewReason;
-use crate::learn::op_check::{self, OpsValidation};
+use crate::learn::dispatch::Dispatch;
+use crate::learn::need_review::{NeedReviewReason, RoutingPoint};
+use crate::learn::op_check::{self, OpsValidation, RejectReason, RejectedOp};
 use crate::learn::predictions::Prediction;
 
 /// How a cycle ended: every early exit is one of these, and so is the normal end. Each names
@@ -60,12 +61,6 @@ impl CycleEnd {
 pub(super) enum Flow<T> {
     Next(T),
     End(CycleEnd),
-}
-
-/// `L`: the kept cases the decision pass did not stop, in prompt order, and their keys.
-pub(super) struct Learnable {
-    pub(super) records: Vec<GradientRecord>,
-    pub(super) keys: BTreeSet<TicketKey>,
 }
 
 /// A decision answer applied to the kept cases: the ids it named, resolved against them, the
@@ -108,7 +103,7 @@ impl Reflector {
         attempt: u32,
         batch: Vec<GradientRecord>,
         guidance: &mut GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
     ) -> Result<(), ReflectionError> {
         let mut row = self.open_row(epoch, global_step, attempt, &batch, guidance);
         let end = self.phases(&mut row, batch, guidance, dispatch).await?;
@@ -121,7 +116,7 @@ impl Reflector {
         row: &mut ReflectionRow,
         batch: Vec<GradientRecord>,
         guidance: &mut GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
     ) -> Result<CycleEnd, ReflectionError> {
         let batch = match self.guard(row, batch)? {
             Flow::Next(batch) => batch,
@@ -139,7 +134,7 @@ impl Reflector {
             Flow::Next(validation) => validation,
             Flow::End(end) => return Ok(end),
         };
-        let validation = self.gate(row, validation, guidance, dispatch).await?;
+        let validation = self.gate_phase(row, validation, guidance, dispatch).await?;
         let covered = self.apply(row, &validation, &learnable.keys, guidance)?;
         self.closure(row, learnable, &covered, guidance)
     }
@@ -154,7 +149,7 @@ impl Reflector {
         batch: &[GradientRecord],
         guidance: &GuidanceRepo,
     ) -> ReflectionRow {
-        let cycle = self.state.cycles;
+        let cycle = self.cycles;
         let batch_keys = keys_of(batch);
         let seed_text = format!(
             "{}|{}|{}|{}",
@@ -182,14 +177,14 @@ impl Reflector {
         row: &mut ReflectionRow,
         batch: Vec<GradientRecord>,
     ) -> Result<Flow<Vec<GradientRecord>>, ReflectionError> {
-        if !self.calls_left() {
+        if !self.budget.calls_left() {
             row.warnings.push("budget_exhausted_before_decision".into());
             let routed = self.exhaust_all(&batch, None)?;
             return Ok(Flow::End(CycleEnd::BudgetSpentBeforeDecision(routed)));
         }
         // No change can be applied any more this epoch: no model call is spent on the batch,
         // and its tickets are routed with their own reason (they used up no budget).
-        if self.change_cap_reached() {
+        if self.budget.change_cap_reached() {
             row.warnings.push("epoch_change_cap_reached".into());
             for r in &batch {
                 self.route(r, NeedReviewReason::ChangeCapReached, None, None)?;
@@ -208,31 +203,14 @@ impl Reflector {
         batch: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
     ) -> Vec<GradientRecord> {
-        let (kept, dropped) = self.pack_cases(batch, guidance);
+        let (kept, dropped) = self.prompts.pack(batch, guidance);
         if !dropped.is_empty() {
             row.warnings
                 .push(format!("dropped_by_token_budget={}", dropped.len()));
             row.dropped_by_token_budget = Some(keys_of(&dropped));
-            self.requeue_uncharged(row.retry_attempt, dropped);
+            self.queue.requeue_uncharged(row.retry_attempt, dropped);
         }
         kept
-    }
-
-    /// The batch in prompt order (priority, then arrival, then key), split into the cases
-    /// that fit the prompt budget and those left out whole.
-    pub(super) fn pack_cases(
-        &self,
-        batch: Vec<GradientRecord>,
-        guidance: &GuidanceRepo,
-    ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
-        let mut ordered = batch;
-        ordered.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.order.cmp(&b.order))
-                .then(a.ticket_key.cmp(&b.ticket_key))
-        });
-        self.fit_cases(&ordered, guidance)
     }
 
     /// Decision pass: which kept cases are unlearnable even with their label (stop-gradient);
@@ -242,11 +220,11 @@ impl Reflector {
         row: &mut ReflectionRow,
         kept: Vec<GradientRecord>,
         guidance: &GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
     ) -> Result<Flow<Learnable>, ReflectionError> {
         let kept_keys: BTreeSet<TicketKey> = kept.iter().map(|r| r.ticket_key.clone()).collect();
-        let (messages, schema) =
-            self.decision_prompt(&kept, &kept_keys, guidance, row.reflection_cycle);
+        let cycle = row.reflection_cycle;
+        let (messages, schema) = self.prompts.decision(&kept, &kept_keys, guidance, cycle);
         let parse = reflection_schema::parse_decision;
         let decision = self
             .call_json(
@@ -258,9 +236,9 @@ impl Reflector {
                 parse,
             )
             .await?;
-        self.state.decisions_epoch.0 += 1;
+        self.decisions_epoch.0 += 1;
         if decision.is_some() {
-            self.state.decisions_epoch.1 += 1;
+            self.decisions_epoch.1 += 1;
         }
         let Some(decision) = decision else {
             row.warnings.push("decision_error".into());
@@ -272,20 +250,6 @@ impl Reflector {
             return Ok(Flow::End(CycleEnd::NothingLearnable));
         }
         Ok(Flow::Next(learnable))
-    }
-
-    /// The decision pass's messages and schema for `cycle` on the kept cases: as the cycle
-    /// sends them, and as a call queued ahead builds them.
-    pub(super) fn decision_prompt(
-        &self,
-        kept: &[GradientRecord],
-        kept_keys: &BTreeSet<TicketKey>,
-        guidance: &GuidanceRepo,
-        cycle: u64,
-    ) -> (Vec<ChatMessage>, Value) {
-        let messages = self.decision_messages(kept, guidance, cycle);
-        let schema = tailor_decision_schema(kept_keys, self.config.max_new_tokens);
-        (messages, schema)
     }
 
     /// The decision's stop-gradient cases go to need-review (their feedback dropped, excluded
@@ -330,7 +294,7 @@ impl Reflector {
         let mut applied = false;
         let mut covered = BTreeSet::new();
         if !validation.accepted.is_empty() {
-            if self.change_cap_reached() {
+            if self.budget.change_cap_reached() {
                 // Unreachable through the check at the cycle's start (one apply per cycle);
                 // kept so that the cap never depends on that ordering.
                 row.warnings.push("epoch_change_cap_reached".into());
@@ -368,7 +332,7 @@ impl Reflector {
             let Some(accepted) = validation.accepted.get(a.index) else {
                 continue;
             };
-            self.state.predictions.add(Prediction {
+            self.predictions.add(Prediction {
                 reflection_id: row.reflection_id.clone(),
                 epoch: row.epoch,
                 key: a.key.to_string(),
@@ -383,8 +347,8 @@ impl Reflector {
     /// A guidance version was written: it counts against the epoch's cap, its rules owe
     /// feedback from now on, and the row lists what was applied and what was skipped.
     fn record_applied(&mut self, row: &mut ReflectionRow, outcome: ApplyOutcome) {
-        self.state.applied_epoch.count_applied();
-        self.state.last_applied = Some(row.reflection_id.clone());
+        self.budget.count_applied();
+        self.last_applied = Some(row.reflection_id.clone());
         let removed: Vec<RuleKey> = outcome
             .applied
             .iter()
@@ -393,9 +357,7 @@ impl Reflector {
                 deleted.into_iter().chain(a.merged_away.iter().copied())
             })
             .collect();
-        self.state
-            .feedback
-            .on_applied(&outcome.touched_keys, &removed);
+        self.feedback.on_applied(&outcome.touched_keys, &removed);
         ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "applied")
             .increment(outcome.applied.len() as u64);
         row.applied_ops = Some(outcome.applied);
@@ -416,7 +378,7 @@ impl Reflector {
         let mut uncovered = Vec::new();
         for r in learnable.records {
             if covered.contains(&r.ticket_key) {
-                let keys = self.state.feedback.resolve(&r.feedback.rules);
+                let keys = self.feedback.resolve(&r.feedback.rules);
                 if r.feedback.label_match {
                     hits.extend(keys);
                 } else {
@@ -450,12 +412,170 @@ impl Reflector {
         guidance: &GuidanceRepo,
     ) -> Result<(), ReflectionError> {
         row.close(end.routing(), guidance.step(), guidance.head_hash());
-        let path = self.dir.join(files::REFLECTION);
-        self.reflection_log.append(&row).map_err(io_err(&path))?;
+        self.logs.append(&row)?;
         if row.applied == Some(true) {
-            self.sync_logs().map_err(io_err(&path))?;
+            self.logs.sync_named()?;
         }
-        self.state.cycles += 1;
+        self.cycles += 1;
         Ok(())
+    }
+
+    /// Ops rounds: the ops pass on `L` and its revision round. They need a call left; without
+    /// one `L` goes to need-review. The cycle's rejections are remembered at their end.
+    async fn ops_rounds(
+        &mut self,
+        row: &mut ReflectionRow,
+        learnable: &Learnable,
+        guidance: &GuidanceRepo,
+        dispatch: &mut Dispatch,
+    ) -> Result<Flow<OpsValidation>, ReflectionError> {
+        if !self.budget.calls_left() {
+            row.warnings.push("budget_exhausted_before_ops".into());
+            let routed = self.exhaust_all(&learnable.records, Some(&row.reflection_id))?;
+            return Ok(Flow::End(CycleEnd::BudgetSpentBeforeOps(routed)));
+        }
+        let inputs = self.ops_inputs(learnable, guidance);
+        let mut validation = OpsValidation::default();
+        let mut proposals: Vec<Proposal> = Vec::new();
+        let mut revision: Option<Vec<RejectedOp>> = None;
+        for round in 0..=REVISION_ROUNDS {
+            let nothing_to_revise = revision.as_ref().is_none_or(Vec::is_empty);
+            if round > 0 && (nothing_to_revise || !self.budget.calls_left()) {
+                break;
+            }
+            let revise = revision.as_deref();
+            let answer = self
+                .ops_round(row, round, &inputs, revise, &validation, dispatch)
+                .await?;
+            let Some((proposal, verdict)) = answer else {
+                break;
+            };
+            proposals.push(proposal);
+            // A remembered edit is not worth a revision call.
+            let revisable = verdict
+                .rejected
+                .iter()
+                .filter(|r| r.reason != RejectReason::AlreadyRejected);
+            revision = Some(revisable.cloned().collect());
+            absorb(&mut validation, verdict, round);
+        }
+        self.remember(&validation.rejected, row.reflection_cycle);
+        ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "rejected")
+            .increment(validation.rejected.len() as u64);
+        row.proposals = Some(proposals);
+        row.accepted_ops = Some(validation.accepted.clone());
+        row.rejected_ops = Some(validation.rejected.clone());
+        Ok(Flow::Next(validation))
+    }
+
+    /// What the ops rounds on `learnable` work from.
+    pub(super) fn ops_inputs<'a>(
+        &self,
+        learnable: &'a Learnable,
+        guidance: &'a GuidanceRepo,
+    ) -> OpsInputs<'a> {
+        let max_ops = self.config.max_operations.map(|m| m as usize);
+        let memory = (self.remember_cap > 0).then(|| self.rejected.clone());
+        OpsInputs::new(learnable, guidance, &self.prompts, max_ops, memory)
+    }
+
+    /// One round: the call (with the ops rejected last round, for a revision) and its proposal
+    /// validated against the rounds before. `None` when the call gave no usable answer.
+    async fn ops_round(
+        &mut self,
+        row: &mut ReflectionRow,
+        round: u32,
+        inputs: &OpsInputs<'_>,
+        revision: Option<&[RejectedOp]>,
+        so_far: &OpsValidation,
+        dispatch: &mut Dispatch,
+    ) -> Result<Option<(Proposal, OpsValidation)>, ReflectionError> {
+        let messages = inputs.messages(&self.prompts, row.reflection_cycle, revision);
+        let pass = if round == 0 {
+            CallPass::Ops
+        } else {
+            CallPass::OpsRevision
+        };
+        let parse = reflection_schema::parse_ops;
+        let (schema, guidance) = (&inputs.schema, inputs.guidance);
+        let answer = self
+            .call_json(row, pass, (messages, schema), guidance, dispatch, parse)
+            .await?;
+        let Some(out) = answer else {
+            row.warnings.push(format!("{}_error", pass.as_str()));
+            return Ok(None);
+        };
+        let verdict = validate_remembering(
+            round,
+            &out.operations,
+            so_far,
+            inputs.context(&self.run_groups),
+            inputs.memory.as_ref(),
+        );
+        Ok(Some((proposal(round, &out), verdict)))
+    }
+
+    /// The gate phase, while the epoch's change cap leaves room: the ops it refuses are
+    /// remembered like other rejected edits.
+    async fn gate_phase(
+        &mut self,
+        row: &mut ReflectionRow,
+        validation: OpsValidation,
+        guidance: &GuidanceRepo,
+        dispatch: &mut Dispatch,
+    ) -> Result<OpsValidation, ReflectionError> {
+        if self.budget.change_cap_reached() {
+            return Ok(validation);
+        }
+        let (validation, refused) = self.gate.check(row, validation, guidance, dispatch).await?;
+        self.remember(&refused, row.reflection_cycle);
+        Ok(validation)
+    }
+
+    /// Remember `rejected` (of `cycle`), when rejected edits are remembered.
+    fn remember(&mut self, rejected: &[RejectedOp], cycle: u64) {
+        if self.remember_cap > 0 {
+            self.rejected.remember(rejected, cycle, self.remember_cap);
+        }
+    }
+
+    fn route(
+        &mut self,
+        record: &GradientRecord,
+        reason: NeedReviewReason,
+        reflection_id: Option<&str>,
+        note: Option<String>,
+    ) -> Result<(), ReflectionError> {
+        let at = RoutingPoint {
+            epoch: self.epoch,
+            reflection_cycle: self.cycles,
+            reflection_id: reflection_id.map(str::to_string),
+        };
+        self.logs.route(record, reason, &at, note)
+    }
+
+    /// Route every record to need-review `budget_exhausted` (the epoch's call budget is spent).
+    fn exhaust_all(
+        &mut self,
+        records: &[GradientRecord],
+        reflection_id: Option<&str>,
+    ) -> Result<Vec<TicketKey>, ReflectionError> {
+        let mut routed = Vec::with_capacity(records.len());
+        for r in records {
+            routed.push(r.ticket_key.clone());
+            self.route(r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
+        }
+        Ok(routed)
+    }
+
+    /// `L \ E` and dropped cases: retried with a smaller batch while budget remains, else
+    /// need-review `budget_exhausted`. Returns the keys routed.
+    fn retry_or_route(
+        &mut self,
+        records: Vec<GradientRecord>,
+        reflection_id: Option<&str>,
+    ) -> Result<Vec<TicketKey>, ReflectionError> {
+        let given_up = self.queue.retry_or_give_up(records);
+        self.exhaust_all(&given_up, reflection_id)
     }
 }

@@ -14,28 +14,26 @@
 //! `runtime.gate`).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use stageb_shared::config::RunConfig;
+use stageb_shared::config::{GateConfig, RunConfig};
 use stageb_shared::contract;
 use stageb_shared::digest::digest_of;
 use stageb_shared::domain::{Ticket, TicketKey};
 use stageb_shared::observe;
 use stageb_shared::seed::derived_seed;
 
-use super::call::Dispatch;
+use super::ReflectionError;
 use super::ops::ROUND_INDEX_STRIDE;
 use super::row::ReflectionRow;
-use super::{ReflectionError, Reflector};
 use crate::artifacts::documents::GateCost;
-use crate::cluster::completions::await_completions;
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload};
 use crate::decide::fail_first;
 use crate::decide::selection::{self, VoteCandidate};
 use crate::guidance::{GuidanceRepo, MissionGuidance, apply_ops};
+use crate::learn::dispatch::Dispatch;
 use crate::learn::gate_decision::{self, GateFigures};
 use crate::learn::op_check::{OpsValidation, RejectReason, RejectedOp};
-use crate::progress::{Phase, ReflectPass};
+use crate::progress::{Phase, ProgressHandle, ReflectPass};
 
 /// Builds a ticket's rollout job under a guidance (the run layer's
 /// `run::rollout_prompt::rollout_payload`, passed in so that learning does not import the run).
@@ -57,21 +55,38 @@ pub(super) struct GateOutcomes {
     known: BTreeMap<(TicketKey, String), bool>,
 }
 
-/// The gate of a run: its split's tickets and rollouts (once the run's context is known), the
-/// outcomes known this epoch and what it cost. Outcomes and costs change only here.
-#[derive(Default)]
+/// The gate of a run: its settings, its split's tickets and rollouts, the outcomes known this
+/// epoch and what it cost. Outcomes and costs change only here.
 pub(super) struct Gate {
+    /// `reflection.gate`.
+    pub(super) config: GateConfig,
     /// `None` when the gate checks no edit and ablates no rule.
     probe: Option<GateProbe>,
+    /// The run seed (the bootstrap's seeds derive from it).
+    pub(super) run_seed: u64,
+    /// Where the gate phase is shown, when set.
+    progress: Option<ProgressHandle>,
     /// Runtime only: recomputed identically after a resume.
     outcomes: GateOutcomes,
-    cost: GateCost,
+    pub(super) cost: GateCost,
 }
 
 impl Gate {
-    /// The gate split's tickets and rollouts, once the run's context is known.
-    pub(super) fn set_probe(&mut self, probe: Option<GateProbe>) {
-        self.probe = probe;
+    /// The gate of a run under `config`, rolling out `probe`'s tickets.
+    pub(super) fn new(
+        config: GateConfig,
+        probe: Option<GateProbe>,
+        run_seed: u64,
+        progress: Option<ProgressHandle>,
+    ) -> Self {
+        Gate {
+            config,
+            probe,
+            run_seed,
+            progress,
+            outcomes: GateOutcomes::default(),
+            cost: GateCost::default(),
+        }
     }
 
     /// Whether the gate has tickets to roll out.
@@ -87,13 +102,12 @@ impl Gate {
 
     /// Whether each gate ticket is decided correctly under each of `guidances` (outer order
     /// that of `guidances`, inner that of the gate tickets): known outcomes reused, the rest
-    /// rolled out together, waiting at most `grace` without a live worker.
+    /// rolled out together.
     pub(super) async fn outcomes_of(
         &mut self,
         epoch: u32,
         guidances: &[&MissionGuidance],
-        dispatch: &mut Dispatch<'_>,
-        grace: Duration,
+        dispatch: &mut Dispatch,
     ) -> Result<Vec<Vec<bool>>, ReflectionError> {
         let probe = self.probe.as_ref().expect("checked by the caller");
         let rendered: Vec<Vec<(String, String)>> =
@@ -119,8 +133,7 @@ impl Gate {
         self.cost.rollouts += queued.len() as u64;
         self.cost.reused += (total - queued.len()) as u64;
         let ids: Vec<_> = queued.iter().map(|(j, ..)| *j).collect();
-        let mut done =
-            await_completions(dispatch.scheduler, dispatch.completions, &ids, grace).await?;
+        let mut done = dispatch.await_all(&ids).await?;
         let probe = self.probe.as_ref().expect("checked by the caller");
         let known = self.outcomes.at_epoch(epoch);
         for (job, key, g, t) in queued {
@@ -149,33 +162,33 @@ pub fn rendered_digest(lines: &[(String, String)]) -> String {
     digest_of(&lines)
 }
 
-impl Reflector {
-    /// What the gate cost this attempt.
-    pub fn gate_cost(&self) -> &GateCost {
-        &self.gate.cost
-    }
-
+impl Gate {
     /// A gate ticket was decided by a step of `epoch` under the guidance rendered as `digest`:
     /// a later gate evaluation of that guidance reuses it.
-    pub fn note_gate_outcome(&mut self, epoch: u32, key: TicketKey, digest: String, correct: bool) {
-        self.gate
-            .outcomes
-            .at_epoch(epoch)
-            .insert((key, digest), correct);
+    pub(super) fn note_outcome(
+        &mut self,
+        epoch: u32,
+        key: TicketKey,
+        digest: String,
+        correct: bool,
+    ) {
+        self.outcomes.at_epoch(epoch).insert((key, digest), correct);
     }
 
-    /// The gate phase: `validation` as it goes on to apply (its accepted ops gone when refused).
-    pub(super) async fn gate(
+    /// The gate phase of a cycle: `validation` as it goes on to apply (its accepted ops gone
+    /// when the candidate is refused), and the ops it refused (for the memory of rejected
+    /// edits). The caller has checked that the epoch's change cap leaves room.
+    pub(super) async fn check(
         &mut self,
         row: &mut ReflectionRow,
         mut validation: OpsValidation,
         guidance: &GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
-    ) -> Result<OpsValidation, ReflectionError> {
-        let gate = self.config.gate;
+        dispatch: &mut Dispatch,
+    ) -> Result<(OpsValidation, Vec<RejectedOp>), ReflectionError> {
+        let gate = self.config;
         let wanted = gate.enabled && gate.check_edits && !validation.accepted.is_empty();
-        if !wanted || !self.gate.has_tickets() || self.change_cap_reached() {
-            return Ok(validation);
+        if !wanted || !self.has_tickets() {
+            return Ok((validation, Vec::new()));
         }
         // What apply would write; when it would write nothing, apply says so itself.
         let Ok(candidate) = apply_ops(
@@ -184,14 +197,11 @@ impl Reflector {
             &row.reflection_id,
             "",
         ) else {
-            return Ok(validation);
+            return Ok((validation, Vec::new()));
         };
-        self.show_gate(row.reflection_cycle);
+        self.show(row.reflection_cycle);
         let guidances = [guidance.current(), &candidate.guidance];
-        let mut outcomes = self
-            .gate
-            .outcomes_of(row.epoch, &guidances, dispatch, self.worker_grace)
-            .await?;
+        let mut outcomes = self.outcomes_of(row.epoch, &guidances, dispatch).await?;
         let candidate_correct = outcomes.pop().expect("two guidances");
         let parent_correct = outcomes.pop().expect("two guidances");
         let seed = derived_seed(
@@ -206,68 +216,69 @@ impl Reflector {
             gate.min_p_better,
             seed,
         );
-        self.gate.count_check(!figures.passed);
-        if !figures.passed {
-            self.refuse(row, &mut validation, &figures);
-        }
+        self.count_check(!figures.passed);
+        let refused = if figures.passed {
+            Vec::new()
+        } else {
+            refuse(row, &mut validation, &figures)
+        };
         row.gate = Some(figures);
-        Ok(validation)
+        Ok((validation, refused))
     }
 
-    /// The gate refused the candidate: its ops become `gate_regression` rejections (and are
-    /// remembered), so none is applied.
-    fn refuse(&mut self, row: &mut ReflectionRow, validation: &mut OpsValidation, f: &GateFigures) {
-        row.warnings.push("gate_regression".into());
-        let detail = format!(
-            "gate accuracy {:.3} under the candidate against {:.3} under its parent ({} gate tickets, {} fixed, {} broken{})",
-            f.candidate_accuracy,
-            f.parent_accuracy,
-            f.tickets,
-            f.fixed,
-            f.broken,
-            f.p_better
-                .map(|p| format!(", P(better) {p:.3}, needed {}", f.min_p_better))
-                .unwrap_or_default()
-        );
-        let proposals = row.proposals.as_deref().unwrap_or_default();
-        let refused: Vec<RejectedOp> = std::mem::take(&mut validation.accepted)
-            .into_iter()
-            .filter_map(|a| {
-                let (round, at) = (a.index / ROUND_INDEX_STRIDE, a.index % ROUND_INDEX_STRIDE);
-                let proposed = proposals
-                    .iter()
-                    .find(|p| p.round as usize == round)?
-                    .operations
-                    .get(at)?
-                    .clone();
-                Some(RejectedOp {
-                    index: a.index,
-                    proposed,
-                    reason: RejectReason::GateRegression,
-                    detail: detail.clone(),
-                })
-            })
-            .collect();
-        let cap = self.remembered_cap();
-        if cap > 0 {
-            self.state
-                .rejected
-                .remember(&refused, row.reflection_cycle, cap);
-        }
-        ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "gate_refused")
-            .increment(refused.len() as u64);
-        validation.rejected.extend(refused);
-        validation.rejected.sort_by_key(|r| r.index);
-        row.accepted_ops = Some(Vec::new());
-        row.rejected_ops = Some(validation.rejected.clone());
-    }
-
-    fn show_gate(&self, cycle: u64) {
+    fn show(&self, cycle: u64) {
         if let Some(progress) = &self.progress {
             let pass = ReflectPass::Gate;
             crate::progress::enter(progress, Phase::Reflecting { cycle, pass });
         }
     }
+}
+
+/// The gate refused the candidate: its ops become `gate_regression` rejections, so none is
+/// applied. Returns them (to be remembered).
+fn refuse(
+    row: &mut ReflectionRow,
+    validation: &mut OpsValidation,
+    f: &GateFigures,
+) -> Vec<RejectedOp> {
+    row.warnings.push("gate_regression".into());
+    let detail = format!(
+        "gate accuracy {:.3} under the candidate against {:.3} under its parent ({} gate tickets, {} fixed, {} broken{})",
+        f.candidate_accuracy,
+        f.parent_accuracy,
+        f.tickets,
+        f.fixed,
+        f.broken,
+        f.p_better
+            .map(|p| format!(", P(better) {p:.3}, needed {}", f.min_p_better))
+            .unwrap_or_default()
+    );
+    let proposals = row.proposals.as_deref().unwrap_or_default();
+    let refused: Vec<RejectedOp> = std::mem::take(&mut validation.accepted)
+        .into_iter()
+        .filter_map(|a| {
+            let (round, at) = (a.index / ROUND_INDEX_STRIDE, a.index % ROUND_INDEX_STRIDE);
+            let proposed = proposals
+                .iter()
+                .find(|p| p.round as usize == round)?
+                .operations
+                .get(at)?
+                .clone();
+            Some(RejectedOp {
+                index: a.index,
+                proposed,
+                reason: RejectReason::GateRegression,
+                detail: detail.clone(),
+            })
+        })
+        .collect();
+    ::metrics::counter!(observe::REFLECTION_OPS, "outcome" => "gate_refused")
+        .increment(refused.len() as u64);
+    validation.rejected.extend(refused.iter().cloned());
+    validation.rejected.sort_by_key(|r| r.index);
+    row.accepted_ops = Some(Vec::new());
+    row.rejected_ops = Some(validation.rejected.clone());
+    refused
 }
 
 impl GateOutcomes {

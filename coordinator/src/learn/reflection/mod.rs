@@ -19,36 +19,37 @@
 //! Stop-gradient tickets never reach the ops pass, evidence, or hit/miss feedback.
 //!
 //! # Layout
-//! - this file: the [`Reflector`] and its life over a run (epochs, steps, run end).
+//! The [`Reflector`] is a composition of parts, each owning its state and its invariants:
+//! - this file: the [`Reflector`], built once by [`Reflector::new`] from [`ReflectorSettings`],
+//!   and its life over a run (epochs, steps, run end).
 //! - `record`: what reflection learns from ([`GradientRecord`], built from a [`TicketOutcome`]).
-//! - `queue`: the pending and retry queues, and routing to need-review.
-//! - `budget`: the epoch's call budget and change cap (`CallBudget`, `ChangeCap`).
-//! - `need_review_log`: `need_review_queue.jsonl`, its rows and the tickets each epoch routed.
+//! - `queue`: the pending and retry queues (`ReflectionQueue`).
+//! - `budget`: the epoch's call budget and change cap (`EpochBudget`).
+//! - `logs`: `reflection.jsonl` and the need-review queue ([`ReflectionLogs`]);
+//!   `need_review_log`: the queue, its rows and the tickets each epoch routed.
 //! - `cycle`: one reflection cycle on one batch, as named phases, and how it ended.
-//! - `ops`: the cycle's ops pass and revision round, and how their proposals are validated.
-//! - `gate`: the gate phase: candidate and parent guidance rolled out on the gate split.
+//! - `ops`: what the ops rounds work from, and how their proposals are validated.
+//! - `gate`: the gate (`Gate`): candidate and parent guidance rolled out on the gate split.
 //! - `ablation`: each learned rule left out in turn, on the gate split (every N epochs).
-//! - `call`: one model call through the lease mechanism, retried while its JSON does not parse.
-//! - `calls_ahead`: the next cycles' likely calls, queued ahead while a cycle runs.
+//! - `call`: one model call through the lease mechanism, retried while its JSON does not parse
+//!   (`Calls`), and the planning of calls queued ahead.
+//! - `calls_ahead`: the table of calls queued ahead while a cycle runs.
 //! - [`row`]: the `reflection.jsonl` row, as the cycle writes it and the report and audit read it.
 //! - `prompt`: what the model reads (case texts, packing under the token budget, schemas).
 //! - `state`: what a checkpoint carries.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::domain::TicketKey;
-use stageb_shared::limits::EffectiveLimits;
 
-use crate::artifacts::files;
-use crate::artifacts::{JsonlWriter, write_json_atomic};
-use crate::cluster::completions::{Completions, WaitError};
-use crate::cluster::scheduler::Scheduler;
+use crate::cluster::completions::WaitError;
 use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
-use crate::learn::need_review;
-use crate::learn::predictions::PredictionCheck;
+use crate::learn::dispatch::Dispatch;
+use crate::learn::feedback::FeedbackLedger;
+use crate::learn::predictions::{PredictionCheck, Predictions};
+use crate::learn::rejected_memory::RejectedMemory;
 use crate::progress::ProgressHandle;
 
 mod ablation;
@@ -57,6 +58,7 @@ mod call;
 mod calls_ahead;
 mod cycle;
 mod gate;
+mod logs;
 mod need_review_log;
 mod ops;
 mod prompt;
@@ -66,12 +68,16 @@ pub mod row;
 mod state;
 pub use crate::artifacts::documents::{CallPrefixReuse, CallsAheadStats, GateCost};
 pub use ablation::RuleAblation;
-use call::Dispatch;
+use budget::EpochBudget;
+use call::Calls;
+use gate::Gate;
 pub use gate::{GateProbe, RolloutPayloadFn, rendered_digest};
-use need_review_log::NeedReviewLog;
-use prompt::{DECISION_SYSTEM, OPS_SYSTEM};
+pub use logs::ReflectionLogs;
+use prompt::Prompts;
+pub use prompt::SystemPrompts;
 pub use prompt::{estimate_tokens, tailor_decision_schema, tailor_ops_schema};
 pub use queue::retry_batch_size;
+use queue::{QueueParts, ReflectionQueue};
 pub use record::{CaseCandidate, GradientRecord, TicketOutcome};
 pub use row::ReflectionRow;
 pub use state::ReflectorState;
@@ -110,136 +116,148 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReflectionError + '_ {
 
 pub use crate::learn::feedback::PendingFeedback;
 
-/// The reflection driver. Owns `need_review_queue.jsonl` and `reflection.jsonl`.
+/// The reflection driver: a composition of the parts that own its state. Owns
+/// `need_review_queue.jsonl` and `reflection.jsonl` (through its logs).
 pub struct Reflector {
-    dir: PathBuf,
+    /// `reflection.*`, its lengths fitted to the model's context.
     config: ReflectionConfig,
     lifecycle: Option<LifecycleConfig>,
     run_seed: u64,
     mission: String,
-    decision_system: String,
-    ops_system: String,
-    /// `need_review_queue.jsonl`, its rows and which tickets each epoch routed.
-    need_review: NeedReviewLog,
-    reflection_log: JsonlWriter,
-    /// Everything a checkpoint must carry (buffers, budgets, feedback, counters).
-    state: ReflectorState,
     guidance_reused: bool,
-    worker_grace: Duration,
     /// Group ids of every ticket of the run: no rule text may name one.
     run_groups: BTreeSet<String>,
     /// `runner.epochs`: the epoch whose routing `need_review.json` shows as the final view.
     final_epoch: u32,
-    /// Prefill the workers' prefix caches saved on this attempt's calls (runtime only: not in
-    /// [`ReflectorState`], a resumed attempt counts its own).
-    prefix_reuse: CallPrefixReuse,
-    /// Where each call's cycle and pass are shown (the run's progress state), when set.
-    progress: Option<ProgressHandle>,
-    /// The gate split and its rollouts (when the gate checks edits or ablates rules), the
-    /// outcomes known this epoch and what the gate cost (runtime only).
-    gate: gate::Gate,
-    /// Calls queued ahead of their cycle (runtime only: a resumed attempt queues its own).
-    calls_ahead: calls_ahead::CallsAhead,
+    /// How many rejected edits are remembered (`reflection.gate.remember_rejected` with the
+    /// gate on; 0: none).
+    remember_cap: usize,
+    prompts: Prompts,
+    logs: ReflectionLogs,
+    queue: ReflectionQueue,
+    budget: EpochBudget,
+    gate: Gate,
+    calls: Calls,
+    feedback: FeedbackLedger,
+    predictions: Predictions,
+    rejected: RejectedMemory,
+    epoch: u32,
+    cycles: u64,
+    last_applied: Option<String>,
+    /// Decision passes of this epoch that ran (at least one call) and that parsed.
+    decisions_epoch: (u32, u32),
+    /// Warnings for `summary.json`, in the order they arose.
+    run_warnings: Vec<String>,
 }
 
-/// What the run sets once, when it opens the reflector; everything else comes from the
-/// run's config.
-pub struct ReflectorSettings {
+/// What the run opens for reflection before the model's context is known, so that a bad
+/// prompt file or an unreadable log is refused at once: the system prompts read, the logs
+/// opened, and a checkpoint's state when the run resumes from one.
+pub struct ReflectionOpening {
+    pub prompts: SystemPrompts,
+    pub logs: ReflectionLogs,
+    pub resume: Option<ReflectorState>,
+}
+
+impl ReflectionOpening {
+    /// Reads the prompts of `config`, then opens the logs under `dir`: fresh (`resume: None`,
+    /// they start empty) or continuing from a checkpoint's state (appended to, the caller
+    /// having already cut them back to the checkpoint's lengths).
+    pub fn open(
+        dir: &Path,
+        config: &ReflectionConfig,
+        resume: Option<ReflectorState>,
+    ) -> Result<Self, ReflectionError> {
+        let prompts = SystemPrompts::read(config)?;
+        let logs = ReflectionLogs::open(dir, resume.is_some())?;
+        Ok(ReflectionOpening {
+            prompts,
+            logs,
+            resume,
+        })
+    }
+}
+
+/// Everything a reflector is built from, once the run's context is known.
+pub struct ReflectorSettings<'a> {
+    /// The run's config, its lengths fitted to the model's context (see
+    /// [`stageb_shared::limits`]): every call is planned within them.
+    pub run: &'a RunConfig,
+    pub mission: &'a str,
     /// The group ids of every ticket of the run (for the `label_leak` check of rule texts).
     pub run_groups: BTreeSet<String>,
-    /// How long reflection calls wait with no live worker before giving up.
-    pub worker_grace: Duration,
     /// Where each call's cycle and pass are shown (`reflecting cycle 2 (decision)`).
     pub progress: Option<ProgressHandle>,
     /// A previous run's guidance is continued (`guidance.reset_on_rerun: false`).
     pub guidance_reused: bool,
-}
-
-/// What the run learns once its context is known (when the first worker reports the model):
-/// the token limits every call is planned within, and the gate split's tickets and rollouts.
-pub struct RunContext<'a> {
-    pub limits: &'a EffectiveLimits,
-    /// `None` when the gate checks no edit and ablates no rule, or has no split.
+    /// The gate split's tickets and rollouts; `None` when the gate checks no edit and
+    /// ablates no rule, or has no split.
     pub gate_probe: Option<GateProbe>,
+    /// The prompts, logs and checkpoint state opened with the run.
+    pub opening: ReflectionOpening,
 }
 
 impl Reflector {
-    /// The reflector of a run: fresh (`resume: None`, its logs start empty) or continuing from
-    /// a checkpoint's state (its logs are appended to, the caller having already cut them back
-    /// to the checkpoint's lengths, and the need-review rows are read back from the queue).
+    /// The reflector of a run: fresh, or continuing from the opening's checkpoint state.
     /// Calls are queued ahead for `runner.pipeline_cycles` cycles (0: none).
-    pub fn open(
-        dir: &Path,
-        run: &RunConfig,
-        mission: &str,
-        settings: ReflectorSettings,
-        resume: Option<ReflectorState>,
-    ) -> Result<Self, ReflectionError> {
-        let read_prompt = |p: &Option<PathBuf>, builtin: &str| -> Result<String, ReflectionError> {
-            match p {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path).map_err(|source| {
-                        ReflectionError::PromptFile {
-                            path: path.clone(),
-                            source,
-                        }
-                    })?;
-                    if text.trim().is_empty() {
-                        return Err(ReflectionError::EmptyPrompt { path: path.clone() });
-                    }
-                    Ok(text)
-                }
-                None => Ok(builtin.to_string()),
-            }
+    pub fn new(settings: ReflectorSettings<'_>) -> Self {
+        let ReflectorSettings {
+            run,
+            mission,
+            run_groups,
+            progress,
+            guidance_reused,
+            gate_probe,
+            opening,
+        } = settings;
+        let config = run.reflection.clone();
+        let state = opening.resume.unwrap_or_default();
+        let caps = (config.max_calls_per_epoch, config.change_cap_per_epoch);
+        let gate = config.gate;
+        let queue = QueueParts {
+            pending: state.pending,
+            retry: state.retry,
+            retry_counts: state.retry_counts,
+            arrivals: state.arrivals,
         };
-        let opener = match resume {
-            Some(_) => JsonlWriter::open_resume,
-            None => JsonlWriter::create,
-        };
-        let open = |name: &str| {
-            let p = dir.join(name);
-            opener(&p).map_err(|source| ReflectionError::Io { path: p, source })
-        };
-        let mut r = Reflector {
-            dir: dir.to_path_buf(),
-            config: run.reflection.clone(),
+        let pipeline_cycles = run.runner.pipeline_cycles as usize;
+        Reflector {
             lifecycle: run.guidance_lifecycle.clone(),
             run_seed: run.seed,
             mission: mission.to_string(),
-            decision_system: read_prompt(&run.reflection.decision_prompt_path, DECISION_SYSTEM)?,
-            ops_system: read_prompt(&run.reflection.ops_prompt_path, OPS_SYSTEM)?,
-            need_review: NeedReviewLog::open(dir, opener)?,
-            reflection_log: open(files::REFLECTION)?,
-            state: ReflectorState::default(),
-            guidance_reused: settings.guidance_reused,
-            worker_grace: settings.worker_grace,
-            run_groups: settings.run_groups,
+            guidance_reused,
+            run_groups,
             final_epoch: run.runner.epochs,
-            prefix_reuse: CallPrefixReuse::default(),
-            progress: settings.progress,
-            gate: gate::Gate::default(),
-            calls_ahead: calls_ahead::CallsAhead::new(run.runner.pipeline_cycles as usize),
-        };
-        if let Some(state) = resume {
-            r.restore(state)?;
+            remember_cap: if gate.enabled {
+                gate.remember_rejected as usize
+            } else {
+                0
+            },
+            prompts: Prompts::new(mission, opening.prompts, &config),
+            logs: opening.logs,
+            queue: ReflectionQueue::new(
+                config.batch_size,
+                config.retry_budget_per_group_per_epoch,
+                queue,
+            ),
+            budget: EpochBudget::new(caps, state.calls_epoch, state.applied_epoch),
+            gate: Gate::new(gate, gate_probe, run.seed, progress.clone()),
+            calls: Calls::new(&config, run.seed, pipeline_cycles, progress),
+            feedback: state.feedback,
+            predictions: state.predictions,
+            rejected: state.rejected,
+            epoch: state.epoch,
+            cycles: state.cycles,
+            last_applied: state.last_applied,
+            decisions_epoch: state.decisions_epoch,
+            run_warnings: state.run_warnings,
+            config,
         }
-        Ok(r)
-    }
-
-    /// The run's context, once known: every call is planned within the run's context (the
-    /// fitted output length and prompt budget replace the config's, see
-    /// [`stageb_shared::limits`]), and the gate phase gets its tickets and rollouts.
-    pub fn enter_run(&mut self, context: RunContext<'_>) {
-        let limits = context.limits;
-        self.config.max_new_tokens = limits.reflection_max_new_tokens;
-        self.config.max_reflection_length = limits.reflection_max_prompt_tokens;
-        self.config.token_budget = limits.reflection_token_budget;
-        self.gate.set_probe(context.gate_probe);
     }
 
     /// The calls queued ahead in this attempt, and what became of them.
     pub fn calls_ahead(&self) -> &CallsAheadStats {
-        &self.calls_ahead.stats
+        &self.calls.ahead.stats
     }
 
     pub fn guidance_reused(&self) -> bool {
@@ -248,50 +266,73 @@ impl Reflector {
 
     /// Reflection cycles run so far (every processed batch counts, applied or not).
     pub fn cycles(&self) -> u64 {
-        self.state.cycles
+        self.cycles
     }
 
     /// The id of the last reflection that changed guidance.
     pub fn last_applied_reflection(&self) -> Option<String> {
-        self.state.last_applied.clone()
+        self.last_applied.clone()
     }
 
     /// Prefill the workers' prefix caches saved on this attempt's reflection calls.
     pub fn prefix_reuse(&self) -> &CallPrefixReuse {
-        &self.prefix_reuse
+        &self.calls.prefix_reuse
+    }
+
+    /// What the gate cost this attempt.
+    pub fn gate_cost(&self) -> &GateCost {
+        &self.gate.cost
     }
 
     pub fn need_review_count(&self) -> usize {
-        self.need_review.rows().len()
+        self.logs.need_review_count()
     }
 
     /// Tickets routed to need-review during `epoch`.
     pub fn need_review_keys(&self, epoch: u32) -> BTreeSet<TicketKey> {
-        self.need_review.keys(epoch)
+        self.logs.need_review_keys(epoch)
     }
 
     /// Reset the per-epoch state: need-review is decided afresh every epoch.
     pub fn start_epoch(&mut self, epoch: u32) {
-        self.state.epoch = epoch;
-        self.state.pending.clear();
-        self.state.retry.clear();
-        self.state.retry_counts.clear();
-        self.state.calls_epoch = Default::default();
-        self.state.applied_epoch = Default::default();
-        self.state.decisions_epoch = (0, 0);
-        self.state.arrivals = 0;
+        self.epoch = epoch;
+        self.queue.clear();
+        self.budget.reset();
+        self.decisions_epoch = (0, 0);
     }
 
     /// Record a decided ticket that is *not* a gradient candidate: its feedback on the rules
     /// of the last applied reflection is immediate (it agreed with its label).
     pub fn add_stable(&mut self, label_match: bool) {
-        self.state.feedback.credit_stable(label_match);
+        self.feedback.credit_stable(label_match);
     }
 
     /// A train ticket was decided in `epoch` (`correct`: its verdict matches its label): it
     /// settles the claims earlier ops made on it.
     pub fn note_decided(&mut self, key: &TicketKey, epoch: u32, correct: bool) {
-        self.state.predictions.note(key, epoch, correct);
+        self.predictions.note(key, epoch, correct);
+    }
+
+    /// A gate ticket was decided by a step of `epoch` under the guidance rendered as `digest`:
+    /// a later gate evaluation of that guidance reuses it.
+    pub fn note_gate_outcome(&mut self, epoch: u32, key: TicketKey, digest: String, correct: bool) {
+        self.gate.note_outcome(epoch, key, digest, correct);
+    }
+
+    /// Whether `epoch`'s end runs the rule ablation: the gate on with tickets, every N-th epoch.
+    pub fn ablation_due(&self, epoch: u32) -> bool {
+        self.gate.ablation_due(epoch)
+    }
+
+    /// Each learned rule of `guidance` left out in turn (key order); empty when none is due
+    /// or there is no learned rule.
+    pub async fn ablate(
+        &mut self,
+        epoch: u32,
+        guidance: &GuidanceRepo,
+        dispatch: &mut Dispatch,
+    ) -> Result<Vec<RuleAblation>, ReflectionError> {
+        self.gate.ablate(epoch, guidance, dispatch).await
     }
 
     /// The predictions settled so far, taken out (for the epoch row); each op's hits and
@@ -301,7 +342,7 @@ impl Reflector {
         &mut self,
         guidance: &mut GuidanceRepo,
     ) -> Result<Vec<PredictionCheck>, ReflectionError> {
-        let settled = self.state.predictions.take_settled();
+        let settled = self.predictions.take_settled();
         let claims: Vec<(RuleKey, u64, u64)> = settled
             .iter()
             .filter_map(|p| {
@@ -315,10 +356,8 @@ impl Reflector {
 
     /// Queue a gradient candidate; its feedback is buffered until reflection decides.
     pub fn add_candidate(&mut self, mut record: GradientRecord) {
-        record.order = self.state.arrivals;
-        self.state.arrivals += 1;
-        record.feedback.rules = self.state.feedback.owed_now();
-        self.state.pending.push(record);
+        record.feedback.rules = self.feedback.owed_now();
+        self.queue.push(record);
     }
 
     /// Called at every step boundary (and with `drain` at epoch end): commit buffered
@@ -328,23 +367,17 @@ impl Reflector {
         epoch: u32,
         global_step: u64,
         guidance: &mut GuidanceRepo,
-        scheduler: &Scheduler,
-        completions: &mut Completions,
+        dispatch: &mut Dispatch,
         drain: bool,
     ) -> Result<(), ReflectionError> {
         self.flush_immediate_feedback(guidance)?;
-        let mut dispatch = Dispatch {
-            scheduler,
-            completions,
-        };
-        self.calls_ahead.start_boundary(drain);
+        self.calls.ahead.start_boundary(drain);
         let done = self
-            .run_due_cycles(epoch, global_step, guidance, &mut dispatch, drain)
+            .run_due_cycles(epoch, global_step, guidance, dispatch, drain)
             .await;
-        self.calls_ahead.withdraw_all(&mut dispatch);
+        self.calls.ahead.withdraw_all(dispatch);
         done?;
-        let path = self.dir.join(files::REFLECTION);
-        self.sync_logs().map_err(io_err(&path))
+        self.logs.sync_named()
     }
 
     /// Every cycle due at this boundary, one after the other (each queues the next ones'
@@ -354,10 +387,10 @@ impl Reflector {
         epoch: u32,
         global_step: u64,
         guidance: &mut GuidanceRepo,
-        dispatch: &mut Dispatch<'_>,
+        dispatch: &mut Dispatch,
         drain: bool,
     ) -> Result<(), ReflectionError> {
-        while let Some((attempt, batch)) = self.next_batch(drain) {
+        while let Some((attempt, batch)) = self.queue.next_batch(drain) {
             self.run_cycle(epoch, global_step, attempt, batch, guidance, dispatch)
                 .await?;
         }
@@ -368,7 +401,7 @@ impl Reflector {
         &mut self,
         guidance: &mut GuidanceRepo,
     ) -> Result<(), ReflectionError> {
-        let (hits, misses) = self.state.feedback.take_immediate();
+        let (hits, misses) = self.feedback.take_immediate();
         if hits.is_empty() && misses.is_empty() {
             return Ok(());
         }
@@ -385,7 +418,7 @@ impl Reflector {
         epoch: u32,
         guidance: &mut GuidanceRepo,
     ) -> Result<(), ReflectionError> {
-        let (ran, parsed) = self.state.decisions_epoch;
+        let (ran, parsed) = self.decisions_epoch;
         if ran > 0 && parsed == 0 {
             // No configuration may make every reflection call fail silently.
             let warning = format!(
@@ -394,7 +427,7 @@ impl Reflector {
                  means reflection.token_budget/max_new_tokens exceed the model's context)"
             );
             tracing::error!("{warning}");
-            self.state.run_warnings.push(warning);
+            self.run_warnings.push(warning);
         }
         self.flush_immediate_feedback(guidance)?;
         if let Some(lc) = &self.lifecycle
@@ -408,7 +441,7 @@ impl Reflector {
                 .map_err(ReflectionError::from)?;
             if !removed.is_empty() {
                 tracing::info!(?removed, "lifecycle cleanup removed low-confidence rules");
-                self.state.feedback.on_removed(&removed);
+                self.feedback.on_removed(&removed);
             }
         }
         Ok(())
@@ -416,33 +449,38 @@ impl Reflector {
 
     /// The state a resumed run needs to continue after the current step boundary.
     pub fn state(&self) -> ReflectorState {
-        self.state.clone()
-    }
-
-    /// Continue from a checkpoint's `state`: the need-review rows are read back from the
-    /// queue the caller has cut back to the checkpoint's length.
-    fn restore(&mut self, state: ReflectorState) -> Result<(), ReflectionError> {
-        self.need_review.read_back()?;
-        self.state = state;
-        Ok(())
+        let queue = self.queue.parts();
+        let (calls_epoch, applied_epoch) = self.budget.counts();
+        ReflectorState {
+            epoch: self.epoch,
+            pending: queue.pending,
+            retry: queue.retry,
+            retry_counts: queue.retry_counts,
+            calls_epoch,
+            applied_epoch,
+            cycles: self.cycles,
+            arrivals: queue.arrivals,
+            last_applied: self.last_applied.clone(),
+            feedback: self.feedback.clone(),
+            decisions_epoch: self.decisions_epoch,
+            run_warnings: self.run_warnings.clone(),
+            rejected: self.rejected.clone(),
+            predictions: self.predictions.clone(),
+        }
     }
 
     /// Makes both logs durable (before a checkpoint names their lengths).
     pub fn sync_logs(&mut self) -> std::io::Result<()> {
-        self.need_review.sync()?;
-        self.reflection_log.sync()
+        self.logs.sync()
     }
 
     /// Warnings for `summary.json`, in the order they arose.
     pub fn run_warnings(&self) -> &[String] {
-        &self.state.run_warnings
+        &self.run_warnings
     }
 
     /// Run end: write `need_review.json` (deterministic aggregation of every epoch's rows).
     pub fn finish_run(&mut self) -> Result<(), ReflectionError> {
-        let summary =
-            need_review::aggregate(&self.mission, self.need_review.rows(), self.final_epoch);
-        let path = self.dir.join(files::NEED_REVIEW);
-        write_json_atomic(&path, &summary).map_err(|source| ReflectionError::Io { path, source })
+        self.logs.write_need_review(&self.mission, self.final_epoch)
     }
 }

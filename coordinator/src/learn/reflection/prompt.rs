@@ -1,16 +1,19 @@
 //! What the reflection model reads: the case texts and prompt header, the built-in system
 //! prompts, the token estimate and the packing of whole cases under the prompt budget, the
 //! messages of both passes, and the JSON schemas tailored to one batch. Text and schema only;
-//! the cycle decides what goes in a call.
+//! the cycle decides what goes in a call. [`Prompts`] holds what every prompt of a run is built
+//! from (mission, system prompts, the fitted prompt budget).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
 use serde_json::{Value, json};
+use stageb_shared::config::ReflectionConfig;
 use stageb_shared::domain::{ChatMessage, TicketKey, Verdict};
 use stageb_shared::reflection_schema;
 use stageb_shared::text;
 
-use super::{GradientRecord, Reflector};
+use super::{GradientRecord, ReflectionError};
 use crate::guidance::GuidanceRepo;
 use crate::learn::op_check::RejectedOp;
 use crate::learn::rejected_memory::RejectedMemory;
@@ -225,24 +228,89 @@ S* 是只读的结构不变量，不得修改或删除；G0 是检查清单，�
 优先更新或合并已有规则，新增规则最多一条。\n\
 只输出一个 JSON 对象：{\"has_evidence\": true, \"evidence_analysis\": \"...\", \"operations\": [...]}。";
 
-impl Reflector {
-    /// What a reflection prompt may hold (bytes bound tokens from above): the fitted
-    /// `min(token_budget, max_reflection_length)`, so that `prompt + max_new_tokens ≤ context`.
-    pub(super) fn prompt_budget(&self) -> usize {
-        self.config
-            .token_budget
-            .min(self.config.max_reflection_length) as usize
+/// The two system prompts of a run: the config's files (`reflection.decision_prompt_path`,
+/// `reflection.ops_prompt_path`) or the built-in ones.
+#[derive(Debug, Clone)]
+pub struct SystemPrompts {
+    decision: String,
+    ops: String,
+}
+
+impl SystemPrompts {
+    /// Reads the config's prompt files (an unreadable or empty one is refused).
+    pub fn read(config: &ReflectionConfig) -> Result<Self, ReflectionError> {
+        Ok(SystemPrompts {
+            decision: read_prompt(&config.decision_prompt_path, DECISION_SYSTEM)?,
+            ops: read_prompt(&config.ops_prompt_path, OPS_SYSTEM)?,
+        })
+    }
+}
+
+fn read_prompt(path: &Option<PathBuf>, builtin: &str) -> Result<String, ReflectionError> {
+    let Some(path) = path else {
+        return Ok(builtin.to_string());
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ReflectionError::PromptFile {
+        path: path.clone(),
+        source,
+    })?;
+    if text.trim().is_empty() {
+        return Err(ReflectionError::EmptyPrompt { path: path.clone() });
+    }
+    Ok(text)
+}
+
+/// What every reflection prompt of a run is built from. Set once, from the config fitted to
+/// the model's context.
+pub(super) struct Prompts {
+    mission: String,
+    system: SystemPrompts,
+    /// The fitted `min(token_budget, max_reflection_length)`, so that
+    /// `prompt + max_new_tokens ≤ context`.
+    budget: usize,
+    /// The fitted `reflection.max_new_tokens` (the schemas cap the analyses by it).
+    max_new_tokens: u32,
+    /// `reflection.gate.enabled`: the ops pass may claim `expected_flips`.
+    gate_enabled: bool,
+}
+
+impl Prompts {
+    pub(super) fn new(mission: &str, system: SystemPrompts, config: &ReflectionConfig) -> Self {
+        Prompts {
+            mission: mission.to_string(),
+            system,
+            budget: config.token_budget.min(config.max_reflection_length) as usize,
+            max_new_tokens: config.max_new_tokens,
+            gate_enabled: config.gate.enabled,
+        }
+    }
+
+    /// The batch in prompt order (priority, then arrival, then key), split into the cases
+    /// that fit the prompt budget and those left out whole.
+    pub(super) fn pack(
+        &self,
+        batch: Vec<GradientRecord>,
+        guidance: &GuidanceRepo,
+    ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
+        let mut ordered = batch;
+        ordered.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.order.cmp(&b.order))
+                .then(a.ticket_key.cmp(&b.ticket_key))
+        });
+        self.fit_cases(&ordered, guidance)
     }
 
     /// Split `ordered` into cases that fit the token budget and cases dropped whole.
-    pub(super) fn fit_cases(
+    fn fit_cases(
         &self,
         ordered: &[GradientRecord],
         guidance: &GuidanceRepo,
     ) -> (Vec<GradientRecord>, Vec<GradientRecord>) {
-        let budget = self.prompt_budget();
+        let budget = self.budget;
         // Both passes see the same cases; budget for the longer of the two system prompts.
-        let system = self.decision_system.len().max(self.ops_system.len());
+        let system = self.system.decision.len().max(self.system.ops.len());
         let base = system
             + estimate_tokens("")
             + estimate_tokens(&header_text(&self.mission, guidance, 0, 0));
@@ -261,7 +329,32 @@ impl Reflector {
         (kept, dropped)
     }
 
-    pub(super) fn decision_messages(
+    /// The decision pass's messages and schema for `cycle` on the kept cases: as the cycle
+    /// sends them, and as a call queued ahead builds them.
+    pub(super) fn decision(
+        &self,
+        kept: &[GradientRecord],
+        kept_keys: &BTreeSet<TicketKey>,
+        guidance: &GuidanceRepo,
+        cycle: u64,
+    ) -> (Vec<ChatMessage>, Value) {
+        let messages = self.decision_messages(kept, guidance, cycle);
+        let schema = tailor_decision_schema(kept_keys, self.max_new_tokens);
+        (messages, schema)
+    }
+
+    /// The ops pass's schema for `learnable` under `guidance`, with at most `max_ops` ops.
+    pub(super) fn ops_schema(
+        &self,
+        max_ops: usize,
+        learnable: &BTreeSet<TicketKey>,
+        guidance: &GuidanceRepo,
+    ) -> Value {
+        let gate = self.gate_enabled;
+        tailor_ops_schema(max_ops, learnable, guidance, self.max_new_tokens, gate)
+    }
+
+    fn decision_messages(
         &self,
         cases: &[GradientRecord],
         guidance: &GuidanceRepo,
@@ -273,7 +366,7 @@ impl Reflector {
         }
         user.push_str("\n请输出 JSON。");
         vec![
-            ChatMessage::system(self.decision_system.clone()),
+            ChatMessage::system(self.system.decision.clone()),
             ChatMessage::user(user),
         ]
     }
@@ -296,8 +389,8 @@ impl Reflector {
             );
             // The packed cases fit the prompt budget; the rejected ops (a hostile model can
             // make them long) get what is left, each line capped, the rest left out.
-            let budget = self.prompt_budget();
-            let mut used = self.ops_system.len() + estimate_tokens(&user) + estimate_tokens("");
+            let budget = self.budget;
+            let mut used = self.system.ops.len() + estimate_tokens(&user) + estimate_tokens("");
             for r in rejected {
                 let op = serde_json::to_string(&r.proposed).unwrap_or_default();
                 let line = format!(
@@ -316,12 +409,12 @@ impl Reflector {
         if let Some(memory) = remembered.filter(|m| !m.is_empty()) {
             self.push_remembered(&mut user, memory);
         }
-        if self.config.gate.enabled {
+        if self.gate_enabled {
             user.push_str(EXPECTED_FLIPS_ASK);
         }
         user.push_str("\n请输出 JSON。");
         vec![
-            ChatMessage::system(self.ops_system.clone()),
+            ChatMessage::system(self.system.ops.clone()),
             ChatMessage::user(user),
         ]
     }
@@ -331,13 +424,13 @@ impl Reflector {
 /// to be decided correctly once the op is applied; the next epoch checks the claim.
 const EXPECTED_FLIPS_ASK: &str = "\n每个操作可另给 expected_flips：该操作应用后预计会被判对的 evidence 案例（evidence 的子集）；下一轮会逐一核对。\n";
 
-impl Reflector {
+impl Prompts {
     /// The edits rejected in earlier cycles, newest first, within what is left of the prompt
     /// budget (each line capped).
     fn push_remembered(&self, user: &mut String, memory: &RejectedMemory) {
         user.push_str("\n以下修改此前已被拒绝，不要再次提出：\n");
-        let budget = self.prompt_budget();
-        let mut used = self.ops_system.len() + estimate_tokens(user) + estimate_tokens("");
+        let budget = self.budget;
+        let mut used = self.system.ops.len() + estimate_tokens(user) + estimate_tokens("");
         let mut entries: Vec<_> = memory.entries().collect();
         entries.reverse();
         for e in entries {

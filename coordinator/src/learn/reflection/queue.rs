@@ -1,14 +1,14 @@
-//! Where gradient candidates wait and where they leave: the pending queue and the retry
-//! buckets (batches halve per retry), and routing to need-review. The epoch's call budget and
-//! change cap are compared here through their own types (`budget`).
+//! Where gradient candidates wait: the pending queue (arrival order) and the retry buckets
+//! (batches halve per retry), with each ticket's retries this epoch. [`ReflectionQueue`] owns
+//! them: a candidate joins, a due batch leaves, cases no model saw come back uncharged, and a
+//! case the cycle could not cover retries while its budget lasts. Routing to need-review is
+//! the cycle's ([`super::Reflector`]): the queue says who is out of budget.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use stageb_shared::domain::TicketKey;
 
-use super::{GradientRecord, ReflectionError, Reflector};
-use crate::guidance::GuidanceRepo;
-use crate::learn::need_review::{self, NeedReviewReason};
+use super::GradientRecord;
 
 /// Batch size of retry round `attempt` (16 → 8 → 4 …, never below 1).
 pub fn retry_batch_size(batch_size: u32, attempt: u32) -> usize {
@@ -64,130 +64,221 @@ fn put_back(
     }
 }
 
-impl Reflector {
+/// The reflection queue of an epoch: what is pending, what retries in which round, and how
+/// often each ticket was retried.
+#[derive(Debug, Clone)]
+pub(super) struct ReflectionQueue {
+    pending: Vec<GradientRecord>,
+    retry: BTreeMap<u32, Vec<GradientRecord>>,
+    retry_counts: HashMap<TicketKey, u32>,
+    /// Candidates queued so far this epoch (each one's arrival order).
+    arrivals: u64,
+    /// `reflection.batch_size`.
+    batch_size: u32,
+    /// `reflection.retry_budget_per_group_per_epoch`.
+    retry_budget: u32,
+}
+
+/// What a checkpoint stores of the queue, in its order of fields.
+pub(super) struct QueueParts {
+    pub(super) pending: Vec<GradientRecord>,
+    pub(super) retry: BTreeMap<u32, Vec<GradientRecord>>,
+    pub(super) retry_counts: HashMap<TicketKey, u32>,
+    pub(super) arrivals: u64,
+}
+
+impl ReflectionQueue {
+    /// The queue of batches of `batch_size`, each ticket retried at most `retry_budget` times
+    /// an epoch, holding `parts` (empty for a fresh run).
+    pub(super) fn new(batch_size: u32, retry_budget: u32, parts: QueueParts) -> Self {
+        ReflectionQueue {
+            pending: parts.pending,
+            retry: parts.retry,
+            retry_counts: parts.retry_counts,
+            arrivals: parts.arrivals,
+            batch_size,
+            retry_budget,
+        }
+    }
+
+    /// What a checkpoint stores.
+    pub(super) fn parts(&self) -> QueueParts {
+        QueueParts {
+            pending: self.pending.clone(),
+            retry: self.retry.clone(),
+            retry_counts: self.retry_counts.clone(),
+            arrivals: self.arrivals,
+        }
+    }
+
+    /// A new epoch: nothing waits, nothing was retried.
+    pub(super) fn clear(&mut self) {
+        self.pending.clear();
+        self.retry.clear();
+        self.retry_counts.clear();
+        self.arrivals = 0;
+    }
+
+    /// Queue a candidate, numbered in arrival order.
+    pub(super) fn push(&mut self, mut record: GradientRecord) {
+        record.order = self.arrivals;
+        self.arrivals += 1;
+        self.pending.push(record);
+    }
+
     /// The next batch to reflect on, if one is due. Mid-epoch only full batches are taken;
     /// at epoch end (`drain`) everything is, including retries created while draining.
     pub(super) fn next_batch(&mut self, drain: bool) -> Option<(u32, Vec<GradientRecord>)> {
-        let state = &mut self.state;
-        take_batch(
-            &mut state.pending,
-            &mut state.retry,
-            self.config.batch_size,
-            drain,
-        )
+        take_batch(&mut self.pending, &mut self.retry, self.batch_size, drain)
     }
 
-    /// The cases the next `n` cycles would send, packed under `guidance`, if no cycle put
-    /// anything back but the cases its packing leaves out (nothing retried): the guess that
-    /// calls queued ahead are built from.
-    pub(super) fn upcoming_cases(
+    /// The cases the next `n` cycles would send, packed by `pack` (kept, left out), if no
+    /// cycle put anything back but the cases its packing leaves out (nothing retried): the
+    /// guess that calls queued ahead are built from.
+    pub(super) fn upcoming(
         &self,
         drain: bool,
         n: usize,
-        guidance: &GuidanceRepo,
+        pack: impl Fn(Vec<GradientRecord>) -> (Vec<GradientRecord>, Vec<GradientRecord>),
     ) -> Vec<Vec<GradientRecord>> {
         // Only the head of the pending queue can be due within `n` batches (a batch takes at
         // most `size` from it, net of the cases its packing puts back).
-        let batch_size = self.config.batch_size;
+        let batch_size = self.batch_size;
         let head = self
-            .state
             .pending
             .len()
             .min(n.saturating_mul(batch_size.max(1) as usize));
-        let mut pending = self.state.pending[..head].to_vec();
-        let mut retry = self.state.retry.clone();
+        let mut pending = self.pending[..head].to_vec();
+        let mut retry = self.retry.clone();
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let Some((attempt, batch)) = take_batch(&mut pending, &mut retry, batch_size, drain)
             else {
                 break;
             };
-            let (kept, dropped) = self.pack_cases(batch, guidance);
+            let (kept, dropped) = pack(batch);
             put_back(&mut pending, &mut retry, attempt, dropped);
             out.push(kept);
         }
         out
     }
 
-    pub(super) fn route(
-        &mut self,
-        record: &GradientRecord,
-        reason: NeedReviewReason,
-        reflection_id: Option<&str>,
-        note: Option<String>,
-    ) -> Result<(), ReflectionError> {
-        let at = need_review::RoutingPoint {
-            epoch: self.state.epoch,
-            reflection_cycle: self.state.cycles,
-            reflection_id: reflection_id.map(str::to_string),
-        };
-        self.need_review.route(record, reason, &at, note)
-    }
-
-    /// Route every record to need-review `budget_exhausted` (the epoch's call budget is spent).
-    pub(super) fn exhaust_all(
-        &mut self,
-        records: &[GradientRecord],
-        reflection_id: Option<&str>,
-    ) -> Result<Vec<TicketKey>, ReflectionError> {
-        let mut routed = Vec::with_capacity(records.len());
-        for r in records {
-            routed.push(r.ticket_key.clone());
-            self.route(r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
-        }
-        Ok(routed)
-    }
-
-    /// `L \ E` and dropped cases: retried with a smaller batch while budget remains, else
-    /// need-review `budget_exhausted`. Returns the keys routed.
-    pub(super) fn retry_or_route(
-        &mut self,
-        records: Vec<GradientRecord>,
-        reflection_id: Option<&str>,
-    ) -> Result<Vec<TicketKey>, ReflectionError> {
-        let mut routed = Vec::new();
-        let mut records = records;
-        records.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
-        for r in records {
-            let count = self
-                .state
-                .retry_counts
-                .entry(r.ticket_key.clone())
-                .or_insert(0);
-            *count += 1;
-            let count = *count;
-            if count <= self.config.retry_budget_per_group_per_epoch {
-                self.state.retry.entry(count).or_default().push(r);
-            } else {
-                routed.push(r.ticket_key.clone());
-                self.route(&r, NeedReviewReason::BudgetExhausted, reflection_id, None)?;
-            }
-        }
-        Ok(routed)
-    }
-
     /// Cases dropped by the token budget never reached a model: they go back to the queue
     /// they came from (arrival order kept) without being charged a retry.
     pub(super) fn requeue_uncharged(&mut self, attempt: u32, records: Vec<GradientRecord>) {
-        let state = &mut self.state;
-        put_back(&mut state.pending, &mut state.retry, attempt, records);
+        put_back(&mut self.pending, &mut self.retry, attempt, records);
     }
 
-    /// Has the epoch applied `change_cap_per_epoch` reflections already?
-    pub(super) fn change_cap_reached(&self) -> bool {
-        self.state
-            .applied_epoch
-            .reached(self.config.change_cap_per_epoch)
-    }
-
-    pub(super) fn calls_left(&self) -> bool {
-        self.state.calls_epoch.left(self.config.max_calls_per_epoch)
+    /// `L \ E` and dropped cases, in key order: each is charged a retry and retried with a
+    /// smaller batch while its budget lasts. Returns those out of budget, in key order (the
+    /// caller routes them to need-review).
+    pub(super) fn retry_or_give_up(
+        &mut self,
+        mut records: Vec<GradientRecord>,
+    ) -> Vec<GradientRecord> {
+        let mut given_up = Vec::new();
+        records.sort_by(|a, b| a.ticket_key.cmp(&b.ticket_key));
+        for r in records {
+            let count = self.retry_counts.entry(r.ticket_key.clone()).or_insert(0);
+            *count += 1;
+            let count = *count;
+            if count <= self.retry_budget {
+                self.retry.entry(count).or_default().push(r);
+            } else {
+                given_up.push(r);
+            }
+        }
+        given_up
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::selection::Selection;
+    use crate::learn::feedback::PendingFeedback;
+    use stageb_shared::domain::Verdict;
+
+    fn record(group: &str) -> GradientRecord {
+        GradientRecord {
+            ticket_key: TicketKey::new(group, Verdict::Fail),
+            group_id: group.into(),
+            mission: "m".into(),
+            gt: Verdict::Fail,
+            summaries: vec![],
+            candidates: vec![],
+            final_verdict: None,
+            final_reason: String::new(),
+            vote_strength: None,
+            low_agreement: false,
+            eligibility_reasons: vec![],
+            priority: 0,
+            selection: Selection::default(),
+            order: 0,
+            feedback: PendingFeedback::default(),
+        }
+    }
+
+    fn empty() -> QueueParts {
+        QueueParts {
+            pending: vec![],
+            retry: BTreeMap::new(),
+            retry_counts: HashMap::new(),
+            arrivals: 0,
+        }
+    }
+
+    fn groups(records: &[GradientRecord]) -> Vec<&str> {
+        records.iter().map(|r| r.group_id.as_str()).collect()
+    }
+
+    #[test]
+    fn mid_epoch_only_full_batches_leave_and_the_epoch_end_drains_the_rest() {
+        let mut q = ReflectionQueue::new(2, 1, empty());
+        for g in ["a", "b", "c"] {
+            q.push(record(g));
+        }
+        let (attempt, batch) = q.next_batch(false).expect("a full batch");
+        assert_eq!((attempt, groups(&batch)), (0, vec!["a", "b"]));
+        assert!(q.next_batch(false).is_none(), "one case is not a batch");
+        let (_, rest) = q.next_batch(true).expect("drained");
+        assert_eq!(groups(&rest), vec!["c"]);
+        assert_eq!(rest[0].order, 2, "numbered in arrival order");
+    }
+
+    #[test]
+    fn cases_no_model_saw_go_back_in_arrival_order_without_a_retry_charged() {
+        let mut q = ReflectionQueue::new(2, 0, empty());
+        for g in ["a", "b", "c"] {
+            q.push(record(g));
+        }
+        let (attempt, mut batch) = q.next_batch(false).unwrap();
+        let dropped = vec![batch.pop().unwrap()];
+        q.requeue_uncharged(attempt, dropped);
+        let (_, next) = q.next_batch(false).unwrap();
+        assert_eq!(groups(&next), vec!["b", "c"]);
+        assert!(q.parts().retry_counts.is_empty());
+    }
+
+    #[test]
+    fn a_case_retries_while_its_budget_lasts_then_is_given_up() {
+        let mut q = ReflectionQueue::new(4, 1, empty());
+        let given_up = q.retry_or_give_up(vec![record("b"), record("a")]);
+        assert!(given_up.is_empty(), "each has one retry");
+        let (attempt, batch) = q.next_batch(true).unwrap();
+        assert_eq!((attempt, groups(&batch)), (1, vec!["a", "b"]));
+        let given_up = q.retry_or_give_up(batch);
+        assert_eq!(
+            groups(&given_up),
+            vec!["a", "b"],
+            "out of budget, in key order"
+        );
+        q.clear();
+        assert!(
+            q.retry_or_give_up(vec![record("a")]).is_empty(),
+            "a new epoch"
+        );
+    }
 
     #[test]
     pub(super) fn retry_batches_halve_and_never_reach_zero() {

@@ -1,5 +1,8 @@
 //! What reflection learns from: a gradient candidate as the run loop hands it over
-//! ([`TicketOutcome`]) and as it waits in the reflector's queues ([`GradientRecord`]).
+//! ([`TicketOutcome`]) and as it waits in the reflector's queues ([`GradientRecord`]), and
+//! `L`, the cases of a cycle left to learn from ([`Learnable`]).
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 use stageb_shared::domain::{Ticket, TicketKey, Verdict};
@@ -98,4 +101,10 @@ impl GradientRecord {
 /// The ticket keys of `records`, in order.
 pub(super) fn keys_of(records: &[GradientRecord]) -> Vec<TicketKey> {
     records.iter().map(|r| r.ticket_key.clone()).collect()
+}
+
+/// `L`: the kept cases the decision pass did not stop, in prompt order, and their keys.
+pub(super) struct Learnable {
+    pub(super) records: Vec<GradientRecord>,
+    pub(super) keys: BTreeSet<TicketKey>,
 }
