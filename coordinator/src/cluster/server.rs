@@ -152,8 +152,9 @@ fn batch_share(result: &Option<pb::submit_request::Result>) -> (u32, u64) {
 }
 
 /// Decode a submission at the edge. The worker's identity claims are ignored: only the lease
-/// id is used, and the scheduler maps it to the job itself.
-fn decode_result(
+/// id is used, and the scheduler maps it to the job itself. Public for the fuzz target that
+/// checks it on arbitrary bytes (`fuzz/src/checks/submit_validate.rs`).
+pub fn decode_result(
     result: Option<pb::submit_request::Result>,
 ) -> Result<Result<JobOutput, JobFailure>, Status> {
     match result {

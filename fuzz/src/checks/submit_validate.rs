@@ -1,8 +1,8 @@
 //! A worker's submission as rank 0 decodes it from the wire (`pb::SubmitRequest`, prost) and
 //! checks it (`wire` caps, `result_check::validate_output`) before the scheduler accepts it.
 //!
-//! The conversion below is the edge's own, field for field (`cluster::server` keeps it
-//! private): a decoded message becomes a `JobOutput` or a job error. Invariants: decoding
+//! The conversion is the edge's own (`cluster::server::decode_result`): a decoded message
+//! becomes a `JobOutput`, a job error, or a refusal. Invariants: decoding
 //! never panics; a job error is accepted only with a well-formed code and its message is cut
 //! to the cap; a result that validates against a job has exactly one candidate per requested
 //! (decode, sample), each with its own seed, a known finish reason, bounded counters and text.
@@ -11,7 +11,8 @@ use prost::Message;
 use stageb_coordinator::cluster::scheduler::result_check::{
     FINISH_REASONS, MAX_REPORTED_TOKENS, MAX_REPORTED_US, validate_output,
 };
-use stageb_coordinator::cluster::scheduler::{CandidateText, DecodeJob, JobOutput, JobPayload};
+use stageb_coordinator::cluster::scheduler::{DecodeJob, JobOutput, JobPayload};
+use stageb_coordinator::cluster::server::decode_result;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
 use stageb_shared::wire;
@@ -27,51 +28,29 @@ pub fn check(data: &[u8]) {
     if wire::check_len("session", &request.session, wire::MAX_SESSION_BYTES).is_err() {
         assert!(request.session.len() > wire::MAX_SESSION_BYTES);
     }
-    let output = match request.result {
-        None => return,
-        Some(pb::submit_request::Result::Error(e)) => {
-            if wire::is_error_code(&e.code) {
-                assert!(!e.code.is_empty() && e.code.len() <= wire::MAX_ERROR_CODE_BYTES);
-                assert!(
-                    e.code
-                        .bytes()
-                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-                );
-            }
-            let kept: String = e
-                .message
-                .chars()
-                .take(wire::MAX_ERROR_MESSAGE_CHARS)
-                .collect();
-            assert!(kept.chars().count() <= wire::MAX_ERROR_MESSAGE_CHARS);
+    let error_code = match &request.result {
+        Some(pb::submit_request::Result::Error(e)) => Some(e.code.clone()),
+        _ => None,
+    };
+    let output = match decode_result(request.result) {
+        Err(_) => {
+            // Refused at the edge: no result at all, or a job error without a valid code.
+            assert!(error_code.is_none_or(|code| !wire::is_error_code(&code)));
             return;
         }
-        Some(pb::submit_request::Result::Rollout(r)) => JobOutput::Rollout {
-            candidates: r
-                .candidates
-                .into_iter()
-                .map(|c| CandidateText {
-                    decode_index: c.decode_index,
-                    sample_index: c.sample_index,
-                    seed: c.seed,
-                    text: c.text,
-                    completion_tokens: c.completion_tokens,
-                    finish_reason: c.finish_reason,
-                })
-                .collect(),
-            prompt_tokens: r.prompt_tokens,
-            prefix_tokens: r.prefix_tokens,
-            prefill_us: r.prefill_us,
-            decode_us: r.decode_us,
-        },
-        Some(pb::submit_request::Result::Generate(g)) => JobOutput::Generate {
-            text: g.text,
-            prompt_tokens: g.prompt_tokens,
-            prefix_tokens: g.prefix_tokens,
-            completion_tokens: g.completion_tokens,
-            finish_reason: g.finish_reason,
-            latency_us: g.latency_us,
-        },
+        Ok(Err(failure)) => {
+            assert!(wire::is_error_code(&failure.code));
+            assert!(!failure.code.is_empty() && failure.code.len() <= wire::MAX_ERROR_CODE_BYTES);
+            assert!(
+                failure
+                    .code
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            );
+            assert!(failure.message.chars().count() <= wire::MAX_ERROR_MESSAGE_CHARS);
+            return;
+        }
+        Ok(Ok(output)) => output,
     };
     for payload in [rollout_job(), generate_job()] {
         let verdict = validate_output(&payload, &output, MAX_TEXT_BYTES);
