@@ -68,10 +68,14 @@ pub async fn report(
     }
 }
 
-/// The ETA as shown: whole seconds, or `?` before anything was measured.
+/// The ETA as shown: whole seconds, `>=` before reflection was timed, or `?` before anything
+/// was measured.
 fn eta_text(p: &ProgressSnapshot) -> String {
     match p.eta(Instant::now()) {
-        Some(d) => format!("{:.0}s", d.as_secs_f64()),
+        Some(eta) => {
+            let at_least = if eta.at_least { ">=" } else { "" };
+            format!("{at_least}{:.0}s", eta.left.as_secs_f64())
+        }
         None => "?".into(),
     }
 }

@@ -3,11 +3,17 @@
 //!
 //! The run loop names its phase as it enters it (`rollouts step 3/6`, `writing`), reflection
 //! names each call's cycle and pass (`reflecting cycle 2 (decision)`), and rank 0's drain after
-//! SIGTERM marks the run `draining`. The ETA counts both kinds of work the run has left: the
-//! rollouts, at the time per ticket measured so far, and the reflection rounds (one after
-//! every step and one draining round at every epoch end), at the mean time per round measured
-//! so far. A round under way is never counted as finished, so the ETA stays above zero while
-//! reflection still runs (it read `eta=0s` for minutes once every ticket was answered).
+//! SIGTERM marks the run `draining`.
+//!
+//! The ETA is the work left times each kind's measured time. Rollouts: the tickets not yet
+//! answered, at the time per ticket measured so far. Reflection: the model calls still
+//! expected (the calls a finished round made on average, times the rounds left, never more
+//! than each epoch's call budget leaves), at the time per call measured over finished rounds
+//! (a round's gate rollouts and writing included). Until a round has finished, reflection's
+//! cost is unknown and the ETA is a lower bound ([`Eta::at_least`], shown as `>=`): scaling the
+//! first round's elapsed time by the rounds left made it swing (124 s, 553 s, then 63 s within
+//! four minutes of one demo run). A round under way is never counted as finished, so the ETA
+//! stays above zero while reflection still runs.
 //!
 //! Lives outside `run` and `learn` because both write to it: data still flows run →
 //! reflection, and neither imports the other for this.
@@ -97,12 +103,30 @@ pub struct Timing {
     /// Reflection rounds finished (this attempt) and the seconds they took.
     pub rounds_measured: u64,
     pub round_secs: f64,
+    /// Model calls made in those rounds.
+    pub round_calls: u64,
     /// Reflection rounds finished over the whole run (a resumed run starts past its checkpoint).
     pub rounds_done: u64,
-    /// Reflection rounds the run has: `epochs × (steps per epoch + 1)`.
+    /// Reflection rounds the run has: `epochs × rounds_per_epoch`.
     pub rounds_total: u64,
-    /// When the reflection round under way began.
+    /// Reflection rounds an epoch has: one after every step and the epoch end's draining one.
+    pub rounds_per_epoch: u64,
+    /// When the reflection round under way began, and the calls it made so far.
     pub round_since: Option<Instant>,
+    pub calls_in_round: u64,
+    /// Model calls an epoch may make (`reflection.max_calls_per_epoch`; `None`: no cap).
+    pub call_cap: Option<u64>,
+    /// Calls made in epoch `calls_epoch` (this attempt).
+    pub calls_this_epoch: u64,
+    pub calls_epoch: u32,
+}
+
+/// Time a run has left, as far as it was measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Eta {
+    pub left: Duration,
+    /// Reflection has not been timed yet: the run has at least `left` to go.
+    pub at_least: bool,
 }
 
 /// Live view for the progress display.
@@ -198,6 +222,18 @@ impl ProgressSnapshot {
     /// A reflection round (a step boundary's, or an epoch end's draining one) begins.
     pub fn begin_round(&mut self, now: Instant) {
         self.timing.round_since = Some(now);
+        self.timing.calls_in_round = 0;
+    }
+
+    /// A reflection model call was made (decision, ops or revision pass).
+    pub fn call_made(&mut self) {
+        let t = &mut self.timing;
+        if t.calls_epoch != self.epoch {
+            t.calls_epoch = self.epoch;
+            t.calls_this_epoch = 0;
+        }
+        t.calls_this_epoch += 1;
+        t.calls_in_round += 1;
     }
 
     /// The round under way ended.
@@ -206,15 +242,13 @@ impl ProgressSnapshot {
             self.timing.round_secs += now.saturating_duration_since(t).as_secs_f64();
             self.timing.rounds_measured += 1;
             self.timing.rounds_done += 1;
+            self.timing.round_calls += std::mem::take(&mut self.timing.calls_in_round);
         }
     }
 
-    /// Time the run has left at `now`: the tickets not yet answered at the time per ticket
-    /// measured so far, plus the reflection rounds not yet finished at the mean time per round
-    /// measured so far (a round under way counts what its mean leaves of it, at least
-    /// [`ROUND_FLOOR_SECS`]; before any round finished, the one under way is assumed to take
-    /// as long again). `None` while nothing has been measured that the rest could scale.
-    pub fn eta(&self, now: Instant) -> Option<Duration> {
+    /// Time the run has left at `now` (see the module header): `None` while no ticket has
+    /// been answered, a lower bound while no reflection round has finished.
+    pub fn eta(&self, now: Instant) -> Option<Eta> {
         let t = &self.timing;
         let since = |at: Option<Instant>| {
             at.map_or(0.0, |a| now.saturating_duration_since(a).as_secs_f64())
@@ -225,22 +259,57 @@ impl ProgressSnapshot {
             (_, 0) => return None,
             (left, n) => (t.rollout_secs + since(t.rollout_since)) / n as f64 * left as f64,
         };
-        let current = since(t.round_since);
-        let mean = match t.rounds_measured {
-            0 => current,
-            n => t.round_secs / n as f64,
-        };
         let in_round = t.round_since.is_some();
-        let after = t
-            .rounds_total
-            .saturating_sub(t.rounds_done + u64::from(in_round));
-        let this_round = if in_round {
-            (mean - current).max(ROUND_FLOOR_SECS)
-        } else {
-            0.0
+        let this_round_floor = if in_round { ROUND_FLOOR_SECS } else { 0.0 };
+        let make = |secs: f64, at_least| Eta {
+            left: Duration::from_secs_f64(secs.max(0.0)),
+            at_least,
         };
-        let secs = rollouts + mean * after as f64 + this_round;
-        Some(Duration::from_secs_f64(secs.max(0.0)))
+        if t.rounds_measured == 0 {
+            let untimed = t.rounds_total > t.rounds_done;
+            return Some(make(rollouts + this_round_floor, untimed));
+        }
+        let reflection = self.reflection_left(since(t.round_since));
+        Some(make(rollouts + reflection.max(this_round_floor), false))
+    }
+
+    /// Seconds of reflection left, once a round has been timed: the calls still expected at
+    /// the measured time per call (or, while no finished round made a call, the rounds left at
+    /// their mean time).
+    fn reflection_left(&self, current: f64) -> f64 {
+        let t = &self.timing;
+        let in_round = u64::from(t.round_since.is_some());
+        let after = t.rounds_total.saturating_sub(t.rounds_done + in_round);
+        if t.round_calls == 0 {
+            let mean = t.round_secs / t.rounds_measured as f64;
+            let this_round = (mean - current).max(ROUND_FLOOR_SECS) * in_round as f64;
+            return mean * after as f64 + this_round;
+        }
+        let per_call = t.round_secs / t.round_calls as f64;
+        let per_round = t.round_calls as f64 / t.rounds_measured as f64;
+        let per_epoch = t.rounds_per_epoch.max(1);
+        // Rounds after the current one that belong to this epoch, then to later epochs.
+        let into_epoch = (t.rounds_done + in_round) % per_epoch;
+        let left_in_epoch = if into_epoch == 0 {
+            0
+        } else {
+            per_epoch - into_epoch
+        }
+        .min(after);
+        let later_epochs = (after - left_in_epoch) as f64 / per_epoch as f64;
+        let current_left = (per_round - t.calls_in_round as f64).max(0.0) * in_round as f64;
+        let spent = if t.calls_epoch == self.epoch {
+            t.calls_this_epoch
+        } else {
+            0
+        };
+        let cap = |calls: f64, spent: u64| {
+            t.call_cap
+                .map_or(calls, |cap| calls.min(cap.saturating_sub(spent) as f64))
+        };
+        let calls = cap(current_left + per_round * left_in_epoch as f64, spent)
+            + later_epochs * cap(per_round * per_epoch as f64, 0);
+        calls * per_call
     }
 }
 

@@ -264,6 +264,8 @@ impl RunLoop {
         p.epochs = cfg.runner.epochs;
         p.done = self.global_step;
         p.timing.rounds_total = u64::from(cfg.runner.epochs) * (steps + 1);
+        p.timing.rounds_per_epoch = steps + 1;
+        p.timing.call_cap = cfg.reflection.max_calls_per_epoch.map(u64::from);
         p.timing.rounds_done = u64::from(at.epoch.saturating_sub(1)) * (steps + 1) + at.steps_done;
     }
 

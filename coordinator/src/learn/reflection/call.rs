@@ -95,7 +95,7 @@ impl Calls {
         }
     }
 
-    /// The progress state names the call's cycle and pass.
+    /// The progress state names the call's cycle and pass, and counts the call for the ETA.
     fn show(&self, cycle: u64, pass: CallPass) {
         let pass = match pass {
             CallPass::Decision => ReflectPass::Decision,
@@ -103,7 +103,9 @@ impl Calls {
             CallPass::OpsRevision => ReflectPass::Revision,
         };
         if let Some(progress) = &self.progress {
-            crate::progress::enter(progress, Phase::Reflecting { cycle, pass });
+            let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+            p.enter(Phase::Reflecting { cycle, pass });
+            p.call_made();
         }
     }
 }
