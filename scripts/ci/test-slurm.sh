@@ -57,7 +57,10 @@ if [[ -n "$(missing_tools)" ]]; then
   echo "test-slurm: missing $(missing_tools)- installing slurm-wlm and munge with apt-get"
   command -v apt-get >/dev/null 2>&1 || skip "slurm-wlm/munge are not installed and there is no apt-get"
   apt_log="$(mktemp)"
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } >"$apt_log" 2>&1; then
+  # .ci/run's background install (scripts/ci/apt-prefetch.sh) may hold dpkg's lock: wait for it.
+  if ! { apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+         DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq slurm-wlm munge
+       } >"$apt_log" 2>&1; then
     tail -n 5 "$apt_log"
     rm -f "$apt_log"
     skip "apt-get could not install slurm-wlm and munge (no network or no package source?)"
