@@ -345,6 +345,46 @@ fn a_cancelled_job_leaves_and_the_others_finish_unchanged() {
     }
 }
 
+/// The liveness hook: a job's progress grows with the steps it takes, its tokens and ended
+/// rows are its output's when it leaves, and a job not in the batch has none.
+#[test]
+fn a_job_in_the_batch_reports_its_tokens_and_ended_rows_as_it_goes() {
+    let mut eng = engine();
+    let job = rollout("progress: one clip missing", false, vec![3, 4]);
+    assert_eq!(eng.job_progress(7), None, "not admitted");
+    eng.admit(7, &job, CancelFlag::default()).expect("admit");
+    let first = eng.job_progress(7).expect("in the batch");
+    assert_eq!((first.tokens, first.rows, first.rows_finished), (0, 3, 0));
+    let mut last = first;
+    let out = loop {
+        let ended = eng.step();
+        if let Some((_, out)) = ended.into_iter().next() {
+            break out.expect("job");
+        }
+        let now = eng.job_progress(7).expect("still in the batch");
+        assert!(now.tokens >= last.tokens && now.prompt_done >= last.prompt_done);
+        assert!(now.rows_finished >= last.rows_finished && now.rows_finished <= now.rows);
+        last = now;
+    };
+    let JobOutput::Rollout(r) = out else {
+        panic!("a rollout");
+    };
+    let tokens: u64 = r
+        .candidates
+        .iter()
+        .map(|c| u64::from(c.completion_tokens))
+        .sum();
+    assert!(
+        last.tokens > 0 && last.tokens <= tokens,
+        "{last:?} of {tokens}"
+    );
+    assert_eq!(
+        last.prompt_done, r.prompt_tokens,
+        "its prompt was in its KV"
+    );
+    assert_eq!(eng.job_progress(7), None, "the job left");
+}
+
 #[test]
 fn a_job_that_cannot_run_is_refused_at_admission() {
     let mut eng = engine();

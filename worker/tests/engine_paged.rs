@@ -321,3 +321,20 @@ fn the_fingerprint_names_the_kernels_only_when_a_switch_is_on_and_the_cpu_defaul
         "cpu-bf16;kernels=paged-attn"
     );
 }
+
+/// With `fused` on every layer holds its `q|k|v` and `gate|up` projections once, concatenated:
+/// the prefill reads them too, so the separate matrices are gone and the projections take the
+/// bytes they take unfused (held twice they took more). Off, nothing is concatenated.
+#[test]
+fn fused_weights_are_held_once_and_the_prefill_reads_them() {
+    let on = smollm(ON);
+    let off = smollm(OFF);
+    let (on, off) = (on.candle_model().unwrap(), off.candle_model().unwrap());
+    assert!(on.is_fused(), "fused on concatenates");
+    assert!(!off.is_fused(), "fused off keeps the projections apart");
+    for l in &on.layers {
+        assert_eq!(l.qkv.linears().len(), 1, "one q|k|v matrix");
+        assert_eq!(l.gate_up.linears().len(), 1, "one gate|up matrix");
+    }
+    assert_eq!(on.projection_bytes(), off.projection_bytes());
+}

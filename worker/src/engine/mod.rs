@@ -392,6 +392,24 @@ pub trait Engine: Send {
     fn kv_blocks(&self) -> Option<PoolStats> {
         None
     }
+    /// How far the job admitted under `key` has got in the running batch (a liveness sign
+    /// finer than its steps: a job whose tokens grow is decoding); `None` when no such job is
+    /// in the batch, or the engine does not say.
+    fn job_progress(&self, _key: u64) -> Option<JobProgress> {
+        None
+    }
+}
+
+/// What a job in the running batch has done so far ([`Engine::job_progress`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobProgress {
+    /// Prompt positions in its KV (prefilled or reused); its prompt's length once it decodes.
+    pub prompt_done: u32,
+    /// Tokens its rows decoded, all rows together.
+    pub tokens: u64,
+    /// Its rows, and those that ended.
+    pub rows: u32,
+    pub rows_finished: u32,
 }
 
 /// The KV-cache budget of a CPU worker given none (`--kv-cache-mib`).

@@ -42,6 +42,7 @@ use std::time::Instant;
 use stageb_shared::domain::ChatMessage;
 use tokenizers::Tokenizer;
 
+use super::backend::candle::CandleBackend;
 use super::backend::chunk_end;
 use super::backend::cpu::CpuBackend;
 use super::backend::readback::StepLogits;
@@ -54,6 +55,7 @@ use super::prompt_text::PromptEncoder;
 use super::sampler::SamplingParams;
 use super::step_split::StepSplit;
 use super::switches::EngineSwitches;
+use super::transformer::Transformer;
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, GenerateOutput, GenerateRequest, Job,
     JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
@@ -166,6 +168,12 @@ impl ModelEngine {
     /// The loaded model.
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
+    }
+
+    /// The candle transformer, when the engine runs it (tests read its weights).
+    pub fn candle_model(&self) -> Option<&Transformer> {
+        let candle = self.backend.as_any().downcast_ref::<CandleBackend>();
+        candle.map(CandleBackend::model)
     }
 
     /// The CPU fast path's model, when the engine runs it (tests run it directly).
@@ -463,6 +471,10 @@ impl Engine for ModelEngine {
 
     fn kv_blocks(&self) -> Option<super::PoolStats> {
         self.backend.kv_stats()
+    }
+
+    fn job_progress(&self, key: u64) -> Option<super::JobProgress> {
+        ModelEngine::job_progress(self, key)
     }
 }
 

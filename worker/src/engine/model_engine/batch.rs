@@ -26,7 +26,7 @@ use crate::engine::sampler::SeenTokens;
 
 use crate::engine::{
     BatchShare, CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason,
-    GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
+    GenerateOutput, GenerateRequest, Job, JobOutput, JobProgress, RolloutOutput,
 };
 use rayon::prelude::*;
 
@@ -129,6 +129,17 @@ impl ModelEngine {
     /// Jobs in the running batch.
     pub fn jobs_in_batch(&self) -> usize {
         self.live.len()
+    }
+
+    /// How far the job of `key` in the running batch has got ([`Engine::job_progress`](crate::engine::Engine::job_progress)).
+    pub fn job_progress(&self, key: u64) -> Option<JobProgress> {
+        let j = self.live.iter().find(|j| j.key == key)?;
+        Some(JobProgress {
+            prompt_done: j.prefilled as u32,
+            tokens: j.rows.iter().map(|r| r.tokens.len() as u64).sum(),
+            rows: j.rows.len() as u32,
+            rows_finished: j.rows.iter().filter(|r| r.finish.is_some()).count() as u32,
+        })
     }
 
     /// Bytes of KV cache `prompt_len` prompt tokens and `rows` rows of `max_new` tokens take
