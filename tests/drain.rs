@@ -72,7 +72,7 @@ fn a_drained_run_journals_every_answer_in_flight_and_resumes_from_them() {
     let fingerprint = ModelFingerprint {
         weights_sha256: stageb_worker::engine::weights_sha256(&model).unwrap(),
         // Rank 0 hashed these weights itself, so the numerics must be ones this build makes.
-        candle_version: stageb_worker::engine::candle_engine::CANDLE_VERSION.into(),
+        candle_version: stageb_worker::engine::CANDLE_VERSION.into(),
         dtype: "cpu-q8-fixed-order".into(),
         device: "cpu".into(),
         architecture: "scripted".into(),

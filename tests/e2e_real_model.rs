@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stageb::roles::{self, CoordinatorSettings};
-use stageb_worker::engine::{CandleEngine, EngineOptions};
+use stageb_worker::engine::{EngineOptions, ModelEngine};
 use support::{
     Proc, assert_audit_ok, coordinator_command, coordinator_settings, read_json, real_model,
     wait_for_exit,
@@ -118,7 +118,7 @@ fn run_embedded(config: &Path, workers: usize) -> stageb_coordinator::run::RunSu
 fn run_embedded_with<E: stageb_worker::engine::Engine + 'static>(
     config: &Path,
     workers: usize,
-    wrap: fn(CandleEngine) -> E,
+    wrap: fn(ModelEngine) -> E,
 ) -> stageb_coordinator::run::RunSummary {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -139,7 +139,7 @@ fn run_embedded_with<E: stageb_worker::engine::Engine + 'static>(
                     threads: Some(1),
                     ..EngineOptions::default()
                 };
-                CandleEngine::load(&model, &options)
+                ModelEngine::load(&model, &options)
                     .map(wrap)
                     .map_err(|e| e.to_string())
             })
@@ -980,7 +980,7 @@ fn a_rollout_prompt_longer_than_the_context_is_a_coded_failure_per_ticket() {
 /// answers are scripted, so that an edit reaches the gate at all (the 135M model never writes a
 /// valid rule): the decision pass keeps every case, the ops pass adds one rule citing them all.
 struct RealRolloutsScriptedOps {
-    real: CandleEngine,
+    real: ModelEngine,
 }
 
 impl stageb_worker::engine::Engine for RealRolloutsScriptedOps {

@@ -135,7 +135,7 @@ fn a_qwen3_vl_checkpoint_runs_the_small_demo_end_to_end_in_f32_and_bf16() {
 
 /// Placeholder markers typed into a prompt are text (text from inputs is
 /// never parsed as special tokens), so the text tower runs it; only a template that writes a
-/// placeholder token itself is refused (`CandleEngine::prompt_ids`).
+/// placeholder token itself is refused (`ModelEngine::prompt_ids`).
 #[test]
 fn image_placeholder_markers_typed_into_a_prompt_are_text_and_run() {
     let tmp = tempfile::tempdir().unwrap();

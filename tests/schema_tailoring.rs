@@ -10,7 +10,7 @@ use stageb_coordinator::guidance::{GuidanceRepo, RepoOptions};
 use stageb_coordinator::learn::reflection::{tailor_decision_schema, tailor_ops_schema};
 use stageb_shared::domain::TicketKey;
 use stageb_worker::constraint::ConstraintSpec;
-use stageb_worker::engine::{CandleEngine, EngineOptions};
+use stageb_worker::engine::{EngineOptions, ModelEngine};
 use support::real_model;
 
 fn repo(dir: &std::path::Path, experiences: serde_json::Value) -> GuidanceRepo {
@@ -25,7 +25,7 @@ fn repo(dir: &std::path::Path, experiences: serde_json::Value) -> GuidanceRepo {
 
 #[test]
 fn tailored_reflection_schemas_compile_for_the_real_vocabulary() {
-    let engine = CandleEngine::load(&real_model(), &EngineOptions::default()).unwrap();
+    let engine = ModelEngine::load(&real_model(), &EngineOptions::default()).unwrap();
     let factory = engine.constraint_factory().unwrap();
     let batch: BTreeSet<TicketKey> = ["QC-1::fail", "QC-2::pass"]
         .iter()

@@ -14,7 +14,7 @@ use stageb_coordinator::cluster::server::{self, EdgeConfig, ModelPin, ServiceCon
 use stageb_shared::auth::AuthToken;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::pb;
-use stageb_worker::engine::candle_engine::CANDLE_VERSION;
+use stageb_worker::engine::CANDLE_VERSION;
 use stageb_worker::engine::{ModelFingerprint, numerics_known};
 use support::{Behaviour, Script, ScriptedEngine, open_service, serve_loopback};
 use tonic::Code;

@@ -154,7 +154,7 @@ fn parse_worker_numerics(value: &str) -> Result<String, String> {
     let (dtype, device) = value
         .split_once('/')
         .ok_or_else(|| format!("`{value}` is not DTYPE/DEVICE (e.g. cpu-q8-fixed-order/cpu)"))?;
-    let version = stageb_worker::engine::candle_engine::CANDLE_VERSION;
+    let version = stageb_worker::engine::CANDLE_VERSION;
     let numerics = format!("candle-{version}|{dtype}|{device}");
     if stageb_worker::engine::numerics_known(&numerics) {
         Ok(numerics)
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn worker_numerics_are_dtype_slash_device_of_this_build() {
-        let version = stageb_worker::engine::candle_engine::CANDLE_VERSION;
+        let version = stageb_worker::engine::CANDLE_VERSION;
         assert_eq!(
             parse_worker_numerics("cpu-q8-fixed-order/cpu").unwrap(),
             format!("candle-{version}|cpu-q8-fixed-order|cpu")

@@ -11,7 +11,7 @@ use stageb_shared::config::{DeviceKind, Origin, Tuned};
 use stageb_shared::tls::ClientTls;
 use stageb_shared::wire::MAX_JOBS_PER_LEASE;
 use stageb_worker::client::JobLimits;
-use stageb_worker::engine::{CandleEngine, DeviceSpec, EngineOptions, KernelChoice, Numerics};
+use stageb_worker::engine::{DeviceSpec, EngineOptions, KernelChoice, ModelEngine, Numerics};
 
 use super::ServerTlsArgs;
 
@@ -108,7 +108,7 @@ impl ModelArgs {
 
     /// Load the model at `model` with these flags ([`roles::load_model`]: a missing or
     /// unreadable file is bad input).
-    pub(crate) fn load(&self, model: &Path) -> Result<CandleEngine> {
+    pub(crate) fn load(&self, model: &Path) -> Result<ModelEngine> {
         let options = self.engine_options()?;
         Ok(roles::load_model(model, &options)?)
     }

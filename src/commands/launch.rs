@@ -10,7 +10,7 @@ use stageb::roles::{self, CoordinatorSettings, LaunchTopology, LocalStart};
 use stageb_shared::auth::AuthToken;
 use stageb_shared::tls::ClientTls;
 use stageb_worker::client::{JobLimits, WorkerOptions};
-use stageb_worker::engine::CandleEngine;
+use stageb_worker::engine::ModelEngine;
 
 use super::coordinator::serve;
 use super::shutdown_signal;
@@ -61,7 +61,7 @@ async fn serve_rank0(
         let addr: SocketAddr = ([127, 0, 0, 1], start.addr.port()).into();
         let start = LocalStart { addr, ..start };
         roles::spawn_local_workers(1, start, client_tls, limits, move |_| {
-            CandleEngine::load(&model_path, &options).map_err(|e| e.to_string())
+            ModelEngine::load(&model_path, &options).map_err(|e| e.to_string())
         })
     };
     serve(inputs, settings, spawn_local, interrupt, args.rank0.report).await

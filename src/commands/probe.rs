@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use stageb::{exit, roles};
-use stageb_worker::engine::{CandleEngine, Engine};
+use stageb_worker::engine::{Engine, ModelEngine};
 use stageb_worker::probe::{self, RolloutSpec};
 
 use crate::cli::{
@@ -110,7 +110,7 @@ fn rollout(args: ProbeRolloutArgs) -> Result<u8> {
 
 /// Loads the model as a worker would (no prefix store: every prompt is prefilled) and the
 /// output's header.
-fn load(model: &Path, args: &ModelArgs, probe: &str) -> Result<(CandleEngine, Value)> {
+fn load(model: &Path, args: &ModelArgs, probe: &str) -> Result<(ModelEngine, Value)> {
     let mut options = args.engine_options()?;
     options.prefix_cache_bytes = 0;
     let t = Instant::now();

@@ -7,7 +7,7 @@ use anyhow::Result;
 use stageb::roles::{self, ClusterError, CoordinatorSettings};
 use stageb_coordinator::run::start;
 use stageb_shared::auth::AuthToken;
-use stageb_worker::engine::{CandleEngine, Engine, EngineOptions};
+use stageb_worker::engine::{Engine, EngineOptions, ModelEngine};
 
 use super::coordinator::serve;
 use super::shutdown_signal;
@@ -55,10 +55,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
 /// The engine of local worker `i`: worker 0 takes the one loaded to check the model, the
 /// others load their own with their options (`options[i]`: their device).
 fn engines(
-    first: CandleEngine,
+    first: ModelEngine,
     model: PathBuf,
     options: Vec<EngineOptions>,
-) -> impl Fn(usize) -> Result<CandleEngine, String> + Send + Sync + 'static {
+) -> impl Fn(usize) -> Result<ModelEngine, String> + Send + Sync + 'static {
     let first = Mutex::new(Some(first));
     move |i| {
         if let Some(engine) = first
@@ -70,6 +70,6 @@ fn engines(
             return Ok(engine);
         }
         let options = options.get(i).ok_or("no options for this worker")?;
-        CandleEngine::load(&model, options).map_err(|e| e.to_string())
+        ModelEngine::load(&model, options).map_err(|e| e.to_string())
     }
 }

@@ -10,13 +10,13 @@ use stageb_coordinator::run::start;
 use stageb_shared::config;
 use stageb_shared::error::{ErrorCode, InputError};
 use stageb_shared::limits;
-use stageb_worker::engine::{CandleEngine, EngineOptions};
+use stageb_worker::engine::{EngineOptions, ModelEngine};
 
 use super::{ClusterError, CoordinatorSettings};
 
 /// Load a model, reporting a missing or unloadable file as bad input (exit code 2) with a
 /// stable code: at startup the model file is the user's input like any other.
-pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine, InputError> {
+pub fn load_model(model: &Path, options: &EngineOptions) -> Result<ModelEngine, InputError> {
     if !model.exists() {
         return Err(InputError::new(
             ErrorCode::FileNotFound,
@@ -25,7 +25,7 @@ pub fn load_model(model: &Path, options: &EngineOptions) -> Result<CandleEngine,
             "model not found (scripts/fetch-model.sh fetches the demo model)",
         ));
     }
-    CandleEngine::load(model, options).map_err(|e| {
+    ModelEngine::load(model, options).map_err(|e| {
         InputError::new(
             ErrorCode::UnsupportedModel,
             model.display().to_string(),

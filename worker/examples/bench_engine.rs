@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
-    CandleEngine, DecodeRequest, Engine, EngineOptions, KernelChoice, Numerics, RolloutRequest,
+    DecodeRequest, Engine, EngineOptions, KernelChoice, ModelEngine, Numerics, RolloutRequest,
 };
 
 struct Args {
@@ -79,7 +79,7 @@ fn parse_args() -> Args {
 
 /// System rules plus ticket summaries (mixed Chinese/English) until the rendered prompt has
 /// at least `target` tokens.
-fn build_messages(engine: &CandleEngine, target: usize) -> (Vec<ChatMessage>, usize) {
+fn build_messages(engine: &ModelEngine, target: usize) -> (Vec<ChatMessage>, usize) {
     let system = "G0: 挡风板必须安装到位, 4个卡扣全部卡紧. G1: 螺丝齐全, 缝隙小于 3mm. \
                   S1: Answer in two lines: `Verdict: 通过` or `Verdict: 不通过`, then `Reason: ` and one line.";
     let mut user = String::new();
@@ -114,11 +114,11 @@ fn main() {
     let model = args
         .model
         .clone()
-        .or_else(|| stageb_worker::engine::candle_engine::default_model_path(&root))
+        .or_else(|| stageb_worker::engine::default_model_path(&root))
         .expect("no model: pass --model or run scripts/fetch-model.sh");
     stageb_worker::engine::cpu::isa::choose(args.kernels);
     let t = Instant::now();
-    let mut engine = CandleEngine::load(
+    let mut engine = ModelEngine::load(
         &model,
         &EngineOptions {
             threads: Some(args.threads),

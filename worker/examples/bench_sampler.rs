@@ -35,7 +35,7 @@ use stageb_shared::domain::ChatMessage;
 use stageb_shared::seed::uniform_at;
 use stageb_worker::constraint::AllowedTokens;
 use stageb_worker::engine::sampler::{self, SamplingParams, Scratch, SeenTokens, prefilter, radix};
-use stageb_worker::engine::{CandleEngine, EngineOptions};
+use stageb_worker::engine::{EngineOptions, ModelEngine};
 
 const QWEN: usize = 151_936;
 const SMOL: usize = 49_152;
@@ -63,7 +63,7 @@ fn main() {
     ];
     let model = arg("--model").map(PathBuf::from).or_else(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        stageb_worker::engine::candle_engine::default_model_path(&root)
+        stageb_worker::engine::default_model_path(&root)
     });
     scenarios.push((
         "smollm2",
@@ -114,7 +114,7 @@ fn rows(vocab: usize, f: impl Fn(u64, u64) -> f64) -> Vec<Vec<f32>> {
 
 /// The demo model's logits after a rollout prompt and partial answers.
 fn model_rows(model: &Path) -> Vec<Vec<f32>> {
-    let mut engine = CandleEngine::load(model, &EngineOptions::default()).expect("load");
+    let mut engine = ModelEngine::load(model, &EngineOptions::default()).expect("load");
     let prompt = engine
         .render_prompt(&[
             ChatMessage::system("你是通信机房质检助手。根据图片摘要判断这一组是否通过质检任务。输出两行：Verdict: 通过 或 Verdict: 不通过；Reason: 一句话。"),

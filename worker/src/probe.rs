@@ -1,6 +1,6 @@
 //! Diagnostics behind the hidden `stageb probe` command: the measurements a GPU check compares
 //! with another engine (transformers, `scripts/gpu/gpu_check/`), run through the real
-//! [`CandleEngine`] on token ids, so both sides see exactly the same input.
+//! [`ModelEngine`] on token ids, so both sides see exactly the same input.
 //!
 //! - [`ticket_prompts`]: prompts of exact token lengths, cut from built-in ticket-like text
 //!   (mixed Chinese and English, different for every ticket), tokenized with the model's own
@@ -26,7 +26,7 @@ use tokenizers::Tokenizer;
 
 use crate::engine::gguf::model_err;
 use crate::engine::step_split::StepSplit;
-use crate::engine::{CandleEngine, DecodeRequest, EngineError, tokenizer};
+use crate::engine::{DecodeRequest, EngineError, ModelEngine, tokenizer};
 
 /// The tokenizer of a model (a GGUF file or a safetensors directory), without its weights.
 pub fn load_tokenizer(model: &Path) -> Result<Tokenizer, EngineError> {
@@ -110,7 +110,7 @@ pub struct LogitsProbe {
 
 /// Next-token logits after `ids` and `steps` greedy tokens (0: none).
 pub fn logits(
-    engine: &mut CandleEngine,
+    engine: &mut ModelEngine,
     ids: &[u32],
     steps: u32,
 ) -> Result<LogitsProbe, EngineError> {
@@ -269,7 +269,7 @@ pub struct RolloutProbe {
 /// Runs the rollout workload over `prompts` ([`RolloutSpec`]): one untimed warm-up ticket,
 /// then `reps` timed passes over every prompt, one ticket at a time.
 pub fn rollout(
-    engine: &mut CandleEngine,
+    engine: &mut ModelEngine,
     prompts: &[Vec<u32>],
     spec: &RolloutSpec,
 ) -> Result<RolloutProbe, EngineError> {
@@ -354,7 +354,7 @@ type Ran = ((TicketTiming, u64, u64), String);
 /// One pass, ticket after ticket; stops early when `out_of_time` (then `true`). No batch
 /// steps are counted (0).
 fn run_sequential(
-    engine: &mut CandleEngine,
+    engine: &mut ModelEngine,
     prompts: &[Vec<u32>],
     decode: &dyn Fn(u64, u32) -> DecodeRequest,
     new_tokens: u32,
@@ -380,7 +380,7 @@ fn run_sequential(
 /// ends. Per-ticket prefill and decode times overlap (only the wall time is the pass's); also
 /// returns the batch's steps.
 fn run_batched(
-    engine: &mut CandleEngine,
+    engine: &mut ModelEngine,
     prompts: &[Vec<u32>],
     decode: &dyn Fn(u64, u32) -> DecodeRequest,
     (new_tokens, jobs): (u32, usize),

@@ -30,7 +30,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor, ggml_file};
 use candle_core::{Device, Tensor};
-use stageb_worker::engine::{CandleEngine, EngineOptions, Numerics, WeightFormat};
+use stageb_worker::engine::{EngineOptions, ModelEngine, Numerics, WeightFormat};
 
 /// Blocks kept from SmolLM2: enough to exercise the residual stream across layers, small enough
 /// to keep the reference and the written files cheap.
@@ -633,8 +633,8 @@ fn check_qwen3_variants(qwen3: &Path, tmp: &Path, tokens: &[u32], want: &[f32]) 
             device: stageb_worker::engine::DeviceSpec::Cpu,
             ..EngineOptions::default()
         };
-        let mut engine = CandleEngine::load(dir, &options)
-            .unwrap_or_else(|e| panic!("{what}: load failed: {e}"));
+        let mut engine =
+            ModelEngine::load(dir, &options).unwrap_or_else(|e| panic!("{what}: load failed: {e}"));
         assert_eq!(engine.backend().config().architecture, "qwen3", "{what}");
         let got = engine.prompt_logits(tokens).unwrap();
         check_close(what, &got, want, 1e-5);
@@ -692,7 +692,7 @@ fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
     let tmp = tempfile::tempdir().unwrap();
 
     // The real engine provides the prompt's token ids, the chat template and tokenizer.json.
-    let original = CandleEngine::load(&path, &EngineOptions::default()).expect("load SmolLM2");
+    let original = ModelEngine::load(&path, &EngineOptions::default()).expect("load SmolLM2");
     let tokens = original.encode(PROMPT).unwrap();
     assert!(tokens.len() > 20, "the prompt spans many RoPE positions");
     let tokenizer_json = tmp.path().join("tokenizer.json");
@@ -777,7 +777,7 @@ fn qwen_and_safetensors_loaders_match_the_reference_forward_on_real_weights() {
                 numerics,
                 ..EngineOptions::default()
             };
-            let mut engine = CandleEngine::load(p, &options)
+            let mut engine = ModelEngine::load(p, &options)
                 .unwrap_or_else(|e| panic!("{what}: load failed: {e}"));
             assert_eq!(
                 engine.backend().config().architecture,
@@ -819,7 +819,7 @@ fn unsupported_gguf_architectures_are_refused_by_name() {
     let load_err = |name: &str, extra: &[(String, Value)]| {
         let p = tmp.path().join(format!("{name}.gguf"));
         write_gguf_as(&src, Arch::Llama, name, extra, &model, &p);
-        let err = CandleEngine::load(&p, &EngineOptions::default()).unwrap_err();
+        let err = ModelEngine::load(&p, &EngineOptions::default()).unwrap_err();
         assert_eq!(err.code(), "ENGINE_ERROR");
         assert!(err.to_string().contains(&p.display().to_string()), "{err}");
         err.to_string()

@@ -13,11 +13,11 @@ use common::model_path;
 
 use proptest::prelude::*;
 use stageb_shared::domain::ChatMessage;
-use stageb_worker::engine::candle_engine::Backend;
+use stageb_worker::engine::BackendKind;
 use stageb_worker::engine::step_split::StepSplit;
 use stageb_worker::engine::{
-    BatchShare, CancelFlag, CandleEngine, DecodeRequest, Engine, EngineError, EngineOptions,
-    EngineSwitches, GenerateRequest, Job, JobOutput, Numerics, RolloutRequest, WeightFormat,
+    BatchShare, CancelFlag, DecodeRequest, Engine, EngineError, EngineOptions, EngineSwitches,
+    GenerateRequest, Job, JobOutput, ModelEngine, Numerics, RolloutRequest, WeightFormat,
 };
 
 const SYSTEM: &str =
@@ -107,7 +107,7 @@ fn batch_of(out: &JobOutput) -> BatchShare {
     }
 }
 
-fn alone(engine: &mut CandleEngine, job: &Job) -> JobOutput {
+fn alone(engine: &mut ModelEngine, job: &Job) -> JobOutput {
     result_of(match job {
         Job::Rollout(r) => JobOutput::Rollout(engine.rollout(r).expect("rollout")),
         Job::Generate(g) => JobOutput::Generate(engine.generate(g).expect("generate")),
@@ -117,7 +117,7 @@ fn alone(engine: &mut CandleEngine, job: &Job) -> JobOutput {
 /// Runs `jobs` in one batch: job `i` joins after `joins[i]` steps. Outputs in job order.
 /// Checks that at some step every job was in the batch at once when all join at step 0, and
 /// that steps were shared when two or more do.
-fn batched(engine: &mut CandleEngine, jobs: &[Job], joins: &[usize]) -> Vec<JobOutput> {
+fn batched(engine: &mut ModelEngine, jobs: &[Job], joins: &[usize]) -> Vec<JobOutput> {
     let mut out: Vec<Option<JobOutput>> = vec![None; jobs.len()];
     let (mut step, mut most, mut shared_steps) = (0, 0, false);
     while out.iter().any(Option::is_none) {
@@ -154,8 +154,8 @@ fn batched(engine: &mut CandleEngine, jobs: &[Job], joins: &[usize]) -> Vec<JobO
     out.into_iter().map(Option::unwrap).collect()
 }
 
-fn engine() -> CandleEngine {
-    let e = CandleEngine::load(&model_path(), &EngineOptions::default()).expect("load model");
+fn engine() -> ModelEngine {
+    let e = ModelEngine::load(&model_path(), &EngineOptions::default()).expect("load model");
     assert!(e.batches(), "the CPU fast path batches jobs");
     e
 }
@@ -285,15 +285,15 @@ fn a_job_that_does_not_fit_the_kv_budget_waits_for_the_others_to_end() {
 
 /// The candle backend (the path CUDA runs) on the same model, dequantized to f32 or kept in
 /// its GGUF blocks: jobs there share a step through one lockstep cache each.
-fn candle_engine(format: WeightFormat) -> CandleEngine {
+fn candle_engine(format: WeightFormat) -> ModelEngine {
     let opts = EngineOptions {
         weight_format: format,
         numerics: Numerics::F32,
         ..EngineOptions::default()
     };
-    let e = CandleEngine::load(&model_path(), &opts).expect("load model");
+    let e = ModelEngine::load(&model_path(), &opts).expect("load model");
     assert!(
-        matches!(e.backend(), Backend::Candle(_)),
+        e.backend().kind() == BackendKind::Candle,
         "an explicit weight format loads the candle backend"
     );
     assert!(e.batches(), "the candle backend batches jobs");
@@ -343,6 +343,46 @@ fn a_cancelled_job_leaves_and_the_others_finish_unchanged() {
             Err(e) => panic!("job {i}: {e}"),
         }
     }
+}
+
+/// The liveness hook: a job's progress grows with the steps it takes, its tokens and ended
+/// rows are its output's when it leaves, and a job not in the batch has none.
+#[test]
+fn a_job_in_the_batch_reports_its_tokens_and_ended_rows_as_it_goes() {
+    let mut eng = engine();
+    let job = rollout("progress: one clip missing", false, vec![3, 4]);
+    assert_eq!(eng.job_progress(7), None, "not admitted");
+    eng.admit(7, &job, CancelFlag::default()).expect("admit");
+    let first = eng.job_progress(7).expect("in the batch");
+    assert_eq!((first.tokens, first.rows, first.rows_finished), (0, 3, 0));
+    let mut last = first;
+    let out = loop {
+        let ended = eng.step();
+        if let Some((_, out)) = ended.into_iter().next() {
+            break out.expect("job");
+        }
+        let now = eng.job_progress(7).expect("still in the batch");
+        assert!(now.tokens >= last.tokens && now.prompt_done >= last.prompt_done);
+        assert!(now.rows_finished >= last.rows_finished && now.rows_finished <= now.rows);
+        last = now;
+    };
+    let JobOutput::Rollout(r) = out else {
+        panic!("a rollout");
+    };
+    let tokens: u64 = r
+        .candidates
+        .iter()
+        .map(|c| u64::from(c.completion_tokens))
+        .sum();
+    assert!(
+        last.tokens > 0 && last.tokens <= tokens,
+        "{last:?} of {tokens}"
+    );
+    assert_eq!(
+        last.prompt_done, r.prompt_tokens,
+        "its prompt was in its KV"
+    );
+    assert_eq!(eng.job_progress(7), None, "the job left");
 }
 
 #[test]
@@ -416,7 +456,7 @@ fn any_arrival_schedule_gives_each_job_its_output_alone() {
 /// The device operations per decode step of `eng` (the candle backend) with `jobs` rollouts of
 /// 8 candidates in its batch, over `steps` steps once every job decodes (stop tokens ignored,
 /// so no row ends meanwhile); the batch is drained afterwards. Also the steps' split.
-fn ops_per_step_at(eng: &mut CandleEngine, jobs: usize, steps: usize) -> (f64, StepSplit) {
+fn ops_per_step_at(eng: &mut ModelEngine, jobs: usize, steps: usize) -> (f64, StepSplit) {
     eng.set_ignore_eos(true);
     let decode = DecodeRequest {
         decode_index: 0,
@@ -531,8 +571,8 @@ fn logits_read_once_a_step_or_per_job_give_the_same_outputs_in_f32_and_bf16() {
             switches: Some(EngineSwitches::parse(switches).unwrap()),
             ..EngineOptions::default()
         };
-        let e = CandleEngine::load(&model_path(), &opts).expect("load model");
-        assert!(matches!(e.backend(), Backend::Candle(_)));
+        let e = ModelEngine::load(&model_path(), &opts).expect("load model");
+        assert!(e.backend().kind() == BackendKind::Candle);
         assert_eq!(
             e.switches().to_string().contains("per-job"),
             switches.contains("per-job")

@@ -10,7 +10,7 @@ use common::model_path;
 use std::time::Instant;
 
 use stageb_shared::domain::ChatMessage;
-use stageb_worker::engine::{CandleEngine, DecodeRequest, Engine, EngineOptions, RolloutRequest};
+use stageb_worker::engine::{DecodeRequest, Engine, EngineOptions, ModelEngine, RolloutRequest};
 
 #[test]
 #[ignore]
@@ -20,7 +20,7 @@ fn bench_ticket_601_tokens_8x48() {
         .ok()
         .and_then(|s| s.parse().ok());
     let t = Instant::now();
-    let mut engine = CandleEngine::load(
+    let mut engine = ModelEngine::load(
         &path,
         &EngineOptions {
             threads,

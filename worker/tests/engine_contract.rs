@@ -13,7 +13,7 @@ use stageb_shared::contract;
 use stageb_shared::domain::ChatMessage;
 use stageb_shared::reflection_schema;
 use stageb_worker::engine::{
-    CandleEngine, DecodeRequest, Engine, EngineOptions, GenerateRequest, RolloutRequest,
+    DecodeRequest, Engine, EngineOptions, GenerateRequest, ModelEngine, RolloutRequest,
 };
 
 const SUMMARIES: [&str; 25] = [
@@ -67,7 +67,7 @@ fn rollout_request(summary: &str, i: usize, constrained: bool) -> RolloutRequest
 #[test]
 fn constrained_rollouts_always_parse() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let (mut total, mut ok_constrained, mut ok_free, mut total_free) = (0, 0, 0, 0);
     for (i, s) in SUMMARIES.iter().enumerate() {
         let out = engine.rollout(&rollout_request(s, i, true)).unwrap();
@@ -157,7 +157,7 @@ fn tailored(ops: bool, keys: &[String]) -> serde_json::Value {
 #[test]
 fn json_mode_reflection_outputs_parse() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let mut parsed = 0;
     for i in 0..20 {
         let ops = i % 2 == 1;

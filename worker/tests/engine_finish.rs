@@ -8,7 +8,7 @@ use common::model_path;
 
 use stageb_shared::contract;
 use stageb_shared::domain::ChatMessage;
-use stageb_worker::engine::{CandleEngine, DecodeRequest, Engine, EngineOptions, RolloutRequest};
+use stageb_worker::engine::{DecodeRequest, Engine, EngineOptions, ModelEngine, RolloutRequest};
 
 fn request(summary: &str, max_new: u32, seed0: u64) -> RolloutRequest {
     RolloutRequest {
@@ -33,7 +33,7 @@ fn request(summary: &str, max_new: u32, seed0: u64) -> RolloutRequest {
 #[test]
 fn small_budgets_never_cut_a_character_and_always_parse() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let summaries = [
         "挡风板已安装, 4个卡扣到位.",
         "未见挡风板, 判定通过吗?",
@@ -72,7 +72,7 @@ fn small_budgets_never_cut_a_character_and_always_parse() {
 #[test]
 fn constrained_budget_below_minimum_is_invalid() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let err = engine.rollout(&request("x", 19, 0)).unwrap_err();
     assert_eq!(err.code(), "INVALID_REQUEST", "{err}");
 }

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 
 use crate::common::model_path;
 use stageb_shared::domain::ChatMessage;
-use stageb_worker::engine::candle_engine::Backend;
+use stageb_worker::engine::BackendKind;
 use stageb_worker::engine::{
-    CancelFlag, CandleEngine, DecodeRequest, Engine, EngineError, EngineOptions, EngineSwitches,
-    Job, JobOutput, Numerics, RolloutOutput, RolloutRequest, WeightFormat, numerics_known,
+    CancelFlag, DecodeRequest, Engine, EngineError, EngineOptions, EngineSwitches, Job, JobOutput,
+    ModelEngine, Numerics, RolloutOutput, RolloutRequest, WeightFormat, numerics_known,
 };
 
 const ON: &str = "paged=on,fused=on";
@@ -24,20 +24,20 @@ fn qwen3() -> PathBuf {
 }
 
 /// The candle backend on `path` in `numerics` with `switches`, with a small KV budget.
-fn load(path: &Path, numerics: Numerics, switches: &str) -> CandleEngine {
+fn load(path: &Path, numerics: Numerics, switches: &str) -> ModelEngine {
     let opts = EngineOptions {
         weight_format: WeightFormat::Dequantized,
         numerics,
         switches: Some(EngineSwitches::parse(switches).unwrap()),
         ..EngineOptions::default()
     };
-    let mut e = CandleEngine::load(path, &opts).expect("load model");
-    assert!(matches!(e.backend(), Backend::Candle(_)));
+    let mut e = ModelEngine::load(path, &opts).expect("load model");
+    assert!(e.backend().kind() == BackendKind::Candle);
     e.set_kv_budget(64 << 20);
     e
 }
 
-fn smollm(switches: &str) -> CandleEngine {
+fn smollm(switches: &str) -> ModelEngine {
     load(&model_path(), Numerics::F32, switches)
 }
 
@@ -73,14 +73,14 @@ fn jobs(vocab: u32) -> Vec<Ids> {
 }
 
 /// Each candidate's tokens, in order (stop tokens ignored: every row runs to its length).
-fn alone(eng: &mut CandleEngine, job: &Ids) -> Vec<Vec<u32>> {
+fn alone(eng: &mut ModelEngine, job: &Ids) -> Vec<Vec<u32>> {
     eng.rollout_ids(&job.prompt, &job.decodes, false)
         .expect("rollout")
         .1
 }
 
 /// Runs `jobs` in one batch, job `i` admitted after `joins[i]` steps; each job's texts.
-fn batched(eng: &mut CandleEngine, jobs: &[Ids], joins: &[usize]) -> Vec<Vec<String>> {
+fn batched(eng: &mut ModelEngine, jobs: &[Ids], joins: &[usize]) -> Vec<Vec<String>> {
     let mut out: Vec<Option<Vec<String>>> = vec![None; jobs.len()];
     let mut step = 0;
     while out.iter().any(Option::is_none) {
@@ -102,7 +102,7 @@ fn batched(eng: &mut CandleEngine, jobs: &[Ids], joins: &[usize]) -> Vec<Vec<Str
     out.into_iter().map(Option::unwrap).collect()
 }
 
-fn texts_alone(eng: &mut CandleEngine, jobs: &[Ids]) -> Vec<Vec<String>> {
+fn texts_alone(eng: &mut ModelEngine, jobs: &[Ids]) -> Vec<Vec<String>> {
     jobs.iter()
         .map(|j| {
             let (out, _) = eng.rollout_ids(&j.prompt, &j.decodes, false).unwrap();
@@ -111,12 +111,12 @@ fn texts_alone(eng: &mut CandleEngine, jobs: &[Ids]) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn used_blocks(eng: &CandleEngine) -> usize {
+fn used_blocks(eng: &ModelEngine) -> usize {
     eng.kv_blocks().expect("the paged path keeps a pool").used
 }
 
 /// One model's check of batch invariance on the paged path, the pool empty afterwards.
-fn same_alone_and_batched(mut eng: CandleEngine, vocab: u32, what: &str) {
+fn same_alone_and_batched(mut eng: ModelEngine, vocab: u32, what: &str) {
     eng.set_ignore_eos(true);
     eng.set_prefix_cache_bytes(0);
     let jobs = jobs(vocab);
@@ -287,7 +287,7 @@ fn cancelled_and_finished_jobs_give_every_block_back() {
 
 #[test]
 fn the_fingerprint_names_the_kernels_only_when_a_switch_is_on_and_the_cpu_default_is_off() {
-    let numerics = |e: &CandleEngine| {
+    let numerics = |e: &ModelEngine| {
         let id = e.fingerprint().id();
         id.split_once('|').unwrap().1.to_string()
     };
@@ -320,4 +320,21 @@ fn the_fingerprint_names_the_kernels_only_when_a_switch_is_on_and_the_cpu_defaul
         paged_only.fingerprint().dtype,
         "cpu-bf16;kernels=paged-attn"
     );
+}
+
+/// With `fused` on every layer holds its `q|k|v` and `gate|up` projections once, concatenated:
+/// the prefill reads them too, so the separate matrices are gone and the projections take the
+/// bytes they take unfused (held twice they took more). Off, nothing is concatenated.
+#[test]
+fn fused_weights_are_held_once_and_the_prefill_reads_them() {
+    let on = smollm(ON);
+    let off = smollm(OFF);
+    let (on, off) = (on.candle_model().unwrap(), off.candle_model().unwrap());
+    assert!(on.is_fused(), "fused on concatenates");
+    assert!(!off.is_fused(), "fused off keeps the projections apart");
+    for l in &on.layers {
+        assert_eq!(l.qkv.linears().len(), 1, "one q|k|v matrix");
+        assert_eq!(l.gate_up.linears().len(), 1, "one gate|up matrix");
+    }
+    assert_eq!(on.projection_bytes(), off.projection_bytes());
 }

@@ -5,7 +5,7 @@ use common::model_path;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
-    CandleEngine, DecodeRequest, Engine, EngineOptions, FinishReason, GenerateRequest,
+    DecodeRequest, Engine, EngineOptions, FinishReason, GenerateRequest, ModelEngine,
     RolloutRequest,
 };
 
@@ -46,7 +46,7 @@ fn request(summary: &str, max_new: u32) -> RolloutRequest {
 #[test]
 fn rollout_is_deterministic_and_independent_of_other_tickets() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let a = request(
         "挡风板: 已安装, 螺丝齐全. Photo 2 shows the panel in place.",
         20,
@@ -98,7 +98,7 @@ fn rollout_is_deterministic_and_independent_of_other_tickets() {
         "after another ticket on the same engine"
     );
     // A fresh engine (new process state) agrees too.
-    let mut fresh = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut fresh = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     assert_eq!(
         fresh.rollout(&a).unwrap().candidates,
         first.candidates,
@@ -109,7 +109,7 @@ fn rollout_is_deterministic_and_independent_of_other_tickets() {
 #[test]
 fn lockstep_rows_match_and_greedy_is_seed_independent() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let mut req = request("Ticket C: 挡风板安装正确, all four clips engaged.", 16);
     req.decodes = vec![DecodeRequest {
         decode_index: 0,
@@ -155,7 +155,7 @@ fn bad_requests_are_rejected() {
         max_context: Some(64),
         ..EngineOptions::default()
     };
-    let mut engine = CandleEngine::load(&path, &opts).expect("load model");
+    let mut engine = ModelEngine::load(&path, &opts).expect("load model");
     let long = request(&"word ".repeat(200), 8);
     let err = engine.rollout(&long).unwrap_err();
     assert_eq!(err.code(), "PROMPT_TOO_LONG", "{err}");
@@ -171,7 +171,7 @@ fn bad_requests_are_rejected() {
 #[test]
 fn forced_runs_fed_at_once_give_the_same_outputs_as_step_by_step() {
     let path = model_path();
-    let mut engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
     let mut contract = request(
         "Ticket D: 挡风板缺失, 2 clips broken. Photo 1 shows a gap.",
         40,
@@ -223,11 +223,10 @@ fn forced_runs_fed_at_once_give_the_same_outputs_as_step_by_step() {
 /// of prefill attention. The prefix cache and the blocked attention rely on it.
 #[test]
 fn a_position_gives_the_same_logits_however_the_prompt_is_split() {
-    use stageb_worker::engine::candle_engine::Backend;
     use stageb_worker::engine::cpu::model::{Slot, Workspace};
     let path = model_path();
-    let engine = CandleEngine::load(&path, &EngineOptions::default()).expect("load model");
-    let Backend::Cpu(model) = engine.backend() else {
+    let engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let Some(model) = engine.cpu_model() else {
         panic!("GGUF on CPU loads the fast path");
     };
     let tokens = engine
@@ -272,7 +271,7 @@ fn the_sampling_prefilter_draws_what_the_exhaustive_sampler_draws_on_real_logits
     use stageb_worker::constraint::AllowedTokens;
     use stageb_worker::engine::sampler::{self, SamplingParams, Scratch, SeenTokens};
 
-    let mut engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    let mut engine = ModelEngine::load(&model_path(), &EngineOptions::default()).unwrap();
     let prompt = engine
         .render_prompt(&ticket("挡风板: 已安装, 螺丝齐全."))
         .unwrap();
@@ -336,7 +335,7 @@ fn the_sampling_prefilter_draws_what_the_exhaustive_sampler_draws_on_real_logits
     );
 }
 
-/// Rows are sampled in parallel (`CandleEngine::sample_rows`); a row's token depends only on its
+/// Rows are sampled in parallel (`ModelEngine::sample_rows`); a row's token depends only on its
 /// own logits, seed and state, so one thread or several give the same candidates, on the CPU
 /// fast path and on candle's lockstep path (the one a GPU runs, here in bf16 on the CPU).
 #[test]
@@ -349,7 +348,7 @@ fn rows_sampled_on_one_thread_or_several_give_the_same_candidates() {
             threads: Some(threads),
             ..EngineOptions::default()
         };
-        let mut engine = CandleEngine::load(&path, &options).expect("load model");
+        let mut engine = ModelEngine::load(&path, &options).expect("load model");
         let out = engine.rollout(req).unwrap();
         out.candidates
             .into_iter()

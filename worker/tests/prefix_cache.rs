@@ -13,8 +13,8 @@ use common::model_path;
 
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::{
-    CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DecodeRequest, Engine, EngineOptions,
-    GenerateRequest, RolloutRequest,
+    DEFAULT_PREFIX_CACHE_BYTES, DecodeRequest, Engine, EngineOptions, GenerateRequest, ModelEngine,
+    RolloutRequest,
 };
 
 /// A system prompt of ~540 tokens: mission, rules and format, as rank 0 sends them.
@@ -70,7 +70,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn a_prefix_from_the_store_changes_no_bit_of_logits_or_candidates() {
-    let mut engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    let mut engine = ModelEngine::load(&model_path(), &EngineOptions::default()).unwrap();
     let users = [
         "1. 挡风板已安装, 4个卡扣到位.\n请给出结论。".to_string(),
         "无".to_string(),
@@ -150,7 +150,7 @@ fn generation(user: &str) -> GenerateRequest {
 /// guidance, cases) from a store of their own, bit for bit, and without evicting the rollouts'.
 #[test]
 fn generations_reuse_their_shared_head_bit_for_bit_and_leave_the_rollouts_store_alone() {
-    let mut engine = CandleEngine::load(&model_path(), &EngineOptions::default()).unwrap();
+    let mut engine = ModelEngine::load(&model_path(), &EngineOptions::default()).unwrap();
     // A decision-like call, then a revision-like one: the same head, a longer tail.
     let first = long_user();
     let second = format!("{first}以下操作被拒绝，请修正：- add G3 → not_a_rule\n");
@@ -203,7 +203,7 @@ fn the_candle_backend_reuses_whole_prefill_chunks_bit_for_bit() {
         numerics: Numerics::F32,
         ..EngineOptions::default()
     };
-    let mut engine = CandleEngine::load(&model_path(), &opts).unwrap();
+    let mut engine = ModelEngine::load(&model_path(), &opts).unwrap();
     let (a, b) = (
         rollout("无"),
         rollout("1. 挡风板已安装, 4个卡扣到位.\n请给出结论。"),

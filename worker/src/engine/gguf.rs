@@ -16,7 +16,9 @@ use candle_core::{DType, Device, Tensor};
 use super::EngineError;
 use super::cpu::model::{self as cpu_model, CpuLayer, CpuModel};
 use super::cpu::weights::PackedMatrix;
-use super::transformer::{Layer, Linear, LinearWeight, RopeStyle, Transformer, TransformerConfig};
+use super::transformer::{
+    Layer, Linear, LinearWeight, Projections, RopeStyle, Transformer, TransformerConfig,
+};
 
 /// How the linear layers' weights are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -291,9 +293,11 @@ pub fn load(
         let t = |s: &str| format!("{p}.{s}");
         layers.push(Layer {
             attn_norm: r.dense(&t("attn_norm.weight"))?,
-            wq: r.linear(&t("attn_q.weight"), Some(&t("attn_q.bias")))?,
-            wk: r.linear(&t("attn_k.weight"), Some(&t("attn_k.bias")))?,
-            wv: r.linear(&t("attn_v.weight"), Some(&t("attn_v.bias")))?,
+            qkv: Projections::Separate([
+                r.linear(&t("attn_q.weight"), Some(&t("attn_q.bias")))?,
+                r.linear(&t("attn_k.weight"), Some(&t("attn_k.bias")))?,
+                r.linear(&t("attn_v.weight"), Some(&t("attn_v.bias")))?,
+            ]),
             wo: r.linear(&t("attn_output.weight"), None)?,
             q_norm: if qk_norm {
                 Some(r.dense(&t("attn_q_norm.weight"))?)
@@ -306,8 +310,10 @@ pub fn load(
                 None
             },
             ffn_norm: r.dense(&t("ffn_norm.weight"))?,
-            w_gate: r.linear(&t("ffn_gate.weight"), None)?,
-            w_up: r.linear(&t("ffn_up.weight"), None)?,
+            gate_up: Projections::Separate([
+                r.linear(&t("ffn_gate.weight"), None)?,
+                r.linear(&t("ffn_up.weight"), None)?,
+            ]),
             w_down: r.linear(&t("ffn_down.weight"), None)?,
         });
     }

@@ -6,9 +6,13 @@
 //! request, so results never depend on which worker ran the job or what else it was doing.
 //!
 //! # Modules
-//! - [`candle_engine`]: [`CandleEngine`], the [`Engine`] on a loaded model: loading
-//!   (`load.rs`), the fixed prefill schedule with prefix reuse (`prefill.rs`), the decode loop,
-//!   and a row's sampling, finishing mask and forced tokens (`rows.rs`).
+//! - [`model_engine`]: [`ModelEngine`], the [`Engine`] on a loaded model: loading
+//!   (`load.rs`), the batch loop (admission, chunked prefill beside decode rows, cancellation,
+//!   the prefix stores' look-up; `batch.rs`), and a row's sampling, finishing mask and forced
+//!   tokens (`rows.rs`).
+//! - [`backend`]: the [`Backend`] trait the loop runs a model through, with the prefill chunk
+//!   schedule, and its two implementations: the CPU fast path (`backend/cpu.rs`) and the
+//!   candle transformer, lockstep or paged (`backend/candle.rs`).
 //! - [`device_info`]: the fingerprint's device part (on CUDA the GPU model, compute
 //!   capability, SM count and cuBLAS version).
 //! - [`options`]: how an engine is asked to load and run a model ([`EngineOptions`]).
@@ -34,13 +38,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use stageb_shared::domain::ChatMessage;
 
-pub mod candle_engine;
+pub mod backend;
 pub mod chat_template;
 pub mod cpu;
 pub mod device_info;
 pub mod gguf;
 pub mod kernels;
 pub mod model_config;
+pub mod model_engine;
 pub mod options;
 pub mod prefix_cache;
 pub mod prompt_text;
@@ -51,13 +56,16 @@ pub mod switches;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use candle_engine::{
-    CandleEngine, DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, declared_context,
-};
+pub use backend::candle::CANDLE_VERSION;
+pub use backend::{Backend, BackendKind};
 pub use cpu::isa::KernelChoice;
 pub use cpu::kv_pool::PoolStats;
 pub use cpu::model::CpuNumerics;
 pub use gguf::WeightFormat;
+pub use model_engine::{
+    DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions, ModelEngine, declared_context,
+    default_model_path,
+};
 pub use options::Numerics;
 pub use switches::{EngineSwitches, Readback};
 
@@ -210,7 +218,7 @@ pub fn weights_sha256(path: &std::path::Path) -> Result<String, EngineError> {
     } else {
         vec![path.to_path_buf()]
     };
-    candle_engine::sha256_files(&files)
+    model_engine::sha256_files(&files)
 }
 
 impl ModelFingerprint {
@@ -254,7 +262,7 @@ pub fn numerics_known(numerics: &str) -> bool {
         "f32-dequantized" | "gguf-quantized" => matches!(kind, "cpu" | "cuda"),
         _ => false,
     };
-    candle.strip_prefix("candle-") == Some(candle_engine::CANDLE_VERSION)
+    candle.strip_prefix("candle-") == Some(CANDLE_VERSION)
         && device_info::device_part_known(device)
         && dtype_fits
 }
@@ -384,6 +392,24 @@ pub trait Engine: Send {
     fn kv_blocks(&self) -> Option<PoolStats> {
         None
     }
+    /// How far the job admitted under `key` has got in the running batch (a liveness sign
+    /// finer than its steps: a job whose tokens grow is decoding); `None` when no such job is
+    /// in the batch, or the engine does not say.
+    fn job_progress(&self, _key: u64) -> Option<JobProgress> {
+        None
+    }
+}
+
+/// What a job in the running batch has done so far ([`Engine::job_progress`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobProgress {
+    /// Prompt positions in its KV (prefilled or reused); its prompt's length once it decodes.
+    pub prompt_done: u32,
+    /// Tokens its rows decoded, all rows together.
+    pub tokens: u64,
+    /// Its rows, and those that ended.
+    pub rows: u32,
+    pub rows_finished: u32,
 }
 
 /// The KV-cache budget of a CPU worker given none (`--kv-cache-mib`).
@@ -399,7 +425,7 @@ mod tests {
 
     #[test]
     fn only_numerics_this_build_produces_are_known() {
-        let v = candle_engine::CANDLE_VERSION;
+        let v = CANDLE_VERSION;
         for ok in [
             format!("candle-{v}|cpu-q8-fixed-order|cpu"),
             format!("candle-{v}|cuda-bf16|cuda"),

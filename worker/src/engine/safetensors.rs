@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::EngineError;
 use super::gguf::model_err;
-use super::transformer::{Layer, Linear, RopeStyle, Transformer, TransformerConfig};
+use super::transformer::{Layer, Linear, Projections, RopeStyle, Transformer, TransformerConfig};
 
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3_vl"];
 
@@ -427,15 +427,19 @@ fn load_layer(w: &Weights, config: &TransformerConfig, p: &str) -> Result<Layer,
     };
     Ok(Layer {
         attn_norm: w.norm(&format!("{p}.input_layernorm.weight"), hidden)?,
-        wq: w.linear(&format!("{p}.self_attn.q_proj"), q_out, hidden)?,
-        wk: w.linear(&format!("{p}.self_attn.k_proj"), kv_out, hidden)?,
-        wv: w.linear(&format!("{p}.self_attn.v_proj"), kv_out, hidden)?,
+        qkv: Projections::Separate([
+            w.linear(&format!("{p}.self_attn.q_proj"), q_out, hidden)?,
+            w.linear(&format!("{p}.self_attn.k_proj"), kv_out, hidden)?,
+            w.linear(&format!("{p}.self_attn.v_proj"), kv_out, hidden)?,
+        ]),
         wo: w.linear(&format!("{p}.self_attn.o_proj"), hidden, q_out)?,
         q_norm: head_norm("q_norm")?,
         k_norm: head_norm("k_norm")?,
         ffn_norm: w.norm(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
-        w_gate: w.linear(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
-        w_up: w.linear(&format!("{p}.mlp.up_proj"), inter, hidden)?,
+        gate_up: Projections::Separate([
+            w.linear(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
+            w.linear(&format!("{p}.mlp.up_proj"), inter, hidden)?,
+        ]),
         w_down: w.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?,
     })
 }

@@ -29,12 +29,14 @@ mod attention;
 mod decode;
 pub mod ops;
 mod paged;
+mod projections;
 
 use candle_core::quantized::QMatMul;
 
 use candle_core::{DType, Device, Module, Tensor};
 pub use decode::{DecodePart, DecodeTile};
 pub use paged::PagedStep;
+pub use projections::Projections;
 
 pub use super::model_config::{RopeStyle, TransformerConfig};
 
@@ -79,25 +81,16 @@ impl Linear {
 #[derive(Debug, Clone)]
 pub struct Layer {
     pub attn_norm: Tensor,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+    /// `q`, `k`, `v`.
+    pub qkv: Projections<3>,
     pub wo: Linear,
     /// qwen3: RMS norm over each head's query/key vector before RoPE.
     pub q_norm: Option<Tensor>,
     pub k_norm: Option<Tensor>,
     pub ffn_norm: Tensor,
-    pub w_gate: Linear,
-    pub w_up: Linear,
+    /// `gate`, `up`.
+    pub gate_up: Projections<2>,
     pub w_down: Linear,
-}
-
-/// One layer's projections concatenated for the fused decode step: `q|k|v` and `gate|up`
-/// (one GEMM each; [`crate::engine::kernels::weights`]).
-#[derive(Debug, Clone)]
-pub struct FusedWeights {
-    pub wqkv: Linear,
-    pub w_gate_up: Linear,
 }
 
 /// The weights of a loaded model. Immutable after load; every forward takes `&self`.
@@ -109,10 +102,6 @@ pub struct Transformer {
     pub layers: Vec<Layer>,
     pub final_norm: Tensor,
     pub lm_head: Linear,
-    /// Per layer, the concatenated projections of the fused decode step (empty unless
-    /// [`Transformer::fuse_weights`] made them: dense weights only). The separate ones stay
-    /// for the prefill and the unfused step.
-    pub fused: Vec<FusedWeights>,
     /// RoPE tables `(max_context, rot_dim/2)`.
     cos: Tensor,
     sin: Tensor,
@@ -402,16 +391,15 @@ fn check_dtypes(
         for n in l.q_norm.iter().chain(&l.k_norm) {
             want(n, DType::F32, &format!("layer {i} q/k norm"))?;
         }
-        for (p, what) in [
-            (&l.wq, "q"),
-            (&l.wk, "k"),
-            (&l.wv, "v"),
-            (&l.wo, "o"),
-            (&l.w_gate, "gate"),
-            (&l.w_up, "up"),
-            (&l.w_down, "down"),
-        ] {
-            linear(p, &format!("layer {i} {what} projection"))?;
+        let all = [(l.qkv.linears(), "q/k/v"), (l.gate_up.linears(), "gate/up")];
+        let one = [(&l.wo, "o"), (&l.w_down, "down")];
+        let one = one
+            .iter()
+            .map(|(p, what)| (std::slice::from_ref(*p), *what));
+        for (ps, what) in all.into_iter().chain(one) {
+            for p in ps {
+                linear(p, &format!("layer {i} {what} projection"))?;
+            }
         }
     }
     Ok(())
@@ -460,7 +448,6 @@ impl Transformer {
             layers,
             final_norm,
             lm_head,
-            fused: Vec::new(),
             max_context,
             device: device.clone(),
         })
@@ -470,40 +457,48 @@ impl Transformer {
         self.max_context
     }
 
-    /// Makes every layer's concatenated `q|k|v` and `gate|up` projections when all of them
-    /// are dense (quantized ones keep their separate GEMMs); returns whether it did.
+    /// Concatenates every layer's `q|k|v` and `gate|up` projections when all of them are
+    /// dense (quantized ones keep their separate GEMMs); returns whether it did. The separate
+    /// matrices are dropped: the prefill and the decode steps all read the concatenated ones.
     pub fn fuse_weights(&mut self) -> candle_core::Result<bool> {
-        use crate::engine::kernels::weights::{concat_bias, concat_dense};
-        let dense = |l: &Linear| match &l.weight {
-            LinearWeight::Dense(w) => Some(w.clone()),
-            LinearWeight::Quantized(_) => None,
-        };
-        let mut fused = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            let (Some(q), Some(k), Some(v), Some(g), Some(u)) = (
-                dense(&l.wq),
-                dense(&l.wk),
-                dense(&l.wv),
-                dense(&l.w_gate),
-                dense(&l.w_up),
-            ) else {
-                return Ok(false);
-            };
-            let bias = concat_bias(&[l.wq.bias.as_ref(), l.wk.bias.as_ref(), l.wv.bias.as_ref()])?;
-            let gate_bias = concat_bias(&[l.w_gate.bias.as_ref(), l.w_up.bias.as_ref()])?;
-            fused.push(FusedWeights {
-                wqkv: Linear {
-                    weight: LinearWeight::Dense(concat_dense(&[&q, &k, &v])?),
-                    bias,
-                },
-                w_gate_up: Linear {
-                    weight: LinearWeight::Dense(concat_dense(&[&g, &u])?),
-                    bias: gate_bias,
-                },
-            });
+        let dense = |l: &Layer| l.qkv.all_dense() && l.gate_up.all_dense();
+        if !self.layers.iter().all(dense) {
+            return Ok(false);
         }
-        self.fused = fused;
+        for l in &mut self.layers {
+            l.qkv.fuse()?;
+            l.gate_up.fuse()?;
+        }
         Ok(true)
+    }
+
+    /// Whether the projections are concatenated ([`Self::fuse_weights`]).
+    pub fn is_fused(&self) -> bool {
+        self.layers
+            .iter()
+            .all(|l| matches!(l.qkv, Projections::Fused { .. }))
+            && !self.layers.is_empty()
+    }
+
+    /// Bytes of the layers' projection matrices and biases as held (quantized ones in their
+    /// blocks): what fusing must leave unchanged.
+    pub fn projection_bytes(&self) -> usize {
+        let tensor = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let linear = |l: &Linear| {
+            let w = match &l.weight {
+                LinearWeight::Dense(w) => tensor(w),
+                LinearWeight::Quantized(q) => match q {
+                    QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+                    QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor(t),
+                },
+            };
+            w + l.bias.as_ref().map_or(0, tensor)
+        };
+        let layer = |l: &Layer| -> usize {
+            let held = l.qkv.linears().iter().chain(l.gate_up.linears());
+            held.chain([&l.wo, &l.w_down]).map(linear).sum()
+        };
+        self.layers.iter().map(layer).sum()
     }
 
     pub fn device(&self) -> &Device {
@@ -572,14 +567,11 @@ impl Transformer {
         let mut x = ops::one(self.embedding.index_select(&flat, 0))?; // (b*t, hidden)
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
-            let q = layer.wq.forward(&h)?;
-            let k = layer.wk.forward(&h)?;
-            let v = layer.wv.forward(&h)?;
+            let [q, k, v] = layer.qkv.outputs(&h, Linear::forward)?;
             let y = self.attend(li, layer, [&q, &k, &v], t, cache, mask.as_ref())?;
             let x1 = ops::one(layer.wo.forward(&y)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
-            let gate = layer.w_gate.forward(&h)?;
-            let up = layer.w_up.forward(&h)?;
+            let [gate, up] = layer.gate_up.outputs(&h, Linear::forward)?;
             let act = ops::one(ops::one(candle_nn::ops::silu(&gate))? * up)?;
             let ff = layer.w_down.forward(&act)?;
             x = ops::one(ff + x1)?;

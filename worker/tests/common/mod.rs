@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The real test model (SmolLM2-135M-Instruct Q4_1): `STAGEB_MODEL`, else the fetch cache.
 pub fn model_path() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    match stageb_worker::engine::candle_engine::default_model_path(&root) {
+    match stageb_worker::engine::default_model_path(&root) {
         Some(p) if p.exists() => p,
         Some(p) => panic!(
             "STAGEB_MODEL={} does not exist; run scripts/fetch-model.sh",

@@ -113,9 +113,7 @@ impl Transformer {
             .transpose()?;
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
-            let q = tiled(&layer.wq, &h, tile)?;
-            let k = tiled(&layer.wk, &h, tile)?;
-            let v = tiled(&layer.wv, &h, tile)?;
+            let [q, k, v] = layer.qkv.outputs(&h, |l, h| tiled(l, h, tile))?;
             let mut ys = Vec::with_capacity(parts.len() + 1);
             let mut at = 0;
             for p in parts.iter() {
@@ -132,8 +130,7 @@ impl Transformer {
             let y = ops::cat(&ys, 0)?;
             let x1 = ops::one(tiled(&layer.wo, &y, tile)? + &x)?;
             let h = rms_norm(&x1, &layer.ffn_norm, cfg.rms_eps)?;
-            let gate = tiled(&layer.w_gate, &h, tile)?;
-            let up = tiled(&layer.w_up, &h, tile)?;
+            let [gate, up] = layer.gate_up.outputs(&h, |l, h| tiled(l, h, tile))?;
             let act = ops::one(ops::one(candle_nn::ops::silu(&gate))? * up)?;
             let ff = tiled(&layer.w_down, &act, tile)?;
             x = ops::one(ff + x1)?;

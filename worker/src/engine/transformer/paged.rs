@@ -12,7 +12,7 @@
 use candle_core::{Device, Tensor};
 
 use super::decode::tiled;
-use super::{DecodeTile, Layer, RopeStyle, Transformer, ops, rms_norm};
+use super::{DecodeTile, RopeStyle, Transformer, ops, rms_norm};
 use crate::engine::kernels::{
     BlockTable, KernelId, KernelUse, PAD_SLOT, PagedKvPool, QkvSpec, Rope, RopePairs,
     row_table_tensor,
@@ -114,7 +114,8 @@ impl Transformer {
                     k.add_rms_norm(&ff, &x, &layer.attn_norm, eps)?
                 }
             };
-            let qkv = self.qkv(li, layer, &h, tile)?;
+            // One GEMM on the concatenated weights, or the three projections joined.
+            let qkv = layer.qkv.joined(&h, |l, h| tiled(l, h, tile))?;
             let spec = QkvSpec {
                 n_head: cfg.n_head,
                 n_kv: cfg.n_kv_head,
@@ -132,7 +133,9 @@ impl Transformer {
             let y = ops::reshape(&y, (rows, width))?;
             ops::add(k.launches(KernelId::AddRmsNorm, rows));
             let (x1, h) = k.add_rms_norm(&tiled(&layer.wo, &y, tile)?, &x, &layer.ffn_norm, eps)?;
-            let act = self.gate_up_act(li, layer, &h, (tile, rows), k)?;
+            let gate_up = layer.gate_up.joined(&h, |l, h| tiled(l, h, tile))?;
+            ops::add(k.launches(KernelId::SiluMul, rows));
+            let act = k.silu_mul(&gate_up)?;
             ff = Some(tiled(&layer.w_down, &act, tile)?);
             x = x1;
         }
@@ -144,47 +147,5 @@ impl Transformer {
             None => rms_norm(&x, &self.final_norm, cfg.rms_eps)?,
         };
         tiled(&self.lm_head, &last, tile)
-    }
-
-    /// Layer `li`'s `q|k|v` rows from `h`: one GEMM on the concatenated weights, or the three
-    /// projections joined (quantized weights).
-    fn qkv(
-        &self,
-        li: usize,
-        layer: &Layer,
-        h: &Tensor,
-        tile: usize,
-    ) -> candle_core::Result<Tensor> {
-        match self.fused.get(li) {
-            Some(f) => tiled(&f.wqkv, h, tile),
-            None => {
-                let q = tiled(&layer.wq, h, tile)?;
-                let k = tiled(&layer.wk, h, tile)?;
-                let v = tiled(&layer.wv, h, tile)?;
-                ops::cat(&[q, k, v], 1)
-            }
-        }
-    }
-
-    /// `silu(gate) * up` of layer `li` from `h`: one GEMM on the concatenated weights, or the
-    /// two projections joined (quantized weights), then SiLU·mul.
-    fn gate_up_act(
-        &self,
-        li: usize,
-        layer: &Layer,
-        h: &Tensor,
-        (tile, rows): (usize, usize),
-        k: &KernelUse,
-    ) -> candle_core::Result<Tensor> {
-        let gate_up = match self.fused.get(li) {
-            Some(f) => tiled(&f.w_gate_up, h, tile)?,
-            None => {
-                let gate = tiled(&layer.w_gate, h, tile)?;
-                let up = tiled(&layer.w_up, h, tile)?;
-                ops::cat(&[gate, up], 1)?
-            }
-        };
-        ops::add(k.launches(KernelId::SiluMul, rows));
-        k.silu_mul(&gate_up)
     }
 }

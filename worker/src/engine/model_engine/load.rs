@@ -1,7 +1,8 @@
-//! Loading a model into a [`CandleEngine`]: a GGUF file (the CPU fast path, or candle's
+//! Loading a model into a [`ModelEngine`]: a GGUF file (the CPU fast path, or candle's
 //! transformer on other devices and weight formats) or an HF safetensors directory, with its
-//! tokenizer, chat template, stop tokens, context length and fingerprint (the weights' sha256).
-//! Split from `candle_engine.rs`, whose fields it sets.
+//! tokenizer, chat template, stop tokens, context length and fingerprint (the weights' sha256),
+//! and the [`Backend`](crate::engine::backend::Backend) it runs on. Split from
+//! `model_engine.rs`, whose fields it sets.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,18 +13,46 @@ use candle_core::{DType, Device};
 use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 
-use super::{Backend, CANDLE_VERSION, CandleEngine, EngineOptions};
+use super::{CANDLE_VERSION, EngineOptions, ModelEngine};
+use crate::engine::backend::Backend;
+use crate::engine::backend::candle::CandleBackend;
+use crate::engine::backend::cpu::CpuBackend;
+use crate::engine::backend::readback::StepLogits;
 use crate::engine::chat_template::ChatTemplate;
-use crate::engine::cpu::model::Workspace;
+use crate::engine::cpu::model::CpuModel;
 use crate::engine::device_info;
 use crate::engine::gguf::{self, WeightFormat, model_err};
 use crate::engine::options::{candle_fingerprint_dtype, select_device};
-use crate::engine::prefix_cache::PrefixStore;
 use crate::engine::prompt_text::PromptEncoder;
 use crate::engine::safetensors;
 use crate::engine::step_split::StepSplit;
 use crate::engine::switches::EngineSwitches;
+use crate::engine::transformer::Transformer;
 use crate::engine::{CancelFlag, EngineError, ModelFingerprint};
+
+/// A loaded model before it becomes a backend.
+enum Loaded {
+    Cpu(CpuModel),
+    Candle(Transformer),
+}
+
+impl Loaded {
+    fn architecture(&self) -> String {
+        match self {
+            Loaded::Cpu(m) => m.config.architecture.clone(),
+            Loaded::Candle(t) => t.config.architecture.clone(),
+        }
+    }
+}
+
+/// What a model file gives an engine.
+struct Parts {
+    model: Loaded,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    stop_ids: Vec<u32>,
+    fingerprint: ModelFingerprint,
+}
 
 /// The context a model is loaded with: `asked` when given (at most what the model declares),
 /// else the model's declaration. A model that declares none needs an explicit length.
@@ -74,9 +103,9 @@ pub(crate) fn sha256_files(files: &[PathBuf]) -> Result<String, EngineError> {
     Ok(hex::encode(h.finalize()))
 }
 
-impl CandleEngine {
+impl ModelEngine {
     /// Loads a GGUF file or an HF safetensors directory.
-    pub fn load(model_path: &Path, options: &EngineOptions) -> Result<CandleEngine, EngineError> {
+    pub fn load(model_path: &Path, options: &EngineOptions) -> Result<ModelEngine, EngineError> {
         if options.max_context.is_some_and(|n| n < 2) {
             return Err(EngineError::InvalidRequest(
                 "max_context must be at least 2".into(),
@@ -98,20 +127,20 @@ impl CandleEngine {
         };
         let device = select_device(options.device, &switches)?;
         let device_kind = if device.is_cuda() { "cuda" } else { "cpu" };
-        let load = || -> Result<CandleEngine, EngineError> {
+        let load = || -> Result<Parts, EngineError> {
             if model_path.is_dir() {
                 Self::load_safetensors(model_path, &device, device_kind, options)
             } else {
                 Self::load_gguf(model_path, &device, device_kind, options)
             }
         };
-        let mut engine = match &pool {
+        let parts = match &pool {
             Some(p) => p.install(load)?,
             None => load()?,
         };
+        let mut engine = Self::finish(parts, &switches)?;
         engine.pool = pool;
         engine.switches = switches;
-        engine.enable_paging()?;
         engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
     }
@@ -121,7 +150,7 @@ impl CandleEngine {
         device: &Device,
         device_kind: &str,
         options: &EngineOptions,
-    ) -> Result<CandleEngine, EngineError> {
+    ) -> Result<Parts, EngineError> {
         let is_gguf = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
@@ -160,7 +189,7 @@ impl CandleEngine {
             Some(numerics) if device.is_cpu() && options.weight_format == WeightFormat::Auto => {
                 let mut m = gguf::load_cpu(path, &mut file, &ct, max_context)?;
                 m.set_numerics(numerics);
-                (Backend::Cpu(m), numerics.fingerprint_dtype().to_string())
+                (Loaded::Cpu(m), numerics.fingerprint_dtype().to_string())
             }
             _ => {
                 let compute = options.numerics.candle_dtype(device)?;
@@ -171,7 +200,7 @@ impl CandleEngine {
                     (true, _) => "f32-dequantized".to_string(),
                     (false, _) => "gguf-quantized".to_string(),
                 };
-                (Backend::Candle(loaded.transformer), dtype)
+                (Loaded::Candle(loaded.transformer), dtype)
             }
         };
         let fingerprint = ModelFingerprint {
@@ -179,9 +208,15 @@ impl CandleEngine {
             candle_version: CANDLE_VERSION.to_string(),
             dtype,
             device: device_info::fingerprint_device(device_kind, device)?,
-            architecture: model.config().architecture.clone(),
+            architecture: model.architecture(),
         };
-        Self::finish(model, tokenizer, template, stop_ids, fingerprint)
+        Ok(Parts {
+            model,
+            tokenizer,
+            template,
+            stop_ids,
+            fingerprint,
+        })
     }
 
     fn load_safetensors(
@@ -189,7 +224,7 @@ impl CandleEngine {
         device: &Device,
         device_kind: &str,
         options: &EngineOptions,
-    ) -> Result<CandleEngine, EngineError> {
+    ) -> Result<Parts, EngineError> {
         let declared = safetensors::read_config(dir)?.0.trained_context;
         let max_context = context_for(dir, declared, options.max_context)?;
         let tokenizer = crate::engine::tokenizer::from_file(&dir.join("tokenizer.json"))?;
@@ -212,56 +247,65 @@ impl CandleEngine {
             device: device_info::fingerprint_device(device_kind, device)?,
             architecture: model.config.architecture.clone(),
         };
-        Self::finish(
-            Backend::Candle(model),
+        Ok(Parts {
+            model: Loaded::Candle(model),
             tokenizer,
             template,
             stop_ids,
             fingerprint,
-        )
+        })
     }
 
-    fn finish(
-        model: Backend,
-        tokenizer: Tokenizer,
-        template: ChatTemplate,
-        stop_ids: Vec<u32>,
-        fingerprint: ModelFingerprint,
-    ) -> Result<CandleEngine, EngineError> {
-        if stop_ids.is_empty() {
+    /// The engine of `parts` on its backend. The candle backend turns the paged path on when
+    /// `switches` ask for it on its device: its kernels then name themselves in the
+    /// fingerprint's dtype.
+    fn finish(parts: Parts, switches: &EngineSwitches) -> Result<ModelEngine, EngineError> {
+        let Parts {
+            model,
+            tokenizer,
+            template,
+            stop_ids,
+            mut fingerprint,
+        } = parts;
+        let Some(&pad) = stop_ids.first() else {
             return Err(EngineError::Model(
                 "the model declares no end-of-sequence token".into(),
             ));
-        }
-        let vocab = model.config().vocab_size;
-        Ok(CandleEngine {
+        };
+        let backend: Box<dyn Backend> = match model {
+            Loaded::Cpu(m) => Box::new(CpuBackend::new(m)),
+            Loaded::Candle(t) => {
+                let (b, suffix) = CandleBackend::new(t, pad, switches)?;
+                if let Some(suffix) = suffix {
+                    fingerprint.dtype = format!("{};{suffix}", fingerprint.dtype);
+                }
+                Box::new(b)
+            }
+        };
+        let vocab = backend.config().vocab_size;
+        Ok(ModelEngine {
             media_placeholders: crate::engine::tokenizer::media_placeholder_ids(&tokenizer),
             prompt_encoder: PromptEncoder::new(&tokenizer)?,
             live: Vec::new(),
             last_step: (0, 0),
             kv_budget: crate::engine::DEFAULT_KV_CACHE_BYTES,
-            context_limit: model.max_context(),
+            context_limit: backend.max_context(),
             cancel: CancelFlag::default(),
             last_kv_bytes: 0,
-            model,
+            backend,
             tokenizer,
             template,
             stop_ids,
             fingerprint,
             constraints: OnceLock::new(),
             pool: None,
-            workspace: Workspace::default(),
             ignore_eos: false,
             fast_forward: true,
             forced_tokens: 0,
             decode_split: (0, 0),
-            prefix: PrefixStore::new(0),
-            generate_prefix: PrefixStore::new(0),
             switches: EngineSwitches::default(),
             split: StepSplit::default(),
-            step_logits: super::readback::StepLogits::new(vocab),
-            paging: None,
-            tile: None,
+            step_logits: StepLogits::new(vocab),
         })
     }
 }

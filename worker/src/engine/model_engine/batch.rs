@@ -1,5 +1,5 @@
 //! Continuous batching on both backends: many jobs (rollouts and generations) in one
-//! decode loop. Jobs join with [`CandleEngine::admit_job`]; every [`CandleEngine::step_batch`]
+//! decode loop. Jobs join with [`ModelEngine::admit_job`]; every [`ModelEngine::step_batch`]
 //! runs one forward call that holds a chunk of at most one joining job's prompt (so a long
 //! prompt never stalls running rows for more than one chunk) and the next token of every live
 //! row of every running job; a job leaves, with its output, the step its last row ends.
@@ -17,19 +17,16 @@
 
 use std::time::Instant;
 
-use super::prefill;
 use super::rows::Row;
-use super::{
-    Backend, CandleEngine, DecodeCache, MIN_CONSTRAINED_NEW_TOKENS, Reuse, check_params, chunk_end,
-    store_of,
-};
+use super::{MIN_CONSTRAINED_NEW_TOKENS, ModelEngine, check_params, chunk_end};
 use crate::constraint::ConstraintSpec;
+use crate::engine::backend::{Input, JobKv, Reuse, StepOut};
 use crate::engine::cpu::model::Slot;
 use crate::engine::sampler::SeenTokens;
 
 use crate::engine::{
     BatchShare, CancelFlag, CandidateOutput, DecodeRequest, EngineError, FinishReason,
-    GenerateOutput, GenerateRequest, Job, JobOutput, RolloutOutput,
+    GenerateOutput, GenerateRequest, Job, JobOutput, JobProgress, RolloutOutput,
 };
 use rayon::prelude::*;
 
@@ -40,7 +37,8 @@ pub(super) struct Live {
     ids: Option<RowIds>,
     prompt: Vec<u32>,
     pub(super) rows: Vec<Row>,
-    pub(super) cache: DecodeCache,
+    /// Its KV, the backend's own.
+    pub(super) kv: JobKv,
     /// The prompt's last logits: every row's first draw.
     first: Vec<f32>,
     /// Where each row's logits for its next token are: `None`, in `first`; `Some(k)`, row `k`
@@ -79,17 +77,6 @@ impl Live {
     }
 }
 
-/// One job's share of a forward call.
-pub(super) struct Input {
-    /// Its index in the running batch.
-    pub(super) job: usize,
-    pub(super) tokens: Vec<u32>,
-    pub(super) slots: Vec<Slot>,
-    pub(super) logits_at: Vec<usize>,
-    /// The row of each logit; `None` for a prefill chunk (one logit: the chunk's last).
-    pub(super) rows: Option<Vec<usize>>,
-}
-
 /// What one forward call takes: the next prefill chunk of the earliest job still prefilling
 /// (the fixed schedule, [`chunk_end`]), and every fed row's
 /// tokens (a row's forced run in order), job by job.
@@ -102,15 +89,7 @@ fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Inpu
     for (ji, (j, f)) in live.iter().zip(feeds).enumerate() {
         if Some(ji) == filling {
             let end = chunk_end(j.prefilled, j.prompt.len());
-            let tokens = j.prompt[j.prefilled..end].to_vec();
-            let n = tokens.len();
-            inputs.push(Input {
-                job: ji,
-                tokens,
-                slots: vec![Slot::Shared; n],
-                logits_at: vec![n - 1],
-                rows: None,
-            });
+            inputs.push(Input::chunk(ji, j.prompt[j.prefilled..end].to_vec()));
         } else if f.iter().any(|r| !r.is_empty()) {
             let mut input = Input {
                 job: ji,
@@ -139,7 +118,7 @@ pub(super) type RowIds = Vec<(u32, u32)>;
 /// A finished job: its key and its output or error.
 pub type Finished = (u64, Result<JobOutput, EngineError>);
 
-impl CandleEngine {
+impl ModelEngine {
     /// Whether this engine runs jobs in one continuous batch ([`Self::admit_job`]): both
     /// backends do (the CPU fast path over per-row caches, the candle backend over one
     /// lockstep cache per job, `forward_decode` taking every job's rows in one step).
@@ -152,16 +131,22 @@ impl CandleEngine {
         self.live.len()
     }
 
+    /// How far the job of `key` in the running batch has got ([`Engine::job_progress`](crate::engine::Engine::job_progress)).
+    pub fn job_progress(&self, key: u64) -> Option<JobProgress> {
+        let j = self.live.iter().find(|j| j.key == key)?;
+        Some(JobProgress {
+            prompt_done: j.prefilled as u32,
+            tokens: j.rows.iter().map(|r| r.tokens.len() as u64).sum(),
+            rows: j.rows.len() as u32,
+            rows_finished: j.rows.iter().filter(|r| r.finish.is_some()).count() as u32,
+        })
+    }
+
     /// Bytes of KV cache `prompt_len` prompt tokens and `rows` rows of `max_new` tokens take
     /// (keys and values of every layer in the cache's dtype): what a job holds at its peak.
     /// On both backends the rows share the prompt's positions and hold their own after it.
     pub fn kv_bytes(&self, prompt_len: usize, rows: usize, max_new: usize) -> u64 {
-        let c = self.model.config();
-        let dtype_bytes = match &self.model {
-            Backend::Candle(t) => t.dtype().size_in_bytes(),
-            Backend::Cpu(_) => 4,
-        };
-        let per_position = (c.n_layer * 2 * c.n_kv_head * c.head_dim * dtype_bytes) as u64;
+        let per_position = self.backend.kv_bytes_per_position();
         per_position * (prompt_len + rows * max_new) as u64
     }
 
@@ -221,14 +206,14 @@ impl CandleEngine {
     ) -> Result<(), EngineError> {
         let max_new = rows.iter().map(|r| r.max_new).max().unwrap_or(0);
         self.check_fits(&prompt, max_new)?;
-        let cache = self.new_job_cache(&prompt)?;
+        let kv = self.backend.new_job(prompt.len())?;
         let n = rows.len();
         self.live.push(Live {
             key,
             ids,
             prompt,
             rows,
-            cache,
+            kv,
             first: Vec::new(),
             at: vec![None; n],
             prefilled: 0,
@@ -269,29 +254,11 @@ impl CandleEngine {
         }
     }
 
-    /// A joining job's cache: an empty one for the prompt (CPU path; the prefix store is
-    /// looked up when the prefill starts, [`Self::look_up_prefix`]), or a one-row cache for
-    /// the prompt's prefill (candle backend; on the paged path with an empty table).
-    fn new_job_cache(&mut self, prompt: &[u32]) -> Result<DecodeCache, EngineError> {
-        if self.paging.is_some() {
-            return self.new_paged_job(prompt.len());
-        }
-        match &self.model {
-            Backend::Cpu(model) => Ok(DecodeCache::Cpu(model.new_cache(prompt.len()))),
-            Backend::Candle(model) => {
-                let cache = model
-                    .new_cache(1, prompt.len())
-                    .map_err(|e| EngineError::Model(e.to_string()))?;
-                Ok(DecodeCache::Candle(Some(cache)))
-            }
-        }
-    }
-
     /// The job whose prefill runs next (the earliest still prefilling) starts after the
     /// longest prefix its store holds, if it has not looked yet: the store may hold prompts
     /// that jobs of the same wave prefilled meanwhile ([`Self::publish_prompt`]). Where the
     /// prefill starts changes no bit (the prefix store's contract; on the candle backend only
-    /// whole chunks are reused, see [`prefill`](super::prefill)).
+    /// whole chunks are reused).
     fn look_up_prefix(&mut self, live: &mut [Live]) -> Result<(), EngineError> {
         let Some(j) = live.iter_mut().find(|j| !j.decoding()) else {
             return Ok(());
@@ -299,20 +266,7 @@ impl CandleEngine {
         if std::mem::replace(&mut j.looked_up, true) || j.prefilled > 0 {
             return Ok(());
         }
-        let store = store_of(&mut self.prefix, &mut self.generate_prefix, j.keep);
-        let reused = match &mut j.cache {
-            DecodeCache::Cpu(cache) => match prefill::cpu_lookup(store, &j.prompt) {
-                Ok(Some((found, len))) => {
-                    *cache = found;
-                    len
-                }
-                Ok(None) => 0,
-                Err(e) => return Err(EngineError::Model(e)),
-            },
-            DecodeCache::Candle(Some(cache)) => prefill::candle_lookup(store, &j.prompt, cache),
-            DecodeCache::Paged(p) => prefill::paged_lookup(store, &j.prompt, p),
-            DecodeCache::Candle(None) => 0,
-        };
+        let reused = self.backend.look_up(j.keep, &j.prompt, &mut j.kv)?;
         (j.prefilled, j.reused) = (reused, reused);
         Ok(())
     }
@@ -321,23 +275,8 @@ impl CandleEngine {
     /// their prefill after this one reuse it instead of computing it again. On the CPU path
     /// the store gets the same blocks (the job keeps reading them, shared, not copied); on the
     /// candle backend a copy of the prompt's whole chunks. Nothing to keep when the job ends.
-    fn publish_prompt(&mut self, job: &mut Live) -> Result<(), EngineError> {
-        let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, job.keep) else {
-            return Ok(());
-        };
-        match &job.cache {
-            DecodeCache::Cpu(cache) => prefill::keep(store, &job.prompt, cache),
-            DecodeCache::Candle(Some(cache)) => {
-                // The store only saves work: a prompt it cannot copy is not kept.
-                if let Err(e) = prefill::keep_candle(store, &job.prompt, cache) {
-                    tracing::debug!("prompt not kept for reuse: {e}");
-                }
-            }
-            DecodeCache::Paged(p) => prefill::keep_paged(store, &job.prompt, p),
-            DecodeCache::Candle(None) => return Ok(()),
-        }
-        job.published = true;
-        Ok(())
+    fn publish_prompt(&mut self, job: &mut Live) {
+        job.published = self.backend.publish(job.keep, &job.prompt, &job.kv);
     }
 
     /// One step of the running batch: jobs whose flag was raised leave cancelled; every live
@@ -414,7 +353,7 @@ impl CandleEngine {
         }
         job.decode_from.get_or_insert_with(Instant::now);
         // Forced runs go in one multi-token forward: per-row positions, the CPU path's alone.
-        let fast_forward = self.fast_forward && matches!(self.model, Backend::Cpu(_));
+        let fast_forward = self.fast_forward && self.backend.multi_token_rows();
         // Each live row's slice of the logits (a finished row reads none).
         let logits: Vec<&[f32]> = job
             .rows
@@ -454,11 +393,12 @@ impl CandleEngine {
         let t0 = Instant::now();
         // The prefill chunk's logits come back; the decoded rows' land in the step logits,
         // input by input, row by row.
-        let mut chunk_logits = match &self.model {
-            Backend::Cpu(_) => self.forward_cpu(live, &inputs)?,
-            Backend::Candle(_) if self.paging.is_some() => self.forward_paged(live, &inputs)?,
-            Backend::Candle(_) => self.forward_candle(live, &inputs)?,
+        let jobs = live.iter_mut().map(|j| &mut j.kv).collect();
+        let out = StepOut {
+            logits: &mut self.step_logits,
+            split: &mut self.split,
         };
+        let mut chunk_logits = self.backend.forward(jobs, &inputs, out)?;
         let t1 = Instant::now();
         let mut k = 0;
         for i in &inputs {
@@ -468,10 +408,8 @@ impl CandleEngine {
                     j.prefilled += i.tokens.len();
                     j.prefill_us += (t1 - t0).as_micros() as u64;
                     if j.decoding() {
-                        if let DecodeCache::Paged(p) = &mut j.cache {
-                            self.seal_prompt(p)?;
-                        }
-                        self.publish_prompt(j)?;
+                        self.backend.prompt_prefilled(&mut j.kv)?;
+                        self.publish_prompt(j);
                         self.start_rows(j, chunk_logits.take().unwrap_or_default())?;
                     }
                 }
@@ -494,18 +432,10 @@ impl CandleEngine {
     /// waits for others to end, and none fails or is evicted. The step a prefill runs in
     /// changes no bit.
     fn may_prefill(&self, live: &[Live]) -> bool {
-        // Per row, the paged path may copy the prompt's partial last block.
-        let (b, block_bytes, per_row) = match (&self.model, self.paged_stats()) {
-            (Backend::Cpu(model), _) => (
-                crate::engine::cpu::kv_pool::BLOCK_POSITIONS,
-                model.kv_pool().block_bytes(),
-                0,
-            ),
-            (Backend::Candle(_), Some(stats)) => {
-                (crate::engine::kernels::BLOCK, stats.block_bytes, 1)
-            }
-            (Backend::Candle(_), None) => return true,
+        let Some(blocks) = self.backend.blocks() else {
+            return true;
         };
+        let (b, block_bytes, per_row) = (blocks.positions, blocks.bytes, blocks.per_row);
         let begun = |j: &Live| j.decoding() || j.prefilled > j.reused;
         let Some(next) = live.iter().position(|j| !j.decoding()) else {
             return true;
@@ -527,9 +457,9 @@ impl CandleEngine {
 
     /// A job whose prompt is prefilled: every row starts from the prompt's last logits, with
     /// room for its tokens and (with a repetition penalty) the prompt's tokens seen.
-    fn start_rows(&self, job: &mut Live, first: Vec<f32>) -> Result<(), EngineError> {
+    fn start_rows(&mut self, job: &mut Live, first: Vec<f32>) -> Result<(), EngineError> {
         let max_new = job.rows.iter().map(|r| r.max_new).max().unwrap_or(0);
-        let vocab = self.model.config().vocab_size;
+        let vocab = self.backend.config().vocab_size;
         if job.rows.iter().any(|r| r.params.repetition_penalty != 1.0) {
             let mut seen = SeenTokens::new(vocab);
             for &t in &job.prompt {
@@ -542,7 +472,7 @@ impl CandleEngine {
             }
         }
         let (n, prompt_len) = (job.rows.len(), job.prompt.len());
-        self.add_rows(&mut job.cache, n, max_new, prompt_len)?;
+        self.backend.add_rows(&mut job.kv, n, max_new, prompt_len)?;
         job.first = first;
         job.at = vec![None; n];
         Ok(())
@@ -575,7 +505,7 @@ impl CandleEngine {
     /// An ended job's prompt goes to its prefix store, unless it went when its prefill ended.
     fn retire(&mut self, job: &Live) {
         if !job.published {
-            self.keep_prompt(job.keep, &job.prompt, &job.cache);
+            self.backend.publish(job.keep, &job.prompt, &job.kv);
         }
     }
 

@@ -1,11 +1,10 @@
-//! One forward call of the running batch on either backend, from the step's inputs
-//! (`batch::Input`: at most one prefill chunk and every fed row) to logits: the prefill
-//! chunk's last logits come back to the caller, the decoded rows' land in the engine's step
-//! logits ([`StepLogits`](super::readback::StepLogits)), input by input and row by row; and
-//! the step's phases are timed into the engine's [`StepSplit`](crate::engine::step_split).
+//! The lockstep forward call of the candle backend, from the step's inputs (at most one
+//! prefill chunk and every fed row) to logits: the prefill chunk's last logits come back to
+//! the caller, the decoded rows' land in the step logits
+//! ([`StepLogits`](crate::engine::backend::readback::StepLogits)), input by input and row by
+//! row; and the step's phases are timed into the [`StepSplit`](crate::engine::step_split).
 //!
-//! On the candle backend the decoded rows' logits reach the host as the `readback` switch
-//! says ([`Readback`]): `once` gathers the fed rows on the device (pad rows and finished
+//! The decoded rows' logits reach the host as the `readback` switch says ([`Readback`]): `once` gathers the fed rows on the device (pad rows and finished
 //! rows dropped, one `index_select`, or a view when they are the first rows) and copies them
 //! to the host in one go, in the dtype the output head computed; `per-job` is the path before
 //! it (each job's logits cast to f32 and copied whole, then its fed rows picked on the host),
@@ -15,16 +14,11 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
-use super::batch::{Input, Live};
-use super::{Backend, CandleEngine, DecodeCache};
+use super::{CandleBackend, CandleJob, me};
 use crate::engine::EngineError;
-use crate::engine::cpu::model::{CpuCache, Part};
+use crate::engine::backend::{Input, StepOut};
 use crate::engine::switches::Readback;
 use crate::engine::transformer::{DecodePart, KvCache, Transformer, ops};
-
-fn me(e: candle_core::Error) -> EngineError {
-    EngineError::Model(e.to_string())
-}
 
 /// One prefill chunk of `tokens` into the one-row `cache`: the logits of its last token.
 pub(super) fn prefill_chunk(
@@ -39,105 +33,43 @@ pub(super) fn prefill_chunk(
     logits.squeeze(0).and_then(|t| t.to_vec1()).map_err(me)
 }
 
-impl CandleEngine {
-    /// The CPU fast path's forward call: every input's positions in one
-    /// [`CpuModel::forward_parts`](crate::engine::cpu::model::CpuModel::forward_parts). A step
-    /// with a prefill chunk counts as prefill (one call computes both).
-    pub(super) fn forward_cpu(
-        &mut self,
-        live: &mut [Live],
-        inputs: &[Input],
-    ) -> Result<Option<Vec<f32>>, EngineError> {
-        let Backend::Cpu(model) = &self.model else {
-            return Err(EngineError::Model("not the CPU fast path".into()));
-        };
-        let mut caches: Vec<Option<&mut CpuCache>> = live
-            .iter_mut()
-            .map(|j| match &mut j.cache {
-                DecodeCache::Cpu(c) => Some(c),
-                DecodeCache::Candle(_) | DecodeCache::Paged(_) => None,
-            })
-            .collect();
-        let mut parts = Vec::with_capacity(inputs.len());
-        for i in inputs {
-            let cache = caches[i.job].take().ok_or_else(|| {
-                EngineError::Model("a job appears twice in one forward call".into())
-            })?;
-            parts.push(Part {
-                tokens: &i.tokens,
-                slots: &i.slots,
-                cache,
-                logits_at: &i.logits_at,
-            });
-        }
-        let t0 = Instant::now();
-        let out = model
-            .forward_parts(&mut parts, &mut self.workspace)
-            .map_err(EngineError::Model)?;
-        let t1 = Instant::now();
-        let vocab = model.config.vocab_size;
-        let fed: usize = inputs
-            .iter()
-            .filter_map(|i| i.rows.as_ref())
-            .map(Vec::len)
-            .sum();
-        self.step_logits.begin(fed);
-        let (mut chunk, mut k) = (None, 0);
-        for (i, logits) in inputs.iter().zip(out) {
-            if i.rows.is_none() {
-                chunk = Some(logits);
-                continue;
-            }
-            for row in logits.chunks_exact(vocab) {
-                self.step_logits.row_mut(k).copy_from_slice(row);
-                k += 1;
-            }
-        }
-        let split = &mut self.split;
-        split.prefill_steps += u64::from(chunk.is_some());
-        split.decode_steps += u64::from(fed > 0);
-        match chunk.is_some() {
-            true => split.prefill += t1 - t0,
-            false => split.forward_issued += t1 - t0,
-        }
-        split.readback += t1.elapsed();
-        Ok(chunk)
-    }
-
+impl CandleBackend {
     /// The candle backend's step: the prefill chunk (if any) in a forward call of its own
     /// (the one-row prompt cache, the fixed chunk schedule), then one
     /// [`Transformer::forward_decode_logits`](crate::engine::transformer::Transformer::forward_decode_logits)
     /// over every decoding job's rows (a finished row of a job still decoding is fed a pad
     /// token: the cache is lockstep), read back as the `readback` switch says.
-    pub(super) fn forward_candle(
-        &mut self,
-        live: &mut [Live],
+    pub(super) fn forward_lockstep(
+        &self,
+        jobs: Vec<Option<&mut CandleJob>>,
         inputs: &[Input],
+        out: StepOut<'_>,
     ) -> Result<Option<Vec<f32>>, EngineError> {
-        let Backend::Candle(model) = &self.model else {
-            return Err(EngineError::Model("not the candle backend".into()));
-        };
-        let pad = self.stop_ids[0];
+        let model = &self.model;
+        let pad = self.pad;
         let mut chunk = None;
-        let mut caches: Vec<Option<&mut KvCache>> = live
-            .iter_mut()
-            .map(|j| match &mut j.cache {
-                DecodeCache::Candle(c) => c.as_mut(),
-                DecodeCache::Cpu(_) | DecodeCache::Paged(_) => None,
+        let mut caches: Vec<Option<&mut KvCache>> = jobs
+            .into_iter()
+            .map(|j| match j {
+                Some(CandleJob::Lockstep(c)) => c.as_mut(),
+                Some(CandleJob::Paged(_)) | None => None,
             })
             .collect();
         // The decoded parts, and each fed row's place among the parts' rows (`at`, from 0).
         let (mut parts, mut fed, mut at) = (Vec::new(), Vec::new(), 0);
         for i in inputs {
-            let cache = caches[i.job].take().ok_or_else(|| {
-                EngineError::Model("a job without its cache in a forward call".into())
-            })?;
+            let cache = caches
+                .get_mut(i.job)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    EngineError::Model("a job without its cache in a forward call".into())
+                })?;
             match &i.rows {
                 None => {
                     let t = Instant::now();
                     chunk = Some(prefill_chunk(model, &i.tokens, cache)?);
-                    self.split.prefill += t.elapsed();
-                    self.split.prefill_steps += 1;
+                    out.split.prefill += t.elapsed();
+                    out.split.prefill_steps += 1;
                 }
                 Some(rows) if rows.len() != i.tokens.len() => {
                     return Err(EngineError::Model(
@@ -156,24 +88,23 @@ impl CandleEngine {
             }
         }
         if !parts.is_empty() {
-            self.decode_candle(&mut parts, fed)?;
+            self.decode_lockstep(&mut parts, fed, out)?;
         }
         Ok(chunk)
     }
 
-    /// One decode step of `parts` on the candle backend; `fed` are the fed rows' places among
-    /// the parts' rows, in order: their logits go to the step logits. Timed and counted.
-    fn decode_candle(
-        &mut self,
+    /// One decode step of `parts`; `fed` are the fed rows' places among the parts' rows, in
+    /// order: their logits go to the step logits. Timed and counted.
+    fn decode_lockstep(
+        &self,
         parts: &mut [DecodePart<'_>],
         fed: Vec<u32>,
+        out: StepOut<'_>,
     ) -> Result<(), EngineError> {
-        let Backend::Candle(model) = &self.model else {
-            return Err(EngineError::Model("not the candle backend".into()));
-        };
+        let model = &self.model;
         let tile = self.decode_tile(model.device());
         let (ops0, t0) = (ops::issued(), Instant::now());
-        let split = match self.switches.readback {
+        let split = match self.readback {
             Readback::Once => {
                 let logits = model.forward_decode_logits(parts, tile).map_err(me)?;
                 let t1 = Instant::now();
@@ -189,7 +120,7 @@ impl CandleEngine {
                         let idx = ops::one(Tensor::from_vec(fed, n, model.device())).map_err(me)?;
                         ops::one(logits.index_select(&idx, 0)).map_err(me)?
                     };
-                    ops::one(self.step_logits.read(&live)).map_err(me)?;
+                    ops::one(out.logits.read(&live)).map_err(me)?;
                 }
                 (t1, t2)
             }
@@ -198,14 +129,14 @@ impl CandleEngine {
                 let t1 = Instant::now();
                 model.device().synchronize().map_err(me)?;
                 let t2 = Instant::now();
-                self.step_logits.begin(fed.len());
+                out.logits.begin(fed.len());
                 let (mut k, mut base) = (0, 0);
                 for (l, part) in logits.iter().zip(parts.iter()) {
                     let all = ops::one(l.to_vec2::<f32>()).map_err(me)?;
                     let end = base + part.tokens.len();
                     for &f in fed.iter().filter(|&&f| (base..end).contains(&(f as usize))) {
                         let row = &all[f as usize - base];
-                        self.step_logits.row_mut(k).copy_from_slice(row);
+                        out.logits.row_mut(k).copy_from_slice(row);
                         k += 1;
                     }
                     base = end;
@@ -214,7 +145,7 @@ impl CandleEngine {
             }
         };
         let (t1, t2) = split;
-        let split = &mut self.split;
+        let split = out.split;
         split.decode_steps += 1;
         split.forward_issued += t1 - t0;
         split.forward_done += t2 - t1;

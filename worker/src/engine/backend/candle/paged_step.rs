@@ -1,4 +1,4 @@
-//! The paged path's forward call ([`CandleEngine::forward_paged`]): a prefill chunk as on the
+//! The paged path's forward call ([`CandleBackend::forward_paged`]): a prefill chunk as on the
 //! unfused path, then one decode step of every fed row of every job in one
 //! [`Transformer::forward_decode_paged`](crate::engine::transformer::Transformer::forward_decode_paged)
 //! over the pool (`paged.rs`): each row's next slot taken first, the step's positions, slots
@@ -6,21 +6,22 @@
 
 use std::time::Instant;
 
-use super::batch::{Input, Live};
-use super::paged::{PagedJob, lock, me};
-use super::{Backend, CandleEngine, DecodeCache};
+use super::paged::{PagedJob, lock};
+use super::{CandleBackend, CandleJob, me};
 use crate::engine::EngineError;
+use crate::engine::backend::{Input, StepOut};
 use crate::engine::kernels::BLOCK;
 use crate::engine::transformer::{PagedStep, ops};
 
-impl CandleEngine {
+impl CandleBackend {
     /// The paged path's forward call: the prefill chunk (if any) as on the unfused path, then
     /// one paged decode step of every fed row of every job (a finished row is not fed: rows
     /// do not step in lockstep here).
     pub(super) fn forward_paged(
-        &mut self,
-        live: &mut [Live],
+        &self,
+        mut jobs: Vec<Option<&mut CandleJob>>,
         inputs: &[Input],
+        out: StepOut<'_>,
     ) -> Result<Option<Vec<f32>>, EngineError> {
         let mut chunk = None;
         let mut fed: Vec<(usize, usize, u32)> = Vec::new();
@@ -28,19 +29,20 @@ impl CandleEngine {
             match &i.rows {
                 None => {
                     let t = Instant::now();
-                    let Backend::Candle(model) = &self.model else {
-                        return Err(me("not the candle backend"));
-                    };
-                    let DecodeCache::Paged(PagedJob {
+                    let Some(Some(CandleJob::Paged(PagedJob {
                         prefill: Some(cache),
                         ..
-                    }) = &mut live[i.job].cache
+                    }))) = jobs.get_mut(i.job)
                     else {
                         return Err(me("a prefill chunk of a job without its prompt cache"));
                     };
-                    chunk = Some(super::forward::prefill_chunk(model, &i.tokens, cache)?);
-                    self.split.prefill += t.elapsed();
-                    self.split.prefill_steps += 1;
+                    chunk = Some(super::lockstep::prefill_chunk(
+                        &self.model,
+                        &i.tokens,
+                        cache,
+                    )?);
+                    out.split.prefill += t.elapsed();
+                    out.split.prefill_steps += 1;
                 }
                 Some(rows) if rows.len() != i.tokens.len() => {
                     return Err(me("multi-token decode on the paged path"));
@@ -49,7 +51,7 @@ impl CandleEngine {
             }
         }
         if !fed.is_empty() {
-            self.decode_paged(live, &fed)?;
+            self.decode_paged(&mut jobs, &fed, out)?;
         }
         Ok(chunk)
     }
@@ -57,11 +59,12 @@ impl CandleEngine {
     /// One paged decode step of the fed rows `(job, row, token)`, in order: their logits go
     /// to the step logits. Timed and counted.
     fn decode_paged(
-        &mut self,
-        live: &mut [Live],
+        &self,
+        jobs: &mut [Option<&mut CandleJob>],
         fed: &[(usize, usize, u32)],
+        out: StepOut<'_>,
     ) -> Result<(), EngineError> {
-        let (Backend::Candle(model), Some(paging)) = (&self.model, &self.paging) else {
+        let (model, Some(paging)) = (&self.model, &self.paging) else {
             return Err(me("not the paged candle backend"));
         };
         let pool = paging.pool.clone().ok_or_else(|| me("no KV pool"))?;
@@ -70,8 +73,8 @@ impl CandleEngine {
         let mut pool = lock(&pool);
         let mut slots = Vec::with_capacity(fed.len());
         for &(j, r, _) in fed {
-            let row = match &mut live[j].cache {
-                DecodeCache::Paged(p) => p.rows.get_mut(r),
+            let row = match jobs.get_mut(j) {
+                Some(Some(CandleJob::Paged(p))) => p.rows.get_mut(r),
                 _ => None,
             };
             let row = row.ok_or_else(|| me("a fed row without its table"))?;
@@ -87,7 +90,7 @@ impl CandleEngine {
         }
         let mut rows = Vec::with_capacity(fed.len());
         for (&(j, r, token), &slot) in fed.iter().zip(&slots) {
-            let DecodeCache::Paged(p) = &live[j].cache else {
+            let Some(Some(CandleJob::Paged(p))) = jobs.get(j) else {
                 return Err(me("a fed row without its table"));
             };
             rows.push((token, &p.rows[r].table, slot));
@@ -102,8 +105,8 @@ impl CandleEngine {
         let t2 = Instant::now();
         // The fed rows are the step's first rows: a view reads them.
         let first = logits.narrow(0, 0, fed.len()).map_err(me)?;
-        ops::one(self.step_logits.read(&first)).map_err(me)?;
-        let split = &mut self.split;
+        ops::one(out.logits.read(&first)).map_err(me)?;
+        let split = out.split;
         split.decode_steps += 1;
         split.forward_issued += t1 - t0;
         split.forward_done += t2 - t1;

@@ -1,10 +1,10 @@
 //! The candle backend on the paged KV pool (the `paged` and `fused` engine switches,
 //! [`crate::engine::switches`]): at load the kernels' self-check, the concatenated weights and
-//! the fingerprint's kernel suffix ([`CandleEngine::enable_paging`]); a job's KV as block
+//! the fingerprint's kernel suffix ([`CandleBackend::enable_paging`]); a job's KV as block
 //! tables of one pool ([`PagedJob`]); the decode step is in `paged_step.rs`.
 //!
 //! The prefill is not paged: a prompt is prefilled as on the unfused path into a one-row
-//! cache, whose positions are then copied into the pool ([`CandleEngine::seal_prompt`]); the
+//! cache, whose positions are then copied into the pool ([`seal_prompt`]); the
 //! job's rows share the prompt's blocks (copy-on-write of its partial last block) and write
 //! their own. Blocks are counted by reference and go back to the pool when the last table
 //! holding them is dropped ([`Held`]): a job that ends, fails or is cancelled, and a prefix
@@ -14,18 +14,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::Tensor;
 
-use super::{Backend, CandleEngine, DecodeCache};
+use super::{CandleBackend, me};
 use crate::engine::EngineError;
 use crate::engine::cpu::kv_pool::PoolStats;
 use crate::engine::kernels::{
     BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, reference, self_check,
 };
-use crate::engine::prefix_cache::PrefixStore;
+use crate::engine::switches::EngineSwitches;
 use crate::engine::transformer::{KvCache, ops};
-
-pub(super) fn me(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Model(e.to_string())
-}
 
 /// The pool a [`Held`] table belongs to.
 pub(super) type SharedPool = Arc<Mutex<PagedKvPool>>;
@@ -36,7 +32,7 @@ pub(super) fn lock(pool: &SharedPool) -> MutexGuard<'_, PagedKvPool> {
 }
 
 /// The paged path's state: the kernels in use and the pool (made at the first job, sized by
-/// the KV budget and the prefix stores' budgets then; [`CandleEngine::size_kv_pool`] drops it
+/// the KV budget and the prefix stores' budgets then; [`CandleBackend::drop_paged_pool`] drops it
 /// to be remade when they change between runs).
 pub(super) struct Paging {
     pub(super) kernels: KernelUse,
@@ -118,7 +114,7 @@ impl Drop for Held {
 /// One job's KV on the paged path.
 pub(super) struct PagedJob {
     /// The one-row cache the prompt is prefilled in; `None` once its positions are in the
-    /// pool ([`CandleEngine::seal_prompt`]).
+    /// pool ([`seal_prompt`]).
     pub(super) prefill: Option<KvCache>,
     /// The prompt's positions in the pool (the leading ones shared from the prefix store).
     pub(super) prompt: Held,
@@ -126,18 +122,19 @@ pub(super) struct PagedJob {
     pub(super) rows: Vec<Held>,
 }
 
-impl CandleEngine {
+impl CandleBackend {
     /// Turns the paged path on when the switches ask for it on this device (`auto`: on CUDA):
-    /// runs the kernels' self-check, concatenates the projections for `fused`, and appends the
-    /// kernels in use to the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
-    /// both switches off nothing changes, the fingerprint included.
-    pub(super) fn enable_paging(&mut self) -> Result<(), EngineError> {
-        let Backend::Candle(model) = &mut self.model else {
-            return Ok(());
-        };
-        let (paged, fused) = self.switches.kernels_on(model.device().is_cuda());
+    /// runs the kernels' self-check, concatenates the projections for `fused`, and returns the
+    /// kernels in use for the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
+    /// both switches off nothing changes, the fingerprint included (`None`).
+    pub(super) fn enable_paging(
+        &mut self,
+        switches: &EngineSwitches,
+    ) -> Result<Option<String>, EngineError> {
+        let model = &mut self.model;
+        let (paged, fused) = switches.kernels_on(model.device().is_cuda());
         if !paged && !fused {
-            return Ok(());
+            return Ok(None);
         }
         let report = self_check(model.device());
         if fused {
@@ -145,21 +142,19 @@ impl CandleEngine {
         }
         let suffix = report.fingerprint_suffix(paged, fused);
         tracing::info!(paged, fused, %suffix, "the candle backend decodes on the paged KV pool");
-        self.fingerprint.dtype = format!("{};{suffix}", self.fingerprint.dtype);
         self.paging = Some(Paging {
             kernels: KernelUse::new(&report, paged, fused),
             pool: None,
         });
-        Ok(())
+        Ok(Some(suffix))
     }
 
     /// The pool's shape for the budgets now: every block the KV budget and the prefix stores'
     /// budgets hold (at least one).
     fn pool_shape(&self) -> Option<PoolShape> {
-        let Backend::Candle(model) = &self.model else {
-            return None;
-        };
-        let bytes = self.kv_budget.saturating_add(self.stores_budget());
+        self.paging.as_ref()?;
+        let model = &self.model;
+        let bytes = self.kv_budget.saturating_add(self.stores.budget());
         let c = &model.config;
         let mut shape = PoolShape {
             n_layer: c.n_layer,
@@ -174,9 +169,7 @@ impl CandleEngine {
     /// The pool, made now (of [`Self::pool_shape`]) if it is not yet.
     fn paged_pool(&mut self) -> Result<SharedPool, EngineError> {
         let shape = self.pool_shape();
-        let (Backend::Candle(model), Some(paging), Some(shape)) =
-            (&self.model, &mut self.paging, shape)
-        else {
+        let (model, Some(paging), Some(shape)) = (&self.model, &mut self.paging, shape) else {
             return Err(me("not the paged candle backend"));
         };
         if let Some(p) = &paging.pool {
@@ -195,9 +188,9 @@ impl CandleEngine {
     }
 
     /// Drops the pool (remade at the next job with the budgets then) and the prefix stores'
-    /// entries in it when the budgets ask for another size and no job holds blocks; else
-    /// keeps it as it is.
-    pub(super) fn drop_paged_pool(&mut self) {
+    /// entries in it when the budgets ask for another size and no job holds blocks (`idle`);
+    /// else keeps it as it is.
+    pub(super) fn drop_paged_pool(&mut self, idle: bool) {
         let blocks = self.pool_shape().map(|s| s.num_blocks);
         let Some(paging) = &mut self.paging else {
             return;
@@ -206,61 +199,57 @@ impl CandleEngine {
             Some(p) => Some(lock(p).stats().capacity) == blocks,
             None => true,
         };
-        if !same && self.live.is_empty() {
-            self.prefix = PrefixStore::new(self.prefix.budget());
-            self.generate_prefix = PrefixStore::new(self.generate_prefix.budget());
+        if !same && idle {
+            self.stores.clear();
             paging.pool = None;
         }
     }
 
     /// A joining job's KV on the paged path: a one-row cache for its prefill and an empty
     /// prompt table.
-    pub(super) fn new_paged_job(&mut self, prompt_len: usize) -> Result<DecodeCache, EngineError> {
+    pub(super) fn new_paged_job(&mut self, prompt_len: usize) -> Result<PagedJob, EngineError> {
         let pool = self.paged_pool()?;
-        let Backend::Candle(model) = &self.model else {
-            return Err(me("not the candle backend"));
-        };
-        let prefill = model.new_cache(1, prompt_len).map_err(me)?;
-        Ok(DecodeCache::Paged(PagedJob {
+        let prefill = self.model.new_cache(1, prompt_len).map_err(me)?;
+        Ok(PagedJob {
             prefill: Some(prefill),
             prompt: Held {
                 table: BlockTable::default(),
                 pool,
             },
             rows: Vec::new(),
-        }))
+        })
     }
+}
 
-    /// A prefilled prompt's positions not yet in the pool (those after a shared prefix) are
-    /// copied there from its one-row cache, which is then dropped.
-    pub(super) fn seal_prompt(&self, job: &mut PagedJob) -> Result<(), EngineError> {
-        let Some(cache) = job.prefill.take() else {
-            return Ok(());
-        };
-        let from = job.prompt.len();
-        let n = cache.len() - from;
-        let mut pool = lock(&job.prompt.pool);
-        let slots = pool.append_slots(&mut job.prompt.table, n).map_err(me)?;
-        for li in 0..pool.shape().n_layer {
-            let (k, v) = cache.positions(li, from, n).map_err(me)?;
-            // The scatter: an index upload, the keys and values joined, the write.
-            ops::add(4);
-            reference::write_slots(pool.layer(li), &k, &v, &slots).map_err(me)?;
-        }
-        Ok(())
+/// A prefilled prompt's positions not yet in the pool (those after a shared prefix) are
+/// copied there from its one-row cache, which is then dropped.
+pub(super) fn seal_prompt(job: &mut PagedJob) -> Result<(), EngineError> {
+    let Some(cache) = job.prefill.take() else {
+        return Ok(());
+    };
+    let from = job.prompt.len();
+    let n = cache.len() - from;
+    let mut pool = lock(&job.prompt.pool);
+    let slots = pool.append_slots(&mut job.prompt.table, n).map_err(me)?;
+    for li in 0..pool.shape().n_layer {
+        let (k, v) = cache.positions(li, from, n).map_err(me)?;
+        // The scatter: an index upload, the keys and values joined, the write.
+        ops::add(4);
+        reference::write_slots(pool.layer(li), &k, &v, &slots).map_err(me)?;
     }
+    Ok(())
+}
 
-    /// `n` rows after the sealed prompt, each sharing its blocks.
-    pub(super) fn fork_rows(job: &mut PagedJob, n: usize) {
-        let mut pool = lock(&job.prompt.pool);
-        let rows: Vec<BlockTable> = (0..n).map(|_| pool.fork(&job.prompt.table)).collect();
-        drop(pool);
-        job.rows = rows
-            .into_iter()
-            .map(|table| Held {
-                table,
-                pool: job.prompt.pool.clone(),
-            })
-            .collect();
-    }
+/// `n` rows after the sealed prompt, each sharing its blocks.
+pub(super) fn fork_rows(job: &mut PagedJob, n: usize) {
+    let mut pool = lock(&job.prompt.pool);
+    let rows: Vec<BlockTable> = (0..n).map(|_| pool.fork(&job.prompt.table)).collect();
+    drop(pool);
+    job.rows = rows
+        .into_iter()
+        .map(|table| Held {
+            table,
+            pool: job.prompt.pool.clone(),
+        })
+        .collect();
 }

@@ -1,8 +1,11 @@
-//! [`CandleEngine`]: the [`Engine`] on candle, from loading a model to returning candidates.
+//! [`ModelEngine`]: the [`Engine`] on a loaded model, from loading it to returning candidates:
+//! one batch loop over a [`Backend`] (the CPU fast path or the candle transformer,
+//! [`super::backend`]).
 //!
 //! A job runs in a fixed schedule so its output depends only on the request:
 //! 1. render the messages with the model's chat template and tokenize (no extra specials);
-//! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0 (on the
+//! 2. prefill the prompt at b=1 in chunks of [`PREFILL_CHUNK`] tokens from position 0
+//!    ([`chunk_end`], the one statement of the schedule; on the
 //!    candle backend chunk boundaries change logits, so they are fixed, never derived from other
 //!    work; on the CPU fast path a position's logits depend only on the tokens up to it, so a
 //!    job may start after a prefix kept from an earlier prompt of its kind, [`super::prefix_cache`]:
@@ -23,18 +26,13 @@
 //! The text returned is the tokenizer's decoding of the generated tokens without special
 //! tokens, never normalized.
 //!
-//! Children, each an `impl CandleEngine` over this file's fields: `load.rs` (a model file into
-//! an engine), `prefill.rs` (step 2, with the prefix store), `rows.rs` (steps 4 and 5 for one
-//! row, and its text), `paged.rs` and `paged_step.rs` (the candle backend on the paged KV pool,
-//! the `paged` and `fused` switches). The decode loop (step 3) is here.
+//! Children, each an `impl ModelEngine` over this file's fields: `load.rs` (a model file into
+//! an engine and its backend), `batch.rs` (the batch loop: admission, steps 2 and 3, the
+//! prefix stores' look-up and publication), `rows.rs` (steps 4 and 5 for one row, and its
+//! text). What differs between the backends is behind the [`Backend`] trait.
 
 mod batch;
-mod forward;
 mod load;
-mod paged;
-mod paged_step;
-mod prefill;
-mod readback;
 mod rows;
 
 use std::path::{Path, PathBuf};
@@ -44,15 +42,20 @@ use std::time::Instant;
 use stageb_shared::domain::ChatMessage;
 use tokenizers::Tokenizer;
 
+use super::backend::candle::CandleBackend;
+use super::backend::chunk_end;
+use super::backend::cpu::CpuBackend;
+use super::backend::readback::StepLogits;
+pub use super::backend::{Backend, BackendKind, PREFILL_CHUNK};
+use super::backend::{Input, JobKv, Reuse, StepOut};
 use super::chat_template::ChatTemplate;
-use super::cpu::model::{CpuCache, CpuModel, Workspace};
+use super::cpu::model::CpuModel;
 pub use super::options::{DEFAULT_PREFIX_CACHE_BYTES, DeviceSpec, EngineOptions};
-use super::prefix_cache::PrefixStore;
 use super::prompt_text::PromptEncoder;
 use super::sampler::SamplingParams;
 use super::step_split::StepSplit;
 use super::switches::EngineSwitches;
-use super::transformer::{DecodeTile, KvCache, Transformer, TransformerConfig};
+use super::transformer::Transformer;
 use super::{
     CancelFlag, DecodeRequest, Engine, EngineError, GenerateOutput, GenerateRequest, Job,
     JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
@@ -62,12 +65,7 @@ pub use load::declared_context;
 pub(crate) use load::sha256_files;
 use rows::Row;
 
-/// The candle release the engine is built against (`Cargo.toml` pins `0.11.1`); part of the
-/// fingerprint because kernels change numerics between releases.
-pub const CANDLE_VERSION: &str = "0.11.1";
-
-/// Prompt tokens per prefill forward call. Fixed: it is part of every result's identity.
-pub const PREFILL_CHUNK: usize = 512;
+pub use super::backend::candle::CANDLE_VERSION;
 
 /// A constrained row's last this many tokens are spent ending it cleanly (see
 /// `finishing_mask`): one character is at most 3 more byte tokens, plus EOS.
@@ -76,84 +74,27 @@ pub const FINISH_MARGIN: usize = 4;
 /// Candidates checked on a fork per finishing step (highest logits first).
 const FINISH_LOOKAHEAD: usize = 64;
 
-/// The end of the prefill chunk that starts at `pos` of a prompt of `len` tokens: the fixed
-/// schedule's chunks end at multiples of [`PREFILL_CHUNK`] and at the prompt's end, wherever
-/// the prefill started (after a reused prefix). The one statement of the schedule: every
-/// prefill, on either backend, in a running batch or alone, goes by it.
-pub(crate) fn chunk_end(pos: usize, len: usize) -> usize {
-    ((pos / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(len)
-}
-
 /// The smallest `max_new_tokens` of a constrained rollout: the fixed `Verdict: 不通过\nReason: `
 /// prefix (about 10 tokens) plus a reason of a few tokens plus [`FINISH_MARGIN`].
 pub const MIN_CONSTRAINED_NEW_TOKENS: u32 = stageb_shared::config::MIN_CONSTRAINED_NEW_TOKENS;
 
-/// The model behind an engine.
-pub enum Backend {
-    /// Our transformer on candle tensors (CUDA, safetensors, explicit [`WeightFormat`](super::gguf::WeightFormat)s).
-    Candle(Transformer),
-    /// The CPU fast path ([`CpuModel`]): GGUF on CPU with `WeightFormat::Auto`.
-    Cpu(CpuModel),
-}
-
-impl Backend {
-    pub fn config(&self) -> &TransformerConfig {
-        match self {
-            Backend::Candle(t) => &t.config,
-            Backend::Cpu(m) => &m.config,
-        }
-    }
-
-    pub fn max_context(&self) -> usize {
-        match self {
-            Backend::Candle(t) => t.max_context(),
-            Backend::Cpu(m) => m.max_context(),
-        }
-    }
-}
-
-/// Which prefix store a job's prefill looks its prompt up in, and keeps it in afterwards.
-///
-/// Rollouts and generations (reflection calls) keep separate stores of the same budget: a
-/// reflection prompt shares its system prompt, guidance and cases with the cycle's other calls
-/// (JSON retries, the revision round, the next cycle's call of the same pass) but nothing past
-/// the chat template's first tokens with a rollout, and it is several times as long, so in one
-/// LRU store it would evict the rollouts' shared heads without ever serving a rollout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reuse {
-    /// Neither looked up nor kept (reference computations).
-    Off,
-    Rollouts,
-    Generations,
-}
-
-/// The attention state of one job.
-enum DecodeCache {
-    /// Lockstep rows (`None` until expanded).
-    Candle(Option<KvCache>),
-    /// Block tables of the paged pool (the `paged`/`fused` switches on the candle backend).
-    Paged(paged::PagedJob),
-    Cpu(CpuCache),
-}
-
 /// One loaded model with its tokenizer, chat template and stop tokens.
-pub struct CandleEngine {
-    model: Backend,
+pub struct ModelEngine {
+    backend: Box<dyn Backend>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     stop_ids: Vec<u32>,
     fingerprint: ModelFingerprint,
     constraints: OnceLock<Result<ConstraintFactory, String>>,
     pool: Option<rayon::ThreadPool>,
-    workspace: Workspace,
     /// Bench only: unconstrained rows run to `max_new_tokens` through stop tokens.
     ignore_eos: bool,
     /// Forced-token fast-forward on the CPU path (on; off only to prove it changes nothing).
     fast_forward: bool,
-    /// Tokens the last job took by fast-forward ([`CandleEngine::forced_tokens_last_job`]).
+    /// Tokens the last job took by fast-forward ([`ModelEngine::forced_tokens_last_job`]).
     forced_tokens: u64,
     /// The last lockstep job's decode time split into sampling and forward calls, in µs
-    /// ([`CandleEngine::decode_split_last_job`]).
+    /// ([`ModelEngine::decode_split_last_job`]).
     decode_split: (u64, u64),
     /// Prompt + generated tokens a job may use: the loaded context, or the run's when rank 0
     /// asked for less ([`Engine::limit_context`]).
@@ -162,15 +103,11 @@ pub struct CandleEngine {
     cancel: CancelFlag,
     /// KV-cache bytes the last job held at its peak ([`Engine::last_kv_cache_bytes`]).
     last_kv_bytes: u64,
-    /// Recent rollout prompts' KV ([`prefill::Kept`]).
-    prefix: prefill::Store,
-    /// Recent generation (reflection) prompts' KV, kept apart from the rollouts' ([`Reuse`]).
-    generate_prefix: prefill::Store,
     /// The tokenizer's image/video placeholder tokens, which a prompt may not hold.
     media_placeholders: Vec<(u32, String)>,
     /// Tokenizes prompts with special-token strings from the messages kept as text.
     prompt_encoder: PromptEncoder,
-    /// The running batch ([`CandleEngine::admit_job`]; CPU fast path).
+    /// The running batch ([`ModelEngine::admit_job`]; CPU fast path).
     live: Vec<batch::Live>,
     /// Positions and jobs of the batch's last forward call.
     last_step: (usize, usize),
@@ -179,69 +116,35 @@ pub struct CandleEngine {
     kv_budget: u64,
     /// The run-time switches the engine was loaded with.
     switches: EngineSwitches,
-    /// Where the steps' time went since load ([`CandleEngine::step_split`]).
+    /// Where the steps' time went since load ([`ModelEngine::step_split`]).
     split: StepSplit,
     /// The last decode step's logits on the host, which the rows sample from next.
-    step_logits: readback::StepLogits,
-    /// The paged path (candle backend, `paged` or `fused` switch on), else `None`.
-    paging: Option<paged::Paging>,
-    /// Test only: the decode tile instead of the device's ([`CandleEngine::set_decode_tile`]).
-    tile: Option<DecodeTile>,
+    step_logits: StepLogits,
 }
 
-impl std::fmt::Debug for CandleEngine {
+impl std::fmt::Debug for ModelEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CandleEngine")
+        f.debug_struct("ModelEngine")
             .field("fingerprint", &self.fingerprint)
             .field("stop_ids", &self.stop_ids)
             .finish_non_exhaustive()
     }
 }
 
-impl CandleEngine {
+impl ModelEngine {
     /// Replaces both prompt-prefix stores (rollouts', generations') with empty ones of `bytes`
     /// each (0 = off). The CPU fast path reuses any prefix; the candle backend whole
-    /// [`PREFILL_CHUNK`]s of it (see [`prefill`]).
+    /// [`PREFILL_CHUNK`]s of it.
     pub fn set_prefix_cache_bytes(&mut self, bytes: usize) {
-        self.prefix = PrefixStore::new(bytes);
-        self.generate_prefix = PrefixStore::new(bytes);
+        self.backend.set_prefix_budget(bytes);
         self.size_kv_pool();
     }
 
     /// The pool of KV blocks holds the jobs' budget and what the prefix stores may keep: the
     /// CPU path's is resized; the paged path's is made again at the next job.
     fn size_kv_pool(&mut self) {
-        if let Backend::Cpu(m) = &self.model {
-            m.kv_pool()
-                .set_capacity_bytes(self.kv_budget.saturating_add(self.stores_budget()));
-        }
-        self.drop_paged_pool();
-    }
-
-    /// Bytes the two prefix stores may hold together.
-    fn stores_budget(&self) -> u64 {
-        (self.prefix.budget() + self.generate_prefix.budget()) as u64
-    }
-
-    /// Keeps a finished job's prompt cache in the store `reuse` names (the CPU path's; a
-    /// store that is off keeps nothing).
-    fn keep_prompt(&mut self, reuse: Reuse, prompt: &[u32], cache: &DecodeCache) {
-        let Some(store) = store_of(&mut self.prefix, &mut self.generate_prefix, reuse) else {
-            return;
-        };
-        match cache {
-            DecodeCache::Cpu(c) => prefill::keep(store, prompt, c),
-            // The paged path's store holds tables of its pool only.
-            DecodeCache::Candle(Some(_)) if self.paging.is_some() => {}
-            DecodeCache::Candle(Some(c)) => {
-                // The store only saves work: a prompt it cannot copy is not kept.
-                if let Err(e) = prefill::keep_candle(store, prompt, c) {
-                    tracing::debug!("prompt not kept for reuse: {e}");
-                }
-            }
-            DecodeCache::Paged(p) => prefill::keep_paged(store, prompt, p),
-            DecodeCache::Candle(None) => {}
-        }
+        let idle = self.live.is_empty();
+        self.backend.size_kv(self.kv_budget, idle);
     }
 
     /// The run-time switches in force (`STAGEB_ENGINE_SWITCHES` at load, or the options').
@@ -263,8 +166,20 @@ impl CandleEngine {
     }
 
     /// The loaded model.
-    pub fn backend(&self) -> &Backend {
-        &self.model
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// The candle transformer, when the engine runs it (tests read its weights).
+    pub fn candle_model(&self) -> Option<&Transformer> {
+        let candle = self.backend.as_any().downcast_ref::<CandleBackend>();
+        candle.map(CandleBackend::model)
+    }
+
+    /// The CPU fast path's model, when the engine runs it (tests run it directly).
+    pub fn cpu_model(&self) -> Option<&CpuModel> {
+        let cpu = self.backend.as_any().downcast_ref::<CpuBackend>();
+        cpu.map(CpuBackend::model)
     }
 
     /// Bench only (fixed-length generation, like `llama-batched-bench`): unconstrained rows
@@ -286,12 +201,7 @@ impl CandleEngine {
     /// operations at the tile a GPU runs. Changes the numerics; never set in production.
     #[doc(hidden)]
     pub fn set_decode_tile(&mut self, rows: usize) {
-        self.tile = Some(DecodeTile(rows.max(1)));
-    }
-
-    /// The decode tile in force: the device's unless a test set one.
-    fn decode_tile(&self, device: &candle_core::Device) -> DecodeTile {
-        self.tile.unwrap_or_else(|| DecodeTile::for_device(device))
+        self.backend.set_decode_tile(rows);
     }
 
     /// Tokens the last job took by forced-token fast-forward (fed without sampling).
@@ -352,8 +262,8 @@ impl CandleEngine {
         let r = self.constraints.get_or_init(|| {
             let vocab = Vocabulary::from_tokenizer(&self.tokenizer, &self.stop_ids)
                 .map_err(|e| e.to_string())?;
-            let vocab = if vocab.len() < self.model.config().vocab_size {
-                vocab.padded_to(self.model.config().vocab_size)
+            let vocab = if vocab.len() < self.backend.config().vocab_size {
+                vocab.padded_to(self.backend.config().vocab_size)
             } else {
                 vocab
             };
@@ -378,36 +288,41 @@ impl CandleEngine {
         prompt: &[u32],
     ) -> Result<(Vec<f32>, usize), EngineError> {
         self.run_pooled(|eng| {
-            let (logits, cache, reused) = eng.prefill(prompt, Reuse::Rollouts)?;
-            eng.keep_prompt(Reuse::Rollouts, prompt, &cache);
+            let (logits, kv, reused) = eng.prefill(prompt, Reuse::Rollouts)?;
+            eng.backend.publish(Reuse::Rollouts, prompt, &kv);
             Ok((logits, reused))
         })
     }
 
-    /// Makes room for `n` rows of up to `max_new` tokens after the prompt.
-    fn add_rows(
-        &self,
-        cache: &mut DecodeCache,
-        n: usize,
-        max_new: usize,
-        prompt_len: usize,
-    ) -> Result<(), EngineError> {
-        match cache {
-            DecodeCache::Candle(c) => {
-                let b1 = c.take();
-                if max_new > 1
-                    && let Some(b1) = b1
-                {
-                    *c = Some(
-                        b1.expand(n, prompt_len + max_new)
-                            .map_err(|e| EngineError::Model(e.to_string()))?,
-                    );
-                }
-            }
-            DecodeCache::Paged(p) => CandleEngine::fork_rows(p, n),
-            DecodeCache::Cpu(c) => c.add_rows(n, max_new),
+    /// Logits of the last prompt token after the fixed prefill schedule ([`chunk_end`]) from
+    /// the leading positions taken from the prefix store `reuse` names (any length on the CPU
+    /// fast path, whole chunks on the candle backend), the prompt's KV, and that length. Runs
+    /// apart from the running batch: its step logits and time are its own.
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        reuse: Reuse,
+    ) -> Result<(Vec<f32>, JobKv, usize), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("empty prompt".into()));
         }
-        Ok(())
+        let mut kv = self.backend.new_job(prompt.len())?;
+        let reused = self.backend.look_up(reuse, prompt, &mut kv)?;
+        let mut logits = StepLogits::new(self.backend.config().vocab_size);
+        let mut split = StepSplit::default();
+        let (mut last, mut pos) = (None, reused);
+        while pos < prompt.len() {
+            let end = chunk_end(pos, prompt.len());
+            let input = Input::chunk(0, prompt[pos..end].to_vec());
+            let out = StepOut {
+                logits: &mut logits,
+                split: &mut split,
+            };
+            last = self.backend.forward(vec![&mut kv], &[input], out)?;
+            pos = end;
+        }
+        let last = last.ok_or_else(|| EngineError::InvalidRequest("empty prompt".into()))?;
+        Ok((last, kv, reused))
     }
 
     fn run_pooled<T: Send>(&mut self, f: impl FnOnce(&mut Self) -> T + Send) -> T {
@@ -438,9 +353,9 @@ impl CandleEngine {
         let split = self.split;
         let others = std::mem::take(&mut self.live);
         // The running batch's rows read the step logits: a job run apart reads its own.
-        let vocab = self.model.config().vocab_size;
+        let vocab = self.backend.config().vocab_size;
         let logits = (!others.is_empty())
-            .then(|| std::mem::replace(&mut self.step_logits, readback::StepLogits::new(vocab)));
+            .then(|| std::mem::replace(&mut self.step_logits, StepLogits::new(vocab)));
         let ran = self.run_alone(prompt.to_vec(), rows, reuse);
         self.live = others;
         if let Some(logits) = logits {
@@ -483,7 +398,7 @@ fn check_params(
     })
 }
 
-impl Engine for CandleEngine {
+impl Engine for ModelEngine {
     fn fingerprint(&self) -> &ModelFingerprint {
         &self.fingerprint
     }
@@ -501,7 +416,7 @@ impl Engine for CandleEngine {
     }
 
     fn limit_context(&mut self, tokens: u32) {
-        self.context_limit = (tokens as usize).clamp(2, self.model.max_context());
+        self.context_limit = (tokens as usize).clamp(2, self.backend.max_context());
     }
 
     fn set_cancel(&mut self, flag: CancelFlag) {
@@ -513,12 +428,11 @@ impl Engine for CandleEngine {
     }
 
     fn prefix_cache_bytes(&self) -> Option<u64> {
-        let bytes = self.prefix.bytes() + self.generate_prefix.bytes();
-        self.prefix.enabled().then_some(bytes as u64)
+        self.backend.prefix_bytes()
     }
 
     fn batches(&self) -> bool {
-        CandleEngine::batches(self)
+        ModelEngine::batches(self)
     }
 
     fn admit(&mut self, key: u64, job: &Job, cancel: CancelFlag) -> Result<(), EngineError> {
@@ -534,25 +448,20 @@ impl Engine for CandleEngine {
     }
 
     fn kv_bytes_per_position(&self) -> u64 {
-        self.kv_bytes(1, 0, 0)
+        self.backend.kv_bytes_per_position()
     }
 
     /// On a GPU the share of its free memory, less what the prefix stores may hold there.
     fn default_kv_budget(&self) -> u64 {
-        match self.device_free_bytes() {
-            Some(free) => {
-                ((free as f64 * super::GPU_KV_SHARE) as u64).saturating_sub(self.stores_budget())
-            }
+        match self.backend.device_free_bytes() {
+            Some(free) => ((free as f64 * super::GPU_KV_SHARE) as u64)
+                .saturating_sub(self.backend.prefix_budget()),
             None => super::DEFAULT_KV_CACHE_BYTES,
         }
     }
 
     fn kv_block_positions(&self) -> u64 {
-        match &self.model {
-            Backend::Cpu(_) => crate::engine::cpu::kv_pool::BLOCK_POSITIONS as u64,
-            Backend::Candle(_) if self.paging.is_some() => crate::engine::kernels::BLOCK as u64,
-            Backend::Candle(_) => 1,
-        }
+        self.backend.block_positions()
     }
 
     fn set_kv_budget(&mut self, bytes: u64) {
@@ -561,14 +470,15 @@ impl Engine for CandleEngine {
     }
 
     fn kv_blocks(&self) -> Option<super::PoolStats> {
-        match &self.model {
-            Backend::Cpu(m) => Some(m.kv_pool().stats()),
-            Backend::Candle(_) => self.paged_stats(),
-        }
+        self.backend.kv_stats()
+    }
+
+    fn job_progress(&self, key: u64) -> Option<super::JobProgress> {
+        ModelEngine::job_progress(self, key)
     }
 }
 
-impl CandleEngine {
+impl ModelEngine {
     fn rollout_inner(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
         let prompt = self.prompt_ids(&request.messages)?;
         let (out, _) = self.rollout_prompt(&prompt, &request.decodes, request.constrained)?;
@@ -615,44 +525,6 @@ impl CandleEngine {
         let latency_us = t0.elapsed().as_micros() as u64;
         self.generate_output(&job.rows[0], prompt.len(), job.reused, latency_us)
     }
-}
-
-impl CandleEngine {
-    /// Free memory of the model's GPU (`None` on the CPU, or in a build without CUDA).
-    #[cfg(feature = "cuda")]
-    fn device_free_bytes(&self) -> Option<u64> {
-        let Backend::Candle(model) = &self.model else {
-            return None;
-        };
-        match model.device() {
-            candle_core::Device::Cuda(dev) => {
-                let info = dev.cuda_stream().context().mem_get_info();
-                info.ok().map(|(free, _total)| free as u64)
-            }
-            _ => None,
-        }
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn device_free_bytes(&self) -> Option<u64> {
-        None
-    }
-}
-
-/// The store a job of kind `reuse` uses (`None` for [`Reuse::Off`] or a store turned off). A
-/// function of the two stores, not a method, so its caller can read the model (a disjoint
-/// field) while it writes the store.
-fn store_of<'a>(
-    rollouts: &'a mut prefill::Store,
-    generations: &'a mut prefill::Store,
-    reuse: Reuse,
-) -> Option<&'a mut prefill::Store> {
-    let store = match reuse {
-        Reuse::Off => return None,
-        Reuse::Rollouts => rollouts,
-        Reuse::Generations => generations,
-    };
-    store.enabled().then_some(store)
 }
 
 /// The model file named by `STAGEB_MODEL`, else the demo model under the workspace's

@@ -1,8 +1,8 @@
 //! One candidate row of a decode batch and how it advances: sampling a token under its
 //! constraint (with the finishing mask of its last tokens), accepting it, forced-token
-//! fast-forward, and its text. Split from `candle_engine.rs`, whose fields it uses.
+//! fast-forward, and its text. Split from `model_engine.rs`, whose fields it uses.
 //!
-//! The rows of a step are sampled in parallel ([`CandleEngine::sample_rows_of`]; in a running
+//! The rows of a step are sampled in parallel ([`ModelEngine::sample_rows_of`]; in a running
 //! batch every row of every job at once): a row's token
 //! depends only on its own logits, seed and state, so the threads change no result. On a GPU the
 //! host-side sampling is otherwise serial work that grows with the rows of a step (measured on
@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 use stageb_shared::seed::uniform_at;
 
-use super::CandleEngine;
+use super::ModelEngine;
 use super::{FINISH_LOOKAHEAD, FINISH_MARGIN};
 use crate::constraint::{AllowedTokens, TokenConstraint};
 use crate::engine::sampler::{self, SamplingParams, Scratch, SeenTokens};
@@ -28,7 +28,7 @@ pub(super) struct Row {
     pub(super) tokens: Vec<u32>,
     pub(super) finish: Option<FinishReason>,
     /// The constraint's allowed set for the next token, computed ahead by [`forced_run`]
-    /// (`CandleEngine::forced_run`) and used by the next sampling step.
+    /// (`ModelEngine::forced_run`) and used by the next sampling step.
     pub(super) next_allowed: Option<AllowedTokens>,
     /// The sampler's buffers, one set per row so rows sample in parallel.
     scratch: Scratch,
@@ -56,7 +56,7 @@ impl Row {
     }
 }
 
-impl CandleEngine {
+impl ModelEngine {
     /// One step's sampling for every unfinished row, in parallel: `feeds[i]` is row `i`'s
     /// sampled token followed, with `fast_forward`, by its forced run (empty for a row that is
     /// or just became finished), and the tokens the rows' forced runs took. `logits[i]` are row

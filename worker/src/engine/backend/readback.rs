@@ -14,7 +14,7 @@
 use candle_core::{CpuStorage, Storage, Tensor};
 
 /// The host copy of a step's logits (see the module docs).
-pub(super) struct StepLogits {
+pub struct StepLogits {
     vocab: usize,
     rows: usize,
     host: Vec<f32>,
@@ -23,7 +23,7 @@ pub(super) struct StepLogits {
 }
 
 impl StepLogits {
-    pub(super) fn new(vocab: usize) -> StepLogits {
+    pub(crate) fn new(vocab: usize) -> StepLogits {
         StepLogits {
             vocab,
             rows: 0,
@@ -34,7 +34,7 @@ impl StepLogits {
     }
 
     /// Row `i` of the last step (empty past its rows).
-    pub(super) fn row(&self, i: usize) -> &[f32] {
+    pub(crate) fn row(&self, i: usize) -> &[f32] {
         if i >= self.rows {
             return &[];
         }
@@ -42,7 +42,7 @@ impl StepLogits {
     }
 
     /// Starts a step of `rows` rows, to be written with [`Self::row_mut`].
-    pub(super) fn begin(&mut self, rows: usize) {
+    pub(crate) fn begin(&mut self, rows: usize) {
         let need = rows * self.vocab;
         if self.host.len() < need {
             self.host.resize(need, 0.0);
@@ -51,13 +51,13 @@ impl StepLogits {
     }
 
     /// Row `i` of the step [`Self::begin`] started.
-    pub(super) fn row_mut(&mut self, i: usize) -> &mut [f32] {
+    pub(crate) fn row_mut(&mut self, i: usize) -> &mut [f32] {
         &mut self.host[i * self.vocab..(i + 1) * self.vocab]
     }
 
     /// The step's rows from `logits` (`(rows, vocab)`, f32 or bf16, on any device), copied to
     /// the host once.
-    pub(super) fn read(&mut self, logits: &Tensor) -> candle_core::Result<()> {
+    pub(crate) fn read(&mut self, logits: &Tensor) -> candle_core::Result<()> {
         let (rows, vocab) = logits.dims2()?;
         if vocab != self.vocab {
             candle_core::bail!("logits of {vocab} tokens, expected {}", self.vocab)
