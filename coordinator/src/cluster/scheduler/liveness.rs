@@ -135,7 +135,7 @@ impl Scheduler {
             Self::note_progress(&mut g, session, id, steps, now);
         }
         let mut failed = Vec::new();
-        let revoked_now = self.revoke_stalled(&mut g, now, Some(session), &mut failed);
+        let revoked_now = self.revoke_stalled(&mut g, now, Some((session, lease_ids)), &mut failed);
         let ttl = self.config.lease_ttl;
         let mut invalid = Vec::new();
         for id in lease_ids {
@@ -228,30 +228,44 @@ impl Scheduler {
             .is_some_and(|(stalled, bound)| stalled >= bound)
     }
 
-    /// Revoke the leases (of `session`, or all) whose progress stood still past their bound;
-    /// returns how many. Their jobs go back to the front of the queue, or fail into `failed`.
+    /// Revoke the leases (those a heartbeat of a session lists, or all: the periodic sweep)
+    /// whose progress stood still past their bound; returns how many. Their jobs go back to the
+    /// front of the queue, or fail into `failed`. A heartbeat looks only at its own leases, not
+    /// the whole table: the sweep covers the rest.
     pub(super) fn revoke_stalled(
         &self,
         g: &mut Inner,
         now: Instant,
-        session: Option<&str>,
+        listed: Option<(&str, &[LeaseId])>,
         failed: &mut Vec<JobId>,
     ) -> usize {
         if !self.config.progress.enabled() {
             return 0;
         }
-        let mut stalled: Vec<LeaseId> = g
-            .leases
-            .iter()
-            .filter(|(_, l)| session.is_none_or(|s| l.session == s))
-            .filter(|(_, l)| {
-                self.stall_of(g, l, now, false)
-                    .is_some_and(|(stalled, bound)| stalled >= bound)
-            })
-            .map(|(id, _)| *id)
-            .collect();
+        let is_stalled = |l: &LeaseState| {
+            self.stall_of(g, l, now, false)
+                .is_some_and(|(stalled, bound)| stalled >= bound)
+        };
+        let mut stalled: Vec<LeaseId> = match listed {
+            Some((session, ids)) => ids
+                .iter()
+                .copied()
+                .filter(|id| {
+                    g.leases
+                        .get(id)
+                        .is_some_and(|l| l.session == session && is_stalled(l))
+                })
+                .collect(),
+            None => g
+                .leases
+                .iter()
+                .filter(|(_, l)| is_stalled(l))
+                .map(|(id, _)| *id)
+                .collect(),
+        };
         // Highest id first, each pushed to the front: the oldest lease's job leads.
         stalled.sort_unstable_by(|a, b| b.cmp(a));
+        stalled.dedup();
         for id in &stalled {
             if let Some(l) = g.leases.get(id) {
                 tracing::warn!(lease = id, job = l.job, session = %l.session, "lease made no progress for too long: revoked, its job leased again");
