@@ -580,7 +580,9 @@ fn logits_read_once_a_step_or_per_job_give_the_same_outputs_in_f32_and_bf16() {
         e
     };
     let all = short_jobs();
-    for (numerics, jobs) in [(Numerics::F32, &all[..]), (Numerics::Bf16, &all[1..3])] {
+    // bf16 on the two generations: short prompts keep candle's slow CPU bf16 matmuls cheap;
+    // the rollout's eight rows are gathered in the f32 case.
+    for (numerics, jobs) in [(Numerics::F32, &all[..]), (Numerics::Bf16, &all[2..4])] {
         let mut per_job = load(numerics, "readback=per-job");
         let reference: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut per_job, j)).collect();
         let mut once = load(numerics, "readback=once");

@@ -20,3 +20,13 @@ pub fn model_path() -> PathBuf {
         ),
     }
 }
+
+/// How many cases a long property walks: `full` under `STAGEB_TEST_DEPTH=full` (the long suite,
+/// `scripts/ci/test.sh --full`), else `quick`, the slice CI runs on every push. The quick slice
+/// still meets every kind of case the full walk does; the full walk adds samples, not kinds.
+pub fn depth(quick: usize, full: usize) -> usize {
+    match std::env::var("STAGEB_TEST_DEPTH").as_deref() {
+        Ok("full") => full,
+        _ => quick,
+    }
+}
