@@ -29,7 +29,7 @@ use tonic::{Code, Request, Status};
 use crate::engine::{CancelFlag, Engine, EngineError, Job};
 use crate::job_codec::{job_from_pb, result_to_pb};
 use crate::pace::Pace;
-use crate::runner::{self, Incoming, Outgoing, StepCount};
+use crate::runner::{self, Incoming, Outgoing, ProgressCount};
 use dial::connect;
 use heartbeat::spawn_heartbeat;
 
@@ -202,10 +202,10 @@ enum SessionEnd {
     Lost,
 }
 
-/// One lease in hand: its job's cancel flag, and its step count where the engine keeps one.
+/// One lease in hand: its job's cancel flag, and its progress where the engine batches.
 struct Held {
     cancel: CancelFlag,
-    steps: Option<StepCount>,
+    progress: Option<ProgressCount>,
 }
 
 /// What the job loop and the heartbeat task of one session share.
@@ -374,8 +374,8 @@ struct InHand {
     block: u64,
     /// How many jobs finish within the lease TTL at this worker's pace.
     pace: Pace,
-    /// The engine batches: the engine thread counts each job's steps, the heartbeat reports
-    /// them.
+    /// The engine batches: the engine thread counts each job's progress, the heartbeat
+    /// reports it.
     counts_steps: bool,
 }
 
@@ -548,10 +548,10 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
     for job in jobs {
         let Some(kind) = job.kind else { continue };
         let cancel = CancelFlag::default();
-        let steps = StepCount::default();
+        let progress = ProgressCount::default();
         let held = Held {
             cancel: cancel.clone(),
-            steps: hand.counts_steps.then(|| steps.clone()),
+            progress: hand.counts_steps.then(|| progress.clone()),
         };
         shared.held().insert(job.lease_id, held);
         let job_or_refusal = job_from_pb(kind);
@@ -572,7 +572,7 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
                 key: job.lease_id,
                 job: job_or_refusal,
                 cancel,
-                steps,
+                progress,
             })
             .is_ok()
         });
