@@ -1,35 +1,41 @@
 //! Load generator for rank 0 (bench and soak code, never the product path): N simulated
 //! workers in one process, speaking the real protocol to a real `stageb coordinator` over
-//! loopback gRPC, answering jobs with a scripted engine.
+//! loopback gRPC, answering jobs with a simulated engine.
 //!
-//! Why it exists: the product worker runs an LLM on a blocking thread per worker, so a
-//! thousand of them cannot share a 2-core machine. Here each simulated worker is one async
-//! task on the generated client; it honours the protocol like `worker/src/client.rs`
-//! (heartbeats naming the leases in hand, `DRAIN`/`STOP`, fenced leases abandoned,
-//! re-registration naming `previous_session` when the session is lost) so rank 0 sees what a
-//! real cluster would send it. Answers are pure functions of each job (its seeds, its schema),
-//! so two runs of the same mission write the same artifacts whatever the faults in between.
+//! Each simulated worker is the product worker's own session loop
+//! ([`stageb_worker::client::run_worker_with`]: register, heartbeats reporting each lease's
+//! progress, lease, submit, `DRAIN`/`STOP`, fenced leases abandoned, re-registration naming
+//! `previous_session` when the session is lost) with a simulated engine plugged in where the
+//! model would be: a continuous batch whose jobs end when their drawn latency has passed. No
+//! model runs, so a thousand of them share a 2-core machine. Answers are pure functions of
+//! each job (its seeds, its schema), so two runs of the same mission write the same artifacts
+//! whatever the faults in between.
 //!
-//! Latency per job is simulated by a sleep drawn from a seeded distribution (fixed, or
-//! lognormal with a long tail). Measured client-side: Lease RPC time when it returned a job
-//! (lease wait; apart, the calls that found work queued, by the response's
-//! `waited_for_work_us`) and Submit RPC time, p50/p99, jobs answered, wall time; one JSON object on
-//! stdout at the end. Exits when rank 0 says `STOP` (0), `DRAIN` (75), or stays unreachable
-//! past `--reconnect-s` (3).
+//! Latency per job is drawn from a seeded distribution (fixed, or lognormal with a long tail).
+//! Measured client-side, through the loop's call observer: Lease RPC time when it returned a
+//! job (lease wait; apart, the calls that found work queued, by the response's
+//! `waited_for_work_us`) and Submit RPC time, p50/p99, jobs answered, wall time; one JSON
+//! object on stdout at the end. Exits when rank 0 says `STOP` (0), `DRAIN` (75), or stays
+//! unreachable past `--reconnect-s` or refuses a worker (3). `RUST_LOG` shows the worker
+//! loop's own logs on stderr.
 //!
 //! `cargo build --release --example loadgen`; `target/release/examples/loadgen --help`.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stageb_shared::auth::AUTH_HEADER;
+use stageb_shared::auth::AuthToken;
 use stageb_shared::pb;
 use stageb_shared::seed::splitmix64;
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request, Status};
+use stageb_shared::telemetry::{LogFormat, init_tracing};
+use stageb_worker::client::{
+    CallObserver, ClientHooks, JobLimits, WorkerEnd, WorkerError, WorkerOptions, run_worker_with,
+};
+use stageb_worker::engine::{
+    CancelFlag, CandidateOutput, Engine, EngineError, FinishReason, GenerateOutput,
+    GenerateRequest, Job, JobOutput, ModelFingerprint, RolloutOutput, RolloutRequest,
+};
 
 /// The process start: the origin of every offset in [`Stats`].
 static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
@@ -42,7 +48,7 @@ const USAGE: &str = "loadgen --coordinator HOST:PORT [--token-file F] [--workers
 #[derive(Debug, Clone)]
 struct Opts {
     coordinator: String,
-    token: Option<String>,
+    token: Option<AuthToken>,
     workers: usize,
     latency: Latency,
     seed: u64,
@@ -99,7 +105,7 @@ fn parse_args() -> Result<Opts, String> {
             "--token-file" => {
                 let path = value()?;
                 let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-                opts.token = Some(text.trim().to_string());
+                opts.token = Some(AuthToken::new(text).map_err(|e| format!("{path}: {e}"))?);
             }
             "--workers" => opts.workers = value()?.parse().map_err(bad)?,
             "--latency" => opts.latency = parse_latency(&value()?)?,
@@ -150,7 +156,7 @@ impl Sleeper {
 
 /// The scripted rollout answer: one candidate per requested seed, its verdict a function of
 /// the seed alone, in the two-line contract.
-fn rollout_answer(job: &pb::RolloutJob) -> pb::submit_request::Result {
+fn rollout_answer(job: &RolloutRequest) -> RolloutOutput {
     let mut candidates = Vec::new();
     for d in &job.decodes {
         for (s, &seed) in d.seeds.iter().enumerate() {
@@ -159,24 +165,25 @@ fn rollout_answer(job: &pb::RolloutJob) -> pb::submit_request::Result {
             } else {
                 "Verdict: 不通过\nReason: 摘要触发不通过规则，判不通过"
             };
-            candidates.push(pb::Candidate {
+            candidates.push(CandidateOutput {
                 decode_index: d.decode_index,
                 sample_index: s as u32,
                 seed,
                 text: text.to_string(),
                 completion_tokens: text.chars().count() as u32,
-                finish_reason: "stop".into(),
+                finish: FinishReason::Stop,
             });
         }
     }
     let prompt: usize = job.messages.iter().map(|m| m.content.chars().count()).sum();
-    pb::submit_request::Result::Rollout(pb::RolloutResult {
+    RolloutOutput {
         candidates,
         prompt_tokens: prompt as u32,
+        prefix_tokens: 0,
         prefill_us: 0,
         decode_us: 0,
-        ..Default::default()
-    })
+        batch: Default::default(),
+    }
 }
 
 /// The smallest instance of a JSON schema: required properties only, empty arrays and
@@ -212,66 +219,137 @@ fn minimal_instance(schema: &Value) -> Value {
     }
 }
 
-fn generate_answer(job: &pb::GenerateJob) -> pb::submit_request::Result {
-    let schema: Value = serde_json::from_str(&job.json_schema).unwrap_or(Value::Null);
-    let text = minimal_instance(&schema).to_string();
-    pb::submit_request::Result::Generate(pb::GenerateResult {
+fn generate_answer(job: &GenerateRequest) -> GenerateOutput {
+    let schema = job.json_schema.as_ref().unwrap_or(&Value::Null);
+    let text = minimal_instance(schema).to_string();
+    GenerateOutput {
         completion_tokens: text.chars().count() as u32,
         text,
         prompt_tokens: 1,
         prefix_tokens: 0,
-        finish_reason: "stop".into(),
+        finish: FinishReason::Stop,
         latency_us: 0,
-        ..Default::default()
-    })
-}
-
-fn answer(kind: &pb::job::Kind) -> pb::submit_request::Result {
-    match kind {
-        pb::job::Kind::Rollout(job) => rollout_answer(job),
-        pb::job::Kind::Generate(job) => generate_answer(job),
+        batch: Default::default(),
     }
 }
 
-#[derive(Clone)]
-struct Bearer(Option<String>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            let value = v.parse().map_err(|_| Status::internal("bad token"))?;
-            request.metadata_mut().insert(AUTH_HEADER, value);
-        }
-        Ok(request)
+fn answer(job: &Job) -> JobOutput {
+    match job {
+        Job::Rollout(r) => JobOutput::Rollout(rollout_answer(r)),
+        Job::Generate(g) => JobOutput::Generate(generate_answer(g)),
     }
 }
 
-type Client = pb::coordinator_client::CoordinatorClient<
-    tonic::service::interceptor::InterceptedService<Channel, Bearer>,
->;
+/// Longest a step waits while the batch is full (no job can join before one ends): how soon
+/// a fenced job is abandoned.
+const FULL_WAIT: Duration = Duration::from_millis(100);
+/// Longest a step waits while the batch has room: how late a job handed over may join.
+const ROOM_WAIT: Duration = Duration::from_millis(10);
 
-/// Connect with backoff (100 ms doubling to 2 s) for at most `window`.
-async fn connect(opts: &Opts, window: Duration) -> Option<Client> {
-    let url = format!("http://{}", opts.coordinator.trim_start_matches("http://"));
-    let endpoint = Endpoint::from_shared(url)
-        .ok()?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(opts.keepalive)
-        .keep_alive_timeout(opts.keepalive);
-    let start = Instant::now();
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        if let Ok(channel) = endpoint.connect().await {
-            let bearer = Bearer(opts.token.as_ref().map(|t| format!("Bearer {t}")));
-            return Some(pb::coordinator_client::CoordinatorClient::with_interceptor(
-                channel, bearer,
-            ));
+/// One job in the simulated batch, due at `due`.
+struct Running {
+    key: u64,
+    job: Job,
+    cancel: CancelFlag,
+    due: Instant,
+}
+
+/// The simulated engine: a continuous batch whose jobs end when their drawn latency has
+/// passed (a raised cancel flag ends one at the next step), answered by [`answer`].
+struct Simulated {
+    fingerprint: ModelFingerprint,
+    max_context: u32,
+    /// The most jobs the worker hands over at once: a full batch grows only when one ends.
+    max_jobs: usize,
+    sleeper: Sleeper,
+    batch: Vec<Running>,
+}
+
+impl Simulated {
+    fn new(opts: &Opts, index: usize) -> Self {
+        Simulated {
+            fingerprint: ModelFingerprint {
+                weights_sha256: "loadgen-scripted-v1".into(),
+                candle_version: "none".into(),
+                dtype: "none".into(),
+                device: "cpu".into(),
+                architecture: "loadgen".into(),
+            },
+            max_context: opts.max_context,
+            max_jobs: opts.max_jobs,
+            sleeper: Sleeper {
+                latency: opts.latency,
+                state: splitmix64(opts.seed ^ splitmix64(index as u64)),
+            },
+            batch: Vec::new(),
         }
-        if start.elapsed() >= window {
-            return None;
+    }
+
+    /// The jobs that ended by `now`: cancelled ones, and those due.
+    fn ended(&mut self, now: Instant) -> Vec<(u64, Result<JobOutput, EngineError>)> {
+        let mut ended = Vec::new();
+        let mut i = 0;
+        while i < self.batch.len() {
+            let r = &self.batch[i];
+            if r.cancel.is_cancelled() {
+                ended.push((r.key, Err(EngineError::Cancelled)));
+            } else if r.due <= now {
+                ended.push((r.key, Ok(answer(&r.job))));
+            } else {
+                i += 1;
+                continue;
+            }
+            self.batch.swap_remove(i);
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        ended
+    }
+}
+
+impl Engine for Simulated {
+    fn fingerprint(&self) -> &ModelFingerprint {
+        &self.fingerprint
+    }
+    fn rollout(&mut self, request: &RolloutRequest) -> Result<RolloutOutput, EngineError> {
+        Ok(rollout_answer(request))
+    }
+    fn generate(&mut self, request: &GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        Ok(generate_answer(request))
+    }
+    fn max_context(&self) -> u32 {
+        self.max_context
+    }
+    fn batches(&self) -> bool {
+        true
+    }
+    fn admit(&mut self, key: u64, job: &Job, cancel: CancelFlag) -> Result<(), EngineError> {
+        let due = Instant::now() + self.sleeper.next();
+        let job = job.clone();
+        self.batch.push(Running {
+            key,
+            job,
+            cancel,
+            due,
+        });
+        Ok(())
+    }
+    /// The jobs that ended; when none has, waits for the next to fall due (at most
+    /// [`FULL_WAIT`], or [`ROOM_WAIT`] while another job could join) and looks again.
+    fn step(&mut self) -> Vec<(u64, Result<JobOutput, EngineError>)> {
+        let now = Instant::now();
+        let ended = self.ended(now);
+        let Some(next) = self.batch.iter().map(|r| r.due).min() else {
+            return ended;
+        };
+        if !ended.is_empty() {
+            return ended;
+        }
+        let most = if self.batch.len() >= self.max_jobs {
+            FULL_WAIT
+        } else {
+            ROOM_WAIT
+        };
+        std::thread::sleep(next.saturating_duration_since(now).min(most));
+        self.ended(Instant::now())
     }
 }
 
@@ -322,6 +400,60 @@ impl Stats {
     }
 }
 
+fn since_start_us() -> u64 {
+    START.elapsed().as_micros() as u64
+}
+
+/// A simulated worker's [`Stats`], filled by its session loop as it calls rank 0.
+#[derive(Default)]
+struct Observed(Mutex<Stats>);
+
+impl Observed {
+    fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl CallObserver for Observed {
+    fn registered(&self) {
+        self.stats().registrations += 1;
+    }
+    fn leased(&self, took: Duration, jobs: usize, waited_for_work: Duration) {
+        if jobs == 0 {
+            return;
+        }
+        let took = took.as_micros() as u64;
+        let mut stats = self.stats();
+        stats.lease_wait_us.push(took);
+        if waited_for_work.is_zero() {
+            stats.lease_queued_us.push(took);
+        }
+        stats.first_job_us.get_or_insert_with(since_start_us);
+    }
+    fn holding(&self, jobs: usize) {
+        let mut stats = self.stats();
+        stats.peak_in_hand = stats.peak_in_hand.max(jobs);
+    }
+    fn submitted(&self, took: Duration, status: pb::SubmitStatus) {
+        let mut stats = self.stats();
+        stats.submit_us.push(took.as_micros() as u64);
+        match status {
+            pb::SubmitStatus::Accepted => {
+                stats.accepted += 1;
+                stats.last_accept_us = since_start_us();
+            }
+            pb::SubmitStatus::Duplicate => stats.duplicate += 1,
+            _ => stats.fenced += 1,
+        }
+    }
+    fn cancelled(&self) {
+        self.stats().abandoned += 1;
+    }
+    fn session_lost(&self) {
+        self.stats().sessions_lost += 1;
+    }
+}
+
 /// How a simulated worker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -331,257 +463,43 @@ enum End {
     Refused,
 }
 
-/// State one session's job loop shares with its heartbeat task.
-#[derive(Default)]
-struct Shared {
-    held: Mutex<BTreeSet<u64>>,
-    done: AtomicU64,
-    /// 0 continue, 1 drain, 2 stop: the strongest control heard.
-    directive: AtomicU8,
-    /// Lease ids rank 0 reported fenced while in hand.
-    fenced: Mutex<BTreeSet<u64>>,
-}
-
-impl Shared {
-    fn note(&self, control: i32) {
-        let level = match pb::Control::try_from(control) {
-            Ok(pb::Control::Drain) => 1,
-            Ok(pb::Control::Stop) => 2,
-            _ => 0,
-        };
-        self.directive.fetch_max(level, Ordering::Relaxed);
-    }
-
-    fn asked_end(&self) -> Option<End> {
-        match self.directive.load(Ordering::Relaxed) {
-            0 => None,
-            1 => Some(End::Drained),
-            _ => Some(End::RunOver),
-        }
-    }
-}
-
-/// Register, naming the lost session if any.
-async fn register(
-    client: &mut Client,
-    opts: &Opts,
-    index: usize,
-    previous: &str,
-) -> Result<pb::RegisterResponse, Status> {
-    let request = pb::RegisterRequest {
-        run_id: String::new(),
-        previous_session: previous.to_string(),
-        worker: Some(pb::WorkerInfo {
-            name: format!("{}:{index}", opts.name),
-            device: "cpu".into(),
-            model_fingerprint: "loadgen-scripted-v1|none|none|cpu".into(),
-            capacity: opts.max_jobs as u32,
-            version: "loadgen".into(),
-            max_context: opts.max_context,
-        }),
-    };
-    Ok(client.register(request).await?.into_inner())
-}
-
-/// Heartbeats beside the job loop: keep held leases alive, hear control and fenced leases.
-fn spawn_heartbeat(
-    mut client: Client,
-    session: String,
-    every: Duration,
-    shared: Arc<Shared>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let lease_ids: Vec<u64> = shared.held.lock().unwrap().iter().copied().collect();
-            let request = pb::HeartbeatRequest {
-                session: session.clone(),
-                lease_ids,
-                jobs_done: shared.done.load(Ordering::Relaxed),
-                // The load generator computes nothing: its leases are kept by heartbeats.
-                progress: Vec::new(),
-            };
-            let Ok(resp) = client.heartbeat(request).await.map(|r| r.into_inner()) else {
-                continue;
-            };
-            shared.note(resp.control);
-            let held = shared.held.lock().unwrap();
-            let in_hand = resp.fenced_lease_ids.iter().filter(|id| held.contains(id));
-            shared.fenced.lock().unwrap().extend(in_hand);
-        }
-    })
-}
-
-/// Sleep for the job's latency, returning early (false) if rank 0 fences the lease or says
-/// `STOP` meanwhile (the real engine checks its cancel flag at every decode step).
-async fn work(shared: &Shared, lease_id: u64, took: Duration) -> bool {
-    let until = Instant::now() + took;
-    loop {
-        if shared.fenced.lock().unwrap().contains(&lease_id)
-            || shared.asked_end() == Some(End::RunOver)
-        {
-            return false;
-        }
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return true;
-        }
-        tokio::time::sleep(left.min(Duration::from_millis(100))).await;
-    }
-}
-
-/// Run one leased job and submit its answer; what it measured comes back. The lease is in
-/// `shared.held` already (put there when it was leased, so heartbeats cover it at once).
-async fn serve_job(
-    mut client: Client,
-    session: String,
-    job: pb::Job,
-    shared: Arc<Shared>,
-    took: Duration,
-) -> Stats {
-    let mut stats = Stats::default();
-    let Some(kind) = job.kind else {
-        shared.held.lock().unwrap().remove(&job.lease_id);
-        return stats;
-    };
-    let finished = work(&shared, job.lease_id, took).await;
-    if !finished {
-        shared.held.lock().unwrap().remove(&job.lease_id);
-        stats.abandoned += 1;
-        return stats;
-    }
-    let request = pb::SubmitRequest {
-        session,
-        lease_id: job.lease_id,
-        result: Some(answer(&kind)),
-    };
-    let started = Instant::now();
-    let reply = client.submit(request).await;
-    shared.held.lock().unwrap().remove(&job.lease_id);
-    let Ok(reply) = reply else { return stats };
-    stats.submit_us.push(started.elapsed().as_micros() as u64);
-    shared.done.fetch_add(1, Ordering::Relaxed);
-    match pb::SubmitStatus::try_from(reply.into_inner().status) {
-        Ok(pb::SubmitStatus::Accepted) => {
-            stats.accepted += 1;
-            stats.last_accept_us = START.elapsed().as_micros() as u64;
-        }
-        Ok(pb::SubmitStatus::Duplicate) => stats.duplicate += 1,
-        _ => stats.fenced += 1,
-    }
-    stats
-}
-
-/// Lease and serve jobs under one session, up to `max_jobs` at once; `None` when the session
-/// was lost. Told `DRAIN`, it leases nothing more and finishes the jobs in hand.
-async fn serve_session(
-    client: &Client,
-    session: &pb::RegisterResponse,
-    max_jobs: usize,
-    sleeper: &mut Sleeper,
-    stats: &mut Stats,
-) -> Option<End> {
-    let mut client = client.clone();
-    let shared = Arc::new(Shared::default());
-    let every = Duration::from_millis(session.heartbeat_interval_ms.max(100) as u64);
-    let heartbeat = spawn_heartbeat(
-        client.clone(),
-        session.session.clone(),
-        every,
-        shared.clone(),
-    );
-    let mut running = tokio::task::JoinSet::new();
-    let ended = loop {
-        while let Some(done) = running.try_join_next() {
-            stats.absorb(done.expect("a simulated job panicked"));
-        }
-        if let Some(end) = shared.asked_end() {
-            break Some(end);
-        }
-        if running.len() >= max_jobs {
-            if let Some(done) = running.join_next().await {
-                stats.absorb(done.expect("a simulated job panicked"));
-            }
-            continue;
-        }
-        let request = pb::LeaseRequest {
-            session: session.session.clone(),
-            max_jobs: (max_jobs - running.len()) as u32,
-            // With jobs in hand, come back soon to lease more as they end.
-            wait_ms: if running.is_empty() { 5_000 } else { 200 },
-        };
-        let started = Instant::now();
-        let Ok(resp) = client.lease(request).await.map(|r| r.into_inner()) else {
-            break None;
-        };
-        if !resp.jobs.is_empty() {
-            let took = started.elapsed().as_micros() as u64;
-            stats.lease_wait_us.push(took);
-            if resp.waited_for_work_us == 0 {
-                stats.lease_queued_us.push(took);
-            }
-            let now = START.elapsed().as_micros() as u64;
-            stats.first_job_us.get_or_insert(now);
-        }
-        shared.note(resp.control);
-        for job in resp.jobs {
-            shared.held.lock().unwrap().insert(job.lease_id);
-            let (c, s) = (client.clone(), session.session.clone());
-            running.spawn(serve_job(c, s, job, shared.clone(), sleeper.next()));
-        }
-        stats.peak_in_hand = stats.peak_in_hand.max(running.len());
-    };
-    while let Some(done) = running.join_next().await {
-        stats.absorb(done.expect("a simulated job panicked"));
-    }
-    heartbeat.abort();
-    ended
-}
-
-/// One simulated worker: connect, register, serve sessions until rank 0 ends it.
+/// One simulated worker: the worker's session loop on a [`Simulated`] engine until rank 0
+/// ends it.
 async fn simulated_worker(opts: Arc<Opts>, index: usize) -> (End, Stats) {
-    let mut stats = Stats::default();
-    let mut sleeper = Sleeper {
-        latency: opts.latency,
-        state: splitmix64(opts.seed ^ splitmix64(index as u64)),
+    let observed = Arc::new(Observed::default());
+    let hooks = ClientHooks {
+        keepalive: opts.keepalive,
+        observer: observed.clone(),
     };
-    let mut previous = String::new();
-    loop {
-        let Some(mut client) = connect(&opts, opts.reconnect).await else {
-            return (End::Unreachable, stats);
-        };
-        let session = match register(&mut client, &opts, index, &previous).await {
-            Ok(s) => s,
-            Err(s)
-                if matches!(
-                    s.code(),
-                    Code::Unavailable | Code::Unknown | Code::Cancelled
-                ) =>
-            {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Err(s) if s.code() == Code::ResourceExhausted => {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                continue;
-            }
-            Err(s) => {
-                eprintln!("loadgen worker {index}: refused: {}", s.message());
-                return (End::Refused, stats);
-            }
-        };
-        stats.registrations += 1;
-        previous = session.session.clone();
-        if let Some(end) =
-            serve_session(&client, &session, opts.max_jobs, &mut sleeper, &mut stats).await
-        {
-            return (end, stats);
+    let worker = WorkerOptions {
+        coordinator: opts.coordinator.clone(),
+        token: opts.token.clone(),
+        tls: None,
+        name: format!("{}:{index}", opts.name),
+        device: "cpu".into(),
+        run_id: String::new(),
+        connect_timeout: opts.reconnect,
+        reconnect_timeout: opts.reconnect,
+        limits: JobLimits {
+            max_jobs: opts.max_jobs,
+            kv_cache_bytes: None,
+        },
+    };
+    let engine = Simulated::new(&opts, index);
+    let ended = run_worker_with(engine, worker, hooks, std::future::pending()).await;
+    let end = match ended {
+        Ok(summary) => match summary.end {
+            WorkerEnd::Drained => End::Drained,
+            WorkerEnd::RunOver | WorkerEnd::Interrupted => End::RunOver,
+        },
+        Err(WorkerError::Unreachable { .. }) => End::Unreachable,
+        Err(e) => {
+            eprintln!("loadgen worker {index}: refused: {e}");
+            End::Refused
         }
-        stats.sessions_lost += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    let stats = std::mem::take(&mut *observed.stats());
+    (end, stats)
 }
 
 /// p-th percentile (0..=100) in milliseconds, nearest rank.
@@ -633,8 +551,7 @@ fn report(opts: &Opts, ends: &[End], mut stats: Stats, wall: Duration) -> Value 
     })
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let opts = match parse_args() {
         Ok(o) => Arc::new(o),
         Err(e) => {
@@ -642,16 +559,29 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let start = *START;
-    let tasks: Vec<_> = (0..opts.workers)
-        .map(|i| tokio::spawn(simulated_worker(opts.clone(), i)))
-        .collect();
-    let (mut ends, mut stats) = (Vec::new(), Stats::default());
-    for task in tasks {
-        let (end, s) = task.await.expect("simulated worker panicked");
-        ends.push(end);
-        stats.absorb(s);
+    if std::env::var_os("RUST_LOG").is_some() {
+        init_tracing(LogFormat::Text);
     }
+    let start = *START;
+    // Each simulated worker's engine runs on a blocking thread of its own, as the product
+    // worker's does: room for all of them.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(opts.workers + 16)
+        .build()
+        .expect("a tokio runtime");
+    let (ends, stats) = runtime.block_on(async {
+        let tasks: Vec<_> = (0..opts.workers)
+            .map(|i| tokio::spawn(simulated_worker(opts.clone(), i)))
+            .collect();
+        let (mut ends, mut stats) = (Vec::new(), Stats::default());
+        for task in tasks {
+            let (end, s) = task.await.expect("simulated worker panicked");
+            ends.push(end);
+            stats.absorb(s);
+        }
+        (ends, stats)
+    });
     println!("{}", report(&opts, &ends, stats, start.elapsed()));
     let code = if ends.contains(&End::Refused) || ends.contains(&End::Unreachable) {
         3

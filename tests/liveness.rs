@@ -16,6 +16,7 @@ use stageb_coordinator::cluster::scheduler::{
     ControlSignal, ProgressRule, Scheduler, SchedulerConfig, SpeculationConfig,
 };
 use stageb_coordinator::run::RunSummary;
+use stageb_shared::pb;
 use stageb_worker::client::run_worker;
 use stageb_worker::engine::{
     CancelFlag, Engine, EngineError, GenerateOutput, GenerateRequest, Job, JobOutput,
@@ -321,5 +322,154 @@ async fn a_slow_job_whose_steps_keep_coming_keeps_its_lease() {
     assert_eq!(
         (stats.leases_revoked_no_progress, stats.leases_issued),
         (0, 1)
+    );
+}
+
+/// A worker's side of the wire, by hand: registered with rank 0 and holding one lease.
+struct ByHand {
+    client: pb::coordinator_client::CoordinatorClient<tonic::transport::Channel>,
+    session: String,
+    lease: u64,
+    /// When the last heartbeat was sent: rank 0 noted its progress no sooner.
+    last_beat: Instant,
+}
+
+/// Rank 0 (no-progress floor `floor`, 4 stalls, heartbeats every 50 ms, no straggler copies)
+/// with one job queued, and a hand-driven worker holding its lease.
+async fn one_lease_by_hand(floor: Duration) -> (support::Loopback, ByHand) {
+    let (scheduler, _completions) = Scheduler::new(SchedulerConfig {
+        progress: ProgressRule {
+            multiple: 4,
+            floor,
+            heartbeat: Duration::from_millis(50),
+        },
+        speculation: SpeculationConfig::OFF,
+        ..SchedulerConfig::default()
+    });
+    let scheduler = Arc::new(scheduler);
+    scheduler.enqueue(rollout_job(vec![1]));
+    let server = serve_for_workers(scheduler, Duration::from_millis(50)).await;
+    let url = format!("http://{}", server.addr);
+    let mut client = pb::coordinator_client::CoordinatorClient::connect(url)
+        .await
+        .unwrap();
+    let worker = pb::WorkerInfo {
+        name: "by-hand".into(),
+        device: "cpu".into(),
+        model_fingerprint: "fp".into(),
+        capacity: 1,
+        version: "test".into(),
+        max_context: 8192,
+    };
+    let session = client
+        .register(pb::RegisterRequest {
+            worker: Some(worker),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session;
+    let leased = client
+        .lease(pb::LeaseRequest {
+            session: session.clone(),
+            max_jobs: 1,
+            wait_ms: 1000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let lease = leased.jobs[0].lease_id;
+    let hand = ByHand {
+        client,
+        session,
+        lease,
+        last_beat: Instant::now(),
+    };
+    (server, hand)
+}
+
+impl ByHand {
+    /// Heartbeats every 50 ms, the `n`-th reporting `progress(n)`, for `beats` beats or until
+    /// the lease is fenced; `Some(beat)` when it was revoked for want of progress.
+    async fn beat(
+        &mut self,
+        beats: u64,
+        progress: impl Fn(u64) -> pb::LeaseProgress,
+    ) -> Option<u64> {
+        for n in 0..beats {
+            self.last_beat = Instant::now();
+            let answer = self
+                .client
+                .heartbeat(pb::HeartbeatRequest {
+                    session: self.session.clone(),
+                    lease_ids: vec![self.lease],
+                    jobs_done: 0,
+                    progress: vec![progress(n)],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if !answer.fenced_lease_ids.is_empty() {
+                assert_eq!(answer.revoked_lease_ids, vec![self.lease]);
+                return Some(n);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+/// A progress entry of `lease` as a worker of this build sends it.
+fn counts(lease: u64, steps: u64, tokens: u64, prompt_done: u32) -> pb::LeaseProgress {
+    pb::LeaseProgress {
+        lease_id: lease,
+        steps,
+        tokens,
+        rows_finished: 0,
+        prompt_done,
+    }
+}
+
+/// An engine whose step count is stuck but whose tokens (or prompt tokens) grow is decoding
+/// (prefilling): rank 0 keeps its lease past many times the floor, and revokes it once every
+/// counter stands still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_tokens_grow_while_its_steps_stand_still_keeps_it_until_all_stand_still() {
+    let (_server, mut hand) = one_lease_by_hand(Duration::from_millis(400)).await;
+    let lease = hand.lease;
+    // Two seconds of prefill by chunks, then two of decoding: the steps never move.
+    let prefill = hand
+        .beat(40, |n| counts(lease, 1, 0, 64 * (n as u32 + 1)))
+        .await;
+    assert_eq!(prefill, None, "the prompt count grew");
+    let decode = hand.beat(40, |n| counts(lease, 1, n + 1, 2560)).await;
+    assert_eq!(decode, None, "the tokens grew");
+    let moved = hand.last_beat;
+    let stood = hand.beat(400, |_| counts(lease, 1, 40, 2560)).await;
+    assert!(stood.is_some(), "every counter stood still: revoked");
+    assert!(
+        moved.elapsed() >= Duration::from_millis(400),
+        "not before the floor"
+    );
+}
+
+/// An older worker fills the steps alone: its lease lives while they grow and is revoked at
+/// the bound once they stand still, as before the other counters existed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_workers_steps_alone_keep_and_lose_a_lease_as_before() {
+    let (_server, mut hand) = one_lease_by_hand(Duration::from_millis(400)).await;
+    let lease = hand.lease;
+    let steps = |steps| pb::LeaseProgress {
+        lease_id: lease,
+        steps,
+        ..Default::default()
+    };
+    assert_eq!(hand.beat(30, |n| steps(n + 1)).await, None, "steps grew");
+    let moved = hand.last_beat;
+    assert!(hand.beat(400, |_| steps(30)).await.is_some(), "revoked");
+    assert!(
+        moved.elapsed() >= Duration::from_millis(400),
+        "not before the floor"
     );
 }

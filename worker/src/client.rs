@@ -11,7 +11,9 @@
 //! leases it fenced (another worker has the job: abandon it at the next decode step) or revoked
 //! (the job made no progress: the engine looks hung). How a worker ended ([`WorkerEnd`])
 //! decides its exit code. Dialing (endpoint, TLS, the connect loop) is the child `dial.rs`;
-//! the heartbeat task, which reports each lease's progress, `heartbeat.rs`.
+//! the heartbeat task, which reports each lease's progress, `heartbeat.rs`; the job metrics
+//! `metrics.rs`; what a caller may set beyond the options (keepalive, an observer of the
+//! calls: the load generator runs this loop with a simulated engine) `hooks.rs`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -20,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stageb_shared::auth::{AUTH_HEADER, AuthToken};
-use stageb_shared::observe;
 use stageb_shared::pb;
 use stageb_shared::tls::ClientTls;
 use tonic::transport::Channel;
@@ -29,12 +30,16 @@ use tonic::{Code, Request, Status};
 use crate::engine::{CancelFlag, Engine, EngineError, Job};
 use crate::job_codec::{job_from_pb, result_to_pb};
 use crate::pace::Pace;
-use crate::runner::{self, Incoming, Outgoing, StepCount};
+use crate::runner::{self, Incoming, Outgoing, ProgressCount};
 use dial::connect;
 use heartbeat::spawn_heartbeat;
+pub use hooks::{CallObserver, ClientHooks, DEFAULT_KEEPALIVE};
+use metrics::record_job_metrics;
 
 mod dial;
 mod heartbeat;
+mod hooks;
+mod metrics;
 
 /// How a worker reaches its coordinator.
 #[derive(Debug, Clone)]
@@ -202,10 +207,10 @@ enum SessionEnd {
     Lost,
 }
 
-/// One lease in hand: its job's cancel flag, and its step count where the engine keeps one.
+/// One lease in hand: its job's cancel flag, and its progress where the engine batches.
 struct Held {
     cancel: CancelFlag,
-    steps: Option<StepCount>,
+    progress: Option<ProgressCount>,
 }
 
 /// What the job loop and the heartbeat task of one session share.
@@ -221,6 +226,7 @@ struct SessionShared {
     /// A lease was revoked for making no progress and the engine has given no job back since:
     /// lease nothing new.
     stuck: AtomicBool,
+    observer: Arc<dyn CallObserver>,
 }
 
 impl SessionShared {
@@ -255,6 +261,16 @@ pub async fn run_worker<E: Engine + 'static>(
     opts: WorkerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, WorkerError> {
+    run_worker_with(engine, opts, ClientHooks::default(), shutdown).await
+}
+
+/// [`run_worker`] with `hooks`: its keepalive, and its observer told of every call.
+pub async fn run_worker_with<E: Engine + 'static>(
+    engine: E,
+    opts: WorkerOptions,
+    hooks: ClientHooks,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, WorkerError> {
     let fingerprint = engine.fingerprint().id();
     let max_context = engine.max_context();
     let engine = Arc::new(Mutex::new(engine));
@@ -274,7 +290,7 @@ pub async fn run_worker<E: Engine + 'static>(
         };
         let started = *reach.get_or_insert_with(Instant::now);
         let mut client = tokio::select! {
-            c = connect(&opts, started, window) => c?,
+            c = connect(&opts, hooks.keepalive, started, window) => c?,
             _ = &mut shutdown => {
                 summary.end = WorkerEnd::Interrupted;
                 return Ok(summary);
@@ -320,6 +336,7 @@ pub async fn run_worker<E: Engine + 'static>(
             Err(status) => return Err(WorkerError::Refused(status.message().to_string())),
         };
         summary.registrations += 1;
+        hooks.observer.registered();
         reach = None;
         last_note = None;
         previous_session = session.id.clone();
@@ -335,6 +352,7 @@ pub async fn run_worker<E: Engine + 'static>(
             &session,
             &engine,
             &opts,
+            &hooks,
             &mut summary,
             &mut shutdown,
         )
@@ -345,6 +363,7 @@ pub async fn run_worker<E: Engine + 'static>(
                 return Ok(summary);
             }
             SessionEnd::Lost => {
+                hooks.observer.session_lost();
                 tracing::info!("session lost; reconnecting");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -374,8 +393,8 @@ struct InHand {
     block: u64,
     /// How many jobs finish within the lease TTL at this worker's pace.
     pace: Pace,
-    /// The engine batches: the engine thread counts each job's steps, the heartbeat reports
-    /// them.
+    /// The engine batches: the engine thread counts each job's progress, the heartbeat
+    /// reports it.
     counts_steps: bool,
 }
 
@@ -398,6 +417,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
     session: &Session,
     engine: &Arc<Mutex<E>>,
     opts: &WorkerOptions,
+    hooks: &ClientHooks,
     summary: &mut WorkerSummary,
     shutdown: &mut std::pin::Pin<&mut F>,
 ) -> SessionEnd {
@@ -408,6 +428,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         directive: AtomicU8::new(0),
         revoked: AtomicU64::new(0),
         stuck: AtomicBool::new(false),
+        observer: hooks.observer.clone(),
     });
     let heartbeat = spawn_heartbeat(client.clone(), session, shared.clone());
     let (to_engine, inbox) = std::sync::mpsc::channel();
@@ -419,6 +440,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         block,
         batches,
         budget,
+        max_jobs,
     } = kv_setup(engine, opts);
     let eng = engine.clone();
     let thread = tokio::task::spawn_blocking(move || runner::run_engine(eng, inbox, outbox));
@@ -429,11 +451,6 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
         block,
         pace: Pace::new(session.lease_ttl),
         counts_steps: batches,
-    };
-    let max_jobs = if batches {
-        opts.limits.max_jobs.max(1)
-    } else {
-        1
     };
     let mut ending: Option<SessionEnd> = None;
     let mut interrupted = false;
@@ -458,6 +475,7 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
                 // Long-poll only with nothing in hand: results must not wait for the lease.
                 wait_ms: if hand.count() == 0 { 5_000 } else { 0 },
             };
+            let asked = Instant::now();
             let response = tokio::select! {
                 r = client.lease(lease) => r,
                 _ = shutdown.as_mut(), if !interrupted => {
@@ -469,11 +487,16 @@ async fn serve_session<E: Engine + 'static, F: Future<Output = ()>>(
             match response {
                 Ok(r) => {
                     let r = r.into_inner();
+                    let waited = Duration::from_micros(r.waited_for_work_us);
+                    shared
+                        .observer
+                        .leased(asked.elapsed(), r.jobs.len(), waited);
                     shared.note_control(
                         pb::Control::try_from(r.control).unwrap_or(pb::Control::Continue),
                     );
                     let took_some = !r.jobs.is_empty();
                     hand_over(r.jobs, &mut hand, &shared, budget);
+                    shared.observer.holding(hand.count());
                     if took_some || hand.count() == 0 {
                         continue;
                     }
@@ -519,6 +542,8 @@ struct KvSetup {
     batches: bool,
     /// The KV-cache budget the jobs in hand share, in bytes.
     budget: u64,
+    /// The most jobs in hand: `--max-jobs` on an engine that batches, else one.
+    max_jobs: usize,
 }
 
 /// The engine's KV facts for a session, its budget set (`--kv-cache-mib`, else the device's
@@ -532,11 +557,17 @@ fn kv_setup<E: Engine>(engine: &Mutex<E>, opts: &WorkerOptions) -> KvSetup {
     e.set_kv_budget(budget);
     let given = opts.limits.kv_cache_bytes.is_some();
     tracing::debug!(budget, given, "KV-cache budget");
+    let batches = e.batches();
     KvSetup {
         per_position: e.kv_bytes_per_position(),
         block: e.kv_block_positions().max(1),
-        batches: e.batches(),
+        batches,
         budget,
+        max_jobs: if batches {
+            opts.limits.max_jobs.max(1)
+        } else {
+            1
+        },
     }
 }
 
@@ -548,10 +579,10 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
     for job in jobs {
         let Some(kind) = job.kind else { continue };
         let cancel = CancelFlag::default();
-        let steps = StepCount::default();
+        let progress = ProgressCount::default();
         let held = Held {
             cancel: cancel.clone(),
-            steps: hand.counts_steps.then(|| steps.clone()),
+            progress: hand.counts_steps.then(|| progress.clone()),
         };
         shared.held().insert(job.lease_id, held);
         let job_or_refusal = job_from_pb(kind);
@@ -572,7 +603,7 @@ fn hand_over(jobs: Vec<pb::Job>, hand: &mut InHand, shared: &SessionShared, budg
                 key: job.lease_id,
                 job: job_or_refusal,
                 cancel,
-                steps,
+                progress,
             })
             .is_ok()
         });
@@ -613,6 +644,7 @@ async fn finish_job(
     if cancelled {
         shared.held().remove(&out.key);
         summary.jobs_cancelled += 1;
+        shared.observer.cancelled();
         tracing::info!(
             lease = out.key,
             "job cancelled before it finished; not submitted"
@@ -643,75 +675,6 @@ fn job_kv_bound(job: &Job, per_position: u64, block: u64) -> u64 {
     per_position * block * (prompt.div_ceil(block) + rows * max_new.div_ceil(block))
 }
 
-/// One prefix-store lookup of a `kind` job (`rollout`, `generate`) that reused `prefix_tokens`.
-fn record_prefix_reuse(kind: &'static str, prefix_tokens: u32) {
-    metrics::counter!(observe::WORKER_PREFIX_LOOKUPS, "kind" => kind).increment(1);
-    if prefix_tokens > 0 {
-        metrics::counter!(observe::WORKER_PREFIX_HITS, "kind" => kind).increment(1);
-    }
-    metrics::counter!(observe::WORKER_PREFILL_SAVED, "kind" => kind)
-        .increment(u64::from(prefix_tokens));
-}
-
-/// The worker's Prometheus metrics for one job (see [`stageb_shared::observe`]).
-/// `prefix_bytes`: what the engine's prefix store holds, `None` when it has none.
-fn record_job_metrics(
-    result: &pb::submit_request::Result,
-    took: Duration,
-    kv_bytes: u64,
-    prefix_bytes: Option<u64>,
-    in_hand: usize,
-) {
-    use pb::submit_request::Result as R;
-    metrics::gauge!(observe::WORKER_JOBS_IN_HAND).set(in_hand as f64);
-    let (kind, outcome) = match result {
-        R::Rollout(_) => ("rollout", "ok"),
-        R::Generate(_) => ("generate", "ok"),
-        R::Error(e) if e.code == "CANCELLED" => ("any", "cancelled"),
-        R::Error(_) => ("any", "error"),
-    };
-    metrics::counter!(observe::WORKER_JOBS, "kind" => kind, "outcome" => outcome).increment(1);
-    metrics::histogram!(observe::WORKER_JOB_DURATION, "kind" => kind).record(took.as_secs_f64());
-    let rate = |tokens: u64, us: u64| (us > 0).then(|| tokens as f64 * 1e6 / us as f64);
-    match result {
-        R::Rollout(r) => {
-            let decoded: u64 = r
-                .candidates
-                .iter()
-                .map(|c| c.completion_tokens as u64)
-                .sum();
-            // Reused prefix tokens were not prefilled: neither counted nor in the rate.
-            let prefilled = u64::from(r.prompt_tokens.saturating_sub(r.prefix_tokens));
-            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(prefilled);
-            metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(decoded);
-            if prefix_bytes.is_some() {
-                record_prefix_reuse(kind, r.prefix_tokens);
-            }
-            if let Some(v) = rate(prefilled, r.prefill_us) {
-                metrics::gauge!(observe::WORKER_PREFILL_RATE).set(v);
-            }
-            if let Some(v) = rate(decoded, r.decode_us) {
-                metrics::gauge!(observe::WORKER_DECODE_RATE).set(v);
-            }
-        }
-        R::Generate(g) => {
-            let prefilled = u64::from(g.prompt_tokens.saturating_sub(g.prefix_tokens));
-            metrics::counter!(observe::WORKER_PREFILL_TOKENS).increment(prefilled);
-            metrics::counter!(observe::WORKER_DECODE_TOKENS).increment(g.completion_tokens as u64);
-            if prefix_bytes.is_some() {
-                record_prefix_reuse(kind, g.prefix_tokens);
-            }
-        }
-        R::Error(_) => {}
-    }
-    if kv_bytes > 0 {
-        metrics::gauge!(observe::WORKER_KV_CACHE).set(kv_bytes as f64);
-    }
-    if let Some(b) = prefix_bytes {
-        metrics::gauge!(observe::WORKER_PREFIX_CACHE).set(b as f64);
-    }
-}
-
 /// Hand one result back and count it.
 async fn submit(
     client: &mut Client,
@@ -722,6 +685,7 @@ async fn submit(
     shared: &SessionShared,
 ) {
     let failed = matches!(result, pb::submit_request::Result::Error(_));
+    let asked = Instant::now();
     let answer = client
         .submit(pb::SubmitRequest {
             session: session.id.clone(),
@@ -734,6 +698,7 @@ async fn submit(
         Ok(r) => {
             let status = pb::SubmitStatus::try_from(r.into_inner().status)
                 .unwrap_or(pb::SubmitStatus::Unspecified);
+            shared.observer.submitted(asked.elapsed(), status);
             if status == pb::SubmitStatus::Fenced {
                 tracing::warn!(lease = lease_id, "result fenced: the lease had expired");
             }

@@ -34,8 +34,8 @@ use crate::cluster::edge::{self, ConnectionCount, EdgeLimits, EdgeShutdown};
 use crate::cluster::slots::{ChargeCalls, Slots, StrangerUsage};
 
 use crate::cluster::scheduler::{
-    CandidateText, ControlSignal, JobFailure, JobOutput, JobPayload, Scheduler, SubmitError,
-    SubmitOutcome,
+    CandidateText, ControlSignal, JobFailure, JobOutput, JobPayload, LeaseProgress, Scheduler,
+    SubmitError, SubmitOutcome,
 };
 
 pub use crate::cluster::edge::MAX_MESSAGE_BYTES;
@@ -341,8 +341,19 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 wire::MAX_HEARTBEAT_LEASES
             )));
         }
-        let progress: Vec<(u64, u64)> =
-            req.progress.iter().map(|p| (p.lease_id, p.steps)).collect();
+        let progress: Vec<(u64, LeaseProgress)> = req
+            .progress
+            .iter()
+            .map(|p| {
+                let counts = LeaseProgress {
+                    steps: p.steps,
+                    tokens: p.tokens,
+                    rows_finished: p.rows_finished,
+                    prompt_done: p.prompt_done,
+                };
+                (p.lease_id, counts)
+            })
+            .collect();
         let answer = self
             .scheduler
             .heartbeat_with(&req.session, &req.lease_ids, &progress)

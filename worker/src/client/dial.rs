@@ -19,14 +19,15 @@ fn endpoint_url(addr: &str, tls: bool) -> String {
     }
 }
 
-/// The endpoint for `opts`: plaintext, or TLS verified against the configured CA.
-fn endpoint(opts: &WorkerOptions) -> Result<Endpoint, WorkerError> {
+/// The endpoint for `opts`: plaintext, or TLS verified against the configured CA; HTTP/2
+/// pings every `keepalive`, the connection dropped when one goes unanswered that long.
+fn endpoint(opts: &WorkerOptions, keepalive: Duration) -> Result<Endpoint, WorkerError> {
     let url = endpoint_url(&opts.coordinator, opts.tls.is_some());
     let mut endpoint = Endpoint::from_shared(url)
         .map_err(|_| WorkerError::BadAddress(opts.coordinator.clone()))?
         .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(20));
+        .http2_keep_alive_interval(keepalive)
+        .keep_alive_timeout(keepalive);
     let host = endpoint.uri().host().unwrap_or("localhost").to_string();
     match &opts.tls {
         Some(tls) => {
@@ -65,10 +66,11 @@ fn endpoint(opts: &WorkerOptions) -> Result<Endpoint, WorkerError> {
 /// this reach: a connection that opens but cannot register does not restart the clock).
 pub(super) async fn connect(
     opts: &WorkerOptions,
+    keepalive: Duration,
     start: Instant,
     window: Duration,
 ) -> Result<Client, WorkerError> {
-    let endpoint = endpoint(opts)?;
+    let endpoint = endpoint(opts, keepalive)?;
     let mut backoff = Duration::from_millis(100);
     loop {
         match endpoint.connect().await {

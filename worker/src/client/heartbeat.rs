@@ -1,9 +1,10 @@
 //! Heartbeats beside the job loop: they keep the leases in hand alive and report each one's
-//! progress (the forward steps its job has been through, from a batching engine), and carry
-//! rank 0's word back. A fenced lease cancels its job at the next decode step; a lease revoked
-//! for making no progress is counted, and the session takes no new job until its engine gives
-//! one back (an engine that looks hung should not be handed more); `STOP` cancels every job in
-//! hand, `DRAIN` lets them finish.
+//! progress (from a batching engine: the forward steps its job has been through, the tokens it
+//! decoded, its rows finished and its prompt tokens prefilled), and carry rank 0's word back.
+//! A fenced lease cancels its job at the next decode step; a lease revoked for making no
+//! progress is counted, and the session takes no new job until its engine gives one back (an
+//! engine that looks hung should not be handed more); `STOP` cancels every job in hand,
+//! `DRAIN` lets them finish.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -49,9 +50,15 @@ fn in_hand(shared: &SessionShared) -> (Vec<u64>, Vec<pb::LeaseProgress>) {
     let progress = held
         .iter()
         .filter_map(|(id, h)| {
-            h.steps.as_ref().map(|steps| pb::LeaseProgress {
-                lease_id: *id,
-                steps: steps.get(),
+            h.progress.as_ref().map(|count| {
+                let p = count.get();
+                pb::LeaseProgress {
+                    lease_id: *id,
+                    steps: p.steps,
+                    tokens: p.tokens,
+                    rows_finished: p.rows_finished,
+                    prompt_done: p.prompt_done,
+                }
             })
         })
         .collect();

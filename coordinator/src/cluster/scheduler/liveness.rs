@@ -1,6 +1,9 @@
 //! Liveness by progress: a heartbeat proves the worker's process is up, not that its engine
 //! still computes. A worker whose engine can tell it reports each lease's progress (forward
-//! steps) with every heartbeat; rank 0 remembers when each lease's progress last moved.
+//! steps, and where its engine says them, tokens decoded, rows finished and prompt tokens
+//! prefilled) with every heartbeat; rank 0 remembers when each lease's progress last moved:
+//! when any of its counters grew (a long prefill moves its prompt count alone). A worker that
+//! reports steps only (an older one) is judged by its steps.
 //!
 //! The rule ([`ProgressRule`]):
 //! - A lease whose progress has not moved for `multiple` × the longest stall its worker showed
@@ -97,11 +100,54 @@ impl Stalls {
     }
 }
 
+/// One lease's progress as a worker reports it: counters that only grow while its job runs.
+/// A worker that does not count one leaves it at 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseProgress {
+    /// Forward steps the job has been through.
+    pub steps: u64,
+    /// Tokens its rows decoded, all rows together.
+    pub tokens: u64,
+    /// Its rows that ended.
+    pub rows_finished: u32,
+    /// Prompt tokens in its KV cache (prefilled or reused).
+    pub prompt_done: u32,
+}
+
+impl LeaseProgress {
+    /// Steps alone, as an older worker reports them.
+    pub fn steps(steps: u64) -> Self {
+        LeaseProgress {
+            steps,
+            ..Self::default()
+        }
+    }
+
+    /// Whether any counter is past the same counter of `than`.
+    fn beyond(&self, than: &LeaseProgress) -> bool {
+        self.steps > than.steps
+            || self.tokens > than.tokens
+            || self.rows_finished > than.rows_finished
+            || self.prompt_done > than.prompt_done
+    }
+
+    /// Each counter's highest of the two: a count that went backwards is not taken back.
+    fn highest(&self, other: &LeaseProgress) -> LeaseProgress {
+        LeaseProgress {
+            steps: self.steps.max(other.steps),
+            tokens: self.tokens.max(other.tokens),
+            rows_finished: self.rows_finished.max(other.rows_finished),
+            prompt_done: self.prompt_done.max(other.prompt_done),
+        }
+    }
+}
+
 /// One lease's progress as rank 0 last saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Seen {
-    steps: u64,
-    /// When `steps` last grew (the lease's issue time while it has not).
+    /// The highest of each counter reported so far.
+    counts: LeaseProgress,
+    /// When a counter last grew (the lease's issue time while none has).
     moved_at: Instant,
 }
 
@@ -116,14 +162,14 @@ pub struct HeartbeatAnswer {
 }
 
 impl Scheduler {
-    /// Extend the session's live leases after noting their `progress` (lease id, steps);
+    /// Extend the session's live leases after noting their `progress` (lease id, counters);
     /// revoke those of its leases whose progress stood still too long. A lease past its
     /// deadline is never revived.
     pub fn heartbeat_with(
         &self,
         session: &str,
         lease_ids: &[LeaseId],
-        progress: &[(LeaseId, u64)],
+        progress: &[(LeaseId, LeaseProgress)],
     ) -> Result<HeartbeatAnswer, SubmitError> {
         let mut g = self.lock();
         let now = Instant::now();
@@ -131,8 +177,8 @@ impl Scheduler {
             Some(s) => s.last_seen = now,
             None => return Err(SubmitError::UnknownSession),
         }
-        for &(id, steps) in progress {
-            Self::note_progress(&mut g, session, id, steps, now);
+        for &(id, counts) in progress {
+            Self::note_progress(&mut g, session, id, counts, now);
         }
         let mut failed = Vec::new();
         let revoked_now = self.revoke_stalled(&mut g, now, Some((session, lease_ids)), &mut failed);
@@ -169,29 +215,35 @@ impl Scheduler {
         })
     }
 
-    /// Lease `id` of `session` has been through `steps` steps at `now`: when they grew, the
-    /// stall since the last move is timed for the session's pace.
-    fn note_progress(g: &mut Inner, session: &str, id: LeaseId, steps: u64, now: Instant) {
+    /// Lease `id` of `session` showed `counts` at `now`: when any counter grew, the stall
+    /// since the last move is timed for the session's pace.
+    fn note_progress(
+        g: &mut Inner,
+        session: &str,
+        id: LeaseId,
+        counts: LeaseProgress,
+        now: Instant,
+    ) {
         let Some(lease) = g.leases.get_mut(&id).filter(|l| l.session == session) else {
             return;
         };
         let stall = match lease.progress {
             None => {
-                let moved = steps > 0;
+                let moved = counts.beyond(&LeaseProgress::default());
                 lease.progress = Some(Seen {
-                    steps,
+                    counts,
                     moved_at: if moved { now } else { lease.issued },
                 });
                 moved.then(|| now.saturating_duration_since(lease.issued))
             }
-            Some(seen) if steps > seen.steps => {
+            Some(seen) if counts.beyond(&seen.counts) => {
                 lease.progress = Some(Seen {
-                    steps,
+                    counts: counts.highest(&seen.counts),
                     moved_at: now,
                 });
                 Some(now.saturating_duration_since(seen.moved_at))
             }
-            // Standing still, or a count going backwards (a worker's claim): nothing moved.
+            // Standing still, or counts going backwards (a worker's claim): nothing moved.
             Some(_) => None,
         };
         if let (Some(stall), Some(s)) = (stall, g.sessions.get_mut(session)) {

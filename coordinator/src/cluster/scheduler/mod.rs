@@ -56,7 +56,7 @@ use sessions::SessionState;
 
 pub use lease::Leased;
 pub use lifetime::LeaseLifetime;
-pub use liveness::{HeartbeatAnswer, ProgressRule};
+pub use liveness::{HeartbeatAnswer, LeaseProgress, ProgressRule};
 pub use speculation::SpeculationConfig;
 use speculation::{JobKind, JobTimes};
 pub use stats::SchedulerStats;

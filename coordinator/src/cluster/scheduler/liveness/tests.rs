@@ -76,11 +76,27 @@ async fn leased(s: &Scheduler, seed: u64) -> (String, LeaseId, Instant) {
     (w, id, issued)
 }
 
-/// Reports `steps` for lease `id` of `w` as seen at `at`, then revokes what stood still.
+/// Reports `steps` alone (as an older worker does) for lease `id` of `w` as seen at `at`,
+/// then revokes what stood still.
 fn beat_at(s: &Scheduler, w: &str, id: LeaseId, steps: u64, at: Instant) -> usize {
+    counts_at(s, w, id, LeaseProgress::steps(steps), at)
+}
+
+/// Reports every counter of lease `id` of `w` as seen at `at`, then revokes what stood still.
+fn counts_at(s: &Scheduler, w: &str, id: LeaseId, counts: LeaseProgress, at: Instant) -> usize {
     let mut g = s.lock();
-    Scheduler::note_progress(&mut g, w, id, steps, at);
+    Scheduler::note_progress(&mut g, w, id, counts, at);
     s.revoke_stalled(&mut g, at, None, &mut Vec::new())
+}
+
+/// Counters of a job: `steps` steps, `tokens` tokens decoded, `prompt` prompt tokens in.
+fn counts(steps: u64, tokens: u64, prompt: u32) -> LeaseProgress {
+    LeaseProgress {
+        steps,
+        tokens,
+        rows_finished: 0,
+        prompt_done: prompt,
+    }
 }
 
 #[test]
@@ -151,6 +167,94 @@ async fn once_timed_the_bound_follows_the_workers_own_pace() {
 }
 
 #[tokio::test]
+async fn a_lease_whose_steps_stand_still_but_whose_tokens_grow_is_not_revoked() {
+    let (s, _rx) = scheduler(rule(4, 500 * MS), false);
+    let (w, id, t0) = leased(&s, 1).await;
+    // One step in, then tokens only: an engine whose step counter is stuck, still decoding.
+    assert_eq!(counts_at(&s, &w, id, counts(1, 0, 10), t0 + 100 * MS), 0);
+    for n in 1..=10u32 {
+        let at = t0 + 100 * MS + 200 * MS * n;
+        let moving = counts(1, u64::from(n), 10);
+        assert_eq!(counts_at(&s, &w, id, moving, at), 0, "tokens grew at {n}");
+    }
+    assert_eq!(s.stats().leases_revoked_no_progress, 0);
+}
+
+#[tokio::test]
+async fn a_long_prefill_counts_as_progress_and_so_do_rows_finishing() {
+    let (s, _rx) = scheduler(rule(4, 500 * MS), false);
+    let (w, id, t0) = leased(&s, 1).await;
+    // Two seconds of prefill, a chunk every 400 ms: no step returned, no token decoded.
+    for n in 1..=5u32 {
+        let prefill = counts(0, 0, 512 * n);
+        assert_eq!(counts_at(&s, &w, id, prefill, t0 + 400 * MS * n), 0);
+    }
+    let rows = LeaseProgress {
+        rows_finished: 1,
+        ..counts(0, 0, 2560)
+    };
+    assert_eq!(
+        counts_at(&s, &w, id, rows, t0 + 2400 * MS),
+        0,
+        "a row ended"
+    );
+    // 400 ms stalls: the bound is 1.6 s from the last move.
+    let still = t0 + 2400 * MS;
+    assert_eq!(counts_at(&s, &w, id, rows, still + 1599 * MS), 0);
+    assert_eq!(counts_at(&s, &w, id, rows, still + 1600 * MS), 1);
+}
+
+#[tokio::test]
+async fn a_lease_whose_every_counter_stands_still_is_revoked_at_the_bound() {
+    let (s, _rx) = scheduler(rule(4, 500 * MS), false);
+    let (w, id, t0) = leased(&s, 1).await;
+    let seen = counts(3, 40, 100);
+    assert_eq!(counts_at(&s, &w, id, seen, t0 + 100 * MS), 0);
+    assert_eq!(
+        counts_at(&s, &w, id, seen, t0 + 599 * MS),
+        0,
+        "before the floor"
+    );
+    assert_eq!(
+        counts_at(&s, &w, id, seen, t0 + 600 * MS),
+        1,
+        "at the floor"
+    );
+    assert_eq!(s.stats().leases_revoked_no_progress, 1);
+}
+
+#[tokio::test]
+async fn a_counter_going_backwards_then_back_up_is_no_move() {
+    let (s, _rx) = scheduler(rule(4, 500 * MS), false);
+    let (w, id, t0) = leased(&s, 1).await;
+    assert_eq!(counts_at(&s, &w, id, counts(5, 50, 10), t0 + 100 * MS), 0);
+    // A worker's claim that drops a count and raises it to where it was moves nothing.
+    assert_eq!(counts_at(&s, &w, id, counts(5, 10, 10), t0 + 300 * MS), 0);
+    assert_eq!(counts_at(&s, &w, id, counts(5, 50, 10), t0 + 500 * MS), 0);
+    assert_eq!(counts_at(&s, &w, id, counts(5, 50, 10), t0 + 600 * MS), 1);
+}
+
+#[tokio::test]
+async fn steps_alone_as_an_older_worker_sends_them_move_a_lease_as_before() {
+    let (s, _rx) = scheduler(rule(4, 500 * MS), false);
+    let (w, id, t0) = leased(&s, 1).await;
+    let (old, old_id, _) = leased(&s, 2).await;
+    for n in 1..=4u32 {
+        let at = t0 + 300 * MS * n;
+        assert_eq!(beat_at(&s, &old, old_id, u64::from(n), at), 0, "steps grew");
+        assert_eq!(counts_at(&s, &w, id, counts(u64::from(n), 0, 0), at), 0);
+    }
+    // Both stood still since 1.2 s; 300 ms stalls give a bound of 1.2 s from there.
+    let still = t0 + 1200 * MS;
+    assert_eq!(beat_at(&s, &old, old_id, 4, still + 1199 * MS), 0);
+    assert_eq!(
+        beat_at(&s, &old, old_id, 4, still + 1200 * MS),
+        2,
+        "both, alike"
+    );
+}
+
+#[tokio::test]
 async fn a_lease_whose_worker_reports_no_progress_is_kept_by_heartbeats() {
     let (s, _rx) = scheduler(rule(4, 10 * MS), false);
     let (w, id, _) = leased(&s, 1).await;
@@ -167,7 +271,9 @@ async fn a_revoked_lease_is_told_fenced_and_its_job_answered_by_another_worker()
     let (hung, id, _) = leased(&s, 1).await;
     let started = Instant::now();
     let answer = loop {
-        let answer = s.heartbeat_with(&hung, &[id], &[(id, 0)]).unwrap();
+        let answer = s
+            .heartbeat_with(&hung, &[id], &[(id, LeaseProgress::steps(0))])
+            .unwrap();
         if !answer.invalid.is_empty() || started.elapsed() > 5 * S {
             break answer;
         }
@@ -176,7 +282,9 @@ async fn a_revoked_lease_is_told_fenced_and_its_job_answered_by_another_worker()
     assert!(started.elapsed() >= 100 * MS, "not before the floor");
     assert_eq!((answer.invalid, answer.revoked), (vec![id], vec![id]));
     // A late heartbeat claiming progress does not revive it.
-    let late = s.heartbeat_with(&hung, &[id], &[(id, 99)]).unwrap();
+    let late = s
+        .heartbeat_with(&hung, &[id], &[(id, LeaseProgress::steps(99))])
+        .unwrap();
     assert_eq!(late.revoked, vec![id]);
 
     let (_, healthy) = s.register().unwrap();
