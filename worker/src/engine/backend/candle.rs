@@ -9,6 +9,8 @@
 //! keep whole chunks only (`prefix.rs`).
 
 mod flash;
+#[cfg(test)]
+mod flash_tests;
 mod lockstep;
 mod paged;
 mod paged_step;

@@ -133,7 +133,7 @@ pub fn self_check(device: &Device) -> SelfCheckReport {
 
 /// The self-check with `perturb`'s output shifted before it is compared (tests only: a kernel
 /// forced to disagree).
-pub(super) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheckReport {
+pub(crate) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheckReport {
     let mut checks = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         let tolerance = if dtype == DType::F32 { 1e-4 } else { 1.6e-2 };
