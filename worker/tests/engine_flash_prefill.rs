@@ -10,7 +10,7 @@ use crate::common::model_path;
 use crate::engine_paged::{
     Ids, alone, batched, decode, jobs, load, qwen3, same_alone_and_batched, smollm, texts_alone,
 };
-use stageb_worker::engine::{ModelEngine, Numerics, RolloutOutput, numerics_known};
+use stageb_worker::engine::{Engine, ModelEngine, Numerics, RolloutOutput, numerics_known};
 
 /// Every kernel on, the prefill through the flash prefill.
 const FLASH: &str = "paged=on,fused=on,flash_prefill=on";
