@@ -114,3 +114,130 @@ __device__ void combine(const float* acc, const float* ml, const uint32_t* table
 
 PAGED_ATTN(f32, float)
 PAGED_ATTN(bf16, __nv_bfloat16)
+
+// Flash prefill attention (stageb). One job's chunk of `c` query rows at positions
+// `start..start + c`, `start = table[0] - c`, attends causally to positions `0..start + c`
+// of the pool through the job's table `[len, block_0, block_1, ...]` (the chunk's keys and
+// values already written). One thread block per (head, group of QROWS rows). Per row the
+// recipe of `worker/src/engine/kernels/flash_prefill.rs`: key tiles of KEY_TILE positions at
+// multiples of KEY_TILE in ascending order, an online softmax in f32; the dot products are a
+// fixed warp butterfly, the tile's maximum, sum and weighted values run sequentially in
+// ascending position by one thread per row (sum) or per (row, dim) (values). A row skips every
+// tile past its own position, so its result depends on its position alone, not on its group
+// or the chunk.
+#define KEY_TILE 32
+#define QROWS 8
+#define FLASH_THREADS 128
+// Accumulators per thread: QROWS rows of up to 256 dims over FLASH_THREADS threads.
+#define FLASH_ACC (QROWS * 256 / FLASH_THREADS)
+
+template <typename T>
+__device__ void flash_prefill(const T* q, const T* pool, const uint32_t* table, int width, int c,
+                              int n_head, int n_kv, int d, float scale, T* out) {
+    extern __shared__ float smem[];
+    const int h = blockIdx.x, r0 = blockIdx.y * QROWS;
+    const int kvh = h / (n_head / n_kv);
+    const int nr = min(QROWS, c - r0);
+    const int len = (int)table[0];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    float* qs = smem;                    // [QROWS][d]
+    float* kv = qs + QROWS * d;          // [KEY_TILE][d]: the tile's keys, then its values
+    float* sc = kv + KEY_TILE * d;       // [QROWS][KEY_TILE]: scores, then exp weights
+    float* mrow = sc + QROWS * KEY_TILE; // [QROWS] running maximum
+    float* lrow = mrow + QROWS;          // [QROWS] running sum
+    float* crow = lrow + QROWS;          // [QROWS] this tile's correction
+    int* nrow = (int*)(crow + QROWS);    // [QROWS] this tile's positions the row attends
+    const bool bad = len < c || (len + BLOCK - 1) / BLOCK > width - 1;
+    const int start = len - c;
+    if (bad) {  // a table that does not hold the chunk: zeros, nothing read
+        for (int t = tid; t < nr * d; t += blockDim.x)
+            out[((size_t)(r0 + t / d) * n_head + h) * d + t % d] = from_f32<T>(0.0f);
+        return;
+    }
+    for (int t = tid; t < nr * d; t += blockDim.x)
+        qs[t] = to_f32(q[((size_t)(r0 + t / d) * n_head + h) * d + t % d]);
+    if (tid < QROWS) {
+        mrow[tid] = -INFINITY;
+        lrow[tid] = 0.0f;
+    }
+    float acc[FLASH_ACC];
+#pragma unroll
+    for (int k = 0; k < FLASH_ACC; ++k) acc[k] = 0.0f;
+    const int last = start + r0 + nr - 1;  // the group's last position
+    const uint32_t* blocks = table + 1;
+    for (int t0 = 0; t0 <= last; t0 += KEY_TILE) {
+        const int n = min(KEY_TILE, last + 1 - t0);
+        __syncthreads();  // the previous tile's values and weights are no longer read
+        for (int t = tid; t < n * d; t += blockDim.x) {
+            const int pos = t0 + t / d;
+            const size_t b = blocks[pos / BLOCK];
+            kv[t] = to_f32(pool[((b * 2 * BLOCK + pos % BLOCK) * n_kv + kvh) * d + t % d]);
+        }
+        __syncthreads();
+        // Scores: one warp per (row, position), lanes a fixed strided share of the dot product.
+        for (int p = warp; p < QROWS * KEY_TILE; p += warps) {
+            const int r = p / KEY_TILE, j = p % KEY_TILE;
+            if (r >= nr || j >= n) continue;  // the same for the whole warp
+            float s = 0.0f;
+            for (int e = lane; e < d; e += 32) s += qs[r * d + e] * kv[j * d + e];
+            s = warp_sum(s);
+            if (lane == 0) sc[r * KEY_TILE + j] = s * scale;
+        }
+        __syncthreads();
+        // The online softmax's step: one thread per row, positions in ascending order.
+        if (tid < nr) {
+            const int r = tid, pos = start + r0 + r;
+            const int nj = t0 <= pos ? min(n, pos + 1 - t0) : 0;
+            nrow[r] = nj;
+            crow[r] = 1.0f;
+            if (nj > 0) {
+                float mt = -INFINITY;
+                for (int j = 0; j < nj; ++j) mt = fmaxf(mt, sc[r * KEY_TILE + j]);
+                const float m_new = fmaxf(mrow[r], mt);
+                const float corr = expf(mrow[r] - m_new);
+                float l = lrow[r] * corr;
+                for (int j = 0; j < nj; ++j) {
+                    const float e = expf(sc[r * KEY_TILE + j] - m_new);
+                    sc[r * KEY_TILE + j] = e;
+                    l += e;
+                }
+                mrow[r] = m_new;
+                lrow[r] = l;
+                crow[r] = corr;
+            }
+        }
+        __syncthreads();  // the keys are no longer read: the values take their place
+        for (int t = tid; t < n * d; t += blockDim.x) {
+            const int pos = t0 + t / d;
+            const size_t b = blocks[pos / BLOCK];
+            kv[t] = to_f32(pool[(((b * 2 + 1) * BLOCK + pos % BLOCK) * n_kv + kvh) * d + t % d]);
+        }
+        __syncthreads();
+        // Weighted values: one thread per (row, dim), positions in ascending order.
+#pragma unroll
+        for (int k = 0; k < FLASH_ACC; ++k) {
+            const int t = tid + k * FLASH_THREADS, r = t / d, e = t % d;
+            if (r >= nr || nrow[r] == 0) continue;
+            float a = acc[k] * crow[r];
+            for (int j = 0; j < nrow[r]; ++j) a += sc[r * KEY_TILE + j] * kv[j * d + e];
+            acc[k] = a;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < FLASH_ACC; ++k) {
+        const int t = tid + k * FLASH_THREADS, r = t / d, e = t % d;
+        if (r < nr) out[((size_t)(r0 + r) * n_head + h) * d + e] = from_f32<T>(acc[k] / lrow[r]);
+    }
+}
+
+#define FLASH_PREFILL(NAME, T)                                                                \
+    extern "C" __global__ void flash_prefill_##NAME(const T* q, const T* pool,                \
+                                                    const uint32_t* table, int width, int c,  \
+                                                    int n_head, int n_kv, int d, float scale, \
+                                                    T* out) {                                 \
+        flash_prefill<T>(q, pool, table, width, c, n_head, n_kv, d, scale, out);              \
+    }
+
+FLASH_PREFILL(f32, float)
+FLASH_PREFILL(bf16, __nv_bfloat16)

@@ -19,12 +19,12 @@ use stageb_worker::engine::{
 const ON: &str = "paged=on,fused=on";
 const OFF: &str = "paged=off,fused=off";
 
-fn qwen3() -> PathBuf {
+pub(crate) fn qwen3() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity/qwen3")
 }
 
 /// The candle backend on `path` in `numerics` with `switches`, with a small KV budget.
-fn load(path: &Path, numerics: Numerics, switches: &str) -> ModelEngine {
+pub(crate) fn load(path: &Path, numerics: Numerics, switches: &str) -> ModelEngine {
     let opts = EngineOptions {
         weight_format: WeightFormat::Dequantized,
         numerics,
@@ -37,18 +37,18 @@ fn load(path: &Path, numerics: Numerics, switches: &str) -> ModelEngine {
     e
 }
 
-fn smollm(switches: &str) -> ModelEngine {
+pub(crate) fn smollm(switches: &str) -> ModelEngine {
     load(&model_path(), Numerics::F32, switches)
 }
 
 /// A job: a prompt of ids and its decodes (a sampled one of two rows and a greedy one).
 #[derive(Clone)]
-struct Ids {
-    prompt: Vec<u32>,
-    decodes: Vec<DecodeRequest>,
+pub(crate) struct Ids {
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) decodes: Vec<DecodeRequest>,
 }
 
-fn decode(index: u32, temperature: f32, max_new: u32, seeds: Vec<u64>) -> DecodeRequest {
+pub(crate) fn decode(index: u32, temperature: f32, max_new: u32, seeds: Vec<u64>) -> DecodeRequest {
     DecodeRequest {
         decode_index: index,
         temperature,
@@ -60,7 +60,7 @@ fn decode(index: u32, temperature: f32, max_new: u32, seeds: Vec<u64>) -> Decode
 }
 
 /// Four jobs of different prompt lengths and row counts over a vocabulary of `vocab`.
-fn jobs(vocab: u32) -> Vec<Ids> {
+pub(crate) fn jobs(vocab: u32) -> Vec<Ids> {
     (0..4u32)
         .map(|k| Ids {
             prompt: (0..5 + 9 * k).map(|i| (i * 37 + k * 101) % vocab).collect(),
@@ -73,14 +73,14 @@ fn jobs(vocab: u32) -> Vec<Ids> {
 }
 
 /// Each candidate's tokens, in order (stop tokens ignored: every row runs to its length).
-fn alone(eng: &mut ModelEngine, job: &Ids) -> Vec<Vec<u32>> {
+pub(crate) fn alone(eng: &mut ModelEngine, job: &Ids) -> Vec<Vec<u32>> {
     eng.rollout_ids(&job.prompt, &job.decodes, false)
         .expect("rollout")
         .1
 }
 
 /// Runs `jobs` in one batch, job `i` admitted after `joins[i]` steps; each job's texts.
-fn batched(eng: &mut ModelEngine, jobs: &[Ids], joins: &[usize]) -> Vec<Vec<String>> {
+pub(crate) fn batched(eng: &mut ModelEngine, jobs: &[Ids], joins: &[usize]) -> Vec<Vec<String>> {
     let mut out: Vec<Option<Vec<String>>> = vec![None; jobs.len()];
     let mut step = 0;
     while out.iter().any(Option::is_none) {
@@ -102,7 +102,7 @@ fn batched(eng: &mut ModelEngine, jobs: &[Ids], joins: &[usize]) -> Vec<Vec<Stri
     out.into_iter().map(Option::unwrap).collect()
 }
 
-fn texts_alone(eng: &mut ModelEngine, jobs: &[Ids]) -> Vec<Vec<String>> {
+pub(crate) fn texts_alone(eng: &mut ModelEngine, jobs: &[Ids]) -> Vec<Vec<String>> {
     jobs.iter()
         .map(|j| {
             let (out, _) = eng.rollout_ids(&j.prompt, &j.decodes, false).unwrap();
@@ -111,12 +111,12 @@ fn texts_alone(eng: &mut ModelEngine, jobs: &[Ids]) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn used_blocks(eng: &ModelEngine) -> usize {
+pub(crate) fn used_blocks(eng: &ModelEngine) -> usize {
     eng.kv_blocks().expect("the paged path keeps a pool").used
 }
 
 /// One model's check of batch invariance on the paged path, the pool empty afterwards.
-fn same_alone_and_batched(mut eng: ModelEngine, vocab: u32, what: &str) {
+pub(crate) fn same_alone_and_batched(mut eng: ModelEngine, vocab: u32, what: &str) {
     eng.set_ignore_eos(true);
     eng.set_prefix_cache_bytes(0);
     let jobs = jobs(vocab);

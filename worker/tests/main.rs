@@ -11,6 +11,7 @@ mod engine_batching;
 mod engine_bench;
 mod engine_contract;
 mod engine_finish;
+mod engine_flash_prefill;
 mod engine_paged;
 mod engine_rollout;
 mod engine_tokenizer;

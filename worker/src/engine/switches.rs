@@ -2,17 +2,20 @@
 //! rebuild. They are read from one environment variable, [`SWITCHES_VAR`], a comma-separated
 //! list of `name=value` (unset or empty: every default):
 //!
-//! | name     | values        | default | what it selects |
-//! |----------|---------------|---------|-----------------|
-//! | events   | on, off       | off     | cudarc event tracking on the CUDA device (off: one explicit stream) |
-//! | readback | once, per-job | once    | logits copied to the host once a step into a reused buffer, or per job (the old path) |
-//! | paged    | auto, on, off | auto    | paged batched decode attention on the candle backend |
-//! | fused    | auto, on, off | auto    | fused kernels (add+RMSnorm, q/k-norm+RoPE+KV write, SiLU*mul) |
-//! | graphs   | on, off       | off     | CUDA graphs for the decode step |
+//! | name          | values        | default | what it selects |
+//! |---------------|---------------|---------|-----------------|
+//! | events        | on, off       | off     | cudarc event tracking on the CUDA device (off: one explicit stream) |
+//! | readback      | once, per-job | once    | logits copied to the host once a step into a reused buffer, or per job (the old path) |
+//! | paged         | auto, on, off | auto    | paged batched decode attention on the candle backend |
+//! | fused         | auto, on, off | auto    | fused kernels (add+RMSnorm, q/k-norm+RoPE+KV write, SiLU*mul) |
+//! | flash_prefill | auto, on, off | auto    | the prefill's attention read from and written to the paged KV pool (no host mask, no score matrix) |
+//! | graphs        | on, off       | off     | CUDA graphs for the decode step |
 //!
 //! `auto` is on for a model on CUDA and off on the CPU ([`EngineSwitches::kernels_on`]), so the
-//! CPU candle path stays what it was unless asked. With either on, the candle backend's decode
-//! step runs the batched paged path, each kernel only where the device's self-check passed it.
+//! CPU candle path stays what it was unless asked. With any of the three on, the candle
+//! backend runs on the paged KV pool, each kernel only where the device's self-check passed
+//! it: the decode step batched (`paged`, `fused`), the prefill through the flash prefill
+//! kernel (`flash_prefill`; where that kernel did not pass, the prefill runs as before).
 //!
 //! An unknown name or value is an error ([`SwitchError`], stable code [`SWITCH_ERROR_CODE`]),
 //! never ignored: a typo must not silently measure the default. [`EngineSwitches`]' `Display`
@@ -49,6 +52,8 @@ pub struct EngineSwitches {
     pub paged: Option<bool>,
     /// `fused`: fused kernels and concatenated projections; `None` is `auto`.
     pub fused: Option<bool>,
+    /// `flash_prefill`: the prefill's attention over the paged pool; `None` is `auto`.
+    pub flash_prefill: Option<bool>,
     /// `graphs`: CUDA graphs for the decode step (not built: parsed, no effect).
     pub graphs: bool,
 }
@@ -65,7 +70,40 @@ impl SwitchError {
     }
 }
 
-const NAMES: [&str; 5] = ["events", "readback", "paged", "fused", "graphs"];
+const NAMES: [&str; 6] = [
+    "events",
+    "readback",
+    "paged",
+    "fused",
+    "flash_prefill",
+    "graphs",
+];
+
+/// The kernel switches in force on one device (`auto` resolved): which kernels the candle
+/// backend may run, each only where the self-check passed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelsOn {
+    /// Paged batched decode attention.
+    pub paged: bool,
+    /// The fused kernels and concatenated projections.
+    pub fused: bool,
+    /// The flash prefill attention over the paged pool.
+    pub flash_prefill: bool,
+}
+
+impl KernelsOn {
+    /// Every kernel switch on.
+    pub const ALL: KernelsOn = KernelsOn {
+        paged: true,
+        fused: true,
+        flash_prefill: true,
+    };
+
+    /// Whether any is on (the candle backend then keeps the paged pool).
+    pub fn any(&self) -> bool {
+        self.paged || self.fused || self.flash_prefill
+    }
+}
 
 fn auto_on_off(name: &str, value: &str) -> Result<Option<bool>, SwitchError> {
     match value {
@@ -120,6 +158,7 @@ impl EngineSwitches {
                 }
                 "paged" => s.paged = auto_on_off(name, value)?,
                 "fused" => s.fused = auto_on_off(name, value)?,
+                "flash_prefill" => s.flash_prefill = auto_on_off(name, value)?,
                 "graphs" => s.graphs = on_off(name, value)?,
                 _ => {
                     return Err(SwitchError(format!(
@@ -133,9 +172,13 @@ impl EngineSwitches {
         Ok(s)
     }
 
-    /// `(paged, fused)` for a model on CUDA (`cuda`) or on the CPU: `auto` is on on CUDA.
-    pub fn kernels_on(&self, cuda: bool) -> (bool, bool) {
-        (self.paged.unwrap_or(cuda), self.fused.unwrap_or(cuda))
+    /// The kernel switches for a model on CUDA (`cuda`) or on the CPU: `auto` is on on CUDA.
+    pub fn kernels_on(&self, cuda: bool) -> KernelsOn {
+        KernelsOn {
+            paged: self.paged.unwrap_or(cuda),
+            fused: self.fused.unwrap_or(cuda),
+            flash_prefill: self.flash_prefill.unwrap_or(cuda),
+        }
     }
 
     /// The switches [`SWITCHES_VAR`] sets (unset or empty: the defaults).
@@ -152,7 +195,7 @@ impl EngineSwitches {
 
 impl fmt::Display for EngineSwitches {
     /// The canonical list: every switch, in a fixed order, e.g.
-    /// `events=off,readback=once,paged=auto,fused=auto,graphs=off`.
+    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let oo = |b: bool| if b { "on" } else { "off" };
         let auto = |b: Option<bool>| b.map_or("auto", oo);
@@ -162,10 +205,11 @@ impl fmt::Display for EngineSwitches {
         };
         write!(
             f,
-            "events={},readback={readback},paged={},fused={},graphs={}",
+            "events={},readback={readback},paged={},fused={},flash_prefill={},graphs={}",
             oo(self.events),
             auto(self.paged),
             auto(self.fused),
+            auto(self.flash_prefill),
             oo(self.graphs)
         )
     }
@@ -181,17 +225,31 @@ mod tests {
         assert_eq!(d, EngineSwitches::default());
         assert_eq!(
             d.to_string(),
-            "events=off,readback=once,paged=auto,fused=auto,graphs=off"
+            "events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off"
         );
-        assert_eq!(d.kernels_on(true), (true, true), "auto is on on CUDA");
+        assert_eq!(d.kernels_on(true), KernelsOn::ALL, "auto is on on CUDA");
         assert_eq!(
             d.kernels_on(false),
-            (false, false),
+            KernelsOn::default(),
             "auto is off on the CPU"
         );
+        assert!(!d.kernels_on(false).any());
         let s = EngineSwitches::parse("paged=on,fused=off").unwrap();
-        assert_eq!(s.kernels_on(false), (true, false));
-        assert_eq!(s.kernels_on(true), (true, false));
+        let paged_only = KernelsOn {
+            paged: true,
+            ..KernelsOn::default()
+        };
+        assert_eq!(s.kernels_on(false), paged_only);
+        let flash_on_cuda = KernelsOn {
+            flash_prefill: true,
+            ..paged_only
+        };
+        assert_eq!(s.kernels_on(true), flash_on_cuda);
+        let s = EngineSwitches::parse("flash_prefill=on").unwrap();
+        let on = s.kernels_on(false);
+        assert!(on.flash_prefill && !on.paged && !on.fused && on.any());
+        let s = EngineSwitches::parse("flash_prefill=off").unwrap();
+        assert!(!s.kernels_on(true).flash_prefill);
     }
 
     #[test]
@@ -202,7 +260,7 @@ mod tests {
         let canonical = s.to_string();
         assert_eq!(
             canonical,
-            "events=on,readback=per-job,paged=auto,fused=auto,graphs=on"
+            "events=on,readback=per-job,paged=auto,fused=auto,flash_prefill=auto,graphs=on"
         );
         assert_eq!(EngineSwitches::parse(&canonical).unwrap(), s);
     }
@@ -215,6 +273,7 @@ mod tests {
             "paged",
             "fused=yes",
             "paged=maybe",
+            "flash_prefill=yes",
             "events=on,events=off",
         ] {
             let e = EngineSwitches::parse(bad).unwrap_err();

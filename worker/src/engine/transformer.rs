@@ -29,6 +29,7 @@ mod attention;
 mod decode;
 pub mod ops;
 mod paged;
+mod paged_prefill;
 mod projections;
 
 use candle_core::quantized::QMatMul;
@@ -36,6 +37,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 pub use decode::{DecodePart, DecodeTile};
 pub use paged::PagedStep;
+pub use paged_prefill::PagedChunk;
 pub use projections::Projections;
 
 pub use super::model_config::{RopeStyle, TransformerConfig};

@@ -1,12 +1,16 @@
 //! Our transformer on candle tensors as a [`Backend`] (CPU or CUDA, safetensors, explicit
 //! weight formats). A job's KV ([`CandleJob`]) is either a lockstep cache (`lockstep.rs`:
 //! the prompt prefilled at b=1, expanded to one row per candidate, a finished row fed a pad
-//! token) or, with the `paged` or `fused` switch on, block tables of one pool (`paged.rs`,
-//! `paged_step.rs`: rows step on their own, one attention launch per layer for all rows).
-//! A prefill chunk always runs in a forward call of its own into a one-row cache (its
-//! arithmetic depends on its shape, so the fixed schedule keeps it the same in every prompt);
-//! the prompt stores keep whole chunks only (`prefix.rs`).
+//! token) or, with the `paged`, `fused` or `flash_prefill` switch on, block tables of one pool
+//! (`paged.rs`, `paged_step.rs`: rows step on their own, one attention launch per layer for
+//! all rows). A prefill chunk always runs in a forward call of its own (its arithmetic depends
+//! on its shape, so the fixed schedule keeps it the same in every prompt): into a one-row
+//! cache, or with the flash prefill straight into the pool (`flash.rs`); the prompt stores
+//! keep whole chunks only (`prefix.rs`).
 
+mod flash;
+#[cfg(test)]
+mod flash_tests;
 mod lockstep;
 mod paged;
 mod paged_step;
@@ -49,7 +53,7 @@ pub struct CandleBackend {
     /// The token a finished lockstep row is fed (its output is ignored).
     pad: u32,
     readback: Readback,
-    /// The paged path (`paged` or `fused` switch on), else `None`.
+    /// The paged path (`paged`, `fused` or `flash_prefill` switch on), else `None`.
     paging: Option<Paging>,
     /// What the worker's jobs in hand may take; with the stores' budgets, the paged pool's size.
     kv_budget: u64,
@@ -163,7 +167,8 @@ impl Backend for CandleBackend {
         self.drop_paged_pool(idle);
     }
 
-    /// A one-row cache for the prompt's prefill (on the paged path with an empty table).
+    /// A one-row cache for the prompt's prefill (on the paged path with an empty table, and
+    /// with the flash prefill that table only).
     fn new_job(&mut self, prompt_len: usize) -> Result<JobKv, EngineError> {
         let job = match self.paging {
             Some(_) => CandleJob::Paged(self.new_paged_job(prompt_len)?),

@@ -10,7 +10,9 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Storage, StorageRef, Tensor};
 
-use super::params::{AttnDims, PARTITION, QkvRope, RopePairs, silu_mul_shape};
+use super::params::{
+    AttnDims, KEY_TILE, PARTITION, PrefillDims, QkvRope, RopePairs, silu_mul_shape,
+};
 use super::pool::BLOCK;
 
 const PAGED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
@@ -175,6 +177,80 @@ fn attention_t<T: CudaDType + DeviceRepr>(
     // SAFETY: as above; `out` holds rows * n_head * d elements.
     unsafe { b.launch(cfg) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Query rows per thread block of the flash prefill (`QROWS` in the kernel).
+const FLASH_QROWS: usize = 8;
+
+/// Threads of the flash prefill's blocks (`FLASH_THREADS` in the kernel).
+const FLASH_THREADS: u32 = 128;
+
+pub(super) fn flash_prefill(
+    scale: f32,
+    dims: PrefillDims,
+    (s1, l1): (&CudaStorage, &Layout),
+    (s2, l2): (&CudaStorage, &Layout),
+    (s3, l3): (&CudaStorage, &Layout),
+) -> candle_core::Result<CudaStorage> {
+    fn run<T: CudaDType + DeviceRepr>(
+        _witness: &CudaSlice<T>,
+        scale: f32,
+        dims: PrefillDims,
+        (s1, l1): (&CudaStorage, &Layout),
+        (s2, l2): (&CudaStorage, &Layout),
+        (s3, l3): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let PrefillDims {
+            rows,
+            n_head,
+            n_kv,
+            d,
+            width,
+            ..
+        } = dims;
+        if d > 256 {
+            candle_core::bail!("flash prefill kernel: head dim {d} (up to 256)")
+        }
+        let dev = s1.device().clone();
+        let (q, pool, table) = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<u32>(s3, l3)?);
+        let floats = FLASH_QROWS * d + KEY_TILE * d + FLASH_QROWS * KEY_TILE + 3 * FLASH_QROWS;
+        let shared = (floats + FLASH_QROWS) * std::mem::size_of::<f32>();
+        // SAFETY: every element is written: each (row, head) by its block, zeros for a table
+        // that does not hold the chunk.
+        let mut out = unsafe { dev.alloc::<T>(rows * n_head * d)? };
+        let (w, c, nh, nk, dd) = (dim(width)?, dim(rows)?, dim(n_head)?, dim(n_kv)?, dim(d)?);
+        let f = load!(dev, true, "flash_prefill", s1.dtype());
+        let mut b = f.builder();
+        b.arg(&q)
+            .arg(&pool)
+            .arg(&table)
+            .arg(&w)
+            .arg(&c)
+            .arg(&nh)
+            .arg(&nk)
+            .arg(&dd)
+            .arg(&scale)
+            .arg(&mut out);
+        let cfg = LaunchConfig {
+            grid_dim: (n_head as u32, rows.div_ceil(FLASH_QROWS) as u32, 1),
+            block_dim: (FLASH_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: the shapes were checked by the op; the kernel reads positions below the
+        // table's length only, through blocks the pool's tables keep within the pool, and
+        // checks the length against the table's width and the chunk first.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
+    match (&s1.slice, &s2.slice) {
+        (CudaStorageSlice::F32(x), CudaStorageSlice::F32(_)) => {
+            run(x, scale, dims, (s1, l1), (s2, l2), (s3, l3))
+        }
+        (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(_)) => {
+            run(x, scale, dims, (s1, l1), (s2, l2), (s3, l3))
+        }
+        _ => candle_core::bail!("flash prefill: f32 or bf16 inputs of one dtype"),
+    }
 }
 
 pub(super) fn add_rms_norm(

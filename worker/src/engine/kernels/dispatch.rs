@@ -7,7 +7,8 @@ use candle_core::Tensor;
 
 use super::params::{QkvSpec, Rope};
 use super::self_check::{KernelId, SelfCheckReport};
-use super::{fused, paged_attention, qkv_rope, reference};
+use super::{flash_prefill, fused, paged_attention, qkv_rope, reference};
+use crate::engine::switches::KernelsOn;
 
 /// The kernels in use (see the module header); all off runs every composition.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -16,18 +17,19 @@ pub struct KernelUse {
     pub add_rms_norm: bool,
     pub qk_rope_kv: bool,
     pub silu_mul: bool,
+    pub flash_prefill: bool,
 }
 
 impl KernelUse {
-    /// The kernels `report` found usable that the switches select (`paged` the attention,
-    /// `fused` the others).
-    pub fn new(report: &SelfCheckReport, paged: bool, fused: bool) -> KernelUse {
-        let on = report.in_use(paged, fused);
+    /// The kernels `report` found usable that the switches in `on` select.
+    pub fn new(report: &SelfCheckReport, on: KernelsOn) -> KernelUse {
+        let on = report.in_use(on);
         KernelUse {
             paged_attention: on.contains(&KernelId::PagedAttention),
             add_rms_norm: on.contains(&KernelId::AddRmsNorm),
             qk_rope_kv: on.contains(&KernelId::QkNormRopeKv),
             silu_mul: on.contains(&KernelId::SiluMul),
+            flash_prefill: on.contains(&KernelId::FlashPrefill),
         }
     }
 
@@ -37,6 +39,7 @@ impl KernelUse {
             KernelId::AddRmsNorm => self.add_rms_norm,
             KernelId::QkNormRopeKv => self.qk_rope_kv,
             KernelId::SiluMul => self.silu_mul,
+            KernelId::FlashPrefill => self.flash_prefill,
         }
     }
 
@@ -55,6 +58,8 @@ impl KernelUse {
             KernelId::QkNormRopeKv => 7 + 7 + 1 + 4,
             // The table read back, then per row a gather, casts, matmuls and a softmax.
             KernelId::PagedAttention => 1 + 12 * rows,
+            // An upload, the gather, casts, matmuls, the mask and a softmax.
+            KernelId::FlashPrefill => 14,
         }
     }
 
@@ -118,6 +123,21 @@ impl KernelUse {
         match self.paged_attention {
             true => paged_attention::paged_decode_attention(q, pool_layer, table, scale),
             false => reference::paged_decode_attention(q, pool_layer, table, scale),
+        }
+    }
+
+    /// The prefill attention of one job's chunk over the pool (the flash prefill kernel, or
+    /// its composition: the yardstick, which holds the chunk's scores).
+    pub fn flash_prefill_attention(
+        &self,
+        q: &Tensor,
+        pool_layer: &Tensor,
+        table: &Tensor,
+        scale: f32,
+    ) -> candle_core::Result<Tensor> {
+        match self.flash_prefill {
+            true => flash_prefill::flash_prefill_attention(q, pool_layer, table, scale),
+            false => reference::flash_prefill_attention(q, pool_layer, table, scale),
         }
     }
 }

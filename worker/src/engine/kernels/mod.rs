@@ -1,13 +1,15 @@
-//! Kernels of the candle backend's decode step, each a candle op with a CPU reference of the
-//! very same computation (run on CPU and in CI) and a CUDA kernel (`worker/kernels/*.cu`,
-//! compiled to PTX at build time under the `cuda` feature), and the paged KV pool they read
-//! and write. The candle backend's decode step runs them behind the `paged` and `fused`
+//! Kernels of the candle backend's decode step and prefill, each a candle op with a CPU
+//! reference of the very same computation (run on CPU and in CI) and a CUDA kernel
+//! (`worker/kernels/*.cu`, compiled to PTX at build time under the `cuda` feature), and the
+//! paged KV pool they read and write. The candle backend runs them behind the `paged`, `fused` and `flash_prefill`
 //! engine switches ([`dispatch`]), only those the device's [`self_check`] found right.
 //!
 //! # Modules
 //! - [`pool`]: the paged KV pool (blocks, reference counts, copy-on-write, slot mapping).
 //! - [`paged_attention`]: batched paged decode attention, one fixed reduction order per
 //!   (row, head) whatever the batch.
+//! - [`flash_prefill`]: one job's prefill chunk attending over the pool, an online softmax
+//!   over fixed key tiles (no mask, no score matrix).
 //! - [`fused`]: residual add + RMS norm, SiLU·mul.
 //! - [`qkv_rope`]: q/k norm + RoPE, and the K/V write into the pool.
 //! - [`params`]: the parameter types and shape checks the ops and launches share.
@@ -15,13 +17,14 @@
 //! - [`reference`]: each kernel's composition from plain candle ops (the self-check's and
 //!   the tests' yardstick).
 //! - [`self_check`]: each kernel against its composition on the device; which are usable.
-//! - [`dispatch`]: the kernels a decode step runs, each else its composition.
+//! - [`dispatch`]: the kernels a step runs, each else its composition.
 
 use candle_core::{CpuStorage, Layout, Storage, Tensor, WithDType};
 
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod dispatch;
+pub mod flash_prefill;
 pub mod fused;
 pub mod paged_attention;
 pub mod params;
@@ -35,9 +38,10 @@ pub mod weights;
 mod tests;
 
 pub use dispatch::KernelUse;
+pub use flash_prefill::flash_prefill_attention;
 pub use fused::{add_rms_norm, silu_mul};
 pub use paged_attention::paged_decode_attention;
-pub use params::{PARTITION, QkvSpec, Rope, RopePairs};
+pub use params::{KEY_TILE, PARTITION, QkvSpec, Rope, RopePairs};
 pub use pool::{BLOCK, BlockTable, PAD_SLOT, PagedKvPool, PoolError, PoolShape, row_table_tensor};
 pub use qkv_rope::{kv_norm_rope_write, q_norm_rope};
 pub use self_check::{KernelCheck, KernelId, SelfCheckReport, self_check, suffix_known};

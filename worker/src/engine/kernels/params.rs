@@ -9,6 +9,10 @@ use super::shape_err;
 /// Positions per partition of one (row, head)'s reduction: fixed, never chosen by the batch.
 pub const PARTITION: usize = 512;
 
+/// Key positions per tile of the flash prefill's online softmax: fixed, and tiles start at
+/// multiples of it, so a query row's reduction order depends on its position alone.
+pub const KEY_TILE: usize = 32;
+
 /// Dimensions read from the inputs' shapes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AttnDims {
@@ -33,6 +37,43 @@ pub(super) fn attn_dims(q: &Shape, pool: &Shape, table: &Shape) -> candle_core::
         return Err(shape_err(format!("{n_head} heads over {n_kv} KV heads")));
     }
     Ok(AttnDims {
+        rows,
+        n_head,
+        n_kv,
+        d,
+        num_blocks,
+        width,
+    })
+}
+
+/// Dimensions of a flash prefill: `rows` query rows of one job (its chunk), the table one row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PrefillDims {
+    pub rows: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub d: usize,
+    pub num_blocks: usize,
+    pub width: usize,
+}
+
+pub(super) fn prefill_dims(
+    q: &Shape,
+    pool: &Shape,
+    table: &Shape,
+) -> candle_core::Result<PrefillDims> {
+    let (rows, n_head, d) = q.dims3()?;
+    let (num_blocks, two, block, n_kv, d2) = pool.dims5()?;
+    let (one, width) = table.dims2()?;
+    if two != 2 || block != BLOCK || d2 != d || one != 1 || width < 2 || rows == 0 {
+        return Err(shape_err(format!(
+            "flash prefill: q {q:?}, pool {pool:?}, table {table:?} do not fit"
+        )));
+    }
+    if n_kv == 0 || !n_head.is_multiple_of(n_kv) {
+        return Err(shape_err(format!("{n_head} heads over {n_kv} KV heads")));
+    }
+    Ok(PrefillDims {
         rows,
         n_head,
         n_kv,

@@ -140,6 +140,57 @@ pub fn paged_decode_attention(
     Tensor::stack(&outs, 0)?.to_dtype(q.dtype())
 }
 
+/// Causal attention of one job's chunk `q` `(C, n_head, head_dim)` at positions
+/// `start..start + C` (`start` = the table's length less `C`) over the positions `0..start + C`
+/// its one-row table holds, as the one-row prefill computes it: the keys and values gathered
+/// by slot, the scores of every query head in one f32 matmul per KV head, an additive causal
+/// mask, one softmax. A yardstick: it holds the chunk's `C × (start + C)` scores.
+pub fn flash_prefill_attention(
+    q: &Tensor,
+    pool_layer: &Tensor,
+    table: &Tensor,
+    scale: f32,
+) -> candle_core::Result<Tensor> {
+    let (c, n_head, d) = q.dims3()?;
+    let n_kv = pool_layer.dim(3)?;
+    let n_rep = n_head / n_kv;
+    let row = table.to_vec2::<u32>()?.remove(0);
+    let len = row[0] as usize;
+    if len < c {
+        candle_core::bail!("a table of {len} positions for a chunk of {c}")
+    }
+    let start = len - c;
+    let slots: Vec<u32> = (0..len)
+        .map(|p| row[1 + p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32)
+        .collect();
+    let slots = Tensor::from_vec(slots, len, &Device::Cpu)?.to_device(q.device())?;
+    let (k, v) = gather_slots(pool_layer, &slots)?;
+    let f32_heads = |x: &Tensor| x.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous();
+    let (k, v) = (f32_heads(&k)?, f32_heads(&v)?); // (n_kv, len, d)
+    // (C, n_kv, n_rep, d) -> (n_kv, n_rep * C, d): query heads of a KV head side by side.
+    let qr = q
+        .to_dtype(DType::F32)?
+        .reshape((c, n_kv, n_rep, d))?
+        .permute((1, 2, 0, 3))?
+        .contiguous()?
+        .reshape((n_kv, n_rep * c, d))?;
+    let scores = (qr.matmul(&k.t()?)? * scale as f64)?.reshape((n_kv, n_rep, c, len))?;
+    let mask: Vec<f32> = (0..c * len)
+        .map(|i| match i % len > start + i / len {
+            true => f32::NEG_INFINITY,
+            false => 0.0,
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (c, len), q.device())?;
+    let w = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+    let y = w.reshape((n_kv, n_rep * c, len))?.matmul(&v)?; // (n_kv, n_rep * C, d)
+    y.reshape((n_kv, n_rep, c, d))?
+        .permute((2, 0, 1, 3))?
+        .contiguous()?
+        .reshape((c, n_head, d))?
+        .to_dtype(q.dtype())
+}
+
 /// Writes keys and values `(rows, n_kv, head_dim)` into `pool_layer` at `slots` (host slot
 /// ids; a [`super::pool::PAD_SLOT`] row is skipped) with one scatter: the K/V write of the
 /// unfused path, and how a prefilled prompt's positions reach the pool.

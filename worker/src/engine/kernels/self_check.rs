@@ -17,7 +17,8 @@ use super::fused;
 use super::params::{QkvSpec, Rope, RopePairs};
 use super::pool::{BLOCK, BlockTable, PagedKvPool, PoolShape, row_table_tensor};
 use super::qkv_rope;
-use super::{paged_attention, reference};
+use super::{flash_prefill, paged_attention, reference};
+use crate::engine::switches::KernelsOn;
 
 /// A kernel that can be checked and switched off on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,14 +27,16 @@ pub enum KernelId {
     AddRmsNorm,
     QkNormRopeKv,
     SiluMul,
+    FlashPrefill,
 }
 
 impl KernelId {
-    pub const ALL: [KernelId; 4] = [
+    pub const ALL: [KernelId; 5] = [
         KernelId::PagedAttention,
         KernelId::AddRmsNorm,
         KernelId::QkNormRopeKv,
         KernelId::SiluMul,
+        KernelId::FlashPrefill,
     ];
 
     /// The short name the fingerprint suffix and the logs use.
@@ -43,12 +46,18 @@ impl KernelId {
             KernelId::AddRmsNorm => "add-rmsnorm",
             KernelId::QkNormRopeKv => "qk-rope-kv",
             KernelId::SiluMul => "silu-mul",
+            KernelId::FlashPrefill => "flash-prefill",
         }
     }
 
-    /// Whether the `paged` switch (else the `fused` switch) selects this kernel.
-    pub fn is_paged(self) -> bool {
-        self == KernelId::PagedAttention
+    /// Whether the switches in `on` select this kernel: `paged` the decode attention,
+    /// `flash_prefill` the prefill attention, `fused` the others.
+    pub fn selected(self, on: KernelsOn) -> bool {
+        match self {
+            KernelId::PagedAttention => on.paged,
+            KernelId::FlashPrefill => on.flash_prefill,
+            KernelId::AddRmsNorm | KernelId::QkNormRopeKv | KernelId::SiluMul => on.fused,
+        }
     }
 }
 
@@ -84,20 +93,19 @@ impl SelfCheckReport {
         of_k.peek().is_some() && of_k.all(KernelCheck::passed)
     }
 
-    /// The kernels to use: usable ones the switches select (`paged` the attention, `fused` the
-    /// others).
-    pub fn in_use(&self, paged: bool, fused: bool) -> Vec<KernelId> {
+    /// The kernels to use: usable ones the switches in `on` select ([`KernelId::selected`]).
+    pub fn in_use(&self, on: KernelsOn) -> Vec<KernelId> {
         KernelId::ALL
             .into_iter()
-            .filter(|k| if k.is_paged() { paged } else { fused })
+            .filter(|k| k.selected(on))
             .filter(|&k| self.usable(k))
             .collect()
     }
 
     /// The fingerprint suffix naming the kernels in use, e.g. `kernels=paged-attn+silu-mul`,
     /// or `kernels=none`.
-    pub fn fingerprint_suffix(&self, paged: bool, fused: bool) -> String {
-        let names: Vec<_> = self.in_use(paged, fused).iter().map(|k| k.name()).collect();
+    pub fn fingerprint_suffix(&self, on: KernelsOn) -> String {
+        let names: Vec<_> = self.in_use(on).iter().map(|k| k.name()).collect();
         match names.is_empty() {
             true => "kernels=none".into(),
             false => format!("kernels={}", names.join("+")),
@@ -125,7 +133,7 @@ pub fn self_check(device: &Device) -> SelfCheckReport {
 
 /// The self-check with `perturb`'s output shifted before it is compared (tests only: a kernel
 /// forced to disagree).
-pub(super) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheckReport {
+pub(crate) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheckReport {
     let mut checks = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         let tolerance = if dtype == DType::F32 { 1e-4 } else { 1.6e-2 };
@@ -224,6 +232,7 @@ impl Input<'_> {
             }
             KernelId::QkNormRopeKv => self.qk_rope_kv(&mut rng),
             KernelId::PagedAttention => self.paged_attention(&mut rng),
+            KernelId::FlashPrefill => self.flash_prefill(&mut rng),
         }
     }
 
@@ -314,6 +323,38 @@ impl Input<'_> {
         let got = paged_attention::paged_decode_attention(&q, pool.layer(0), &table, scale)?;
         let want = reference::paged_decode_attention(&q, pool.layer(0), &table, scale)?;
         error(&(got + self.shift)?, &want)
+    }
+}
+
+impl Input<'_> {
+    /// Two chunks over one pool: one from position 0, and one after a prefix of 37 positions
+    /// shared with the first job (a partial block copied on write), crossing key tiles.
+    fn flash_prefill(&self, rng: &mut Rng) -> candle_core::Result<f32> {
+        let d = self.head_dim;
+        let (n_head, n_kv, blocks) = (8, 2, 16);
+        let shape = PoolShape {
+            n_layer: 1,
+            n_kv_head: n_kv,
+            head_dim: d,
+            num_blocks: blocks,
+        };
+        let mut pool = PagedKvPool::new(shape, self.dtype, self.device).map_err(to_candle)?;
+        let fill = self.tensor(rng, &[blocks, 2, BLOCK, n_kv, d], -1.5, 1.5)?;
+        pool.layer(0).slice_set(&fill, 0, 0)?;
+        let mut first = pool.empty_table();
+        pool.append_slots(&mut first, 45).map_err(to_candle)?;
+        let mut second = pool.share_prefix(&first, 37).map_err(to_candle)?;
+        pool.append_slots(&mut second, 40).map_err(to_candle)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut worst = 0f32;
+        for (t, c) in [(&first, 45), (&second, 40)] {
+            let table = row_table_tensor(&[t], self.device)?;
+            let q = self.tensor(rng, &[c, n_head, d], -1.0, 1.0)?;
+            let got = flash_prefill::flash_prefill_attention(&q, pool.layer(0), &table, scale)?;
+            let want = reference::flash_prefill_attention(&q, pool.layer(0), &table, scale)?;
+            worst = worst.max(error(&(got + self.shift)?, &want)?);
+        }
+        Ok(worst)
     }
 }
 

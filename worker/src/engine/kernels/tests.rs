@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::self_check::{Rng, check_all};
 use super::*;
+use crate::engine::switches::KernelsOn;
 
 const CPU: Device = Device::Cpu;
 
@@ -383,12 +384,38 @@ fn the_self_check_passes_on_the_cpu_and_names_the_kernels_in_use() {
         assert!(c.passed(), "{c:?}");
     }
     assert_eq!(report.checks.len(), 2 * 2 * KernelId::ALL.len());
+    let on = |paged, fused, flash_prefill| KernelsOn {
+        paged,
+        fused,
+        flash_prefill,
+    };
     assert_eq!(
-        report.fingerprint_suffix(true, true),
+        report.fingerprint_suffix(on(true, true, false)),
         "kernels=paged-attn+add-rmsnorm+qk-rope-kv+silu-mul"
     );
-    assert_eq!(report.fingerprint_suffix(true, false), "kernels=paged-attn");
-    assert_eq!(report.fingerprint_suffix(false, false), "kernels=none");
+    assert_eq!(
+        report.fingerprint_suffix(KernelsOn::ALL),
+        "kernels=paged-attn+add-rmsnorm+qk-rope-kv+silu-mul+flash-prefill"
+    );
+    assert_eq!(
+        report.fingerprint_suffix(on(false, false, true)),
+        "kernels=flash-prefill"
+    );
+    assert_eq!(
+        report.fingerprint_suffix(on(true, false, false)),
+        "kernels=paged-attn"
+    );
+    assert_eq!(
+        report.fingerprint_suffix(KernelsOn::default()),
+        "kernels=none"
+    );
+    for s in ["kernels=flash-prefill", "kernels=paged-attn+flash-prefill"] {
+        assert!(suffix_known(s), "{s}");
+    }
+    assert!(
+        !suffix_known("kernels=flash-prefill+paged-attn"),
+        "fixed order"
+    );
 }
 
 #[test]
@@ -403,8 +430,24 @@ fn a_kernel_forced_to_disagree_is_not_used() {
                 .all(|c| c.kernel == bad && c.error > c.tolerance)
         );
         assert_eq!(failed.count(), 4, "every dtype and head dim of {bad:?}");
-        assert!(!report.in_use(true, true).contains(&bad));
-        assert!(!report.fingerprint_suffix(true, true).contains(bad.name()));
+        assert!(!report.in_use(KernelsOn::ALL).contains(&bad));
+        assert!(
+            !report
+                .fingerprint_suffix(KernelsOn::ALL)
+                .contains(bad.name())
+        );
+        let used = KernelUse::new(&report, KernelsOn::ALL);
+        assert_eq!(
+            used,
+            KernelUse {
+                paged_attention: bad != KernelId::PagedAttention,
+                add_rms_norm: bad != KernelId::AddRmsNorm,
+                qk_rope_kv: bad != KernelId::QkNormRopeKv,
+                silu_mul: bad != KernelId::SiluMul,
+                flash_prefill: bad != KernelId::FlashPrefill,
+            },
+            "only {bad:?} falls back to its composition"
+        );
         for good in KernelId::ALL.into_iter().filter(|&k| k != bad) {
             assert!(report.usable(good), "{good:?}");
         }
@@ -597,3 +640,5 @@ fn on_a_cuda_device_every_kernel_passes_its_self_check_and_rows_are_batch_invari
         }
     }
 }
+
+mod flash;

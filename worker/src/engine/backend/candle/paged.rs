@@ -1,14 +1,16 @@
-//! The candle backend on the paged KV pool (the `paged` and `fused` engine switches,
-//! [`crate::engine::switches`]): at load the kernels' self-check, the concatenated weights and
-//! the fingerprint's kernel suffix ([`CandleBackend::enable_paging`]); a job's KV as block
-//! tables of one pool ([`PagedJob`]); the decode step is in `paged_step.rs`.
+//! The candle backend on the paged KV pool (the `paged`, `fused` and `flash_prefill` engine
+//! switches, [`crate::engine::switches`]): at load the kernels' self-check, the concatenated
+//! weights and the fingerprint's kernel suffix ([`CandleBackend::enable_paging`]); a job's KV
+//! as block tables of one pool ([`PagedJob`]); the decode step is in `paged_step.rs`.
 //!
-//! The prefill is not paged: a prompt is prefilled as on the unfused path into a one-row
-//! cache, whose positions are then copied into the pool ([`seal_prompt`]); the
-//! job's rows share the prompt's blocks (copy-on-write of its partial last block) and write
-//! their own. Blocks are counted by reference and go back to the pool when the last table
-//! holding them is dropped ([`Held`]): a job that ends, fails or is cancelled, and a prefix
-//! the store evicts, give theirs back without a call to forget.
+//! The prefill goes one of two ways. With the flash prefill kernel in use (`flash.rs`) each
+//! chunk writes its keys and values straight into the job's prompt table and attends over the
+//! pool. Otherwise a prompt is prefilled as on the unfused path into a one-row cache, whose
+//! positions are then copied into the pool ([`seal_prompt`]). Either way the job's rows share
+//! the prompt's blocks (copy-on-write of its partial last block) and write their own. Blocks
+//! are counted by reference and go back to the pool when the last table holding them is
+//! dropped ([`Held`]): a job that ends, fails or is cancelled, and a prefix the store evicts,
+//! give theirs back without a call to forget.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -18,9 +20,10 @@ use super::{CandleBackend, me};
 use crate::engine::EngineError;
 use crate::engine::cpu::kv_pool::PoolStats;
 use crate::engine::kernels::{
-    BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, reference, self_check,
+    BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, SelfCheckReport, reference,
+    self_check,
 };
-use crate::engine::switches::EngineSwitches;
+use crate::engine::switches::{EngineSwitches, KernelsOn};
 use crate::engine::transformer::{KvCache, ops};
 
 /// The pool a [`Held`] table belongs to.
@@ -42,7 +45,7 @@ pub(super) struct Paging {
 /// A block table of the pool; its blocks go back when it is dropped.
 pub(super) struct Held {
     pub(super) table: BlockTable,
-    pool: SharedPool,
+    pub(super) pool: SharedPool,
 }
 
 impl std::fmt::Debug for Held {
@@ -114,7 +117,8 @@ impl Drop for Held {
 /// One job's KV on the paged path.
 pub(super) struct PagedJob {
     /// The one-row cache the prompt is prefilled in; `None` once its positions are in the
-    /// pool ([`seal_prompt`]).
+    /// pool ([`seal_prompt`]), and from the start with the flash prefill (each chunk goes
+    /// straight into the pool).
     pub(super) prefill: Option<KvCache>,
     /// The prompt's positions in the pool (the leading ones shared from the prefix store).
     pub(super) prompt: Held,
@@ -126,27 +130,42 @@ impl CandleBackend {
     /// Turns the paged path on when the switches ask for it on this device (`auto`: on CUDA):
     /// runs the kernels' self-check, concatenates the projections for `fused`, and returns the
     /// kernels in use for the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
-    /// both switches off nothing changes, the fingerprint included (`None`).
+    /// every kernel switch off nothing changes, the fingerprint included (`None`).
     pub(super) fn enable_paging(
         &mut self,
         switches: &EngineSwitches,
     ) -> Result<Option<String>, EngineError> {
-        let model = &mut self.model;
-        let (paged, fused) = switches.kernels_on(model.device().is_cuda());
-        if !paged && !fused {
+        let on = switches.kernels_on(self.model.device().is_cuda());
+        if !on.any() {
             return Ok(None);
         }
-        let report = self_check(model.device());
-        if fused {
-            model.fuse_weights().map_err(me)?;
+        let report = self_check(self.model.device());
+        self.enable_paging_checked(on, &report).map(Some)
+    }
+
+    /// The paged path with the kernels `report` passed that `on` selects; the fingerprint
+    /// suffix naming them.
+    pub(super) fn enable_paging_checked(
+        &mut self,
+        on: KernelsOn,
+        report: &SelfCheckReport,
+    ) -> Result<String, EngineError> {
+        if on.fused {
+            self.model.fuse_weights().map_err(me)?;
         }
-        let suffix = report.fingerprint_suffix(paged, fused);
-        tracing::info!(paged, fused, %suffix, "the candle backend decodes on the paged KV pool");
+        let suffix = report.fingerprint_suffix(on);
+        let kernels = KernelUse::new(report, on);
+        if on.flash_prefill && !kernels.flash_prefill {
+            tracing::error!(
+                "the flash prefill kernel failed its self-check: the prefill runs as without it"
+            );
+        }
+        tracing::info!(?on, %suffix, "the candle backend runs on the paged KV pool");
         self.paging = Some(Paging {
-            kernels: KernelUse::new(&report, paged, fused),
+            kernels,
             pool: None,
         });
-        Ok(Some(suffix))
+        Ok(suffix)
     }
 
     /// The pool's shape for the budgets now: every block the KV budget and the prefix stores'
@@ -205,13 +224,20 @@ impl CandleBackend {
         }
     }
 
-    /// A joining job's KV on the paged path: a one-row cache for its prefill and an empty
-    /// prompt table.
+    /// A joining job's KV on the paged path: an empty prompt table, and a one-row cache for
+    /// its prefill unless the flash prefill writes it into the pool.
     pub(super) fn new_paged_job(&mut self, prompt_len: usize) -> Result<PagedJob, EngineError> {
         let pool = self.paged_pool()?;
-        let prefill = self.model.new_cache(1, prompt_len).map_err(me)?;
+        let flash = self
+            .paging
+            .as_ref()
+            .is_some_and(|p| p.kernels.flash_prefill);
+        let prefill = match flash {
+            true => None,
+            false => Some(self.model.new_cache(1, prompt_len).map_err(me)?),
+        };
         Ok(PagedJob {
-            prefill: Some(prefill),
+            prefill,
             prompt: Held {
                 table: BlockTable::default(),
                 pool,
@@ -222,7 +248,8 @@ impl CandleBackend {
 }
 
 /// A prefilled prompt's positions not yet in the pool (those after a shared prefix) are
-/// copied there from its one-row cache, which is then dropped.
+/// copied there from its one-row cache, which is then dropped (nothing to do after the flash
+/// prefill).
 pub(super) fn seal_prompt(job: &mut PagedJob) -> Result<(), EngineError> {
     let Some(cache) = job.prefill.take() else {
         return Ok(());

@@ -1,21 +1,20 @@
-//! The paged path's forward call ([`CandleBackend::forward_paged`]): a prefill chunk as on the
-//! unfused path, then one decode step of every fed row of every job in one
+//! The paged path's forward call ([`CandleBackend::forward_paged`]): a prefill chunk (into the
+//! pool by the flash prefill, `flash.rs`, else as on the unfused path), then one decode step of every fed row of every job in one
 //! [`Transformer::forward_decode_paged`](crate::engine::transformer::Transformer::forward_decode_paged)
 //! over the pool (`paged.rs`): each row's next slot taken first, the step's positions, slots
 //! and row tables uploaded once, the fed rows' logits read back once.
 
 use std::time::Instant;
 
-use super::paged::{PagedJob, lock};
-use super::{CandleBackend, CandleJob, me};
+use super::paged::lock;
+use super::{CandleBackend, CandleJob, flash, me};
 use crate::engine::EngineError;
 use crate::engine::backend::{Input, StepOut};
 use crate::engine::kernels::BLOCK;
 use crate::engine::transformer::{PagedStep, ops};
 
 impl CandleBackend {
-    /// The paged path's forward call: the prefill chunk (if any) as on the unfused path, then
-    /// one paged decode step of every fed row of every job (a finished row is not fed: rows
+    /// The paged path's forward call: the prefill chunk (if any), then one paged decode step of every fed row of every job (a finished row is not fed: rows
     /// do not step in lockstep here).
     pub(super) fn forward_paged(
         &self,
@@ -23,24 +22,25 @@ impl CandleBackend {
         inputs: &[Input],
         out: StepOut<'_>,
     ) -> Result<Option<Vec<f32>>, EngineError> {
+        let (model, Some(paging)) = (&self.model, &self.paging) else {
+            return Err(me("not the paged candle backend"));
+        };
         let mut chunk = None;
         let mut fed: Vec<(usize, usize, u32)> = Vec::new();
         for i in inputs {
             match &i.rows {
                 None => {
                     let t = Instant::now();
-                    let Some(Some(CandleJob::Paged(PagedJob {
-                        prefill: Some(cache),
-                        ..
-                    }))) = jobs.get_mut(i.job)
-                    else {
-                        return Err(me("a prefill chunk of a job without its prompt cache"));
+                    let Some(Some(CandleJob::Paged(job))) = jobs.get_mut(i.job) else {
+                        return Err(me("a prefill chunk of a job not on the paged path"));
                     };
-                    chunk = Some(super::lockstep::prefill_chunk(
-                        &self.model,
-                        &i.tokens,
-                        cache,
-                    )?);
+                    chunk = Some(match job.prefill.as_mut() {
+                        Some(cache) => super::lockstep::prefill_chunk(model, &i.tokens, cache)?,
+                        None if paging.kernels.flash_prefill => {
+                            flash::prefill_chunk(model, &paging.kernels, &i.tokens, job)?
+                        }
+                        None => return Err(me("a prefill chunk of a sealed prompt")),
+                    });
                     out.split.prefill += t.elapsed();
                     out.split.prefill_steps += 1;
                 }

@@ -82,9 +82,10 @@ pub(super) fn keep_paged(store: &mut Store, prompt: &[u32], job: &PagedJob) {
 }
 
 /// Starts the paged `job` of `prompt` (nothing prefilled yet) after the longest run of whole
-/// chunks the store holds for it: its prompt table shares their blocks, and its prefill cache
-/// gets a copy of their keys and values (the prefill attends to them). Returns the positions
-/// reused (0 on a miss, without a store, or when the prefix cannot be read: logged).
+/// chunks the store holds for it: its prompt table shares their blocks, and its one-row
+/// prefill cache, if it has one, gets a copy of their keys and values (that prefill attends
+/// to them; the flash prefill reads the shared blocks). Returns the positions reused (0 on a
+/// miss, without a store, or when the prefix cannot be read: logged).
 pub(super) fn paged_lookup(store: Option<&mut Store>, prompt: &[u32], job: &mut PagedJob) -> usize {
     let Some(hit) = store.and_then(|s| s.lookup(prompt)) else {
         return 0;
@@ -93,9 +94,6 @@ pub(super) fn paged_lookup(store: Option<&mut Store>, prompt: &[u32], job: &mut 
         return 0;
     };
     let whole = hit.len / PREFILL_CHUNK * PREFILL_CHUNK;
-    let Some(cache) = job.prefill.as_mut() else {
-        return 0;
-    };
     if whole == 0 || !stored.same_pool(&job.prompt) || job.prompt.len() != 0 {
         return 0;
     }
@@ -103,11 +101,13 @@ pub(super) fn paged_lookup(store: Option<&mut Store>, prompt: &[u32], job: &mut 
         .share(whole)
         .map_err(|e| e.to_string())
         .and_then(|table| {
-            let layers = stored.read(whole).map_err(|e| e.to_string())?;
-            let prefix = KvPrefix::from_positions(layers).map_err(|e| e.to_string())?;
-            cache
-                .load_prefix(&prefix, whole)
-                .map_err(|e| e.to_string())?;
+            if let Some(cache) = job.prefill.as_mut() {
+                let layers = stored.read(whole).map_err(|e| e.to_string())?;
+                let prefix = KvPrefix::from_positions(layers).map_err(|e| e.to_string())?;
+                cache
+                    .load_prefix(&prefix, whole)
+                    .map_err(|e| e.to_string())?;
+            }
             Ok(table)
         });
     match loaded {
