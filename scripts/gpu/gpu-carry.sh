@@ -87,7 +87,7 @@ call() { # N, carry list, command
 # and measures what needs no model (the environment, the checkpoints, the step split); the
 # pieces left travel together where they fit (a call in between only carries), and the call
 # that brings the last one runs the mission and throughput.
-first_cmd="scripts/gpu/gpu-check.sh --quick --only env,checkpoints,split --split-runs new@8,old@8,new@16,per-job@8,unfused@8,unpaged@8,new@8:peaked --budget-s 390"
+first_cmd="scripts/gpu/gpu-check.sh --quick --only env,checkpoints,split --split-runs new@8,old@8,new@16,per-job@8,unfused@8,unpaged@8,old-prefill@8,new@8:peaked --budget-s 390"
 last_cmd="scripts/gpu/gpu-check.sh --quick --only mission,throughput --engine-switches events=off,readback=once,paged=on,fused=on --stageb-jobs 8 --stageb-tickets 16 --budget-s 360"
 if ((${#pieces[@]} == 1)); then
   call 1 "dist/cuda,${pieces[0]}" "${first_cmd/--only env,checkpoints,split/--only env,checkpoints,split,mission}"

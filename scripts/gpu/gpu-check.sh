@@ -68,11 +68,12 @@
 #                      make_checkpoint.py --logit-scale), or both (default flat,peaked)
 #   --split-runs L     the split step's runs, in order, each STATE@JOBS[:peaked] (default
 #                      new@8,old@8,new@16,new@1,new@8:peaked,per-job@8,events@8,unpaged@8,
-#                      unfused@8,old@16,old@1,new@16:peaked): the budget cuts from the end. STATE
-#                      is new (events=off,readback=once,paged=on,fused=on: every engine change
-#                      on), old (events=on,readback=per-job,paged=off,fused=off: none), or new
-#                      with one change undone: per-job, events, unpaged, unfused; or a literal
-#                      switch list in quotes with = signs
+#                      unfused@8,old-prefill@8,old@16,old@1,new@16:peaked): the budget cuts
+#                      from the end. STATE is new (events=off,readback=once,paged=on,fused=on,
+#                      flash_prefill=on: every engine change on), old (events=on,
+#                      readback=per-job,paged=off,fused=off,flash_prefill=off: none), or new
+#                      with one change undone: per-job, events, unpaged, unfused, old-prefill;
+#                      or a literal switch list in quotes with = signs
 #   --engine-switches L  STAGEB_ENGINE_SWITCHES for every step but split (which sets its own
 #                      per run), e.g. events=off,readback=once,paged=on,fused=on; default: the
 #                      environment's, else the binary's defaults
@@ -494,15 +495,16 @@ step_throughput() {
 # state with every change on ("new"), plus the state with none ("old"), the most telling
 # first: new and old at 8 jobs, new at 16 and 1, new on peaked logits, each change undone at 8,
 # old at 16 and 1, new at 16 on peaked logits. Each run's figures reach $OUT when it ends.
-SPLIT_RUNS_DEFAULT="new@8,old@8,new@16,new@1,new@8:peaked,per-job@8,events@8,unpaged@8,unfused@8,old@16,old@1,new@16:peaked"
+SPLIT_RUNS_DEFAULT="new@8,old@8,new@16,new@1,new@8:peaked,per-job@8,events@8,unpaged@8,unfused@8,old-prefill@8,old@16,old@1,new@16:peaked"
 switches_of() { # STATE -> the STAGEB_ENGINE_SWITCHES list (SWITCHES.md)
   case $1 in
-    new) echo "events=off,readback=once,paged=on,fused=on" ;;
-    old) echo "events=on,readback=per-job,paged=off,fused=off" ;;
-    per-job) echo "events=off,readback=per-job,paged=on,fused=on" ;;
-    events) echo "events=on,readback=once,paged=on,fused=on" ;;
-    unpaged) echo "events=off,readback=once,paged=off,fused=on" ;;
-    unfused) echo "events=off,readback=once,paged=on,fused=off" ;;
+    new) echo "events=off,readback=once,paged=on,fused=on,flash_prefill=on" ;;
+    old) echo "events=on,readback=per-job,paged=off,fused=off,flash_prefill=off" ;;
+    per-job) echo "events=off,readback=per-job,paged=on,fused=on,flash_prefill=on" ;;
+    events) echo "events=on,readback=once,paged=on,fused=on,flash_prefill=on" ;;
+    unpaged) echo "events=off,readback=once,paged=off,fused=on,flash_prefill=on" ;;
+    unfused) echo "events=off,readback=once,paged=on,fused=off,flash_prefill=on" ;;
+    old-prefill) echo "events=off,readback=once,paged=on,fused=on,flash_prefill=off" ;;
     *=*) echo "$1" ;;
     *) return 1 ;;
   esac
