@@ -6,7 +6,7 @@
 //! prompt shared from the prefix store gives what it gives prefilled; the fingerprint names
 //! the kernel only when its switch is on.
 
-use crate::common::model_path;
+use crate::common::{depth, model_path};
 use crate::engine_paged::{
     Ids, alone, batched, decode, jobs, load, qwen3, same_alone_and_batched, smollm, texts_alone,
 };
@@ -19,7 +19,11 @@ const OLD_PREFILL: &str = "paged=on,fused=on,flash_prefill=off";
 
 #[test]
 fn flash_prefilled_jobs_give_the_same_tokens_alone_together_reordered_and_joining_mid_decode() {
-    same_alone_and_batched(smollm(FLASH), 49_152, "smollm f32");
+    // The demo model in the long suite only, as in engine_paged (CI time); its greedy tokens
+    // after this prefill are checked below on every run.
+    if crate::common::full_depth() {
+        same_alone_and_batched(smollm(FLASH), 49_152, "smollm f32");
+    }
     same_alone_and_batched(load(&qwen3(), Numerics::F32, FLASH), 1024, "qwen3 f32");
     same_alone_and_batched(load(&qwen3(), Numerics::Bf16, FLASH), 1024, "qwen3 bf16");
     // The flash prefill alone: the decode step runs the compositions on the pool.
@@ -87,7 +91,11 @@ fn greedy(jobs: Vec<Ids>) -> Vec<Ids> {
 #[test]
 fn greedy_tokens_after_the_flash_prefill_match_the_old_prefill_in_f32() {
     let cases = [
-        (model_path(), greedy(jobs(49_152))),
+        // Two of the demo model's four jobs in CI, all four in the long suite.
+        (
+            model_path(),
+            greedy(jobs(49_152)).into_iter().take(depth(2, 4)).collect(),
+        ),
         (qwen3(), greedy(jobs(1024))),
         (qwen3(), greedy(long_jobs())),
     ];

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::model_path;
+use crate::common::{depth, model_path};
 use stageb_shared::domain::ChatMessage;
 use stageb_worker::engine::BackendKind;
 use stageb_worker::engine::{
@@ -148,7 +148,11 @@ pub(crate) fn same_alone_and_batched(mut eng: ModelEngine, vocab: u32, what: &st
 
 #[test]
 fn paged_jobs_give_the_same_tokens_alone_together_reordered_and_joining_mid_decode() {
-    same_alone_and_batched(smollm(ON), 49_152, "smollm f32");
+    // The demo model repeats on 30 layers what the small qwen3 shows on its few (CI time);
+    // its greedy tokens on this path are checked below on every run.
+    if crate::common::full_depth() {
+        same_alone_and_batched(smollm(ON), 49_152, "smollm f32");
+    }
     same_alone_and_batched(load(&qwen3(), Numerics::F32, ON), 1024, "qwen3 f32");
     same_alone_and_batched(load(&qwen3(), Numerics::Bf16, ON), 1024, "qwen3 bf16");
     // Each switch alone runs the paged step too, the other part by its compositions.
@@ -171,9 +175,11 @@ fn paged_jobs_give_the_same_tokens_alone_together_reordered_and_joining_mid_deco
 /// that noise, which these models' greedy steps are not.
 #[test]
 fn greedy_tokens_on_the_paged_step_match_the_unfused_step_in_f32() {
-    for (path, vocab) in [(model_path(), 49_152), (qwen3(), 1024)] {
+    // Two of the demo model's four jobs in CI, all four in the long suite.
+    for (path, vocab, n) in [(model_path(), 49_152, depth(2, 4)), (qwen3(), 1024, 4)] {
         let greedy: Vec<Ids> = jobs(vocab)
             .into_iter()
+            .take(n)
             .map(|mut j| {
                 j.decodes = vec![decode(0, 0.0, 16, vec![1])];
                 j

@@ -30,3 +30,9 @@ pub fn depth(quick: usize, full: usize) -> usize {
         _ => quick,
     }
 }
+
+/// Whether this is the long suite (`STAGEB_TEST_DEPTH=full`): a check that only repeats, on a
+/// bigger model, what a smaller one already showed in CI runs there.
+pub fn full_depth() -> bool {
+    depth(0, 1) == 1
+}
