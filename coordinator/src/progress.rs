@@ -111,8 +111,7 @@ pub struct Timing {
     pub answered_in_wait: u64,
     /// Gradient candidates queued for reflection.
     pub cases_queued: u64,
-    /// Reflection cycles finished, and those of them that made a model call.
-    pub cycles_done: u64,
+    /// Reflection cycles finished that made a model call.
     pub cycles_with_calls: u64,
     /// Seconds those cycles took and the calls they made.
     pub cycle_secs: f64,
@@ -274,7 +273,6 @@ impl ProgressSnapshot {
         let t = &mut self.timing;
         if let Some(since) = t.cycle_since.take() {
             t.cycle_secs += now.saturating_duration_since(since).as_secs_f64();
-            t.cycles_done += 1;
             let calls = std::mem::take(&mut t.calls_in_cycle);
             t.cycles_with_calls += u64::from(calls > 0);
             t.cycle_calls += calls;
@@ -308,7 +306,7 @@ impl ProgressSnapshot {
                 let per_call = t.cycle_secs / t.cycle_calls as f64;
                 make(rollouts + (calls * per_call).max(floor), false)
             }
-            Some(calls) if calls == 0.0 => make(rollouts + floor, false),
+            Some(0.0) => make(rollouts + floor, false),
             // What a call costs, or how many are coming, is not known yet.
             _ => make(rollouts + floor, true),
         })
