@@ -6,14 +6,22 @@
 //! SIGTERM marks the run `draining`.
 //!
 //! The ETA is the work left times each kind's measured time. Rollouts: the tickets not yet
-//! answered, at the time per ticket measured so far. Reflection: the model calls still
-//! expected (the calls a finished round made on average, times the rounds left, never more
-//! than each epoch's call budget leaves), at the time per call measured over finished rounds
-//! (a round's gate rollouts and writing included). Until a round has finished, reflection's
-//! cost is unknown and the ETA is a lower bound ([`Eta::at_least`], shown as `>=`): scaling the
-//! first round's elapsed time by the rounds left made it swing (124 s, 553 s, then 63 s within
-//! four minutes of one demo run). A round under way is never counted as finished, so the ETA
-//! stays above zero while reflection still runs.
+//! answered, at the time per ticket measured so far. Reflection: the calls still expected, at
+//! the time per call measured over finished cycles (a cycle's gate rollouts included). The
+//! calls are counted from the structure of the work, as the reflector reports it
+//! ([`ReflectionWork`]): the cases waiting in its queue and those the epoch's undecided tickets
+//! should bring (at the share of decided tickets that became cases so far) make cycles of
+//! `batch_size`, the retry buckets hold their own cycles, each cycle makes the calls a
+//! finished cycle made on average, and no epoch makes more calls than its budget leaves (the
+//! budget says how many: a resumed run's count comes from its checkpoint). Later epochs are
+//! counted the same way over all their tickets, each under a fresh budget.
+//!
+//! Until a cycle that made a call has finished, reflection's cost is unknown and the ETA is a
+//! lower bound ([`Eta::at_least`], shown as `>=`): scaling the first round's elapsed time by
+//! the rounds left made it swing (124 s, 553 s, then 63 s within four minutes of one demo run),
+//! and counting the calls a round made on average times the rounds left read 2.5 times the
+//! time actually left (an epoch's last round drains what is left of its queue, often little).
+//! While reflection runs the ETA stays above zero.
 //!
 //! Lives outside `run` and `learn` because both write to it: data still flows run →
 //! reflection, and neither imports the other for this.
@@ -91,34 +99,44 @@ impl fmt::Display for Phase {
     }
 }
 
-/// Time the run has spent so far, by kind of work, for the ETA.
+/// Time the run has spent so far, by kind of work, for the ETA (this attempt's).
 #[derive(Debug, Clone, Default)]
 pub struct Timing {
     /// Seconds spent in finished rollout waits (a step's queueing to its last answer).
     pub rollout_secs: f64,
-    /// Tickets answered during those waits (this attempt).
+    /// Tickets answered during those waits and the one under way.
     pub rollout_tickets: u64,
-    /// When the rollout wait under way began.
+    /// When the rollout wait under way began, and the tickets answered in it (not decided yet).
     pub rollout_since: Option<Instant>,
-    /// Reflection rounds finished (this attempt) and the seconds they took.
-    pub rounds_measured: u64,
-    pub round_secs: f64,
-    /// Model calls made in those rounds.
-    pub round_calls: u64,
-    /// Reflection rounds finished over the whole run (a resumed run starts past its checkpoint).
-    pub rounds_done: u64,
-    /// Reflection rounds the run has: `epochs × rounds_per_epoch`.
-    pub rounds_total: u64,
-    /// Reflection rounds an epoch has: one after every step and the epoch end's draining one.
-    pub rounds_per_epoch: u64,
-    /// When the reflection round under way began, and the calls it made so far.
+    pub answered_in_wait: u64,
+    /// Gradient candidates queued for reflection.
+    pub cases_queued: u64,
+    /// Reflection cycles finished that made a model call.
+    pub cycles_with_calls: u64,
+    /// Seconds those cycles took and the calls they made.
+    pub cycle_secs: f64,
+    pub cycle_calls: u64,
+    /// When the cycle under way began, and the calls it made so far.
+    pub cycle_since: Option<Instant>,
+    pub calls_in_cycle: u64,
+    /// When the reflection round under way (a step boundary's, or an epoch end's) began.
     pub round_since: Option<Instant>,
-    pub calls_in_round: u64,
-    /// Model calls an epoch may make (`reflection.max_calls_per_epoch`; `None`: no cap).
-    pub call_cap: Option<u64>,
-    /// Calls made in epoch `calls_epoch` (this attempt).
-    pub calls_this_epoch: u64,
-    pub calls_epoch: u32,
+}
+
+/// What waits for reflection, as the reflector reports it from its queue and its epoch budget
+/// (counts only: the ETA's input).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReflectionWork {
+    /// Cases waiting in the pending queue: they leave in batches of `batch_size`.
+    pub pending: u64,
+    /// Cycles the retry buckets hold (each at its own, smaller batch size).
+    pub retry_cycles: u64,
+    /// `reflection.batch_size`.
+    pub batch_size: u64,
+    /// Calls the epoch under way can still make (`None`: no cap; 0 once a budget is spent).
+    pub calls_left: Option<u64>,
+    /// Calls a fresh epoch may make (`None`: no cap).
+    pub calls_per_epoch: Option<u64>,
 }
 
 /// Time a run has left, as far as it was measured.
@@ -142,6 +160,8 @@ pub struct ProgressSnapshot {
     /// Rank 0 was interrupted and drains (no new leases): shown instead of the phase.
     pub draining: bool,
     pub timing: Timing,
+    /// What waits for reflection, as the reflector last reported it.
+    pub reflection: ReflectionWork,
     /// Every phase entered, in order, when set to `Some` (tests and diagnostics; off in runs).
     pub phase_log: Option<Vec<Phase>>,
 }
@@ -149,7 +169,7 @@ pub struct ProgressSnapshot {
 /// Shared between the run loop, reflection, rank 0's drain and the progress reporter.
 pub type ProgressHandle = Arc<Mutex<ProgressSnapshot>>;
 
-/// Smallest time left counted for a reflection round under way (it is not over yet).
+/// Smallest time left counted while reflection runs (it is not over yet).
 const ROUND_FLOOR_SECS: f64 = 1.0;
 
 impl ProgressSnapshot {
@@ -204,112 +224,135 @@ impl ProgressSnapshot {
     /// A step's rollout wait begins.
     pub fn begin_rollouts(&mut self, now: Instant) {
         self.timing.rollout_since = Some(now);
+        self.timing.answered_in_wait = 0;
     }
 
     /// One ticket's answer arrived.
     pub fn ticket_answered(&mut self) {
         self.done += 1;
         self.timing.rollout_tickets += 1;
+        self.timing.answered_in_wait += 1;
     }
 
-    /// The step's last answer arrived.
+    /// The step's last answer arrived: its tickets are decided next.
     pub fn end_rollouts(&mut self, now: Instant) {
         if let Some(t) = self.timing.rollout_since.take() {
             self.timing.rollout_secs += now.saturating_duration_since(t).as_secs_f64();
         }
+        self.timing.answered_in_wait = 0;
     }
 
     /// A reflection round (a step boundary's, or an epoch end's draining one) begins.
     pub fn begin_round(&mut self, now: Instant) {
         self.timing.round_since = Some(now);
-        self.timing.calls_in_round = 0;
-    }
-
-    /// A reflection model call was made (decision, ops or revision pass).
-    pub fn call_made(&mut self) {
-        let t = &mut self.timing;
-        if t.calls_epoch != self.epoch {
-            t.calls_epoch = self.epoch;
-            t.calls_this_epoch = 0;
-        }
-        t.calls_this_epoch += 1;
-        t.calls_in_round += 1;
     }
 
     /// The round under way ended.
-    pub fn end_round(&mut self, now: Instant) {
-        if let Some(t) = self.timing.round_since.take() {
-            self.timing.round_secs += now.saturating_duration_since(t).as_secs_f64();
-            self.timing.rounds_measured += 1;
-            self.timing.rounds_done += 1;
-            self.timing.round_calls += std::mem::take(&mut self.timing.calls_in_round);
+    pub fn end_round(&mut self) {
+        self.timing.round_since = None;
+    }
+
+    /// A gradient candidate joined the reflection queue.
+    pub fn case_queued(&mut self) {
+        self.timing.cases_queued += 1;
+    }
+
+    /// A reflection cycle begins (its batch has left the queue).
+    pub fn begin_cycle(&mut self, now: Instant) {
+        self.timing.cycle_since = Some(now);
+        self.timing.calls_in_cycle = 0;
+    }
+
+    /// A reflection model call was made (decision, ops or revision pass, or a JSON retry).
+    pub fn call_made(&mut self) {
+        self.timing.calls_in_cycle += 1;
+    }
+
+    /// The cycle under way ended.
+    pub fn end_cycle(&mut self, now: Instant) {
+        let t = &mut self.timing;
+        if let Some(since) = t.cycle_since.take() {
+            t.cycle_secs += now.saturating_duration_since(since).as_secs_f64();
+            let calls = std::mem::take(&mut t.calls_in_cycle);
+            t.cycles_with_calls += u64::from(calls > 0);
+            t.cycle_calls += calls;
         }
     }
 
     /// Time the run has left at `now` (see the module header): `None` while no ticket has
-    /// been answered, a lower bound while no reflection round has finished.
+    /// been answered, a lower bound while reflection has calls to make that were not timed.
     pub fn eta(&self, now: Instant) -> Option<Eta> {
         let t = &self.timing;
-        let since = |at: Option<Instant>| {
-            at.map_or(0.0, |a| now.saturating_duration_since(a).as_secs_f64())
-        };
         let tickets_left = self.total.saturating_sub(self.done);
         let rollouts = match (tickets_left, t.rollout_tickets) {
             (0, _) => 0.0,
             (_, 0) => return None,
-            (left, n) => (t.rollout_secs + since(t.rollout_since)) / n as f64 * left as f64,
+            (left, n) => {
+                let waiting = t
+                    .rollout_since
+                    .map_or(0.0, |a| now.saturating_duration_since(a).as_secs_f64());
+                (t.rollout_secs + waiting) / n as f64 * left as f64
+            }
         };
-        let in_round = t.round_since.is_some();
-        let this_round_floor = if in_round { ROUND_FLOOR_SECS } else { 0.0 };
+        let reflecting = t.round_since.is_some() || t.cycle_since.is_some();
+        let floor = if reflecting { ROUND_FLOOR_SECS } else { 0.0 };
         let make = |secs: f64, at_least| Eta {
             left: Duration::from_secs_f64(secs.max(0.0)),
             at_least,
         };
-        if t.rounds_measured == 0 {
-            let untimed = t.rounds_total > t.rounds_done;
-            return Some(make(rollouts + this_round_floor, untimed));
-        }
-        let reflection = self.reflection_left(since(t.round_since));
-        Some(make(rollouts + reflection.max(this_round_floor), false))
+        let timed = t.cycle_calls > 0;
+        Some(match self.calls_left(timed) {
+            Some(calls) if timed => {
+                let per_call = t.cycle_secs / t.cycle_calls as f64;
+                make(rollouts + (calls * per_call).max(floor), false)
+            }
+            Some(0.0) => make(rollouts + floor, false),
+            // What a call costs, or how many are coming, is not known yet.
+            _ => make(rollouts + floor, true),
+        })
     }
 
-    /// Seconds of reflection left, once a round has been timed: the calls still expected at
-    /// the measured time per call (or, while no finished round made a call, the rounds left at
-    /// their mean time).
-    fn reflection_left(&self, current: f64) -> f64 {
+    /// Model calls reflection still expects (see the module header): the cycle under way's
+    /// rest and this epoch's cycles under what its budget leaves, then each later epoch's.
+    /// `None` while no decided ticket says how many of them become cases. Before a cycle was
+    /// timed (`timed` false) a cycle counts one call: only whether any is left matters then.
+    fn calls_left(&self, timed: bool) -> Option<f64> {
         let t = &self.timing;
-        let in_round = u64::from(t.round_since.is_some());
-        let after = t.rounds_total.saturating_sub(t.rounds_done + in_round);
-        if t.round_calls == 0 {
-            let mean = t.round_secs / t.rounds_measured as f64;
-            let this_round = (mean - current).max(ROUND_FLOOR_SECS) * in_round as f64;
-            return mean * after as f64 + this_round;
-        }
-        let per_call = t.round_secs / t.round_calls as f64;
-        let per_round = t.round_calls as f64 / t.rounds_measured as f64;
-        let per_epoch = t.rounds_per_epoch.max(1);
-        // Rounds after the current one that belong to this epoch, then to later epochs.
-        let into_epoch = (t.rounds_done + in_round) % per_epoch;
-        let left_in_epoch = if into_epoch == 0 {
-            0
+        let w = &self.reflection;
+        let per_cycle = if timed {
+            t.cycle_calls as f64 / t.cycles_with_calls.max(1) as f64
         } else {
-            per_epoch - into_epoch
-        }
-        .min(after);
-        let later_epochs = (after - left_in_epoch) as f64 / per_epoch as f64;
-        let current_left = (per_round - t.calls_in_round as f64).max(0.0) * in_round as f64;
-        let spent = if t.calls_epoch == self.epoch {
-            t.calls_this_epoch
+            1.0
+        };
+        let epochs = u64::from(self.epochs.max(1));
+        let epoch = u64::from(self.epoch.clamp(1, self.epochs.max(1)));
+        let per_epoch = self.total / epochs;
+        let decided = self.done.saturating_sub(t.answered_in_wait);
+        let decided_this_epoch = decided.saturating_sub((epoch - 1) * per_epoch);
+        let undecided = per_epoch.saturating_sub(decided_this_epoch);
+        let decided_here = t.rollout_tickets.saturating_sub(t.answered_in_wait);
+        let to_come = undecided + per_epoch * (epochs - epoch);
+        let share = match (to_come, decided_here) {
+            (0, _) => 0.0,
+            (_, 0) => return None,
+            (_, n) => t.cases_queued as f64 / n as f64,
+        };
+        let batch = w.batch_size.max(1) as f64;
+        let cycles = |cases: f64| (cases / batch - 1e-9).ceil().max(0.0);
+        let cap = |calls: f64, budget: Option<u64>| budget.map_or(calls, |b| calls.min(b as f64));
+        let in_cycle = if t.cycle_since.is_some() {
+            (per_cycle - t.calls_in_cycle as f64).max(0.0)
         } else {
-            0
+            0.0
         };
-        let cap = |calls: f64, spent: u64| {
-            t.call_cap
-                .map_or(calls, |cap| calls.min(cap.saturating_sub(spent) as f64))
-        };
-        let calls = cap(current_left + per_round * left_in_epoch as f64, spent)
-            + later_epochs * cap(per_round * per_epoch as f64, 0);
-        calls * per_call
+        let this_epoch =
+            cycles(w.pending as f64 + undecided as f64 * share) + w.retry_cycles as f64;
+        let now = cap(in_cycle + this_epoch * per_cycle, w.calls_left);
+        let later = cap(
+            cycles(per_epoch as f64 * share) * per_cycle,
+            w.calls_per_epoch,
+        );
+        Some(now + later * (epochs - epoch) as f64)
     }
 }
 

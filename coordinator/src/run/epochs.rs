@@ -255,18 +255,15 @@ impl RunLoop {
         summary
     }
 
-    /// The progress display's totals: tickets and reflection rounds of the whole run, and
-    /// what a resumed run finished before its checkpoint (`at`).
+    /// The progress display's totals: tickets and epochs of the whole run, and what a resumed
+    /// run finished before its checkpoint (`at`). What reflection has left is the reflector's
+    /// to report.
     pub(super) fn plan_progress(&self, cfg: &RunConfig, total: u64, at: &EpochStart) {
-        let steps = self.steps_per_epoch(cfg);
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         p.total = total;
         p.epochs = cfg.runner.epochs;
+        p.epoch = at.epoch;
         p.done = self.global_step;
-        p.timing.rounds_total = u64::from(cfg.runner.epochs) * (steps + 1);
-        p.timing.rounds_per_epoch = steps + 1;
-        p.timing.call_cap = cfg.reflection.max_calls_per_epoch.map(u64::from);
-        p.timing.rounds_done = u64::from(at.epoch.saturating_sub(1)) * (steps + 1) + at.steps_done;
     }
 
     /// Rollout steps of one epoch.

@@ -83,7 +83,7 @@ impl RunLoop {
                 drain,
             )
             .await;
-        self.lock_progress().end_round(Instant::now());
+        self.lock_progress().end_round();
         Ok(r?)
     }
 

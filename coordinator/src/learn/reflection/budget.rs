@@ -20,6 +20,11 @@ impl CallBudget {
         cap.is_none_or(|cap| self.spent < cap)
     }
 
+    /// Calls still allowed under `cap` (`None`: no cap).
+    pub fn remaining(&self, cap: Option<u32>) -> Option<u32> {
+        cap.map(|cap| cap.saturating_sub(self.spent))
+    }
+
     /// Charge one call (the caller has checked [`CallBudget::left`]).
     pub fn charge(&mut self) {
         self.spent += 1;
@@ -86,6 +91,20 @@ impl EpochBudget {
     /// Whether one more call fits this epoch.
     pub(super) fn calls_left(&self) -> bool {
         self.calls.left(self.call_cap)
+    }
+
+    /// Calls the epoch can still make (`None`: no cap): none once the change cap is reached,
+    /// as a cycle then makes no call.
+    pub(super) fn calls_remaining(&self) -> Option<u32> {
+        if self.change_cap_reached() {
+            return Some(0);
+        }
+        self.calls.remaining(self.call_cap)
+    }
+
+    /// Calls a fresh epoch may make (`reflection.max_calls_per_epoch`; `None`: no cap).
+    pub(super) fn calls_per_epoch(&self) -> Option<u32> {
+        self.call_cap
     }
 
     /// Charge one call (the caller has checked [`EpochBudget::calls_left`]).
@@ -164,6 +183,32 @@ mod tests {
         assert!(b.calls_left() && !b.change_cap_reached());
         b.charge_call();
         assert!(!b.calls_left(), "still capped at one call");
+    }
+
+    #[test]
+    fn the_calls_remaining_are_the_cap_less_those_spent_and_none_past_the_change_cap() {
+        let mut b = EpochBudget::new(
+            (Some(3), Some(1)),
+            CallBudget::default(),
+            ChangeCap::default(),
+        );
+        b.charge_call();
+        assert_eq!(b.calls_remaining(), Some(2));
+        assert_eq!(b.calls_per_epoch(), Some(3));
+        b.count_applied();
+        assert_eq!(
+            b.calls_remaining(),
+            Some(0),
+            "a cycle past the change cap makes no call"
+        );
+        let resumed = EpochBudget::new((Some(3), None), b.counts().0, ChangeCap::default());
+        assert_eq!(
+            resumed.calls_remaining(),
+            Some(2),
+            "a checkpoint's count is kept"
+        );
+        let open = EpochBudget::new((None, None), CallBudget::default(), ChangeCap::default());
+        assert_eq!(open.calls_remaining(), None);
     }
 
     #[test]

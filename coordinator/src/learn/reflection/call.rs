@@ -95,6 +95,11 @@ impl Calls {
         }
     }
 
+    /// Where each call's cycle and pass are shown, when set.
+    pub(super) fn progress(&self) -> Option<&ProgressHandle> {
+        self.progress.as_ref()
+    }
+
     /// The progress state names the call's cycle and pass, and counts the call for the ETA.
     fn show(&self, cycle: u64, pass: CallPass) {
         let pass = match pass {

@@ -40,6 +40,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::domain::TicketKey;
@@ -50,7 +51,7 @@ use crate::learn::dispatch::Dispatch;
 use crate::learn::feedback::FeedbackLedger;
 use crate::learn::predictions::{PredictionCheck, Predictions};
 use crate::learn::rejected_memory::RejectedMemory;
-use crate::progress::ProgressHandle;
+use crate::progress::{ProgressHandle, ProgressSnapshot, ReflectionWork};
 
 mod ablation;
 mod budget;
@@ -221,7 +222,7 @@ impl Reflector {
             arrivals: state.arrivals,
         };
         let pipeline_cycles = run.runner.pipeline_cycles as usize;
-        Reflector {
+        let reflector = Reflector {
             lifecycle: run.guidance_lifecycle.clone(),
             run_seed: run.seed,
             mission: mission.to_string(),
@@ -252,7 +253,27 @@ impl Reflector {
             decisions_epoch: state.decisions_epoch,
             run_warnings: state.run_warnings,
             config,
-        }
+        };
+        reflector.report(|_| {});
+        reflector
+    }
+
+    /// Applies `update` to the progress state and tells it what waits for reflection now:
+    /// the queue's cases and retry cycles, and the calls the epoch's budget leaves (the ETA
+    /// counts the work left from them).
+    fn report(&self, update: impl FnOnce(&mut ProgressSnapshot)) {
+        let Some(progress) = self.calls.progress() else {
+            return;
+        };
+        let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+        update(&mut p);
+        p.reflection = ReflectionWork {
+            pending: self.queue.pending_len() as u64,
+            retry_cycles: self.queue.retry_cycles() as u64,
+            batch_size: u64::from(self.queue.batch_size()),
+            calls_left: self.budget.calls_remaining().map(u64::from),
+            calls_per_epoch: self.budget.calls_per_epoch().map(u64::from),
+        };
     }
 
     /// The calls queued ahead in this attempt, and what became of them.
@@ -299,6 +320,7 @@ impl Reflector {
         self.queue.clear();
         self.budget.reset();
         self.decisions_epoch = (0, 0);
+        self.report(|_| {});
     }
 
     /// Record a decided ticket that is *not* a gradient candidate: its feedback on the rules
@@ -358,6 +380,7 @@ impl Reflector {
     pub fn add_candidate(&mut self, mut record: GradientRecord) {
         record.feedback.rules = self.feedback.owed_now();
         self.queue.push(record);
+        self.report(ProgressSnapshot::case_queued);
     }
 
     /// Called at every step boundary (and with `drain` at epoch end): commit buffered
@@ -391,8 +414,12 @@ impl Reflector {
         drain: bool,
     ) -> Result<(), ReflectionError> {
         while let Some((attempt, batch)) = self.queue.next_batch(drain) {
-            self.run_cycle(epoch, global_step, attempt, batch, guidance, dispatch)
-                .await?;
+            self.report(|p| p.begin_cycle(Instant::now()));
+            let done = self
+                .run_cycle(epoch, global_step, attempt, batch, guidance, dispatch)
+                .await;
+            self.report(|p| p.end_cycle(Instant::now()));
+            done?;
         }
         Ok(())
     }

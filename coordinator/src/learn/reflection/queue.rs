@@ -119,6 +119,26 @@ impl ReflectionQueue {
         self.arrivals = 0;
     }
 
+    /// Cases waiting in the pending queue (they leave in batches of `batch_size`).
+    pub(super) fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// `reflection.batch_size`.
+    pub(super) fn batch_size(&self) -> u32 {
+        self.batch_size
+    }
+
+    /// Cycles the retry buckets hold: each bucket's cases in batches of its own size.
+    pub(super) fn retry_cycles(&self) -> usize {
+        let cycles = |(attempt, bucket): (&u32, &Vec<GradientRecord>)| {
+            bucket
+                .len()
+                .div_ceil(retry_batch_size(self.batch_size, *attempt))
+        };
+        self.retry.iter().map(cycles).sum()
+    }
+
     /// Queue a candidate, numbered in arrival order.
     pub(super) fn push(&mut self, mut record: GradientRecord) {
         record.order = self.arrivals;
@@ -278,6 +298,25 @@ mod tests {
             q.retry_or_give_up(vec![record("a")]).is_empty(),
             "a new epoch"
         );
+    }
+
+    #[test]
+    fn each_retry_bucket_holds_cycles_of_its_own_batch_size() {
+        let mut q = ReflectionQueue::new(4, 2, empty());
+        q.push(record("p"));
+        let first: Vec<_> = ["a", "b", "c"].map(record).into();
+        assert!(q.retry_or_give_up(first).is_empty());
+        assert_eq!(q.retry_cycles(), 2, "3 cases in retry batches of 2");
+        let (_, batch) = q.next_batch(true).expect("the pending case");
+        assert_eq!(groups(&batch), vec!["p"]);
+        let (_, batch) = q.next_batch(true).expect("a retry batch");
+        assert!(q.retry_or_give_up(batch).is_empty());
+        assert_eq!(
+            q.retry_cycles(),
+            1 + 2,
+            "1 left at size 2, 2 more at size 1"
+        );
+        assert_eq!((q.pending_len(), q.batch_size()), (0, 4));
     }
 
     #[test]
