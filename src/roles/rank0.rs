@@ -5,12 +5,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stageb_coordinator::cluster::dispatch::Dispatch;
 use stageb_coordinator::cluster::scheduler::journal::{Journal, ReplayCache};
 use stageb_coordinator::cluster::scheduler::{
     Completion, ControlSignal, ProgressRule, Scheduler, SchedulerConfig, SpeculationConfig,
 };
 use stageb_coordinator::cluster::server::{self, EdgeConfig, ServiceConfig};
-use stageb_coordinator::learn::dispatch::Dispatch;
 use stageb_coordinator::run::dir::{RunDir, RunJournal};
 use stageb_coordinator::run::start;
 use stageb_coordinator::run::{ProgressHandle, RunError, RunInputs, RunLoop, RunSummary};

@@ -10,6 +10,7 @@
 //! - [`completions`]: waiting for job results, giving up when no worker is alive.
 
 pub mod completions;
+pub mod dispatch;
 pub mod edge;
 pub mod model_pin;
 pub mod scheduler;

@@ -12,7 +12,6 @@
 //! - [`feedback`]: which rule (key and generation) buffered hit/miss feedback belongs to.
 //! - [`need_review`]: the stop-gradient queue and its deterministic aggregation.
 
-pub mod dispatch;
 pub mod feedback;
 pub mod gate_decision;
 pub mod need_review;

@@ -20,10 +20,10 @@ use super::{
     step_size,
 };
 use crate::artifacts::documents::PrefixReuse;
+use crate::cluster::dispatch::Dispatch;
 use crate::decide::accuracy;
 use crate::decide::split::Splits;
 use crate::guidance::RepoOptions;
-use crate::learn::dispatch::Dispatch;
 use crate::learn::reflection::{Reflector, ReflectorSettings};
 use crate::progress::{Phase, ProgressHandle};
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy, Position};

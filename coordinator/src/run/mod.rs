@@ -37,10 +37,10 @@ use stageb_shared::ingest::Ingested;
 use stageb_shared::limits::EffectiveLimits;
 
 use crate::cluster::completions::WaitError;
+use crate::cluster::dispatch::Dispatch;
 use crate::decide::accuracy;
 use crate::decide::split::Splits;
 use crate::guidance::{GuidanceError, GuidanceRepo};
-use crate::learn::dispatch::Dispatch;
 use crate::learn::reflection::{ReflectionError, ReflectionOpening, Reflector};
 use crate::run::checkpoint::{Checkpoint, CheckpointPolicy};
 

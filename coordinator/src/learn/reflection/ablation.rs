@@ -11,8 +11,8 @@ use stageb_shared::seed::derived_seed;
 
 use super::ReflectionError;
 use super::gate::Gate;
+use crate::cluster::dispatch::Dispatch;
 use crate::guidance::{GuidanceRepo, MissionGuidance, RuleKey};
-use crate::learn::dispatch::Dispatch;
 use crate::learn::gate_decision::{self, Contribution};
 
 /// One learned rule's contribution on the gate split.

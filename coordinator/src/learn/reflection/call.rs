@@ -19,9 +19,9 @@ use super::record::Learnable;
 use super::row::{CallError, CallPass, CallRecord, CallRuntime, ReflectionRow};
 use super::{GradientRecord, JSON_RETRIES, ReflectionError, Reflector};
 use crate::artifacts::documents::CallPrefixReuse;
+use crate::cluster::dispatch::Dispatch;
 use crate::cluster::scheduler::{Completion, JobOutput, JobPayload, REPLAY_WORKER};
 use crate::guidance::GuidanceRepo;
-use crate::learn::dispatch::Dispatch;
 use crate::progress::{Phase, ProgressHandle, ReflectPass};
 
 /// What every reflection call of a run is built with, and what the calls cost: the run seed

@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::row::CallPass;
 use crate::artifacts::documents::CallsAheadStats;
+use crate::cluster::dispatch::Dispatch;
 use crate::cluster::scheduler::journal::payload_digest;
 use crate::cluster::scheduler::{JobId, JobPayload};
-use crate::learn::dispatch::Dispatch;
 
 /// One call queued ahead.
 struct Queued {

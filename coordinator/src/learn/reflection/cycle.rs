@@ -21,8 +21,8 @@ use super::row::{
     CallPass, CoverageCounts, DecisionRecord, Proposal, ReflectionRow, Routing, RowOpening,
 };
 use super::{GradientRecord, REVISION_ROUNDS, ReflectionError, Reflector};
+use crate::cluster::dispatch::Dispatch;
 use crate::guidance::{ApplyOutcome, GuidanceError, GuidanceRepo, OpEffect, RuleKey};
-use crate::learn::dispatch::Dispatch;
 use crate::learn::need_review::{NeedReviewReason, RoutingPoint};
 use crate::learn::op_check::{self, OpsValidation, RejectReason, RejectedOp};
 use crate::learn::predictions::Prediction;

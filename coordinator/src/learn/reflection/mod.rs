@@ -46,8 +46,8 @@ use stageb_shared::config::{LifecycleConfig, ReflectionConfig, RunConfig};
 use stageb_shared::domain::TicketKey;
 
 use crate::cluster::completions::WaitError;
+use crate::cluster::dispatch::Dispatch;
 use crate::guidance::{GuidanceError, GuidanceRepo, RuleKey};
-use crate::learn::dispatch::Dispatch;
 use crate::learn::feedback::FeedbackLedger;
 use crate::learn::predictions::{PredictionCheck, Predictions};
 use crate::learn::rejected_memory::RejectedMemory;
