@@ -205,6 +205,10 @@ impl Scheduler {
             .copied()
             .filter(|id| g.revoked.get(id).is_some_and(|s| s == session))
             .collect();
+        // The session is told while it lists the lease; once it has dropped the lease, the
+        // note goes (the map would otherwise grow with every revocation of a long run).
+        g.revoked
+            .retain(|id, owner| owner != session || lease_ids.contains(id));
         let control = g.control.unwrap_or(ControlSignal::Continue);
         drop(g);
         self.after_expiry(failed, !invalid.is_empty() || revoked_now > 0);
@@ -332,3 +336,11 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+impl Scheduler {
+    /// How many revocations are still waiting to be told to their session.
+    pub(crate) fn revoked_notes(&self) -> usize {
+        self.lock().revoked.len()
+    }
+}

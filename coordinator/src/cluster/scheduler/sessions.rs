@@ -39,6 +39,7 @@ impl Scheduler {
         let mut g = self.lock();
         let mut fenced: Vec<LeaseId> = Vec::new();
         if !previous.is_empty() && g.sessions.remove(previous).is_some() {
+            g.revoked.retain(|_, owner| owner != previous);
             fenced = g
                 .leases
                 .iter()
@@ -101,6 +102,7 @@ impl Scheduler {
             .collect();
         for id in idle {
             g.sessions.remove(&id);
+            g.revoked.retain(|_, owner| *owner != id);
             g.stats.sessions_expired += 1;
         }
     }

@@ -286,6 +286,13 @@ async fn a_revoked_lease_is_told_fenced_and_its_job_answered_by_another_worker()
         .heartbeat_with(&hung, &[id], &[(id, LeaseProgress::steps(99))])
         .unwrap();
     assert_eq!(late.revoked, vec![id]);
+    // Once the worker has dropped the lease, the note of its revocation goes.
+    s.heartbeat_with(&hung, &[], &[]).unwrap();
+    assert_eq!(
+        s.revoked_notes(),
+        0,
+        "nothing kept for a lease no longer listed"
+    );
 
     let (_, healthy) = s.register().unwrap();
     let (again, _) = s.lease(&healthy, 1, Duration::ZERO).await.unwrap();
