@@ -276,14 +276,9 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int
         .for_each(|(ci, out)| dots(isa, acts, w, ci * per_task, out.len() / (m * GROUP), out));
     let yt = &ws.yt;
     y.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
-        let (full, rest) = row.as_chunks_mut::<GROUP>();
-        for (g, dst) in full.iter_mut().enumerate() {
+        for (g, dst) in row.chunks_mut(GROUP).enumerate() {
             let at = (g * m + r) * GROUP;
-            *dst = yt[at..at + GROUP].try_into().unwrap();
-        }
-        if !rest.is_empty() {
-            let at = (full.len() * m + r) * GROUP;
-            rest.copy_from_slice(&yt[at..at + rest.len()]);
+            dst.copy_from_slice(&yt[at..at + dst.len()]);
         }
     });
 }
