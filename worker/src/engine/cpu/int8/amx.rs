@@ -5,10 +5,19 @@
 //!
 //! # Tiles
 //! One configuration for every kernel, loaded once per thread that runs one ([`ensure_config`]):
-//! `tmm0..3` are the sums (16 rows × 16 `i32`), `tmm4..5` two tiles of input rows (16 rows × one
-//! block, 32 bytes, read in place from [`QuantizedRows`]), `tmm6..7` two groups' weights for one
-//! block (8 rows of 64 bytes: row `t` holds elements `4t..4t+4` of the 16 weight rows, which is
-//! exactly the [`Interleaved`] Q8_0 layout; Q4_1's nibbles are unpacked into it per task).
+//! `tmm0..3` are the sums (16 rows × 16 `i32`), `tmm4..5` input rows (16 rows × one block, 32
+//! bytes, read in place from [`QuantizedRows`], whose rows start on cache lines), `tmm6..7` a
+//! group's weights for one block (8 rows of 64 bytes: row `t` holds elements `4t..4t+4` of the 16
+//! weight rows, the [`Interleaved`] Q8_0 layout; Q4_1's nibbles are unpacked into it). A task lays
+//! each of its groups out once, on cache lines, for all its row tiles ([`tile_layout`]): a tile
+//! row that straddles two lines makes a tile load about three times slower.
+//!
+//! # Blocking
+//! A pass ([`pass`]) is one tile of 16 input rows times one group of 16 weight rows over every
+//! block: the 16×16 float accumulators stay in `zmm` registers from the first block to the last,
+//! and each block's sums go through a 4 KiB, 64-byte aligned scratch in L1. Block `b + 2`'s tile
+//! product is issued before block `b`'s float steps; the tile slots rotate over `tmm0..3` (sums)
+//! and `tmm4..7` (operands) so that consecutive blocks never wait on each other's tile registers.
 //!
 //! # The OS
 //! Linux hands out the tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
@@ -19,11 +28,11 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 
 use super::super::weights::{BlockKind, GROUP, Interleaved};
-use super::QuantizedRows;
+use super::{Lines, QuantizedRows};
 
 /// Rows of a tile (input rows per tile, and weight rows per group).
 pub const TILE_ROWS: usize = 16;
@@ -147,60 +156,87 @@ unsafe fn ensure_config() {
 /// [`available`] returned true; the CPU has AVX-512BW; `out.len() >= ng·a.rows·16`,
 /// `g0 + ng <= w.groups`, `w.cols == a.k`.
 pub unsafe fn dots(a: &QuantizedRows, w: &Interleaved, g0: usize, ng: usize, out: &mut [f32]) {
-    let m = a.rows;
-    let full = m - m % TILE_ROWS;
+    let (m, nb) = (a.rows, w.nb);
     // SAFETY: the caller's contract.
     unsafe { ensure_config() };
-    let mut unpacked = Vec::new();
-    let mut g = 0;
-    while g < ng {
-        let gt = if ng - g >= 2 { 2 } else { 1 };
-        let weights = match w.kind {
-            // SAFETY: groups g0+g..g0+g+gt exist (the contract).
-            BlockKind::Q8_0 => unsafe { w.qs.as_ptr().add((g0 + g) * w.nb * 512) },
-            BlockKind::Q4_1 => {
-                unpacked.resize(gt * w.nb * 512, 0);
-                // SAFETY: as above; `unpacked` holds gt·nb blocks of 512 bytes.
-                unsafe { unpack_q4_1(w, g0 + g, gt, &mut unpacked) };
-                unpacked.as_ptr()
-            }
-        };
-        let span = &mut out[g * m * GROUP..];
-        span[..gt * m * GROUP].fill(0.0);
-        let mut r = 0;
-        while r < full {
-            let rt = if full - r >= 2 * TILE_ROWS { 2 } else { 1 };
-            // SAFETY: rows r..r+16·rt < m; `weights` holds gt·nb blocks of 512 bytes; `span`
-            // holds gt·m·16 floats; the tiles are configured on this thread.
-            unsafe {
-                match (rt, gt) {
-                    (2, 2) => tiles::<2, 2>(a, r, w, g0 + g, weights, span),
-                    (2, _) => tiles::<2, 1>(a, r, w, g0 + g, weights, span),
-                    (_, 2) => tiles::<1, 2>(a, r, w, g0 + g, weights, span),
-                    _ => tiles::<1, 1>(a, r, w, g0 + g, weights, span),
-                }
-            }
-            r += rt * TILE_ROWS;
+    let mut sums = Sums([[0; 256]; SLOTS]);
+    TILE_WEIGHTS.with_borrow_mut(|tile_w| {
+        tile_w.resize(nb * 512);
+        for g in 0..ng {
+            let o = &mut out[g * m * GROUP..(g + 1) * m * GROUP];
+            // SAFETY: the caller's contract; `tile_w` holds nb blocks of 512 bytes.
+            unsafe { group(a, w, g0 + g, tile_w, &mut sums, o) };
         }
-        g += gt;
+    });
+}
+
+thread_local! {
+    /// A group's weights in the tile layout, on cache lines (see [`tile_layout`]).
+    static TILE_WEIGHTS: RefCell<Lines<u8>> = RefCell::new(Lines::default());
+}
+
+/// Rows `0..m − m % 16` of group `gg` into `out` (16 floats a row).
+///
+/// # Safety
+/// As [`dots`]; `tile_w` holds `nb` blocks of 512 bytes.
+unsafe fn group(
+    a: &QuantizedRows,
+    w: &Interleaved,
+    gg: usize,
+    tile_w: &mut [u8],
+    sums: &mut Sums,
+    out: &mut [f32],
+) {
+    let (m, nb) = (a.rows, w.nb);
+    let q4 = w.kind == BlockKind::Q4_1;
+    // SAFETY: group gg exists (the caller's contract).
+    unsafe { tile_layout(w, gg, tile_w) };
+    let weights = tile_w.as_ptr();
+    let mins = if q4 { &w.m } else { &w.d };
+    for t in 0..m / TILE_ROWS {
+        let p = Pass {
+            x: a.q[t * TILE_ROWS * a.k..].as_ptr(),
+            k: a.k,
+            w: weights,
+            dw: w.d[gg * nb * GROUP..].as_ptr(),
+            mw: mins[gg * nb * GROUP..].as_ptr(),
+            dx: a.d_tiles[t * nb * TILE_ROWS..].as_ptr(),
+            sx: a.s_tiles[t * nb * TILE_ROWS..].as_ptr(),
+            nb,
+        };
+        let o = &mut out[t * TILE_ROWS * GROUP..][..TILE_ROWS * GROUP];
+        // SAFETY: `p` points at what `pass` reads (16 rows of k bytes, nb blocks of weights
+        // and of 16 scales, mins, input scales and sums); `o` holds 16 rows of 16 floats;
+        // the tiles are configured on this thread.
+        unsafe {
+            if q4 {
+                pass::<true>(&p, o, sums)
+            } else {
+                pass::<false>(&p, o, sums)
+            }
+        }
     }
 }
 
-/// Groups `g..g+gt` of a Q4_1 matrix in the tile layout: per group and block, 8 rows of 64
-/// bytes, row `t < 4` the low nibbles of interleaved vector `t` (elements `4t..4t+4`), row
-/// `t ≥ 4` the high nibbles of vector `t − 4` (elements `16 + 4(t−4)..`), so row `t` holds
-/// elements `4t..4t+4` of each of the 16 weight rows.
+/// Group `g` in the tile layout, on cache lines: per block, 8 rows of 64 bytes, row `t` holding
+/// elements `4t..4t+4` of each of the 16 weight rows. For Q8_0 that is the interleaved layout
+/// (copied); for Q4_1 row `t < 4` is the low nibbles of interleaved vector `t` (elements
+/// `4t..4t+4`), row `t ≥ 4` the high nibbles of vector `t − 4` (elements `16 + 4(t−4)..`).
 ///
 /// # Safety
-/// AVX-512BW; groups `g..g+gt` exist; `dst.len() >= gt·nb·512`.
+/// AVX-512BW; group `g` exists; `dst.len() >= nb·512`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-unsafe fn unpack_q4_1(w: &Interleaved, g: usize, gt: usize, dst: &mut [u8]) {
+unsafe fn tile_layout(w: &Interleaved, g: usize, dst: &mut [u8]) {
+    if w.kind == BlockKind::Q8_0 {
+        dst[..w.nb * 512].copy_from_slice(&w.qs[g * w.nb * 512..(g + 1) * w.nb * 512]);
+        return;
+    }
     let low = _mm512_set1_epi8(0x0f);
-    for gb in 0..gt * w.nb {
-        // SAFETY: block g·nb + gb holds 4 vectors of 64 bytes; dst block gb holds 512 bytes.
+    for b in 0..w.nb {
+        // SAFETY: block g·nb + b holds 4 vectors of 64 bytes; dst block b holds 512 bytes.
         unsafe {
-            let src = w.qs.as_ptr().add((g * w.nb + gb) * 256);
-            let d = dst.as_mut_ptr().add(gb * 512);
+            let src = w.qs.as_ptr().add((g * w.nb + b) * 256);
+            let d = dst.as_mut_ptr().add(b * 512);
             for t in 0..4 {
                 let v = _mm512_loadu_si512(src.add(t * 64).cast());
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
@@ -211,166 +247,131 @@ unsafe fn unpack_q4_1(w: &Interleaved, g: usize, gt: usize, dst: &mut [u8]) {
     }
 }
 
-/// `RT` tiles of input rows from `r` times `GT` groups from `g`, every block in order: the
-/// block's integer sums by the tiles, then per output `acc = fma(dw·dx, sum, acc)` and for Q4_1
-/// `acc = fma(mw, s, acc)`, accumulated in `span` (group `gi`'s row `r'` at `(gi·m + r')·16`,
-/// zero at the start). The tiles of block `b + 1` are issued before the float steps of block
-/// `b` (two buffers of sums), so the vector loads of a block's sums never wait on its tile
-/// stores; each output still takes its blocks in order.
-///
-/// # Safety
-/// As [`dots`]'s loop: rows `r..r+16·RT` exist, `weights` holds `GT·nb` blocks of 512 bytes in
-/// the tile layout, `span` holds `GT·m·16` floats, the tiles are configured on this thread.
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-unsafe fn tiles<const RT: usize, const GT: usize>(
-    a: &QuantizedRows,
-    r: usize,
-    w: &Interleaved,
-    g: usize,
-    weights: *const u8,
-    span: &mut [f32],
-) {
-    let (nb, k) = (w.nb, a.k);
-    let mut sums = [Sums([[0; 256]; 4]), Sums([[0; 256]; 4])];
-    for b in 0..=nb {
-        if b < nb {
-            let xa: [*const i8; RT] =
-                core::array::from_fn(|i| a.q[(r + TILE_ROWS * i) * k + b * 32..].as_ptr());
-            // SAFETY: block b of each of the GT groups is 512 bytes at `weights` (the contract).
-            let wb: [*const u8; GT] =
-                core::array::from_fn(|j| unsafe { weights.add((j * nb + b) * 512) });
-            let q4 = w.kind == BlockKind::Q4_1;
-            // SAFETY: the tiles read 16 rows of 32 bytes at stride k from rows that exist, 8
-            // rows of 64 bytes of weights, and write 16 rows of 64 bytes into `sums`.
-            unsafe { tile_block::<RT, GT>(xa, k, wb, q4, &mut sums[b & 1]) };
-        }
-        if b > 0 {
-            // SAFETY: AVX-512F (this function's features); the shapes of the contract.
-            unsafe { float_steps::<RT, GT>(a, r, w, g, b - 1, &sums[(b - 1) & 1], span) };
-        }
-    }
-}
-
-/// Block `b`'s float steps for the `RT × GT` tiles of sums (see [`tiles`]).
-///
-/// # Safety
-/// AVX-512F; as [`tiles`].
-#[inline]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-unsafe fn float_steps<const RT: usize, const GT: usize>(
-    a: &QuantizedRows,
-    r: usize,
-    w: &Interleaved,
-    g: usize,
-    b: usize,
-    sums: &Sums,
-    span: &mut [f32],
-) {
-    let (m, nb) = (a.rows, w.nb);
-    let q4 = w.kind == BlockKind::Q4_1;
-    for i in 0..RT {
-        for j in 0..GT {
-            let at = (g + j) * nb + b;
-            // SAFETY: group g + j's block b has 16 scales (and mins for Q4_1).
-            let dw = unsafe { _mm512_loadu_ps(w.d.as_ptr().add(at * GROUP)) };
-            let mw = if q4 {
-                unsafe { _mm512_loadu_ps(w.m.as_ptr().add(at * GROUP)) }
-            } else {
-                _mm512_setzero_ps()
-            };
-            let sum = &sums.0[i * 2 + j];
-            let rows = r + TILE_ROWS * i;
-            let o = &mut span[(j * m + rows) * GROUP..(j * m + rows + TILE_ROWS) * GROUP];
-            let (dx, sx) = (&a.d[rows * nb..], &a.s[rows * nb..]);
-            for t in 0..TILE_ROWS {
-                // SAFETY: `o` holds 16 rows of 16 floats, `sum` 16 rows of 16 integers.
-                unsafe {
-                    let op = o.as_mut_ptr().add(t * GROUP);
-                    let si =
-                        _mm512_cvtepi32_ps(_mm512_loadu_si512(sum.as_ptr().add(16 * t).cast()));
-                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
-                    let mut acc = _mm512_fmadd_ps(scale, si, _mm512_loadu_ps(op));
-                    if q4 {
-                        acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), acc);
-                    }
-                    _mm512_storeu_ps(op, acc);
-                }
-            }
-        }
-    }
-}
-
-/// The integer sums of one block: tile `i·2 + j` is input tile `i` times group `j`.
-#[repr(C, align(64))]
-struct Sums([[i32; 256]; 4]);
-
-/// One block's tile products into `sums`: loads `RT` input tiles (stride `k`) and `GT` weight
-/// tiles (stride 64), zeroes the sums, multiplies (`tdpbsud` for Q4_1, `tdpbssd` for Q8_0) and
-/// stores them (stride 64 bytes).
-///
-/// # Safety
-/// The tiles are configured on this thread; the pointers hold what the tiles read.
-#[inline(always)]
-unsafe fn tile_block<const RT: usize, const GT: usize>(
-    xa: [*const i8; RT],
+/// One tile of 16 input rows times one group of 16 weight rows, over all blocks.
+struct Pass {
+    /// The first input row's quantized bytes (rows `k` bytes apart).
+    x: *const i8,
     k: usize,
-    wb: [*const u8; GT],
-    q4: bool,
-    sums: &mut Sums,
+    /// The group's blocks in the tile layout, 512 bytes each.
+    w: *const u8,
+    /// Per block, the 16 weight rows' scales and (Q4_1) mins.
+    dw: *const f32,
+    mw: *const f32,
+    /// Per block, the 16 input rows' scales `d` and `s = d·Σq` side by side.
+    dx: *const f32,
+    sx: *const f32,
+    nb: usize,
+}
+
+/// Blocks whose tile products are issued before the float steps of a block run.
+const LAG: usize = 2;
+/// Buffers of sums: more than [`LAG`], a power of two.
+const SLOTS: usize = 4;
+
+/// The integer sums of a block, one slot per block in flight.
+#[repr(C, align(64))]
+struct Sums([[i32; 256]; SLOTS]);
+
+/// [`Pass`]: per block in order, the block's exact integer sums by one tile product, then per
+/// output `acc = fma(dw·dx, sum, acc)` and for Q4_1 `acc = fma(mw, sx, acc)`, the 16×16
+/// accumulators held in registers from the first block to the last. The tile product of block
+/// `b + LAG` is issued before the float steps of block `b`, so a block's sums are stored long
+/// before they are read; each output still takes its blocks in order.
+///
+/// # Safety
+/// The tiles are configured on this thread; `p` points at what it names; `out` holds 256 floats.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
+unsafe fn pass<const Q4: bool>(p: &Pass, out: &mut [f32], sums: &mut Sums) {
+    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
+    for b in 0..p.nb + LAG {
+        if b < p.nb {
+            // SAFETY: block b's input tile and weights are in bounds (the contract); the slot
+            // holds 16 rows of 64 bytes.
+            unsafe {
+                let slot = sums.0[b % SLOTS].as_mut_ptr();
+                tile_block::<Q4>(b % SLOTS, p.x.add(b * 32), p.k, p.w.add(b * 512), slot)
+            };
+        }
+        if b >= LAG {
+            let e = b - LAG;
+            // SAFETY: block e's scales are in bounds (the contract); its slot was written by
+            // the tile store LAG blocks ago.
+            unsafe { float_steps::<Q4>(p, e, &sums.0[e % SLOTS], &mut acc) };
+        }
+    }
+    for t in 0..TILE_ROWS {
+        // SAFETY: `out` holds 16 rows of 16 floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * GROUP), acc[t]) };
+    }
+}
+
+/// Block `b`'s float steps into the 16 accumulators (see [`pass`]).
+///
+/// # Safety
+/// AVX-512F; block `b`'s scales, mins and input scales exist at `p`.
+#[inline(always)]
+unsafe fn float_steps<const Q4: bool>(
+    p: &Pass,
+    b: usize,
+    sums: &[i32; 256],
+    acc: &mut [__m512; TILE_ROWS],
 ) {
-    let s = sums.0.as_mut_ptr();
-    macro_rules! load {
-        ($t:literal, $p:expr, $stride:expr) => {
-            asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}*1]"), p = in(reg) $p, s = in(reg) $stride, options(nostack, readonly))
-        };
-    }
-    macro_rules! product {
-        ($c:literal, $a:literal, $b:literal) => {
-            if q4 {
-                asm!(
-                    concat!("tilezero tmm", $c),
-                    concat!("tdpbsud tmm", $c, ", tmm", $a, ", tmm", $b),
-                    options(nostack, nomem)
-                )
-            } else {
-                asm!(
-                    concat!("tilezero tmm", $c),
-                    concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
-                    options(nostack, nomem)
-                )
+    // SAFETY: the caller's contract; `sums` is 64-byte aligned (`Sums`).
+    unsafe {
+        let dw = _mm512_loadu_ps(p.dw.add(b * GROUP));
+        let mw = _mm512_loadu_ps(p.mw.add(b * GROUP));
+        let (dx, sx) = (p.dx.add(b * TILE_ROWS), p.sx.add(b * TILE_ROWS));
+        for t in 0..TILE_ROWS {
+            let si = _mm512_cvtepi32_ps(_mm512_load_si512(sums.as_ptr().add(16 * t).cast()));
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx.add(t)));
+            acc[t] = _mm512_fmadd_ps(scale, si, acc[t]);
+            if Q4 {
+                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*sx.add(t)), acc[t]);
             }
-        };
+        }
     }
-    macro_rules! store {
-        ($c:literal, $i:expr) => {
-            asm!(concat!("tilestored [{p} + {s}*1], tmm", $c), p = in(reg) s.add($i), s = in(reg) 64usize, options(nostack))
+}
+
+/// One block's tile product into a slot of sums: loads the input tile (16 rows at stride `k`)
+/// and the weight tile (8 rows of 64 bytes), zeroes the sums, multiplies (`tdpbsud` for Q4_1,
+/// `tdpbssd` for Q8_0) and stores them (16 rows of 64 bytes). Slot `i` uses sums tile `tmm{i}`
+/// and the input and weight tiles `tmm{4 + i % 2}`, `tmm{6 + i % 2}`, so consecutive blocks
+/// never wait on each other's tiles.
+///
+/// # Safety
+/// The tiles are configured on this thread; the pointers hold what the tiles read and write.
+#[inline(always)]
+unsafe fn tile_block<const Q4: bool>(
+    slot: usize,
+    x: *const i8,
+    k: usize,
+    w: *const u8,
+    sums: *mut i32,
+) {
+    macro_rules! block {
+        ($c:literal, $a:literal, $b:literal, $op:literal) => {
+            asm!(
+                concat!("tileloadd tmm", $a, ", [{x} + {k}*1]"),
+                concat!("tileloadd tmm", $b, ", [{w} + {s}*1]"),
+                concat!("tilezero tmm", $c),
+                concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $b),
+                concat!("tilestored [{o} + {s}*1], tmm", $c),
+                x = in(reg) x, k = in(reg) k, w = in(reg) w, o = in(reg) sums,
+                s = in(reg) 64usize, options(nostack)
+            )
         };
     }
     // SAFETY: the caller's contract.
     unsafe {
-        load!(4, xa[0], k);
-        load!(6, wb[0], 64usize);
-        product!(0, 4, 6);
-        if GT == 2 {
-            load!(7, wb[GT - 1], 64usize);
-            product!(1, 4, 7);
-        }
-        if RT == 2 {
-            load!(5, xa[RT - 1], k);
-            product!(2, 5, 6);
-            if GT == 2 {
-                product!(3, 5, 7);
-            }
-        }
-        store!(0, 0);
-        if GT == 2 {
-            store!(1, 1);
-        }
-        if RT == 2 {
-            store!(2, 2);
-            if GT == 2 {
-                store!(3, 3);
-            }
+        match (Q4, slot) {
+            (true, 0) => block!("0", "4", "6", "tdpbsud"),
+            (true, 1) => block!("1", "5", "7", "tdpbsud"),
+            (true, 2) => block!("2", "4", "6", "tdpbsud"),
+            (true, _) => block!("3", "5", "7", "tdpbsud"),
+            (false, 0) => block!("0", "4", "6", "tdpbssd"),
+            (false, 1) => block!("1", "5", "7", "tdpbssd"),
+            (false, 2) => block!("2", "4", "6", "tdpbssd"),
+            (false, _) => block!("3", "5", "7", "tdpbssd"),
         }
     }
 }

@@ -40,16 +40,19 @@ use super::weights::{BlockKind, GROUP, Interleaved, PackedMatrix};
 
 /// A batch of activation rows quantized per block (see the module docs): `q` (`k` bytes per
 /// row), the same plus 128 as unsigned bytes (`qu`, for the VNNI Q8_0 kernel), and per block
-/// the scale `d` and `s = d·Σq`.
+/// the scale `d` and `s = d·Σq`; `d_tiles` and `s_tiles` are `d` and `s` again per tile of 16
+/// rows and block, the 16 rows side by side (what the AMX kernel broadcasts from).
 #[derive(Debug, Default)]
 pub struct QuantizedRows {
     rows: usize,
     k: usize,
     nb: usize,
-    q: Vec<i8>,
-    qu: Vec<u8>,
+    q: Lines<i8>,
+    qu: Lines<u8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    d_tiles: Vec<f32>,
+    s_tiles: Vec<f32>,
 }
 
 impl QuantizedRows {
@@ -58,8 +61,8 @@ impl QuantizedRows {
         assert!(k.is_multiple_of(32) && x.len() == m * k, "quantize shape");
         let nb = k / 32;
         (self.rows, self.k, self.nb) = (m, k, nb);
-        self.q.resize(m * k, 0);
-        self.qu.resize(m * k, 0);
+        self.q.resize(m * k);
+        self.qu.resize(m * k);
         self.d.resize(m * nb, 0.0);
         self.s.resize(m * nb, 0.0);
         let rows = self
@@ -70,6 +73,72 @@ impl QuantizedRows {
             .zip(self.s.par_chunks_mut(nb))
             .zip(x.par_chunks(k));
         rows.for_each(|((((q, qu), d), s), x)| quantize_row(x, q, qu, d, s));
+        let full = m - m % 16;
+        self.d_tiles.resize(full * nb, 0.0);
+        self.s_tiles.resize(full * nb, 0.0);
+        for r in 0..full {
+            for b in 0..nb {
+                let at = ((r / 16 * nb) + b) * 16 + r % 16;
+                self.d_tiles[at] = self.d[r * nb + b];
+                self.s_tiles[at] = self.s[r * nb + b];
+            }
+        }
+    }
+}
+
+/// One cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+struct Line([u8; 64]);
+
+/// Bytes (`i8` or `u8`) that start on a cache line, so that a tile row of 32 or 64 bytes at a
+/// multiple of its size never straddles two lines (a split line halves a tile load's speed).
+#[derive(Debug)]
+struct Lines<T> {
+    lines: Vec<Line>,
+    len: usize,
+    of: std::marker::PhantomData<T>,
+}
+
+impl<T: Byte> Default for Lines<T> {
+    fn default() -> Self {
+        Lines {
+            lines: Vec::new(),
+            len: 0,
+            of: std::marker::PhantomData,
+        }
+    }
+}
+
+/// A one-byte type every bit pattern of which is a value.
+trait Byte: Copy {}
+impl Byte for i8 {}
+impl Byte for u8 {}
+
+impl<T: Byte> Lines<T> {
+    /// `n` bytes (their values unspecified: the caller writes them); never shrinks the storage.
+    fn resize(&mut self, n: usize) {
+        if self.lines.len() >= n.div_ceil(64) {
+            self.len = n;
+            return;
+        }
+        self.lines.resize(n.div_ceil(64), Line([0; 64]));
+        self.len = n;
+    }
+}
+
+impl<T: Byte> std::ops::Deref for Lines<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `T` is one byte with no invalid values (`Byte`); the lines hold `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.len) }
+    }
+}
+
+impl<T: Byte> std::ops::DerefMut for Lines<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as `deref`, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast(), self.len) }
     }
 }
 
@@ -191,11 +260,10 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int
     assert_eq!(y.len(), m * n, "matmul output shape");
     ws.acts.quantize(x, m, k);
     let isa = int8_isa();
-    // Decode steps: about 8 tasks per thread; prefill: one group per task (its weights stay in
-    // L1 while every input row passes), two with tiles (the kernel's widest shape).
-    let per_task = if isa == Isa::Amx && m >= 16 {
-        2
-    } else if m > 16 {
+    // Decode steps and tiles: about 8 tasks per thread (a tile task's weights are laid out once
+    // for all its rows); prefill on vectors: one group per task (its weights stay in L1 while
+    // every input row passes).
+    let per_task = if m > 16 && !(isa == Isa::Amx && m >= 16) {
         1
     } else {
         (w.groups / (8 * rayon::current_num_threads().max(1))).max(1)

@@ -144,16 +144,15 @@ fn interleaving_keeps_every_weight_and_pads_the_last_group() {
 #[test]
 fn every_instruction_set_equals_the_scalar_recipe_bit_for_bit() {
     // Blocks per row: 1, 3, 18 and 48 (SmolLM2's 576 and 1536), 29; 11 rows pad a group, 40
-    // span three (the tiles take groups two at a time: an odd one is left). Batches of 16 and
-    // more run on tiles (AMX) with leftover rows on VNNI: 16, 32, 33, 48 and 50 cover one and
-    // two row tiles and their remainders.
+    // span three. Batches of 16 and more run on tiles (AMX) with leftover rows on VNNI: 16 to
+    // 83 cover one to five row tiles and their remainders.
     for nb in [1, 3, 18, 29, 48] {
         let k = nb * 32;
         for n in [11, 40, 64] {
             for (wname, w) in [("q4_1", q4_1(n, k)), ("q8_0", q8_0(n, k))] {
                 let iw = Interleaved::from_packed(&w).unwrap();
                 let ng = iw.groups;
-                for m in [1, 3, 4, 8, 9, 13, 16, 17, 32, 33, 48, 50] {
+                for m in [1, 3, 4, 8, 9, 13, 16, 17, 32, 33, 48, 50, 83] {
                     let mut a = QuantizedRows::default();
                     a.quantize(&activations(m, k, nb as u64), m, k);
                     let mut want = vec![0f32; ng * m * GROUP];
@@ -205,6 +204,42 @@ fn tile_groups_and_offsets_match_the_recipe_in_every_slice() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn tasks_of_many_groups_match_the_recipe() {
+    // 40 groups: `matmul` hands each task several (the tiles lay each group out once per task,
+    // then run every row tile over it).
+    let (n, k, m) = (640, 96, 35);
+    for w in [q4_1(n, k), q8_0(n, k)] {
+        let w = interleave(&w);
+        let PackedMatrix::Interleaved(iw) = &w else {
+            unreachable!()
+        };
+        let x = activations(m, k, 11);
+        let mut y = vec![0f32; m * n];
+        matmul(&x, m, &w, &mut y, &mut Int8Workspace::default());
+        let mut a = QuantizedRows::default();
+        a.quantize(&x, m, k);
+        for r in 0..m {
+            for c in 0..n {
+                let want = dot_scalar(&a, r, iw, c);
+                assert_eq!(y[r * n + c].to_bits(), want.to_bits(), "r{r} c{c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_rows_start_on_cache_lines() {
+    // A tile row of 32 bytes at a multiple of 32 then never straddles two lines.
+    let mut a = QuantizedRows::default();
+    for (m, k) in [(1, 32), (17, 576), (3, 96)] {
+        a.quantize(&rnd(m * k, 1), m, k);
+        assert_eq!(a.q.as_ptr() as usize % 64, 0);
+        assert_eq!(a.qu.as_ptr() as usize % 64, 0);
+        assert_eq!((a.q.len(), a.qu.len()), (m * k, m * k));
     }
 }
 
