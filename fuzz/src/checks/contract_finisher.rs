@@ -9,18 +9,21 @@
 //! `<|im_start|>` does not).
 //!
 //! Input: byte 0 picks the reason cap (1 to 40, or `MAX_REASON_CHARS`). Then each step reads
-//! an op byte: take the grammar's forced tokens, offer a refused token, fork, or pick a token
-//! the constraint allows (two bytes index the allowed set; an end token when one is allowed and
-//! the op says so). The walk stops at the end, when the bytes run out, or after `STEP_CAP`.
+//! an op byte: take the grammar's forced tokens, offer a token outside the mask, fork, or pick
+//! a token the constraint allows (two bytes index the allowed set; an end token when one is
+//! allowed and the op says so). The walk stops at the end, when the bytes run out, or after
+//! `STEP_CAP` tokens.
 //!
 //! Invariants, at every step before the end: the constraint allows something (no dead end),
 //! only text tokens and end tokens; the text so far can still become a valid verdict within
 //! the cap (a prefix of a header, or a header and a one-line reason without a third-state word
 //! whose length leaves room); an end token is allowed exactly when the text is a complete
-//! verdict within the cap, and such a text `contract::parse`s. A forced token is allowed; a
-//! refused token is rejected and leaves the state as it was. After an end token the constraint
-//! is finished, allows nothing, and its text parses with a reason within the cap. The same
-//! tokens replayed on a fresh constraint, and on a fork from the middle, give the same masks.
+//! verdict within the cap, and such a text `contract::parse`s. A forced token is allowed. A
+//! token outside the mask is accepted only where the language allows it (where the grammar
+//! forces text, llguidance's mask holds only its canonical tokens), and a rejected one leaves
+//! the state as it was. After an end token the constraint is finished, allows nothing, and its
+//! text parses with a reason within the cap. The same tokens replayed on a fresh constraint,
+//! and on a fork from the middle, give the same masks.
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -314,9 +317,9 @@ fn walk(vocab: &Vocabulary, c: &mut dyn TokenConstraint, mut input: Input<'_>, c
                 let Some(t) = nth_allowed(&refused, i) else {
                     continue;
                 };
-                assert!(c.consume(t).is_err(), "refused token {t} was accepted");
-                let now = c.allowed().expect("allowed() after a refusal");
-                assert!(now == allowed, "a refused token changed the state");
+                if offer_refused(vocab, c, &text, t, &allowed, cap) {
+                    trace.push((allowed, t));
+                }
             }
             5 if fork.is_none() => fork = Some((trace.len(), c.fork())),
             _ => {
@@ -351,6 +354,36 @@ fn walk(vocab: &Vocabulary, c: &mut dyn TokenConstraint, mut input: Input<'_>, c
         fork,
         finished: false,
     }
+}
+
+/// Offers `t`, a token outside the mask `allowed`, and returns whether it was accepted. The
+/// mask may be narrower than the language (where the grammar forces text, llguidance allows
+/// only its canonical tokens), so a token of the language may be accepted; anything else is
+/// rejected and leaves the state as it was.
+fn offer_refused(
+    vocab: &Vocabulary,
+    c: &mut dyn TokenConstraint,
+    text: &[u8],
+    t: u32,
+    allowed: &AllowedTokens,
+    cap: usize,
+) -> bool {
+    let in_language = match vocab.token_bytes(t) {
+        Some(piece) => viable(&[text, piece].concat(), cap),
+        None => vocab.eos_token_ids().contains(&t) && complete(text, cap),
+    };
+    let piece = vocab.token_bytes(t).map(lossy);
+    if c.consume(t).is_ok() {
+        assert!(
+            in_language,
+            "token {t} ({piece:?}) accepted after {:?}",
+            lossy(text)
+        );
+        return true;
+    }
+    let now = c.allowed().expect("allowed() after a refusal");
+    assert!(now == *allowed, "a refused token changed the state");
+    false
 }
 
 /// The `i`-th allowed id (wrapping), if any is allowed.
