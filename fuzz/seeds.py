@@ -131,6 +131,21 @@ def submit():
     put("submit_validate", "error", field(1, 2, b"s") + field(5, 2, field(1, 2, b"PROMPT_TOO_LONG") + field(2, 2, b"too long")))
 
 
+def finisher():
+    # Byte 0 picks the reason cap; then op bytes (7 forced, 6 a refused token, 5 fork, below 96
+    # an end token when one is allowed, else two bytes index the allowed set).
+    import random
+    rng = random.Random(7)
+    pick = lambda: bytes([0x60 | rng.randrange(0, 5) << 3 | rng.randrange(0, 5), rng.randrange(256), rng.randrange(256)])
+    for cap in (0, 1, 3, 11, 39, 255):
+        # The header forced, a verdict picked, the separator forced, then reason tokens.
+        steps = b"\x07" + pick() + b"\x07" + b"".join(pick() for _ in range(1 + cap % 40))
+        put("contract_finisher", f"cap_{cap + 1 if cap < 250 else 240}", bytes([cap]) + steps + b"\x00")
+    put("contract_finisher", "forced_first", b"\x05" + b"\x07" * 4 + b"".join(pick() for _ in range(8)) + b"\x00" * 4)
+    put("contract_finisher", "fork_and_refusals", b"\x02\x05" + b"".join(b"\x06" + bytes([rng.randrange(256), rng.randrange(256)]) + pick() for _ in range(12)) + b"\x00")
+    put("contract_finisher", "random", bytes(rng.randrange(256) for _ in range(300)))
+
+
 def run_dir_audit(run_dir):
     if not run_dir:
         return
@@ -151,4 +166,4 @@ if __name__ == "__main__":
     ap.add_argument("--run-dir")
     a = ap.parse_args()
     contract(); reflection(a.run_dir); config(); stage_a(); guidance(a.run_dir); journal()
-    checkpoint(a.run_dir); submit(); run_dir_audit(a.run_dir)
+    checkpoint(a.run_dir); submit(); finisher(); run_dir_audit(a.run_dir)

@@ -20,7 +20,7 @@
 
 Reads the sources as text (standard library only): it is a guard, not a compiler. Exits 0 when
 every rule holds, 1 with one line per finding otherwise. Default crates: coordinator, worker,
-shared, inspect and the root package.
+shared, inspect, constraint and the root package.
 """
 
 import os
@@ -34,7 +34,7 @@ CHECKLISTS = {
     ("coordinator/src/decide/selection.rs", "select"),
 }
 
-DEFAULT_CRATES = ["coordinator", "worker", "shared", "inspect", "."]
+DEFAULT_CRATES = ["coordinator", "worker", "shared", "inspect", "constraint", "."]
 
 # The coordinator's subsystems, bottom first: a file may name items of its own subsystem and
 # of those listed before it, never of those listed after it.

@@ -4,7 +4,8 @@
 //! - [`engine`]: the [`engine::Engine`] interface and the candle implementation (model loading,
 //!   tokenizer, chat templates, batched sampling).
 //! - [`constraint`]: constrained decoding (the two-line contract and JSON schemas) over the
-//!   model's byte-level vocabulary, with llguidance.
+//!   model's byte-level vocabulary, with llguidance: the `stageb-constraint` crate, re-exported
+//!   under its old path (it needs no candle, so the fuzz targets build it alone).
 //! - [`client`]: the lease → run → submit loop against a coordinator, with heartbeats; up to
 //!   `--max-jobs` jobs in hand within the KV budget.
 //! - [`runner`]: the engine thread: the jobs in hand in one continuous batch (or one at a
@@ -18,7 +19,7 @@
 //!   rollout workload on token ids, for the GPU check against transformers).
 
 pub mod client;
-pub mod constraint;
+pub use stageb_constraint as constraint;
 pub mod engine;
 pub mod generate;
 pub mod job_codec;

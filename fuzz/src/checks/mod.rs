@@ -8,6 +8,7 @@ pub mod support;
 
 pub mod checkpoint_load;
 pub mod config_yaml;
+pub mod contract_finisher;
 pub mod contract_parse;
 pub mod guidance_json;
 pub mod journal_replay;
@@ -25,6 +26,7 @@ pub type Target = (&'static str, fn(&[u8]));
 pub const TARGETS: &[Target] = &[
     ("checkpoint_load", checkpoint_load::check),
     ("config_yaml", config_yaml::check),
+    ("contract_finisher", contract_finisher::check),
     ("contract_parse", contract_parse::check),
     ("guidance_json", guidance_json::check),
     ("journal_replay", journal_replay::check),

@@ -1,6 +1,6 @@
-//! Constrained decoding: which tokens may come next.
+//! `stageb-constraint`: constrained decoding, which tokens may come next.
 //!
-//! The engine asks a [`TokenConstraint`] for the allowed set before every sampled token and
+//! The worker's engine asks a [`TokenConstraint`] for the allowed set before every sampled token and
 //! tells it which token was chosen. Two constraints exist: the two-line verdict contract and
 //! JSON-schema mode for reflection outputs, both compiled by llguidance over a
 //! [`Vocabulary`] (every token id's exact bytes), so multi-byte characters split across
@@ -15,6 +15,9 @@
 //!   inside the llguidance regex made masks ~20× slower).
 //! - `factory`: [`ConstraintFactory`] (llguidance's parser factory, built once per model) and
 //!   the llguidance-backed [`TokenConstraint`]s.
+//!
+//! It depends on no inference code (no candle), so `stageb-worker` re-exports it as
+//! `stageb_worker::constraint` and the fuzz targets build it alone.
 
 use std::fmt;
 

@@ -1,0 +1,5 @@
+//! libFuzzer entry for `stageb_fuzz::checks::contract_finisher`: the input and its invariants
+//! are described there, where the stable corpus replay (`tests/fuzz_corpus.rs`) runs them too.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stageb_fuzz::checks::contract_finisher::check(data));
