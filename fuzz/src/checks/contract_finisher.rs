@@ -126,8 +126,9 @@ const CUTS: &[(&str, usize)] = &[
 ];
 
 /// The factory over the synthetic vocabulary, built once per process (compiling the contract
-/// folds every Unicode scalar value).
-fn factory() -> &'static ConstraintFactory {
+/// folds every Unicode scalar value: seconds under the sanitizer, so the libFuzzer entry calls
+/// this at initialization, outside any input's time limit).
+pub fn factory() -> &'static ConstraintFactory {
     static FACTORY: OnceLock<ConstraintFactory> = OnceLock::new();
     FACTORY.get_or_init(|| {
         let tokenizer = Tokenizer::from_str(&tokenizer_json()).expect("the synthetic tokenizer");
