@@ -7,7 +7,7 @@
 //! Reason: <one line>
 //! ```
 //!
-//! The constrained decoder (`stageb-worker`'s `constraint` module) generates this language by
+//! The constrained decoder (the `stageb-constraint` crate) generates this language by
 //! construction; this parser is still the rubric of record, because constraints can be off
 //! (unsupported tokenizer, `constrained: false`) and because rank 0 never trusts worker output.
 //! A violation is reported with a stable [`ViolationCode`] and the candidate is dropped from
