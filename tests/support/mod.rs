@@ -39,3 +39,9 @@ pub use missions::{
     write_config, write_stage_a, write_toy_guidance, write_toy_mission,
 };
 pub use reflector::{Pass, ReflectionPrompt};
+
+/// Whether this is the long suite (`scripts/ci/test.sh --full`, `STAGEB_TEST_DEPTH=full`): a
+/// run that repeats, under another schedule, what CI's run already showed goes there.
+pub fn full_depth() -> bool {
+    std::env::var("STAGEB_TEST_DEPTH").as_deref() == Ok("full")
+}

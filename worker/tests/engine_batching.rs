@@ -561,7 +561,9 @@ fn host_operations_per_decode_step_at_1_8_and_16_jobs() {
 /// The candle backend with its logits read back once a step (the fed rows gathered on the
 /// device, one copy to a buffer the engine keeps) or job by job (the path before it): the
 /// same candidates and texts, alone and batched, in f32 and in bf16 (whose logits reach the
-/// host in bf16 and are widened there).
+/// host in bf16 and are widened there). A job alone read back once a step is the one-job case
+/// of the batched gather, which every other spec here runs (once a step is the default): CI
+/// checks it against the per-job path in the long suite only.
 #[test]
 fn logits_read_once_a_step_or_per_job_give_the_same_outputs_in_f32_and_bf16() {
     let load = |numerics: Numerics, switches: &str| {
@@ -586,8 +588,10 @@ fn logits_read_once_a_step_or_per_job_give_the_same_outputs_in_f32_and_bf16() {
         let mut per_job = load(numerics, "readback=per-job");
         let reference: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut per_job, j)).collect();
         let mut once = load(numerics, "readback=once");
-        let alone_once: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut once, j)).collect();
-        assert_eq!(alone_once, reference, "{numerics:?} alone");
+        if crate::common::full_depth() {
+            let alone_once: Vec<JobOutput> = jobs.iter().map(|j| alone(&mut once, j)).collect();
+            assert_eq!(alone_once, reference, "{numerics:?} alone");
+        }
         let joins: Vec<usize> = (0..jobs.len()).map(|i| [0, 0, 2, 5][i]).collect();
         assert_eq!(
             batched(&mut once, jobs, &joins),
