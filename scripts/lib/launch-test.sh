@@ -61,12 +61,27 @@ lt_run_dir() {
 # lt_reference: prints the run directory of the reference run (`stageb run --workers 1` of the
 # test config), made now or reused from the cache when binary, config and model are unchanged.
 lt_reference() {
-  local key dir cfg log
+  local key dir
   key="$( { sha256sum "$lt_bin" | cut -d' ' -f1
             sha256sum "$lt_demo_config" "$(dirname "$lt_demo_config")/stage_a.jsonl" | cut -d' ' -f1
             sha256sum "$(grep -E '^\s+model_name_or_path:' "$lt_demo_config" | awk '{print $2}')" | cut -d' ' -f1
             declare -f lt_make_config; } | sha256sum | cut -c1-16)"
   dir="$lt_cache/reference-$key"
+  # One reference run for the launcher tests that run at the same time (CI runs test-slurm.sh
+  # beside test-torchrun.sh): the second waits for the first's and reuses it.
+  mkdir -p "$lt_cache"
+  local lock_fd
+  exec {lock_fd}>"$lt_cache/reference.lock"
+  flock "$lock_fd"
+  lt_reference_locked "$dir"
+  local rc=$?
+  exec {lock_fd}>&-
+  return "$rc"
+}
+
+# lt_reference_locked DIR: lt_reference's body, under its lock.
+lt_reference_locked() {
+  local dir=$1 cfg log
   if [[ -f "$dir/ok" ]] && lt_run_dir "$dir/runs" >/dev/null 2>&1; then
     lt_log "reference run reused: $dir (same binary, config and model)"
     lt_run_dir "$dir/runs"
