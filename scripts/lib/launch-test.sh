@@ -70,13 +70,10 @@ lt_reference() {
   # One reference run for the launcher tests that run at the same time (CI runs test-slurm.sh
   # beside test-torchrun.sh): the second waits for the first's and reuses it.
   mkdir -p "$lt_cache"
-  local lock_fd
-  exec {lock_fd}>"$lt_cache/reference.lock"
-  flock "$lock_fd"
-  lt_reference_locked "$dir"
-  local rc=$?
-  exec {lock_fd}>&-
-  return "$rc"
+  (
+    flock 9
+    lt_reference_locked "$dir"
+  ) 9>"$lt_cache/reference.lock"
 }
 
 # lt_reference_locked DIR: lt_reference's body, under its lock.
