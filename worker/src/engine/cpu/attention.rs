@@ -250,6 +250,40 @@ mod avx2 {
         }
     }
 
+    /// [`accumulate_any`] for `g` consecutive queries over the same keys `t0..t1`: query `k`'s
+    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`).
+    ///
+    /// # Safety
+    /// As [`accumulate_any`] per query; `g` is 1, or 2 to 4 with `wide` (2 at most for d = 128);
+    /// `e` holds `(g−1)·stride + t1` weights.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate_group(
+        wide: bool,
+        g: usize,
+        e: &[f32],
+        stride: usize,
+        run: &KvRun,
+        t0: usize,
+        t1: usize,
+        o: &mut [f32],
+    ) {
+        let d = o.len() / g;
+        assert!(g == 1 || (e.len() >= (g - 1) * stride + t1));
+        let ep = e.as_ptr();
+        // SAFETY: the contract; `accumulate_many` is the AVX-512 copy (`wide`).
+        unsafe {
+            match (g, d) {
+                (1, _) => accumulate_any(wide, e, run, t0, t1, o),
+                (2, 64) => avx512::accumulate_many::<4, 2>(ep, stride, run, t0, t1, o),
+                (3, 64) => avx512::accumulate_many::<4, 3>(ep, stride, run, t0, t1, o),
+                (4, 64) => avx512::accumulate_many::<4, 4>(ep, stride, run, t0, t1, o),
+                (2, _) => avx512::accumulate_many::<8, 2>(ep, stride, run, t0, t1, o),
+                _ => unreachable!("groups of {g} queries at d = {d}"),
+            }
+        }
+    }
+
     /// Scores of `Q` queries (rows of `q`, each `d`) against 8·`V` keys from `j` of `run`.
     ///
     /// # Safety
@@ -336,13 +370,17 @@ mod avx2 {
                 ($v:literal) => {
                     let mut qg = 0;
                     while qg < nq {
-                        let g = (nq - qg).min(4);
+                        let g = (nq - qg).min(8);
                         // SAFETY: queries q0+qg..q0+qg+g hold d floats each; keys
                         // j..j+16·$v <= len <= cap; `s` row q0+qg+i holds at + len <= stride.
                         unsafe {
                             let qp = q.as_ptr().add((q0 + qg) * d);
                             let sp = s.as_mut_ptr().add((q0 + qg) * stride + at + j);
                             match g {
+                                8 => avx512::score_tile::<8, $v>(qp, run, j, d, sp, stride),
+                                7 => avx512::score_tile::<7, $v>(qp, run, j, d, sp, stride),
+                                6 => avx512::score_tile::<6, $v>(qp, run, j, d, sp, stride),
+                                5 => avx512::score_tile::<5, $v>(qp, run, j, d, sp, stride),
                                 4 => avx512::score_tile::<4, $v>(qp, run, j, d, sp, stride),
                                 3 => avx512::score_tile::<3, $v>(qp, run, j, d, sp, stride),
                                 2 => avx512::score_tile::<2, $v>(qp, run, j, d, sp, stride),
@@ -430,19 +468,38 @@ mod avx2 {
         let nq = lims.len();
         out[..nq * d].fill(0.0);
         let mut base = 0;
+        // In 16 lanes, consecutive queries whose tile ends at the same key go together (up to
+        // 4 at d = 64, 2 at d = 128: what the registers hold).
+        let max_group = match (wide, d) {
+            (false, _) => 1,
+            (true, 64) => 4,
+            (true, _) => 2,
+        };
         for run in common {
             let mut t0 = 0;
             while t0 < run.len {
                 let t1 = (t0 + VALUE_TILE).min(run.len);
-                for i in 0..nq {
+                let mut i = 0;
+                while i < nq {
                     if base + t0 >= lims[i] {
+                        i += 1;
                         continue;
                     }
                     let end = t1.min(lims[i] - base);
+                    let mut g = 1;
+                    while g < max_group
+                        && i + g < nq
+                        && base + t0 < lims[i + g]
+                        && t1.min(lims[i + g] - base) == end
+                    {
+                        g += 1;
+                    }
+                    // SAFETY: end <= run.len; rows i..i+g of `s` hold base + end weights (row
+                    // length `stride`); out rows i..i+g hold g·d.
+                    let o = &mut out[i * d..(i + g) * d];
                     let e = &s[i * stride + base..];
-                    // SAFETY: end <= run.len, `e` holds them; out row i holds d.
-                    let o = &mut out[i * d..(i + 1) * d];
-                    unsafe { accumulate_any(wide, e, run, t0, end, o) };
+                    unsafe { accumulate_group(wide, g, e, stride, run, t0, end, o) };
+                    i += g;
                 }
                 t0 = t1;
             }

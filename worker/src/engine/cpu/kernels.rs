@@ -278,7 +278,13 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5); // Cephes' 5.0000001201e-1 is exactly 0.5 in f32
     let y = p.mul_add(r * r, r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // The clamp keeps `n` within −125..=127, or NaN (a NaN `x`), which becomes 0 as the
+    // saturating `n as i32` would make it. Written out, the conversion vectorizes
+    // (`vcvttps2dq`); the saturating cast is eight scalar conversions a register.
+    let n = if n.is_nan() { 0.0 } else { n };
+    // SAFETY: `n` is finite and within i32 (above).
+    let ni: i32 = unsafe { n.to_int_unchecked() };
+    y * f32::from_bits(((ni + 127) as u32) << 23)
 }
 
 #[inline(always)]
@@ -387,6 +393,50 @@ pub mod avx2;
 mod tests {
     use super::*;
     use crate::engine::cpu::test_rng::rnd;
+
+    /// `exp` as first written, with the saturating cast (scalar code in every copy).
+    fn exp_saturating(x: f32) -> f32 {
+        let x = x.clamp(-87.0, 88.0);
+        let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+        let r = n.mul_add(-0.693_359_4, x);
+        let r = n.mul_add(2.121_944_4e-4, r);
+        let mut p = 1.987_569_1e-4f32;
+        p = p.mul_add(r, 1.398_199_9e-3);
+        p = p.mul_add(r, 8.333_452e-3);
+        p = p.mul_add(r, 4.166_579_6e-2);
+        p = p.mul_add(r, 1.666_666_5e-1);
+        p = p.mul_add(r, 0.5);
+        let y = p.mul_add(r * r, r) + 1.0;
+        y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    }
+
+    #[test]
+    fn exp_with_the_vectorizing_conversion_keeps_every_bit() {
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            -87.0,
+            88.0,
+            -0.0,
+            0.0,
+        ];
+        let sweep = (0..=u32::MAX / 251).map(|i| f32::from_bits(i * 251));
+        let xs: Vec<f32> = specials.into_iter().chain(sweep).collect();
+        for x in &xs {
+            assert_eq!(exp(*x).to_bits(), exp_saturating(*x).to_bits(), "exp({x})");
+        }
+        // The vector copies too (exp_sub at max 0 is exp of each element), over the range.
+        let xs: Vec<f32> = xs.iter().step_by(16).copied().collect();
+        let mut v = xs.clone();
+        exp_sub(&mut v, 0.0);
+        for (x, y) in xs.iter().zip(&v) {
+            assert_eq!(y.to_bits(), exp_saturating(*x).to_bits(), "exp_sub at {x}");
+        }
+    }
 
     /// The recipe of the module docs, written as plainly as possible.
     fn dot_ref(x: &[f32], w: &[f32]) -> f32 {

@@ -33,6 +33,28 @@ use crate::engine::transformer::{RopeStyle, TransformerConfig};
 /// query heads per KV head, 48 queries per pass over a KV head's cache.
 const PREFILL_ATTENTION_BLOCK: usize = 16;
 
+/// The attention output of a forward call while its tasks fill it: each (block of positions,
+/// KV head) task writes its own heads' slices.
+struct HeadsOut {
+    att: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks write disjoint slices (see `put`).
+unsafe impl Sync for HeadsOut {}
+
+impl HeadsOut {
+    /// `att[at..at + src.len()] = src`.
+    ///
+    /// # Safety
+    /// `att` is valid for `len` floats, and no other thread touches this slice meanwhile.
+    unsafe fn put(&self, at: usize, src: &[f32]) {
+        assert!(at + src.len() <= self.len);
+        // SAFETY: in bounds (asserted); the slice is this task's alone (the contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.att.add(at), src.len()) };
+    }
+}
+
 /// The arithmetic of the matmuls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuNumerics {
@@ -318,65 +340,71 @@ impl CpuModel {
         } else {
             m.div_ceil(rayon::current_num_threads().max(1))
         };
-        att.par_chunks_mut(block * nh * d)
-            .enumerate()
-            .for_each_init(
-                || {
-                    let b = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                    (b, Vec::new(), Vec::new(), Vec::new())
-                },
-                |((s, qbuf, obuf, limits), common, own, ends), (bi, out)| {
-                    let i0 = bi * block;
-                    let nb = out.len() / (nh * d);
-                    // Prefill: keys up to the block's last position; decode: the whole prompt.
-                    let common_len = if prefill {
-                        positions[i0 + nb - 1] + 1
-                    } else {
-                        shared_after
+        // One task per block of positions and KV head: a decode step of one row still spreads
+        // its KV heads over the threads (its attention reads the whole cache, the step's
+        // largest read).
+        let blocks = m.div_ceil(block);
+        let heads = HeadsOut {
+            att: att.as_mut_ptr(),
+            len: att.len(),
+        };
+        (0..blocks * nkv).into_par_iter().for_each_init(
+            || {
+                let b = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                (b, Vec::new(), Vec::new(), Vec::new())
+            },
+            |((s, qbuf, obuf, limits), common, own, ends), task| {
+                let (bi, g) = (task / nkv, task % nkv);
+                let i0 = bi * block;
+                let nb = block.min(m - i0);
+                // Prefill: keys up to the block's last position; decode: the whole prompt.
+                let common_len = if prefill {
+                    positions[i0 + nb - 1] + 1
+                } else {
+                    shared_after
+                };
+                common.clear();
+                cache.prompt_runs(li, g, d, common_len.min(shared_after), common);
+                qbuf.clear();
+                limits.clear();
+                own.clear();
+                ends.clear();
+                for i in i0..i0 + nb {
+                    qbuf.extend_from_slice(
+                        &qkv[i * qkv_n + g * n_rep * d..i * qkv_n + (g + 1) * n_rep * d],
+                    );
+                    let limit = match slots[i] {
+                        Slot::Shared => positions[i] + 1,
+                        Slot::Row(r) => {
+                            // The row's runs once per query head of the group.
+                            let from = own.len();
+                            cache.row_runs(r, li, g, d, row_pos[i] + 1, own);
+                            let n = own.len() - from;
+                            ends.push(own.len());
+                            for _ in 1..n_rep {
+                                own.extend_from_within(from..from + n);
+                                ends.push(own.len());
+                            }
+                            shared_after + row_pos[i] + 1
+                        }
                     };
-                    for g in 0..nkv {
-                        common.clear();
-                        cache.prompt_runs(li, g, d, common_len.min(shared_after), common);
-                        qbuf.clear();
-                        limits.clear();
-                        own.clear();
-                        ends.clear();
-                        for i in i0..i0 + nb {
-                            qbuf.extend_from_slice(
-                                &qkv[i * qkv_n + g * n_rep * d..i * qkv_n + (g + 1) * n_rep * d],
-                            );
-                            let limit = match slots[i] {
-                                Slot::Shared => positions[i] + 1,
-                                Slot::Row(r) => {
-                                    // The row's runs once per query head of the group.
-                                    let from = own.len();
-                                    cache.row_runs(r, li, g, d, row_pos[i] + 1, own);
-                                    let n = own.len() - from;
-                                    ends.push(own.len());
-                                    for _ in 1..n_rep {
-                                        own.extend_from_within(from..from + n);
-                                        ends.push(own.len());
-                                    }
-                                    shared_after + row_pos[i] + 1
-                                }
-                            };
-                            limits.extend(std::iter::repeat_n(limit, n_rep));
-                        }
-                        let nq = nb * n_rep;
-                        obuf.resize(nq * d, 0.0);
-                        let own = Own {
-                            runs: &own[..],
-                            ends: &ends[..],
-                        };
-                        attention::attend(qbuf, nq, limits, common, own, d, scale, s, obuf);
-                        for pi in 0..nb {
-                            let at = pi * nh * d + g * n_rep * d;
-                            out[at..at + n_rep * d]
-                                .copy_from_slice(&obuf[pi * n_rep * d..(pi + 1) * n_rep * d]);
-                        }
-                    }
-                },
-            );
+                    limits.extend(std::iter::repeat_n(limit, n_rep));
+                }
+                let nq = nb * n_rep;
+                obuf.resize(nq * d, 0.0);
+                let own = Own {
+                    runs: &own[..],
+                    ends: &ends[..],
+                };
+                attention::attend(qbuf, nq, limits, common, own, d, scale, s, obuf);
+                for pi in 0..nb {
+                    let at = (i0 + pi) * nh * d + g * n_rep * d;
+                    // SAFETY: `heads` points at `att` (borrowed for this call); this task alone
+                    // writes the heads of group g at positions i0..i0 + nb.
+                    unsafe { heads.put(at, &obuf[pi * n_rep * d..(pi + 1) * n_rep * d]) };
+                }
+            },
+        );
     }
 
     /// Runs `tokens` (one per slot) through the model, appends their keys/values to `cache`,

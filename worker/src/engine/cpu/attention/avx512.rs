@@ -83,3 +83,53 @@ pub unsafe fn accumulate<const D16: usize>(
         unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(u * WIDE), *a) };
     }
 }
+
+/// [`accumulate`] for `G` queries at once over the same keys `t0..t1` of `run`: query `g`'s
+/// weights are `e[g·e_stride ..]`, its sums `o[g·d .. (g+1)·d]`. Each (query, dimension) lane is
+/// the same chain of fused multiply-adds in key order as in `G` separate calls, so the bits do
+/// not change; the `G·D16` independent chains (and each value loaded once for all `G`) keep both
+/// FMA ports busy where one query's `D16 = 4` chains wait on the FMA latency.
+///
+/// # Safety
+/// AVX-512F available; `t1 <= run.len`; `e` is valid for `(G−1)·e_stride + t1` reads; `o` holds
+/// `G·d`; the run holds `cap × d` values.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub unsafe fn accumulate_many<const D16: usize, const G: usize>(
+    e: *const f32,
+    e_stride: usize,
+    run: &KvRun,
+    t0: usize,
+    t1: usize,
+    o: &mut [f32],
+) {
+    let d = D16 * WIDE;
+    assert!(o.len() >= G * d);
+    let v = run.v.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); D16]; G];
+    for (g, row) in acc.iter_mut().enumerate() {
+        for (u, a) in row.iter_mut().enumerate() {
+            // SAFETY: g·d + u·16 + 16 <= G·d <= o.len().
+            *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(g * d + u * WIDE)) };
+        }
+    }
+    for t in t0..t1 {
+        let mut vv = [_mm512_setzero_ps(); D16];
+        for (u, x) in vv.iter_mut().enumerate() {
+            // SAFETY: t < len <= cap, u·16 + 16 <= d: in bounds of `v` (cap × d).
+            *x = unsafe { _mm512_loadu_ps(v.add(t * d + u * WIDE)) };
+        }
+        for (g, row) in acc.iter_mut().enumerate() {
+            // SAFETY: g < G, t < t1: within the reads the contract allows.
+            let ev = _mm512_set1_ps(unsafe { *e.add(g * e_stride + t) });
+            for (a, x) in row.iter_mut().zip(&vv) {
+                *a = _mm512_fmadd_ps(ev, *x, *a);
+            }
+        }
+    }
+    for (g, row) in acc.iter().enumerate() {
+        for (u, a) in row.iter().enumerate() {
+            // SAFETY: as for the loads.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * d + u * WIDE), *a) };
+        }
+    }
+}

@@ -313,3 +313,30 @@ fn long_prompts_give_every_copy_the_recipe_bits_at_any_cut() {
         }
     }
 }
+
+#[test]
+fn queries_grouped_over_a_value_tile_keep_the_recipe_bits() {
+    // A prefill block as the model sends it: 16 positions × 3 heads of a GQA group, in paged
+    // runs of 64 keys; position p sees keys 0..=70+p. Their weighted sums go 2 to 4 queries at
+    // a time over the tiles every one of them sees whole, one at a time where a limit cuts a
+    // tile; each query must keep the bits of the recipe.
+    for d in [64, 128] {
+        let cap = 64;
+        let store: Vec<(Vec<f32>, Vec<f32>)> = (0..2)
+            .map(|b| (rnd(d * cap, 50 + b), rnd(cap * d, 60 + b)))
+            .collect();
+        let common: Vec<KvRun> = store
+            .iter()
+            .map(|(kt, v)| KvRun {
+                kt,
+                v,
+                cap,
+                len: cap,
+            })
+            .collect();
+        let nq = 48;
+        let limits: Vec<usize> = (0..nq).map(|i| 71 + i / 3).collect();
+        let q = rnd(nq * d, 70);
+        both_copies(&q, &limits, &common, Own::NONE, d);
+    }
+}
