@@ -4,13 +4,16 @@
 # prints one table: executions, coverage (libFuzzer's `cov:` edges and `ft:` features), the
 # working corpus and the crashes, per target. See docs/FUZZING.md.
 #
-#   scripts/ci/fuzz.sh [--seconds N] [--target NAME]... [--smoke] [--no-build]
+#   scripts/ci/fuzz.sh [--seconds N] [--target NAME]... [--smoke] [--no-build] [--install]
 #
 #   --seconds N   time per target (default 60)
 #   --target NAME only this target (repeatable; default: every target in fuzz/fuzz_targets)
-#   --smoke       a few seconds per target, for CI (every target together in well under
-#                 2 minutes, the build not counted)
+#   --smoke       CI's run: 5 s per target (every target together in well under 2 minutes,
+#                 the build not counted), built without optimization or AddressSanitizer
+#                 (`--dev -s none`: about 4 minutes cold on 2 cores against 28 for the
+#                 sanitizer build); the invariants are assertions, so a broken one still fails
 #   --no-build    run what the last build left (fails if a target is missing)
+#   --install     install cargo-fuzz first where it is missing (crates.io, about 2 minutes)
 #
 # Each target starts from its committed seeds (fuzz/corpus/<target>/, never written to) and
 # grows a working corpus under fuzz/target/corpus/<target>/ that later runs continue from.
@@ -27,13 +30,17 @@ SKIPPED=77
 seconds=60
 targets=()
 build=1
+install=0
+# The build's flags, passed to `cargo fuzz run` too (other flags would rebuild).
+build_flags=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seconds) seconds="${2:?--seconds needs a number}"; shift 2 ;;
         --target) targets+=("${2:?--target needs a name}"); shift 2 ;;
-        --smoke) seconds=5; shift ;;
+        --smoke) seconds=5; build_flags=(--dev --sanitizer none); shift ;;
         --no-build) build=0; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        --install) install=1; shift ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "fuzz.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -43,11 +50,19 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
     echo "fuzz.sh: SKIPPED: no nightly toolchain (rustup toolchain install nightly); fuzzing needs it for -Zsanitizer" >&2
     exit "$SKIPPED"
 fi
+# CI lints the workspace through clippy-driver (.ci/run); neither cargo-fuzz nor fuzz/ is
+# built under it.
+unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+if [[ "$install" -eq 1 ]] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    echo "fuzz.sh: installing cargo-fuzz"
+    cargo +stable install cargo-fuzz --locked --quiet || { echo "fuzz.sh: SKIPPED: cargo install cargo-fuzz failed" >&2; exit "$SKIPPED"; }
+fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     echo "fuzz.sh: SKIPPED: cargo-fuzz is not installed (cargo +stable install cargo-fuzz --locked)" >&2
     exit "$SKIPPED"
 fi
 
+explicit=("${targets[@]}")
 if [[ ${#targets[@]} -eq 0 ]]; then
     for f in fuzz/fuzz_targets/*.rs; do targets+=("$(basename "$f" .rs)"); done
 fi
@@ -56,11 +71,16 @@ for t in "${targets[@]}"; do
 done
 
 if [[ "$build" -eq 1 ]]; then
-    echo "fuzz.sh: building ${#targets[@]} target(s) with $(cargo +nightly --version)"
+    echo "fuzz.sh: building ${#targets[@]} target(s) with $(cargo +nightly --version) ${build_flags[*]}"
     start=$(date +%s)
-    for t in "${targets[@]}"; do
-        cargo +nightly fuzz build "$t" || { echo "fuzz.sh: build of $t failed" >&2; exit 2; }
-    done
+    if [[ ${#explicit[@]} -eq 0 ]]; then
+        # Every target in one cargo invocation (they share the dependencies' build).
+        cargo +nightly fuzz build "${build_flags[@]}" || { echo "fuzz.sh: build failed" >&2; exit 2; }
+    else
+        for t in "${targets[@]}"; do
+            cargo +nightly fuzz build "${build_flags[@]}" "$t" || { echo "fuzz.sh: build of $t failed" >&2; exit 2; }
+        done
+    fi
     echo "fuzz.sh: built in $(( $(date +%s) - start )) s"
 fi
 
@@ -77,7 +97,7 @@ for t in "${targets[@]}"; do
     # The working corpus first (libFuzzer writes new inputs there), the seeds read only.
     # -timeout: one input taking 10 s is a hang; -rss_limit_mb: a reader holding 2 GiB for a
     # small input breaks its budget.
-    cargo +nightly fuzz run "$t" "$work" "fuzz/corpus/$t" -- \
+    cargo +nightly fuzz run "${build_flags[@]}" "$t" "$work" "fuzz/corpus/$t" -- \
         -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
         >"$log" 2>&1
     rc=$?
