@@ -3,7 +3,7 @@
 #
 #   scripts/bench/bench-engine.sh [--runs N] [--threads N] [--model PATH] [--skip-llama] [--release]
 #                           [--kernels auto|avx2|...] [--numerics int8|f32] [--llama-avx2]
-#                           [--demo | --demo-only]
+#                           [--demo | --demo-only] [--prefill | --prefill-only] [--lengths "635 2048 ..."]
 #
 # Workload 1 (the rollout ticket): a ChatML prompt of ~600 tokens prefilled once, then
 # 8 candidates x 48 new tokens decoded together (shared prefix), 2 threads.
@@ -21,6 +21,12 @@
 #   call): `stageb run` with one local worker against llama.cpp's server (one slot per
 #   candidate, prompt caching) replaying the same rollout jobs (`examples/rollout_jobs.rs`,
 #   `scripts/lib/bench_demo_llama.py`); tickets/minute side by side, runs alternated.
+# Workload 3 (--prefill): prefill alone at prompts of --lengths tokens (default 635 2048 4096
+#   8064, the last the largest that fits SmolLM2's 8,192-token context with room for the
+#   prompt's rounding up): stageb's bench_engine with one candidate of one token against
+#   `llama-bench -p N -n 0` (one warm-up run each), lengths and engines alternated.
+# llama.cpp is its best build that runs here (scripts/lib/llama-build.sh: native, else native
+# without AMX, else AVX2; the script says which and why), or with --llama-avx2 its AVX2 build.
 # Prints tables with medians (stageb: --runs runs after a warm-up; llama.cpp: --runs runs).
 set -euo pipefail
 
@@ -37,6 +43,8 @@ NUMERICS=int8
 LLAMA_AVX2=0
 DEMO=0
 TICKET=1
+PREFILL=0
+LENGTHS="635 2048 4096 8064"
 while [ $# -gt 0 ]; do
     case "$1" in
         --kernels) KERNELS="$2"; shift 2 ;;
@@ -44,12 +52,15 @@ while [ $# -gt 0 ]; do
         --llama-avx2) LLAMA_AVX2=1; shift ;;
         --demo) DEMO=1; shift ;;
         --demo-only) DEMO=1; TICKET=0; shift ;;
+        --prefill) PREFILL=1; shift ;;
+        --prefill-only) PREFILL=1; TICKET=0; shift ;;
+        --lengths) LENGTHS="$2"; shift 2 ;;
         --runs) RUNS="$2"; shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
         --model) MODEL="$2"; shift 2 ;;
         --skip-llama) SKIP_LLAMA=1; shift ;;
         --release) PROFILE=release; shift ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -61,11 +72,18 @@ fi
 mkdir -p "$CACHE"
 
 # ---- llama.cpp (built once per flavour; scripts/lib/llama-build.sh) ------------------------
-LLAMA_TARGETS=(llama-batched-bench)
+LLAMA_TARGETS=(llama-batched-bench llama-bench)
 [ "$DEMO" = 1 ] && LLAMA_TARGETS+=(llama-server)
 # shellcheck source=scripts/lib/llama-build.sh
 . "$ROOT/scripts/lib/llama-build.sh"
-[ "$SKIP_LLAMA" = 0 ] && build_llama "${LLAMA_TARGETS[@]}"
+if [ "$SKIP_LLAMA" = 0 ]; then
+    if [ "$LLAMA_AVX2" = 1 ]; then
+        build_llama "${LLAMA_TARGETS[@]}"
+        echo "== llama.cpp: $LLAMA_KIND"
+    else
+        build_best_llama "${LLAMA_TARGETS[@]}" || { echo "no build of llama.cpp runs here" >&2; exit 1; }
+    fi
+fi
 LLAMA_BIN="$LLAMA_DIR/bin/llama-batched-bench"
 
 # ---- stageb -------------------------------------------------------------------------------
@@ -91,7 +109,7 @@ STAGEB_BIN="$BIN_DIR/examples/bench_engine"
 FLAGS="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cpus; flags: $FLAGS; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== versions: $(rustc --version); candle 0.11.1; llama.cpp from llama-cpp-python $LCP_VERSION ($LLAMA_DIR); $(cmake --version 2>/dev/null | head -1); $(c++ --version | head -1)"
-echo "== stageb: --kernels $KERNELS --numerics $NUMERICS"
+echo "== stageb: --kernels $KERNELS --numerics $NUMERICS; llama.cpp: ${LLAMA_KIND:-skipped}"
 
 # ---- workload 1: the rollout ticket, engines alternated run by run -------------------------
 if [ "$TICKET" = 1 ]; then
@@ -138,4 +156,26 @@ if [ "$DEMO" = 1 ]; then
     done
     echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
     python3 "$ROOT/scripts/lib/bench_tables.py" demo "$DEMO_DIR/results.jsonl"
+fi
+
+# ---- workload 3: prefill alone at each prompt length, engines alternated -------------------
+if [ "$PREFILL" = 1 ]; then
+    OUT="$CACHE/prefill-stageb.txt"
+    LLAMA_JSON="$CACHE/prefill-llama.jsonl"
+    : > "$OUT"
+    : > "$LLAMA_JSON"
+    for i in $(seq "$RUNS"); do
+        for n in $LENGTHS; do
+            "$STAGEB_BIN" --model "$MODEL" --threads "$THREADS" --runs 1 --variant fixed \
+                --prompt-tokens "$n" --candidates 1 --new-tokens 1 \
+                --kernels "$KERNELS" --numerics "$NUMERICS" | grep -E '^(model|BENCH)' | tee -a "$OUT"
+            tokens="$(grep '^BENCH' "$OUT" | tail -n1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read()[6:])["prompt_tokens"])')"
+            if [ "$SKIP_LLAMA" = 0 ]; then
+                "$LLAMA_DIR/bin/llama-bench" -m "$MODEL" -t "$THREADS" -p "$tokens" -n 0 -r 1 \
+                    -o jsonl 2>/dev/null | grep '^{' | tee -a "$LLAMA_JSON" || true
+            fi
+        done
+    done
+    echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    python3 "$ROOT/scripts/lib/bench_tables.py" prefill "$OUT" "$LLAMA_JSON" "${LLAMA_KIND:-}"
 fi

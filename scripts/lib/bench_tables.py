@@ -4,6 +4,7 @@
 usage: bench_tables.py ticket STAGEB.txt LLAMA.jsonl   # workload 1: the rollout ticket
        bench_tables.py demo-run RUNS_DIR T0 T1          # one `stageb run` of the demo → JSON line
        bench_tables.py demo RESULTS.jsonl               # workload 2: the demo mission
+       bench_tables.py prefill STAGEB.txt LLAMA.jsonl KIND  # workload 3: prefill per prompt length
        bench_tables.py batching-run WORKLOAD NAME RUN_DIR RUSAGE.json LOG SAME
                                                         # one run of scripts/bench/bench-batching.sh
        bench_tables.py batching RESULTS.jsonl           # scripts/bench/bench-batching.sh's tables
@@ -48,6 +49,32 @@ def ticket(stageb_txt, llama_jsonl):
         print(f"{name:28} {t:9.2f} {sp:>11} {pp:14.1f} {tg:17.1f} {gen:7d} {ratio:>27}")
     print("\n(last column: llama.cpp seconds per ticket divided by this engine's; >= 1.00x means as "
           "fast as llama.cpp or faster)")
+
+
+def prefill(stageb_txt, llama_jsonl, llama_kind):
+    stageb, kernels = {}, set()
+    for line in open(stageb_txt, encoding="utf-8"):
+        if line.startswith("BENCH "):
+            b = json.loads(line[6:])
+            stageb.setdefault(b["prompt_tokens"], []).append(b["prefill_tok_s"])
+        elif line.startswith("model "):
+            kernels.add(line.split("; kernels ", 1)[-1].split("; threads")[0].strip())
+    llama = {}
+    for line in open(llama_jsonl, encoding="utf-8"):
+        if line.strip():
+            r = json.loads(line)
+            llama.setdefault(r["n_prompt"], []).append(r["avg_ts"])
+    print()
+    print(f'{"prompt tokens":>13} {"stageb tok/s":>13} {"spread":>15} {"llama.cpp tok/s":>16} '
+          f'{"spread":>15} {"stageb / llama.cpp":>19}')
+    for n in sorted(stageb):
+        s, ll = stageb[n], llama.get(n)
+        ratio = f"{med(s) / med(ll):.2f}x" if ll else "-"
+        lcol = f"{med(ll):16.1f} {min(ll):7.1f}-{max(ll):<7.1f}" if ll else f'{"-":>16} {"-":>15}'
+        print(f"{n:13d} {med(s):13.1f} {min(s):7.1f}-{max(s):<7.1f} {lcol} {ratio:>19}")
+    print(f"\n(stageb kernels: {', '.join(sorted(kernels)) or '?'}; llama.cpp: {llama_kind or 'skipped'},")
+    print(" `llama-bench -p N -n 0`. Prefill tokens per second, medians of the alternated runs;")
+    print(" > 1.00x means stageb prefills faster.)")
 
 
 def demo_run(runs_dir, t0, t1):
@@ -152,6 +179,8 @@ if __name__ == "__main__":
         demo_run(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "demo":
         demo(sys.argv[2])
+    elif cmd == "prefill":
+        prefill(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
     elif cmd == "batching-run":
         batching_run(*sys.argv[2:8])
     elif cmd == "batching":
