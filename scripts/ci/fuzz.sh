@@ -55,7 +55,7 @@ fi
 unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 if [[ "$install" -eq 1 ]] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     echo "fuzz.sh: installing cargo-fuzz"
-    cargo +stable install cargo-fuzz --locked --quiet || { echo "fuzz.sh: SKIPPED: cargo install cargo-fuzz failed" >&2; exit "$SKIPPED"; }
+    cargo install cargo-fuzz --locked --quiet || { echo "fuzz.sh: SKIPPED: cargo install cargo-fuzz failed" >&2; exit "$SKIPPED"; }
 fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     echo "fuzz.sh: SKIPPED: cargo-fuzz is not installed (cargo +stable install cargo-fuzz --locked)" >&2
