@@ -31,6 +31,10 @@ pub unsafe fn dots(
 ) {
     let m = a.rows;
     let isa = isa.min(Isa::Avx512Vnni);
+    // Where every weight is read for a few rows (a decode step of one job), the weights
+    // stream from memory and a prefetch hint keeps more of the bandwidth busy; with more rows
+    // each group is read again per tile of rows, and the hint only evicted it (prefill).
+    let prefetch = m <= PREFETCH_MAX_ROWS;
     for g in g0..g0 + ng {
         let mut r = r0;
         while r < m {
@@ -40,12 +44,12 @@ pub unsafe fn dots(
             // R·16 floats at `o` (in bounds: rows < m).
             r += unsafe {
                 match (isa, m - r) {
-                    (Isa::Avx512Vnni, 8..) => vnni::<8>(a, r, w, g, o),
-                    (Isa::Avx512Vnni, 4..) => vnni::<4>(a, r, w, g, o),
-                    (Isa::Avx512Vnni, _) => vnni::<1>(a, r, w, g, o),
-                    (Isa::Avx512Bw, 8..) => bw::<8>(a, r, w, g, o),
-                    (Isa::Avx512Bw, 4..) => bw::<4>(a, r, w, g, o),
-                    (Isa::Avx512Bw, _) => bw::<1>(a, r, w, g, o),
+                    (Isa::Avx512Vnni, 8..) => vnni::<8>(a, r, w, g, o, prefetch),
+                    (Isa::Avx512Vnni, 4..) => vnni::<4>(a, r, w, g, o, prefetch),
+                    (Isa::Avx512Vnni, _) => vnni::<1>(a, r, w, g, o, prefetch),
+                    (Isa::Avx512Bw, 8..) => bw::<8>(a, r, w, g, o, prefetch),
+                    (Isa::Avx512Bw, 4..) => bw::<4>(a, r, w, g, o, prefetch),
+                    (Isa::Avx512Bw, _) => bw::<1>(a, r, w, g, o, prefetch),
                     (_, 4..) => avx2::<4>(a, r, w, g, o),
                     _ => avx2::<1>(a, r, w, g, o),
                 }
@@ -53,6 +57,13 @@ pub unsafe fn dots(
         }
     }
 }
+
+/// Blocks of weights ahead that the kernels prefetch: a one-row decode step streams every
+/// weight once, and the hint kept more of the two cores' bandwidth busy (64-token context,
+/// one row: 100 → 126 tokens/s with 16 blocks ahead; 4 and 8 gained less).
+const PREFETCH_BLOCKS: usize = 16;
+/// Input rows up to which the kernels prefetch (see [`dots`]).
+const PREFETCH_MAX_ROWS: usize = 8;
 
 /// Defines `$name::<R>`: `R` input rows from `r` against weight group `g`, 16 lanes per
 /// register, the integer products by `$q4` (Q4_1: unsigned nibbles `w`, signed input `x`) and
@@ -72,6 +83,7 @@ macro_rules! kernel_512 {
             w: &Interleaved,
             g: usize,
             out: &mut [f32],
+            prefetch: bool,
         ) -> usize {
             let nb = w.nb;
             let low = _mm512_set1_epi8(0x0f);
@@ -88,6 +100,12 @@ macro_rules! kernel_512 {
                 match w.kind {
                     BlockKind::Q4_1 => {
                         let base = unsafe { w.qs.as_ptr().add(gb * 4 * 64) };
+                        // The weights stream once per step (decode): ask for the lines
+                        // PREFETCH_BLOCKS ahead (a hint: addresses past the end are not read).
+                        for t in 0..4 * prefetch as usize {
+                            let ahead = base.wrapping_add((PREFETCH_BLOCKS * 4 + t) * 64);
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        }
                         for t in 0..4 {
                             let v = unsafe { _mm512_loadu_si512(base.add(t * 64).cast()) };
                             let lo = _mm512_and_si512(v, low);
@@ -116,6 +134,10 @@ macro_rules! kernel_512 {
                             unsafe { a.qu.as_ptr().add((r + i) * a.k + b * 32) }.cast()
                         });
                         let base = unsafe { w.qs.as_ptr().add(gb * 8 * 64) };
+                        for t in 0..8 * prefetch as usize {
+                            let ahead = base.wrapping_add((PREFETCH_BLOCKS * 8 + t) * 64);
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        }
                         for t in 0..8 {
                             let $w8 = unsafe { _mm512_loadu_si512(base.add(t * 64).cast()) };
                             for i in 0..R {
