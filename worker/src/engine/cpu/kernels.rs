@@ -267,6 +267,19 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], yt: &mut Vec
 /// bits in every copy of a kernel (libm's `expf` neither vectorizes nor promises that).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
+    let (y, n) = exp_reduced(x);
+    // The clamp keeps `n` within −125..=127, or NaN (a NaN `x`), which becomes 0 as the
+    // saturating `n as i32` would make it. Written out, the conversion vectorizes
+    // (`vcvttps2dq`); the saturating cast is eight scalar conversions a register.
+    let n = if n.is_nan() { 0.0 } else { n };
+    // SAFETY: `n` is finite and within i32 (above).
+    let ni: i32 = unsafe { n.to_int_unchecked() };
+    y * f32::from_bits(((ni + 127) as u32) << 23)
+}
+
+/// [`exp`] before its scaling by `2ⁿ`: `(e^r, n)` with `x = n·ln 2 + r` on the clamped range.
+#[inline(always)]
+fn exp_reduced(x: f32) -> (f32, f32) {
     let x = x.clamp(-87.0, 88.0);
     let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = n.mul_add(-0.693_359_4, x);
@@ -277,14 +290,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5); // Cephes' 5.0000001201e-1 is exactly 0.5 in f32
-    let y = p.mul_add(r * r, r) + 1.0;
-    // The clamp keeps `n` within −125..=127, or NaN (a NaN `x`), which becomes 0 as the
-    // saturating `n as i32` would make it. Written out, the conversion vectorizes
-    // (`vcvttps2dq`); the saturating cast is eight scalar conversions a register.
-    let n = if n.is_nan() { 0.0 } else { n };
-    // SAFETY: `n` is finite and within i32 (above).
-    let ni: i32 = unsafe { n.to_int_unchecked() };
-    y * f32::from_bits(((ni + 127) as u32) << 23)
+    (p.mul_add(r * r, r) + 1.0, n)
 }
 
 #[inline(always)]
@@ -396,17 +402,7 @@ mod tests {
 
     /// `exp` as first written, with the saturating cast (scalar code in every copy).
     fn exp_saturating(x: f32) -> f32 {
-        let x = x.clamp(-87.0, 88.0);
-        let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
-        let r = n.mul_add(-0.693_359_4, x);
-        let r = n.mul_add(2.121_944_4e-4, r);
-        let mut p = 1.987_569_1e-4f32;
-        p = p.mul_add(r, 1.398_199_9e-3);
-        p = p.mul_add(r, 8.333_452e-3);
-        p = p.mul_add(r, 4.166_579_6e-2);
-        p = p.mul_add(r, 1.666_666_5e-1);
-        p = p.mul_add(r, 0.5);
-        let y = p.mul_add(r * r, r) + 1.0;
+        let (y, n) = exp_reduced(x);
         y * f32::from_bits(((n as i32 + 127) as u32) << 23)
     }
 

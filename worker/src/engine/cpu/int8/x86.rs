@@ -102,9 +102,11 @@ macro_rules! kernel_512 {
                         let base = unsafe { w.qs.as_ptr().add(gb * 4 * 64) };
                         // The weights stream once per step (decode): ask for the lines
                         // PREFETCH_BLOCKS ahead (a hint: addresses past the end are not read).
-                        for t in 0..4 * prefetch as usize {
-                            let ahead = base.wrapping_add((PREFETCH_BLOCKS * 4 + t) * 64);
-                            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        if prefetch {
+                            for t in 0..4 {
+                                let ahead = base.wrapping_add((PREFETCH_BLOCKS * 4 + t) * 64);
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                            }
                         }
                         for t in 0..4 {
                             let v = unsafe { _mm512_loadu_si512(base.add(t * 64).cast()) };
@@ -134,9 +136,11 @@ macro_rules! kernel_512 {
                             unsafe { a.qu.as_ptr().add((r + i) * a.k + b * 32) }.cast()
                         });
                         let base = unsafe { w.qs.as_ptr().add(gb * 8 * 64) };
-                        for t in 0..8 * prefetch as usize {
-                            let ahead = base.wrapping_add((PREFETCH_BLOCKS * 8 + t) * 64);
-                            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        if prefetch {
+                            for t in 0..8 {
+                                let ahead = base.wrapping_add((PREFETCH_BLOCKS * 8 + t) * 64);
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                            }
                         }
                         for t in 0..8 {
                             let $w8 = unsafe { _mm512_loadu_si512(base.add(t * 64).cast()) };
