@@ -571,6 +571,7 @@ mod tests {
             readback: Duration::from_millis(2),
             prefill: Duration::from_millis(30),
             host_ops: Some(4000),
+            ..StepSplit::default()
         };
         let ms = StepSplitMs::of(&split);
         assert_eq!(

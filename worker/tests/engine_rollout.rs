@@ -218,6 +218,99 @@ fn forced_runs_fed_at_once_give_the_same_outputs_as_step_by_step() {
     assert_eq!(fast_json.finish, slow_json.finish);
 }
 
+/// Draft tokens (prompt lookup, fed after each row's token and checked by its own draws) must
+/// be an optimization only: the same tokens as without them, for a JSON answer that copies
+/// from its prompt (taken drafts, forced runs between them) and for a rollout's rows that end
+/// mid-draft by length, stop token or contract; and a copying answer takes some of its drafts,
+/// so it needs fewer forward calls.
+#[test]
+fn draft_tokens_give_the_same_outputs_as_one_token_a_step() {
+    let path = model_path();
+    let mut engine = ModelEngine::load(&path, &EngineOptions::default()).expect("load model");
+    let ids = "QC-7-0746160::pass, QC-7-1637324::pass, QC-7-6501958::fail, QC-7-7229598::fail";
+    let copy = GenerateRequest {
+        messages: ticket(&format!(
+            "Tickets: {ids}. List every ticket id above, exactly as written, as JSON."
+        )),
+        json_schema: Some(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "ids": {"type": "array", "items": {"type": "string"}, "maxItems": 6},
+                "note": {"type": "string"}
+            },
+            "required": ["ids", "note"],
+            "additionalProperties": false
+        })),
+        seed: 5,
+        temperature: 0.3,
+        top_p: 0.9,
+        repetition_penalty: 1.05,
+        max_new_tokens: 96,
+    };
+    // Drafts go to steps of few rows: one row (4 drafts a step), two rows (1 each).
+    let mut contract = request(
+        "Ticket E: 挡风板已安装, 螺丝齐全, 光纤/反明×1, 光纤/反明×1.",
+        24,
+    );
+    contract.constrained = true;
+    contract.decodes.truncate(1);
+    contract.decodes[0].seeds = vec![11];
+    let mut free = request(
+        "Repeat: 光纤/反明×1, 光纤/反明×1, 光纤/反明×1, 光纤/反明×1",
+        30,
+    );
+    free.decodes.remove(0);
+    free.decodes[0].seeds = vec![21, 22];
+    let run = |engine: &mut ModelEngine| {
+        let before = engine.step_split();
+        let json = engine.generate(&copy).unwrap();
+        let split = engine.step_split().since(&before);
+        let rollouts = (
+            engine.rollout(&contract).unwrap(),
+            engine.rollout(&free).unwrap(),
+        );
+        (json, rollouts, split, engine.step_split().since(&before))
+    };
+    let (json, (contract_out, free_out), json_split, all) = run(&mut engine);
+    engine.set_draft(false);
+    let (json_off, (contract_off, free_off), json_split_off, all_off) = run(&mut engine);
+    assert_eq!(all_off.drafts_checked, 0, "off");
+    eprintln!("json: {:?}", json.text);
+    eprintln!(
+        "rows: {:?} / {:?}",
+        contract_out.candidates, free_out.candidates
+    );
+    eprintln!(
+        "drafts (json): {} checked, {} taken, {} steps; all: {} checked, {} taken",
+        json_split.drafts_checked,
+        json_split.drafts_taken,
+        json_split.decode_steps,
+        all.drafts_checked,
+        all.drafts_taken
+    );
+    assert_eq!(json.text, json_off.text, "JSON generate");
+    assert_eq!(json.completion_tokens, json_off.completion_tokens);
+    assert_eq!(json.finish, json_off.finish);
+    assert_eq!(
+        contract_out.candidates, contract_off.candidates,
+        "contract rollout"
+    );
+    assert_eq!(free_out.candidates, free_off.candidates, "two free rows");
+    assert!(
+        all.drafts_checked > json_split.drafts_checked,
+        "the rollouts' rows were fed drafts too"
+    );
+    assert!(json_split.drafts_taken > 8, "drafts taken: {json_split:?}");
+    // A taken draft saves the call that would have sampled it (unless the constraint forced
+    // it, which fast-forward feeds with the token before it anyway).
+    assert!(
+        json_split.decode_steps + 8 <= json_split_off.decode_steps,
+        "fewer forward calls: {} with drafts, {} without",
+        json_split.decode_steps,
+        json_split_off.decode_steps
+    );
+}
+
 /// On the CPU path a position's logits depend only on the tokens up to it: not on where a
 /// forward call starts (prefill chunks, a cached prefix) nor on which positions share a block
 /// of prefill attention. The prefix cache and the blocked attention rely on it.
@@ -260,6 +353,80 @@ fn a_position_gives_the_same_logits_however_the_prompt_is_split() {
             "splits {splits:?} changed the last position's logits"
         );
     }
+}
+
+/// A row's positions that were fed as drafts and not taken are forgotten: what the row is fed
+/// next is computed exactly as if they had never been, and the blocks they alone used go back
+/// to the pool.
+#[test]
+fn a_rewound_row_computes_as_if_its_forgotten_positions_were_never_fed() {
+    use stageb_worker::engine::cpu::model::{Slot, Workspace};
+    let engine = ModelEngine::load(&model_path(), &EngineOptions::default()).expect("load model");
+    let model = engine.cpu_model().expect("GGUF on CPU loads the fast path");
+    let prompt = engine.encode("Ticket F: 挡风板已安装, 螺丝齐全.").unwrap();
+    let answer = engine
+        .encode("Verdict: 通过\nReason: 挡风板已安装")
+        .unwrap();
+    let mut ws = Workspace::default();
+    let row = |cache: &mut _, tokens: &[u32], ws: &mut Workspace| {
+        let slots = vec![Slot::Row(0); tokens.len()];
+        let at: Vec<usize> = (0..tokens.len()).collect();
+        model.forward_at(tokens, &slots, cache, &at, ws).unwrap()
+    };
+    let with_prompt = |ws: &mut Workspace| {
+        let mut cache = model.new_cache(prompt.len());
+        let slots = vec![Slot::Shared; prompt.len()];
+        model
+            .forward(&prompt, &slots, &mut cache, prompt.len() - 1, ws)
+            .unwrap();
+        cache.add_rows(1, 64);
+        cache
+    };
+    let mut straight = with_prompt(&mut ws);
+    let want = row(&mut straight, &answer, &mut ws);
+    // The same answer fed with wrong guesses in between, each rewound: 3 guesses after the
+    // first token (past a block boundary of the row's own positions), 1 after the fourth.
+    let mut guessed = with_prompt(&mut ws);
+    let wrong: Vec<u32> = (0..40).map(|i| 1000 + i).collect();
+    let mut got = row(
+        &mut guessed,
+        &[&answer[..1], &wrong[..35]].concat(),
+        &mut ws,
+    );
+    got.truncate(model.config.vocab_size);
+    let (blocks, used) = (guessed.blocks(), model.kv_pool().stats().used);
+    guessed.rewind_row(0, 35).unwrap();
+    assert_eq!(
+        guessed.blocks(),
+        blocks - 1,
+        "the row's second block is dropped"
+    );
+    assert_eq!(
+        model.kv_pool().stats().used,
+        used - 1,
+        "and back in the pool"
+    );
+    let mut next = row(
+        &mut guessed,
+        &[&answer[1..4], &wrong[..1]].concat(),
+        &mut ws,
+    );
+    next.truncate(3 * model.config.vocab_size);
+    got.extend(next);
+    guessed.rewind_row(0, 1).unwrap();
+    got.extend(row(&mut guessed, &answer[4..], &mut ws));
+    assert_eq!(got.len(), want.len());
+    assert!(
+        want.iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "a rewound row's logits differ from the straight row's"
+    );
+    assert!(
+        guessed.rewind_row(0, answer.len() + 1).is_err(),
+        "past its start"
+    );
+    assert!(guessed.rewind_row(1, 1).is_err(), "no such row");
 }
 
 /// The sampling prefilter draws the exhaustive sampler's token on the model's

@@ -256,6 +256,15 @@ pub trait Backend: Send + Sync {
         prompt_len: usize,
     ) -> Result<(), EngineError>;
 
+    /// Forgets the last `n` positions of row `row` of a job (draft tokens it did not take;
+    /// backends with [`multi_token_rows`](Self::multi_token_rows) alone).
+    #[doc(hidden)]
+    fn rewind_row(&self, _kv: &mut JobKv, _row: usize, _n: usize) -> Result<(), EngineError> {
+        Err(EngineError::Model(
+            "this backend does not rewind a row's positions".into(),
+        ))
+    }
+
     /// Test only: decode steps run their projections on tiles of `rows` rows instead of the
     /// device's (the candle backend; others ignore it).
     #[doc(hidden)]

@@ -32,6 +32,7 @@
 //! text). What differs between the backends is behind the [`Backend`] trait.
 
 mod batch;
+mod draft;
 mod load;
 mod rows;
 
@@ -91,6 +92,9 @@ pub struct ModelEngine {
     ignore_eos: bool,
     /// Forced-token fast-forward on the CPU path (on; off only to prove it changes nothing).
     fast_forward: bool,
+    /// Draft tokens fed after each row's sampled token ([`draft`]; the `draft` switch, on
+    /// where rows take several tokens a call).
+    draft: bool,
     /// Tokens the last job took by fast-forward ([`ModelEngine::forced_tokens_last_job`]).
     forced_tokens: u64,
     /// The last lockstep job's decode time split into sampling and forward calls, in µs
@@ -202,6 +206,12 @@ impl ModelEngine {
     #[doc(hidden)]
     pub fn set_decode_tile(&mut self, rows: usize) {
         self.backend.set_decode_tile(rows);
+    }
+
+    /// Test only: turns the draft tokens off or on, to show both give the same outputs.
+    #[doc(hidden)]
+    pub fn set_draft(&mut self, on: bool) {
+        self.draft = on;
     }
 
     /// Tokens the last job took by forced-token fast-forward (fed without sampling).

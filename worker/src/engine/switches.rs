@@ -10,6 +10,7 @@
 //! | fused         | auto, on, off | auto    | fused kernels (add+RMSnorm, q/k-norm+RoPE+KV write, SiLU*mul) |
 //! | flash_prefill | auto, on, off | auto    | the prefill's attention read from and written to the paged KV pool (no host mask, no score matrix) |
 //! | graphs        | on, off       | off     | CUDA graphs for the decode step |
+//! | draft         | auto, on, off | auto    | draft tokens by prompt lookup fed after each row's token, checked by its own draws (changes no bit; where rows take several tokens a call: the CPU fast path) |
 //!
 //! `auto` is on for a model on CUDA and off on the CPU ([`EngineSwitches::kernels_on`]), so the
 //! CPU candle path stays what it was unless asked. With any of the three on, the candle
@@ -56,6 +57,9 @@ pub struct EngineSwitches {
     pub flash_prefill: Option<bool>,
     /// `graphs`: CUDA graphs for the decode step (not built: parsed, no effect).
     pub graphs: bool,
+    /// `draft`: draft tokens fed after each row's sampled token; `None` is `auto` (on wherever
+    /// the backend takes several tokens of a row in one call).
+    pub draft: Option<bool>,
 }
 
 /// A switch list that names an unknown switch or value, or names one twice.
@@ -70,13 +74,14 @@ impl SwitchError {
     }
 }
 
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "events",
     "readback",
     "paged",
     "fused",
     "flash_prefill",
     "graphs",
+    "draft",
 ];
 
 /// The kernel switches in force on one device (`auto` resolved): which kernels the candle
@@ -160,6 +165,7 @@ impl EngineSwitches {
                 "fused" => s.fused = auto_on_off(name, value)?,
                 "flash_prefill" => s.flash_prefill = auto_on_off(name, value)?,
                 "graphs" => s.graphs = on_off(name, value)?,
+                "draft" => s.draft = auto_on_off(name, value)?,
                 _ => {
                     return Err(SwitchError(format!(
                         "unknown switch `{name}` (switches: {})",
@@ -195,7 +201,7 @@ impl EngineSwitches {
 
 impl fmt::Display for EngineSwitches {
     /// The canonical list: every switch, in a fixed order, e.g.
-    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off`.
+    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let oo = |b: bool| if b { "on" } else { "off" };
         let auto = |b: Option<bool>| b.map_or("auto", oo);
@@ -205,12 +211,13 @@ impl fmt::Display for EngineSwitches {
         };
         write!(
             f,
-            "events={},readback={readback},paged={},fused={},flash_prefill={},graphs={}",
+            "events={},readback={readback},paged={},fused={},flash_prefill={},graphs={},draft={}",
             oo(self.events),
             auto(self.paged),
             auto(self.fused),
             auto(self.flash_prefill),
-            oo(self.graphs)
+            oo(self.graphs),
+            auto(self.draft)
         )
     }
 }
@@ -225,7 +232,7 @@ mod tests {
         assert_eq!(d, EngineSwitches::default());
         assert_eq!(
             d.to_string(),
-            "events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off"
+            "events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto"
         );
         assert_eq!(d.kernels_on(true), KernelsOn::ALL, "auto is on on CUDA");
         assert_eq!(
@@ -254,13 +261,14 @@ mod tests {
 
     #[test]
     fn named_switches_change_and_the_canonical_list_reads_back() {
-        let s = EngineSwitches::parse(" readback=per-job , events=on,graphs=on,").unwrap();
+        let s = EngineSwitches::parse(" readback=per-job , events=on,graphs=on,draft=off").unwrap();
         assert_eq!(s.readback, Readback::PerJob);
         assert!(s.events && s.graphs && s.paged.is_none() && s.fused.is_none());
+        assert_eq!(s.draft, Some(false));
         let canonical = s.to_string();
         assert_eq!(
             canonical,
-            "events=on,readback=per-job,paged=auto,fused=auto,flash_prefill=auto,graphs=on"
+            "events=on,readback=per-job,paged=auto,fused=auto,flash_prefill=auto,graphs=on,draft=off"
         );
         assert_eq!(EngineSwitches::parse(&canonical).unwrap(), s);
     }
@@ -274,6 +282,7 @@ mod tests {
             "fused=yes",
             "paged=maybe",
             "flash_prefill=yes",
+            "draft=4",
             "events=on,events=off",
         ] {
             let e = EngineSwitches::parse(bad).unwrap_err();

@@ -203,6 +203,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn rewind_row(&self, kv: &mut JobKv, row: usize, n: usize) -> Result<(), EngineError> {
+        kv_mut::<CpuCache>(kv)?
+            .rewind_row(row, n)
+            .map_err(EngineError::Model)
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

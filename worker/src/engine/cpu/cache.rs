@@ -158,6 +158,21 @@ impl CpuCache {
         }
     }
 
+    /// Forgets row `r`'s last `n` positions (draft tokens the row did not take): the next
+    /// forward call writes from there, and blocks left without a position go back to the
+    /// pool. A position's keys and values depend only on the tokens up to it, so what is
+    /// written next is what it would have been had those positions never been fed.
+    pub fn rewind_row(&mut self, r: usize, n: usize) -> Result<(), String> {
+        let len = self
+            .row_len
+            .get(r)
+            .and_then(|l| l.checked_sub(n))
+            .ok_or_else(|| format!("rewind: row {r} has fewer than {n} positions"))?;
+        self.row_len[r] = len;
+        self.rows[r].truncate(len.div_ceil(B));
+        Ok(())
+    }
+
     /// The block and offset prompt position `p` is written to: `None` unless
     /// [`Self::make_room`] made it this cache's alone.
     pub(super) fn prompt_slot(&mut self, p: usize) -> Option<(&mut Block, usize)> {

@@ -17,7 +17,8 @@
 
 use std::time::Instant;
 
-use super::rows::Row;
+use super::draft;
+use super::rows::{Feeding, Row};
 use super::{MIN_CONSTRAINED_NEW_TOKENS, ModelEngine, check_params, chunk_end};
 use crate::constraint::ConstraintSpec;
 use crate::engine::backend::{Input, JobKv, Reuse, StepOut};
@@ -42,7 +43,8 @@ pub(super) struct Live {
     /// The prompt's last logits: every row's first draw.
     first: Vec<f32>,
     /// Where each row's logits for its next token are: `None`, in `first`; `Some(k)`, row `k`
-    /// of the engine's step logits ([`StepLogits`](super::readback::StepLogits)).
+    /// of the engine's step logits ([`StepLogits`](super::readback::StepLogits)), followed by
+    /// one more row per draft token it was fed ([`Row::drafts`]).
     pub(super) at: Vec<Option<usize>>,
     /// Prompt positions in the cache.
     prefilled: usize,
@@ -63,6 +65,10 @@ pub(super) struct Live {
     batch: BatchShare,
     /// Tokens its rows took by forced-token fast-forward.
     pub(super) forced: u64,
+    /// Draft tokens its rows checked, and took.
+    drafts: (u64, u64),
+    /// Forward calls that fed its rows.
+    decode_calls: u64,
 }
 
 impl Live {
@@ -79,7 +85,8 @@ impl Live {
 
 /// What one forward call takes: the next prefill chunk of the earliest job still prefilling
 /// (the fixed schedule, [`chunk_end`]), and every fed row's
-/// tokens (a row's forced run in order), job by job.
+/// tokens (a row's forced run in order, then its drafts), job by job; a row's logits are
+/// wanted after its last token before its drafts and after each draft.
 fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Input> {
     let filling = live
         .iter()
@@ -103,14 +110,20 @@ fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Inpu
                 input
                     .slots
                     .extend(std::iter::repeat_n(Slot::Row(r), feed.len()));
-                input.logits_at.push(input.tokens.len() - 1);
-                input.rows.get_or_insert_default().push(r);
+                let drafts = j.rows[r].drafts.len();
+                let end = input.tokens.len();
+                input.logits_at.extend(end - 1 - drafts..end);
+                let rows = input.rows.get_or_insert_default();
+                rows.extend(std::iter::repeat_n(r, drafts + 1));
             }
             inputs.push(input);
         }
     }
     inputs
 }
+
+/// A job's rows' feeds for the next forward call, and the draft tokens checked and taken.
+type JobFeeds = (Vec<Vec<u32>>, (u64, u64));
 
 /// Each row's `(decode_index, sample_index)` in a rollout.
 pub(super) type RowIds = Vec<(u32, u32)>;
@@ -227,6 +240,8 @@ impl ModelEngine {
             decode_from: None,
             batch: BatchShare::default(),
             forced: 0,
+            drafts: (0, 0),
+            decode_calls: 0,
         });
         Ok(())
     }
@@ -312,15 +327,21 @@ impl ModelEngine {
         // the device waits for the next step's tokens); a job whose rows all ended leaves.
         let this = &*self;
         let t = Instant::now();
-        let sampled: Vec<Result<Vec<Vec<u32>>, EngineError>> =
-            live.par_iter_mut().map(|j| this.sample_job(j)).collect();
+        let feeding = self.feeding(&live);
+        let sampled: Vec<Result<JobFeeds, EngineError>> = live
+            .par_iter_mut()
+            .map(|j| this.sample_job(j, feeding))
+            .collect();
         self.split.sampling += t.elapsed();
         let mut feeds: Vec<Vec<Vec<u32>>> = Vec::with_capacity(live.len());
         let mut keep_live = Vec::with_capacity(live.len());
-        for (j, sampled) in live.into_iter().zip(sampled) {
+        for (mut j, sampled) in live.into_iter().zip(sampled) {
             match sampled {
-                Ok(f) if j.decoding() && f.iter().all(|r| r.is_empty()) => ended.push(j),
-                Ok(f) => {
+                Ok((f, _)) if j.decoding() && f.iter().all(|r| r.is_empty()) => ended.push(j),
+                Ok((f, (checked, taken))) => {
+                    self.split.drafts_checked += checked;
+                    self.split.drafts_taken += taken;
+                    j.drafts = (j.drafts.0 + checked, j.drafts.1 + taken);
                     feeds.push(f);
                     keep_live.push(j);
                 }
@@ -345,15 +366,14 @@ impl ModelEngine {
         (ended, done)
     }
 
-    /// The next tokens of `job`'s live rows (forced runs included), or nothing while it is
-    /// still prefilling.
-    fn sample_job(&self, job: &mut Live) -> Result<Vec<Vec<u32>>, EngineError> {
+    /// The next tokens of `job`'s live rows (forced runs and drafts included), or nothing
+    /// while it is still prefilling; its rows' positions of drafts not taken are forgotten.
+    fn sample_job(&self, job: &mut Live, feeding: Feeding) -> Result<JobFeeds, EngineError> {
         if !job.decoding() {
-            return Ok(vec![Vec::new(); job.rows.len()]);
+            return Ok((vec![Vec::new(); job.rows.len()], (0, 0)));
         }
         job.decode_from.get_or_insert_with(Instant::now);
-        // Forced runs go in one multi-token forward: per-row positions, the CPU path's alone.
-        let fast_forward = self.fast_forward && self.backend.multi_token_rows();
+        let vocab = self.backend.config().vocab_size;
         // Each live row's slice of the logits (a finished row reads none).
         let logits: Vec<&[f32]> = job
             .rows
@@ -362,12 +382,41 @@ impl ModelEngine {
             .map(|(row, at)| match (row.finish, at) {
                 (Some(_), _) => &[][..],
                 (None, None) => job.first.as_slice(),
-                (None, Some(k)) => self.step_logits.row(*k),
+                (None, Some(k)) => self.step_logits.rows(*k, 1 + row.drafts.len(), vocab),
             })
             .collect();
-        let (feeds, forced) = self.sample_rows_of(&mut job.rows, &logits, fast_forward)?;
-        job.forced += forced;
-        Ok(feeds)
+        let steps = self.sample_rows_of(&mut job.rows, &logits, &job.prompt, feeding)?;
+        let (mut feeds, mut checked, mut taken) = (Vec::with_capacity(steps.len()), 0, 0);
+        for (r, step) in steps.into_iter().enumerate() {
+            if step.rewind > 0 {
+                self.backend.rewind_row(&mut job.kv, r, step.rewind)?;
+            }
+            job.forced += step.forced;
+            (checked, taken) = (checked + step.checked, taken + step.taken);
+            feeds.push(step.feed);
+        }
+        Ok((feeds, (checked, taken)))
+    }
+
+    /// How the rows of `live` are fed this step: forced runs and draft tokens in one
+    /// multi-token forward need per-row positions, the CPU path's alone; drafts go to steps of
+    /// few rows ([`draft::per_row`]).
+    fn feeding(&self, live: &[Live]) -> Feeding {
+        let multi = self.backend.multi_token_rows();
+        let rows = live
+            .iter()
+            .filter(|j| j.decoding())
+            .flat_map(|j| &j.rows)
+            .filter(|r| r.finish.is_none())
+            .count();
+        Feeding {
+            fast_forward: self.fast_forward && multi,
+            drafts: if self.draft && multi {
+                draft::per_row(rows)
+            } else {
+                0
+            },
+        }
     }
 
     /// One forward call: the rows' tokens in `feeds` (one entry per job of `live`) and one
@@ -414,9 +463,14 @@ impl ModelEngine {
                     }
                 }
                 Some(rows) => {
-                    for r in rows {
-                        j.at[*r] = Some(k);
-                        k += 1;
+                    j.decode_calls += 1;
+                    // A row's logits are consecutive: it reads from its first.
+                    let mut last = None;
+                    for &r in rows {
+                        if last != Some(r) {
+                            j.at[r] = Some(k);
+                        }
+                        (last, k) = (Some(r), k + 1);
                     }
                 }
             }
@@ -498,6 +552,16 @@ impl ModelEngine {
             )?),
         };
         let out = out.with_batch(job.batch);
+        tracing::debug!(
+            key = job.key,
+            rows = job.rows.len(),
+            tokens = job.rows.iter().map(|r| r.tokens.len()).sum::<usize>(),
+            decode_calls = job.decode_calls,
+            forced = job.forced,
+            drafts_checked = job.drafts.0,
+            drafts_taken = job.drafts.1,
+            "job decoded"
+        );
         self.retire(&job);
         Ok(out)
     }

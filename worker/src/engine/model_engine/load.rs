@@ -140,6 +140,7 @@ impl ModelEngine {
         };
         let mut engine = Self::finish(parts, &switches)?;
         engine.pool = pool;
+        engine.draft = switches.draft.unwrap_or(true);
         engine.switches = switches;
         engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
@@ -301,6 +302,7 @@ impl ModelEngine {
             pool: None,
             ignore_eos: false,
             fast_forward: true,
+            draft: true,
             forced_tokens: 0,
             decode_split: (0, 0),
             switches: EngineSwitches::default(),

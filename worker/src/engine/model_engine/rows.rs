@@ -1,6 +1,7 @@
 //! One candidate row of a decode batch and how it advances: sampling a token under its
 //! constraint (with the finishing mask of its last tokens), accepting it, forced-token
-//! fast-forward, and its text. Split from `model_engine.rs`, whose fields it uses.
+//! fast-forward, checking the draft tokens it was fed ([`super::draft`]) and guessing the
+//! next, and its text. Split from `model_engine.rs`, whose fields it uses.
 //!
 //! The rows of a step are sampled in parallel ([`ModelEngine::sample_rows_of`]; in a running
 //! batch every row of every job at once): a row's token
@@ -13,6 +14,7 @@ use rayon::prelude::*;
 use stageb_shared::seed::uniform_at;
 
 use super::ModelEngine;
+use super::draft;
 use super::{FINISH_LOOKAHEAD, FINISH_MARGIN};
 use crate::constraint::{AllowedTokens, TokenConstraint};
 use crate::engine::sampler::{self, SamplingParams, Scratch, SeenTokens};
@@ -30,8 +32,32 @@ pub(super) struct Row {
     /// The constraint's allowed set for the next token, computed ahead by [`forced_run`]
     /// (`ModelEngine::forced_run`) and used by the next sampling step.
     pub(super) next_allowed: Option<AllowedTokens>,
+    /// The draft tokens fed at the end of the row's last feed, not yet confirmed: the last
+    /// forward call computed logits after each of them too.
+    pub(super) drafts: Vec<u32>,
     /// The sampler's buffers, one set per row so rows sample in parallel.
     scratch: Scratch,
+}
+
+/// What one step's sampling did to a row: its feed for the next forward call (its sampled
+/// token, its forced run, then its new draft tokens, [`Row::drafts`]), the tokens its forced
+/// run took, and its positions to forget (drafts fed last step that it did not take).
+#[derive(Debug, Default)]
+pub(super) struct RowStep {
+    pub(super) feed: Vec<u32>,
+    pub(super) forced: u64,
+    pub(super) rewind: usize,
+    /// Draft tokens checked this step, and how many of them the row took.
+    pub(super) checked: u64,
+    pub(super) taken: u64,
+}
+
+/// How a step samples its rows: forced runs fed at once, and up to `drafts` draft tokens
+/// guessed per row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Feeding {
+    pub(super) fast_forward: bool,
+    pub(super) drafts: usize,
 }
 
 impl Row {
@@ -51,28 +77,30 @@ impl Row {
             tokens: Vec::new(),
             finish: None,
             next_allowed: None,
+            drafts: Vec::new(),
             scratch: Scratch::default(),
         }
     }
 }
 
 impl ModelEngine {
-    /// One step's sampling for every unfinished row, in parallel: `feeds[i]` is row `i`'s
-    /// sampled token followed, with `fast_forward`, by its forced run (empty for a row that is
-    /// or just became finished), and the tokens the rows' forced runs took. `logits[i]` are row
-    /// `i`'s. On failure the error of the first failing row (in row order) is returned,
-    /// whichever thread met it first. Reads the engine only, so many jobs' rows can be sampled
-    /// at once.
+    /// One step's sampling for every unfinished row, in parallel: each row's [`RowStep`]
+    /// (an empty feed for a row that is or just became finished). `logits[i]` are row `i`'s:
+    /// after its last fed token, then after each of its drafts, `vocab` each. `prompt` is the
+    /// job's (drafts are looked up in it). On failure the error of the first failing row (in
+    /// row order) is returned, whichever thread met it first. Reads the engine only, so many
+    /// jobs' rows can be sampled at once.
     pub(super) fn sample_rows_of(
         &self,
         rows: &mut [Row],
         logits: &[&[f32]],
-        fast_forward: bool,
-    ) -> Result<(Vec<Vec<u32>>, u64), EngineError> {
+        prompt: &[u32],
+        feeding: Feeding,
+    ) -> Result<Vec<RowStep>, EngineError> {
         let sample =
-            |(row, logits): (&mut Row, &&[f32])| self.sample_one(row, logits, fast_forward);
+            |(row, logits): (&mut Row, &&[f32])| self.sample_one(row, logits, prompt, feeding);
         let live = rows.iter().filter(|r| r.finish.is_none()).count();
-        let results: Vec<Result<(Vec<u32>, u64), EngineError>> = if live > 1 {
+        let results: Vec<Result<RowStep, EngineError>> = if live > 1 {
             rows.par_iter_mut()
                 .zip(logits.par_iter())
                 .map(sample)
@@ -80,36 +108,59 @@ impl ModelEngine {
         } else {
             rows.iter_mut().zip(logits.iter()).map(sample).collect()
         };
-        let mut feeds = Vec::with_capacity(results.len());
-        let mut forced = 0;
-        for r in results {
-            let (feed, n) = r?;
-            forced += n;
-            feeds.push(feed);
-        }
-        Ok((feeds, forced))
+        results.into_iter().collect()
     }
 
-    /// One row's feed for the next forward and the tokens its forced run took.
+    /// One row's step: its fed drafts checked in order (each kept while the token sampled
+    /// before it is the draft itself; the first token that differs is the row's new token,
+    /// its drafts after it forgotten), then its feed for the next forward.
     fn sample_one(
         &self,
         row: &mut Row,
         logits: &[f32],
-        fast_forward: bool,
-    ) -> Result<(Vec<u32>, u64), EngineError> {
-        let mut feed = Vec::new();
-        let mut forced = 0;
+        prompt: &[u32],
+        feeding: Feeding,
+    ) -> Result<RowStep, EngineError> {
+        let mut step = RowStep::default();
+        let drafts = std::mem::take(&mut row.drafts);
         if row.finish.is_some() {
-            return Ok((feed, forced));
+            return Ok(step);
         }
-        // A row that just finished needs no more forward passes.
-        if let Some(tok) = self.step_row(row, logits)?.filter(|_| row.finish.is_none()) {
-            feed.push(tok);
-            if fast_forward {
-                self.forced_run(row, &mut feed, &mut forced)?;
+        let vocab = self.backend.config().vocab_size;
+        let at = |i: usize| logits.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]);
+        let mut taken = 0;
+        let next = loop {
+            // A row that just finished needs no more forward passes.
+            match self.step_row(row, at(taken))? {
+                Some(tok) if row.finish.is_none() => {
+                    if drafts.get(taken) != Some(&tok) {
+                        break Some(tok);
+                    }
+                    taken += 1;
+                }
+                _ => break None,
             }
+        };
+        step.checked = drafts.len() as u64;
+        step.taken = taken as u64;
+        let Some(tok) = next else {
+            return Ok(step);
+        };
+        step.rewind = drafts.len() - taken;
+        step.feed.push(tok);
+        if feeding.fast_forward {
+            self.forced_run(row, &mut step.feed, &mut step.forced)?;
         }
-        Ok((feed, forced))
+        if feeding.drafts > 0 && row.finish.is_none() {
+            // A draft's logits give the token after it: the last useful one gives the row's
+            // `max_new`-th token.
+            let room = row.max_new.saturating_sub(row.tokens.len() + 1);
+            let mut guesses = drafts;
+            draft::propose(prompt, &row.tokens, feeding.drafts.min(room), &mut guesses);
+            step.feed.extend_from_slice(&guesses);
+            row.drafts = guesses;
+        }
+        Ok(step)
     }
 
     /// Samples one token for `row` and advances its state. `None` when the row ended without
