@@ -27,9 +27,9 @@ pub struct StepSplit {
     /// Device operations the decode steps issued, forward and readback (the candle backend;
     /// `None` on the CPU fast path, which issues none).
     pub host_ops: Option<u64>,
-    /// Draft tokens the rows checked, and how many of them they took (the CPU fast path's
+    /// Draft tokens the rows were fed, and how many of them they took (the CPU fast path's
     /// speculative feeding, `model_engine/draft.rs`).
-    pub drafts_checked: u64,
+    pub drafts_fed: u64,
     pub drafts_taken: u64,
 }
 
@@ -47,7 +47,7 @@ impl StepSplit {
             host_ops: self
                 .host_ops
                 .map(|n| n - earlier.host_ops.unwrap_or_default()),
-            drafts_checked: self.drafts_checked - earlier.drafts_checked,
+            drafts_fed: self.drafts_fed - earlier.drafts_fed,
             drafts_taken: self.drafts_taken - earlier.drafts_taken,
         }
     }

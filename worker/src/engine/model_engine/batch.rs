@@ -65,7 +65,7 @@ pub(super) struct Live {
     batch: BatchShare,
     /// Tokens its rows took by forced-token fast-forward.
     pub(super) forced: u64,
-    /// Draft tokens its rows checked, and took.
+    /// Draft tokens its rows were fed, and took.
     drafts: (u64, u64),
     /// Forward calls that fed its rows.
     decode_calls: u64,
@@ -122,7 +122,7 @@ fn gather(live: &[Live], feeds: &[Vec<Vec<u32>>], may_prefill: bool) -> Vec<Inpu
     inputs
 }
 
-/// A job's rows' feeds for the next forward call, and the draft tokens checked and taken.
+/// A job's rows' feeds for the next forward call, and the draft tokens fed last step and taken.
 type JobFeeds = (Vec<Vec<u32>>, (u64, u64));
 
 /// Each row's `(decode_index, sample_index)` in a rollout.
@@ -338,10 +338,10 @@ impl ModelEngine {
         for (mut j, sampled) in live.into_iter().zip(sampled) {
             match sampled {
                 Ok((f, _)) if j.decoding() && f.iter().all(|r| r.is_empty()) => ended.push(j),
-                Ok((f, (checked, taken))) => {
-                    self.split.drafts_checked += checked;
+                Ok((f, (fed, taken))) => {
+                    self.split.drafts_fed += fed;
                     self.split.drafts_taken += taken;
-                    j.drafts = (j.drafts.0 + checked, j.drafts.1 + taken);
+                    j.drafts = (j.drafts.0 + fed, j.drafts.1 + taken);
                     feeds.push(f);
                     keep_live.push(j);
                 }
@@ -386,16 +386,16 @@ impl ModelEngine {
             })
             .collect();
         let steps = self.sample_rows_of(&mut job.rows, &logits, &job.prompt, feeding)?;
-        let (mut feeds, mut checked, mut taken) = (Vec::with_capacity(steps.len()), 0, 0);
+        let (mut feeds, mut fed, mut taken) = (Vec::with_capacity(steps.len()), 0, 0);
         for (r, step) in steps.into_iter().enumerate() {
             if step.rewind > 0 {
                 self.backend.rewind_row(&mut job.kv, r, step.rewind)?;
             }
             job.forced += step.forced;
-            (checked, taken) = (checked + step.checked, taken + step.taken);
+            (fed, taken) = (fed + step.drafts_fed, taken + step.taken);
             feeds.push(step.feed);
         }
-        Ok((feeds, (checked, taken)))
+        Ok((feeds, (fed, taken)))
     }
 
     /// How the rows of `live` are fed this step: forced runs and draft tokens in one
@@ -429,9 +429,13 @@ impl ModelEngine {
     ) -> Result<(), EngineError> {
         let inputs = gather(live, feeds, self.may_prefill(live));
         self.last_step = (inputs.iter().map(|i| i.tokens.len()).sum(), inputs.len());
+        // Rows fed (a row fed drafts counts once) and prefill chunks.
         let rows: usize = inputs
             .iter()
-            .map(|i| i.rows.as_ref().map_or(1, Vec::len))
+            .map(|i| match &i.rows {
+                Some(r) => 1 + r.windows(2).filter(|w| w[0] != w[1]).count(),
+                None => 1,
+            })
             .sum();
         for i in &inputs {
             live[i.job].batch.add_step(rows);
@@ -552,22 +556,23 @@ impl ModelEngine {
             )?),
         };
         let out = out.with_batch(job.batch);
+        self.retire(&job);
+        Ok(out)
+    }
+
+    /// An ended job (alone or batched): its counts logged at debug level; its prompt goes to its
+    /// prefix store, unless it went when its prefill ended.
+    fn retire(&mut self, job: &Live) {
         tracing::debug!(
             key = job.key,
             rows = job.rows.len(),
             tokens = job.rows.iter().map(|r| r.tokens.len()).sum::<usize>(),
             decode_calls = job.decode_calls,
             forced = job.forced,
-            drafts_checked = job.drafts.0,
+            drafts_fed = job.drafts.0,
             drafts_taken = job.drafts.1,
             "job decoded"
         );
-        self.retire(&job);
-        Ok(out)
-    }
-
-    /// An ended job's prompt goes to its prefix store, unless it went when its prefill ended.
-    fn retire(&mut self, job: &Live) {
         if !job.published {
             self.backend.publish(job.keep, &job.prompt, &job.kv);
         }

@@ -47,8 +47,9 @@ pub(super) struct RowStep {
     pub(super) feed: Vec<u32>,
     pub(super) forced: u64,
     pub(super) rewind: usize,
-    /// Draft tokens checked this step, and how many of them the row took.
-    pub(super) checked: u64,
+    /// Draft tokens the row was fed last step (all of them, those after the first it
+    /// rejected or after it ended included), and how many of them it took.
+    pub(super) drafts_fed: u64,
     pub(super) taken: u64,
 }
 
@@ -141,7 +142,7 @@ impl ModelEngine {
                 _ => break None,
             }
         };
-        step.checked = drafts.len() as u64;
+        step.drafts_fed = drafts.len() as u64;
         step.taken = taken as u64;
         let Some(tok) = next else {
             return Ok(step);
