@@ -373,7 +373,6 @@ impl ModelEngine {
             return Ok((vec![Vec::new(); job.rows.len()], (0, 0)));
         }
         job.decode_from.get_or_insert_with(Instant::now);
-        let vocab = self.backend.config().vocab_size;
         // Each live row's slice of the logits (a finished row reads none).
         let logits: Vec<&[f32]> = job
             .rows
@@ -382,7 +381,7 @@ impl ModelEngine {
             .map(|(row, at)| match (row.finish, at) {
                 (Some(_), _) => &[][..],
                 (None, None) => job.first.as_slice(),
-                (None, Some(k)) => self.step_logits.rows(*k, 1 + row.drafts.len(), vocab),
+                (None, Some(k)) => self.step_logits.rows(*k, 1 + row.drafts.len()),
             })
             .collect();
         let steps = self.sample_rows_of(&mut job.rows, &logits, &job.prompt, feeding)?;
