@@ -292,11 +292,7 @@ impl WorkerTime {
         WorkerTime {
             registered_seconds: all as f64 / 1000.0,
             busy_seconds: busy as f64 / 1000.0,
-            idle_fraction: if all == 0 {
-                0.0
-            } else {
-                1.0 - busy as f64 / all as f64
-            },
+            idle_fraction: stats.idle_fraction(),
         }
     }
 }

@@ -128,9 +128,12 @@ impl Scheduler {
     /// Worker time, for the idle fraction (`summary.json` `runtime.workers`): every live
     /// session adds the time since the last sample, and those holding a lease add it to busy
     /// time as well. The reaper samples (every TTL / 4, within [50 ms, 250 ms]), so the
-    /// figures are exact to a sample period.
+    /// figures are exact to a sample period. Every sample, the first included, sets the
+    /// idle-ratio gauge (0 before any worker time is measured, as `summary.json` says), so a
+    /// scrape finds it however short the run.
     pub(super) fn sample_worker_time(&self, g: &mut Inner, now: Instant) {
         let Some(last) = g.last_time_sample.replace(now) else {
+            metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(0.0);
             return;
         };
         let ms = u64::try_from(now.saturating_duration_since(last).as_millis()).unwrap_or(u64::MAX);
@@ -142,10 +145,7 @@ impl Scheduler {
             .stats
             .worker_busy_ms
             .saturating_add(ms.saturating_mul(busy));
-        if g.stats.worker_ms > 0 {
-            let idle = 1.0 - g.stats.worker_busy_ms as f64 / g.stats.worker_ms as f64;
-            metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(idle);
-        }
+        metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(g.stats.idle_fraction());
     }
 
     /// How many more jobs `session` may lease now: the work outstanding (queued, ahead and leased)

@@ -50,6 +50,18 @@ pub struct SchedulerStats {
     pub worker_busy_ms: u64,
 }
 
+impl SchedulerStats {
+    /// `1 - busy / live` worker time: 0 before any worker time was measured.
+    pub fn idle_fraction(&self) -> f64 {
+        let (all, busy) = (self.worker_ms, self.worker_busy_ms.min(self.worker_ms));
+        if all == 0 {
+            0.0
+        } else {
+            1.0 - busy as f64 / all as f64
+        }
+    }
+}
+
 impl Scheduler {
     /// Counts an accepted answer's batching statistics: `steps` forward steps that computed
     /// `rows` rows in all. A worker's claim, so one past what a step can hold
