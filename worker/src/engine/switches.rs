@@ -11,6 +11,7 @@
 //! | flash_prefill | auto, on, off | auto    | the prefill's attention read from and written to the paged KV pool (no host mask, no score matrix) |
 //! | graphs        | on, off       | off     | CUDA graphs for the decode step |
 //! | draft         | auto, on, off | auto    | draft tokens by prompt lookup fed after each row's token, checked by its own draws (changes no bit; where rows take several tokens a call: the CPU fast path) |
+//! | prefetch      | on, off       | on      | the CPU fast path's 16-lane attention asks for the next KV block's lines while it computes one (a cache hint: changes no bit) |
 //!
 //! `auto` is on for a model on CUDA and off on the CPU ([`EngineSwitches::kernels_on`]), so the
 //! CPU candle path stays what it was unless asked. With any of the three on, the candle
@@ -60,6 +61,9 @@ pub struct EngineSwitches {
     /// `draft`: draft tokens fed after each row's sampled token; `None` is `auto` (on wherever
     /// the backend takes several tokens of a row in one call).
     pub draft: Option<bool>,
+    /// `prefetch`: software prefetch of the next KV block in the CPU fast path's attention;
+    /// `None` is the default (on).
+    pub prefetch: Option<bool>,
 }
 
 /// A switch list that names an unknown switch or value, or names one twice.
@@ -74,7 +78,7 @@ impl SwitchError {
     }
 }
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "events",
     "readback",
     "paged",
@@ -82,6 +86,7 @@ const NAMES: [&str; 7] = [
     "flash_prefill",
     "graphs",
     "draft",
+    "prefetch",
 ];
 
 /// The kernel switches in force on one device (`auto` resolved): which kernels the candle
@@ -166,6 +171,7 @@ impl EngineSwitches {
                 "flash_prefill" => s.flash_prefill = auto_on_off(name, value)?,
                 "graphs" => s.graphs = on_off(name, value)?,
                 "draft" => s.draft = auto_on_off(name, value)?,
+                "prefetch" => s.prefetch = Some(on_off(name, value)?),
                 _ => {
                     return Err(SwitchError(format!(
                         "unknown switch `{name}` (switches: {})",
@@ -201,7 +207,7 @@ impl EngineSwitches {
 
 impl fmt::Display for EngineSwitches {
     /// The canonical list: every switch, in a fixed order, e.g.
-    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto`.
+    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto,prefetch=on`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let oo = |b: bool| if b { "on" } else { "off" };
         let auto = |b: Option<bool>| b.map_or("auto", oo);
@@ -211,13 +217,15 @@ impl fmt::Display for EngineSwitches {
         };
         write!(
             f,
-            "events={},readback={readback},paged={},fused={},flash_prefill={},graphs={},draft={}",
+            "events={},readback={readback},paged={},fused={},flash_prefill={},graphs={},draft={},\
+             prefetch={}",
             oo(self.events),
             auto(self.paged),
             auto(self.fused),
             auto(self.flash_prefill),
             oo(self.graphs),
-            auto(self.draft)
+            auto(self.draft),
+            oo(self.prefetch.unwrap_or(true))
         )
     }
 }
@@ -232,7 +240,8 @@ mod tests {
         assert_eq!(d, EngineSwitches::default());
         assert_eq!(
             d.to_string(),
-            "events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto"
+            "events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto,\
+             prefetch=on"
         );
         assert_eq!(d.kernels_on(true), KernelsOn::ALL, "auto is on on CUDA");
         assert_eq!(
@@ -261,14 +270,17 @@ mod tests {
 
     #[test]
     fn named_switches_change_and_the_canonical_list_reads_back() {
-        let s = EngineSwitches::parse(" readback=per-job , events=on,graphs=on,draft=off").unwrap();
+        let s =
+            EngineSwitches::parse(" readback=per-job , events=on,graphs=on,draft=off,prefetch=off")
+                .unwrap();
         assert_eq!(s.readback, Readback::PerJob);
         assert!(s.events && s.graphs && s.paged.is_none() && s.fused.is_none());
-        assert_eq!(s.draft, Some(false));
+        assert_eq!((s.draft, s.prefetch), (Some(false), Some(false)));
         let canonical = s.to_string();
         assert_eq!(
             canonical,
-            "events=on,readback=per-job,paged=auto,fused=auto,flash_prefill=auto,graphs=on,draft=off"
+            "events=on,readback=per-job,paged=auto,fused=auto,flash_prefill=auto,graphs=on,draft=off,\
+             prefetch=off"
         );
         assert_eq!(EngineSwitches::parse(&canonical).unwrap(), s);
     }
@@ -283,6 +295,7 @@ mod tests {
             "paged=maybe",
             "flash_prefill=yes",
             "draft=4",
+            "prefetch=auto",
             "events=on,events=off",
         ] {
             let e = EngineSwitches::parse(bad).unwrap_err();

@@ -23,11 +23,22 @@
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::isa::{F32Isa, f32_isa, f32_wide};
 use super::kernels::{self, LANES};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+
+/// Whether the 16-lane copy prefetches the next run's keys and values (the `prefetch` engine
+/// switch; on unless turned off). A cache hint only: the bits are the same either way.
+static PREFETCH: AtomicBool = AtomicBool::new(true);
+
+/// Sets [`PREFETCH`] for the process (from the engine switches at load).
+pub fn set_prefetch(on: bool) {
+    PREFETCH.store(on, Ordering::Relaxed);
+}
 
 /// Which copy of the recipe runs: every one gives the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,7 +262,8 @@ mod avx2 {
     }
 
     /// [`accumulate_any`] for `g` consecutive queries over the same keys `t0..t1`: query `k`'s
-    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`).
+    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`). In groups,
+    /// `ahead` (the next run's values, or null) is prefetched along.
     ///
     /// # Safety
     /// As [`accumulate_any`] per query; `g` is 1, or 2 to 4 with `wide` (2 at most for d = 128);
@@ -267,6 +279,7 @@ mod avx2 {
         t0: usize,
         t1: usize,
         o: &mut [f32],
+        ahead: *const u8,
     ) {
         let d = o.len() / g;
         assert!(g == 1 || (e.len() >= (g - 1) * stride + t1));
@@ -275,10 +288,10 @@ mod avx2 {
         unsafe {
             match (g, d) {
                 (1, _) => accumulate_any(wide, e, run, t0, t1, o),
-                (2, 64) => avx512::accumulate_many::<4, 2>(ep, stride, run, t0, t1, o),
-                (3, 64) => avx512::accumulate_many::<4, 3>(ep, stride, run, t0, t1, o),
-                (4, 64) => avx512::accumulate_many::<4, 4>(ep, stride, run, t0, t1, o),
-                (2, _) => avx512::accumulate_many::<8, 2>(ep, stride, run, t0, t1, o),
+                (2, 64) => avx512::accumulate_many::<4, 2>(ep, stride, run, t0, t1, o, ahead),
+                (3, 64) => avx512::accumulate_many::<4, 3>(ep, stride, run, t0, t1, o, ahead),
+                (4, 64) => avx512::accumulate_many::<4, 4>(ep, stride, run, t0, t1, o, ahead),
+                (2, _) => avx512::accumulate_many::<8, 2>(ep, stride, run, t0, t1, o, ahead),
                 _ => unreachable!("groups of {g} queries at d = {d}"),
             }
         }
@@ -317,7 +330,8 @@ mod avx2 {
 
     /// Scores of queries `q0..q0+nq` for every key of `run`, into `s[i·stride + at + j]`: keys
     /// in tiles of 16 (then 8, then one by one), each tile met by every group of up to 4
-    /// queries while it is in L1.
+    /// queries while it is in L1. In 16 lanes, the first group's pass over the first tile
+    /// prefetches the keys of `ahead` (the run read next).
     ///
     /// # Safety
     /// `q` holds the queries (`d` each); `s` holds `(q0+nq)·stride` with `at + run.len <=
@@ -329,6 +343,7 @@ mod avx2 {
         q0: usize,
         nq: usize,
         run: &KvRun,
+        ahead: Option<&KvRun>,
         d: usize,
         s: &mut [f32],
         stride: usize,
@@ -371,20 +386,42 @@ mod avx2 {
                     let mut qg = 0;
                     while qg < nq {
                         let g = (nq - qg).min(8);
+                        let (pf, row) = match ahead {
+                            Some(next) if qg == 0 && j == 0 => {
+                                (next.kt.as_ptr() as *const u8, next.cap * 4)
+                            }
+                            _ => (std::ptr::null(), 0),
+                        };
                         // SAFETY: queries q0+qg..q0+qg+g hold d floats each; keys
                         // j..j+16·$v <= len <= cap; `s` row q0+qg+i holds at + len <= stride.
                         unsafe {
                             let qp = q.as_ptr().add((q0 + qg) * d);
                             let sp = s.as_mut_ptr().add((q0 + qg) * stride + at + j);
                             match g {
-                                8 => avx512::score_tile::<8, $v>(qp, run, j, d, sp, stride),
-                                7 => avx512::score_tile::<7, $v>(qp, run, j, d, sp, stride),
-                                6 => avx512::score_tile::<6, $v>(qp, run, j, d, sp, stride),
-                                5 => avx512::score_tile::<5, $v>(qp, run, j, d, sp, stride),
-                                4 => avx512::score_tile::<4, $v>(qp, run, j, d, sp, stride),
-                                3 => avx512::score_tile::<3, $v>(qp, run, j, d, sp, stride),
-                                2 => avx512::score_tile::<2, $v>(qp, run, j, d, sp, stride),
-                                _ => avx512::score_tile::<1, $v>(qp, run, j, d, sp, stride),
+                                8 => {
+                                    avx512::score_tile::<8, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                7 => {
+                                    avx512::score_tile::<7, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                6 => {
+                                    avx512::score_tile::<6, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                5 => {
+                                    avx512::score_tile::<5, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                4 => {
+                                    avx512::score_tile::<4, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                3 => {
+                                    avx512::score_tile::<3, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                2 => {
+                                    avx512::score_tile::<2, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
+                                _ => {
+                                    avx512::score_tile::<1, $v>(qp, run, j, d, sp, stride, pf, row)
+                                }
                             }
                         }
                         qg += g;
@@ -475,7 +512,13 @@ mod avx2 {
             (true, 64) => 4,
             (true, _) => 2,
         };
-        for run in common {
+        let prefetch = super::PREFETCH.load(super::Ordering::Relaxed);
+        for (k, run) in common.iter().enumerate() {
+            // The first call over a run's first tile prefetches the next run's values.
+            let mut ahead = match common.get(k + 1) {
+                Some(next) if prefetch => next.v.as_ptr().cast(),
+                _ => std::ptr::null(),
+            };
             let mut t0 = 0;
             while t0 < run.len {
                 let t1 = (t0 + VALUE_TILE).min(run.len);
@@ -498,7 +541,10 @@ mod avx2 {
                     // length `stride`); out rows i..i+g hold g·d.
                     let o = &mut out[i * d..(i + g) * d];
                     let e = &s[i * stride + base..];
-                    unsafe { accumulate_group(wide, g, e, stride, run, t0, end, o) };
+                    unsafe { accumulate_group(wide, g, e, stride, run, t0, end, o, ahead) };
+                    if g > 1 {
+                        ahead = std::ptr::null();
+                    }
                     i += g;
                 }
                 t0 = t1;
@@ -541,9 +587,11 @@ mod avx2 {
         let stride = common_len + own_max.unwrap_or(0);
         s.resize(nq * stride, 0.0);
         let mut base = 0;
-        for run in common {
+        let prefetch = super::PREFETCH.load(super::Ordering::Relaxed);
+        for (k, run) in common.iter().enumerate() {
+            let ahead = common.get(k + 1).filter(|_| prefetch);
             // SAFETY: `s` holds nq·stride, base + len <= common_len <= stride.
-            unsafe { score_run(wide, q, 0, nq, run, d, s, stride, base) };
+            unsafe { score_run(wide, q, 0, nq, run, ahead, d, s, stride, base) };
             base += run.len;
         }
         for i in 0..own.ends.len() {
@@ -551,7 +599,7 @@ mod avx2 {
             for run in own.of(i) {
                 // SAFETY: as above for query i alone; at + len <= common_len + own.len_of(i)
                 // <= stride.
-                unsafe { score_run(wide, q, i, 1, run, d, s, stride, at) };
+                unsafe { score_run(wide, q, i, 1, run, None, d, s, stride, at) };
                 at += run.len;
             }
         }

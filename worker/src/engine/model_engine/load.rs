@@ -141,6 +141,7 @@ impl ModelEngine {
         let mut engine = Self::finish(parts, &switches)?;
         engine.pool = pool;
         engine.draft = switches.draft.unwrap_or(true);
+        crate::engine::cpu::attention::set_prefetch(switches.prefetch.unwrap_or(true));
         engine.switches = switches;
         engine.set_prefix_cache_bytes(options.prefix_cache_bytes);
         Ok(engine)
