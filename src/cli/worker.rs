@@ -43,9 +43,9 @@ pub(crate) struct ModelArgs {
     pub(crate) kernels: KernelChoice,
     /// MiB of recent rollout prompts' KV a worker keeps, so the next ticket's prefill starts
     /// after the system prompt and guidance they share (0 = off; on a GPU whole 512-token
-    /// chunks of it). Reflection
-    /// prompts have a second store of the same size, so a worker keeps up to twice this in
-    /// all. Results are the same bits either way.
+    /// chunks of it). Reflection prompts, several times as long, have a second store of twice
+    /// this size, so a worker keeps up to three times this in all. Results are the same bits
+    /// either way.
     #[arg(long, env = "STAGEB_PREFIX_CACHE_MIB", default_value_t = 256)]
     pub(crate) prefix_cache_mib: usize,
     /// Jobs a worker holds at once, run in one continuous batch: rollouts and reflection
@@ -58,7 +58,7 @@ pub(crate) struct ModelArgs {
     /// MiB of KV cache the jobs a worker holds may take together (each job counted at its
     /// peak, bounded from above): no job is leased past it, except one when none is in hand.
     /// Default: 2048 on the CPU; on a GPU 60% of the memory free after the model is loaded,
-    /// less the two prefix stores (`--prefix-cache-mib` each).
+    /// less the two prefix stores (three times `--prefix-cache-mib` together).
     #[arg(long, env = "STAGEB_KV_CACHE_MIB")]
     pub(crate) kv_cache_mib: Option<u64>,
 }

@@ -61,11 +61,13 @@ pub enum BackendKind {
 
 /// Which prefix store a job's prefill looks its prompt up in, and keeps it in afterwards.
 ///
-/// Rollouts and generations (reflection calls) keep separate stores of the same budget: a
-/// reflection prompt shares its system prompt, guidance and cases with the cycle's other calls
-/// (JSON retries, the revision round, the next cycle's call of the same pass) but nothing past
-/// the chat template's first tokens with a rollout, and it is several times as long, so in one
-/// LRU store it would evict the rollouts' shared heads without ever serving a rollout.
+/// Rollouts and generations (reflection calls) keep separate stores: a reflection prompt shares
+/// its system prompt, guidance and cases with the cycle's other calls (JSON retries, the
+/// revision round, the next cycle's call of the same pass) but nothing past the chat template's
+/// first tokens with a rollout, and it is several times as long, so in one LRU store it would
+/// evict the rollouts' shared heads without ever serving a rollout. The generations' store has
+/// [`GENERATIONS_BUDGET_FACTOR`] times the rollouts' budget, so the latest prompt of each pass
+/// stays while the other pass runs (see there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reuse {
     /// Neither looked up nor kept (reference computations).
@@ -74,18 +76,27 @@ pub enum Reuse {
     Generations,
 }
 
-/// A backend's two prompt prefix stores (rollouts', generations'), of one budget each.
+/// The generations' store holds this many times the rollouts' budget. A reflection call's
+/// prompt is 4–5 times a rollout's (about 2,600 tokens against 600 in the README demo), and
+/// the calls alternate between the decision and the ops pass, each sharing its head with the
+/// same pass's call before: a store that holds less than one prompt of each pass evicts the
+/// one the next call would reuse (at the 256 MiB default and SmolLM2's 46 KiB a position,
+/// one 2,600-token prompt is 117 MiB, and the demo's stored prompts outgrew 256 MiB).
+pub(crate) const GENERATIONS_BUDGET_FACTOR: usize = 2;
+
+/// A backend's two prompt prefix stores (rollouts', generations').
 pub(crate) struct PromptStores<T> {
     rollouts: PrefixStore<T>,
     generations: PrefixStore<T>,
 }
 
 impl<T> PromptStores<T> {
-    /// Two empty stores of `bytes` each (0 = off).
+    /// Two empty stores: the rollouts' of `bytes`, the generations' of
+    /// [`GENERATIONS_BUDGET_FACTOR`] times as many (0 = both off).
     pub(crate) fn new(bytes: usize) -> Self {
         PromptStores {
             rollouts: PrefixStore::new(bytes),
-            generations: PrefixStore::new(bytes),
+            generations: PrefixStore::new(bytes.saturating_mul(GENERATIONS_BUDGET_FACTOR)),
         }
     }
 
@@ -193,7 +204,8 @@ pub trait Backend: Send + Sync {
     /// fast-forward): per-row positions, the CPU fast path's alone.
     fn multi_token_rows(&self) -> bool;
 
-    /// Replaces both prompt prefix stores with empty ones of `bytes` each (0 = off).
+    /// Replaces both prompt prefix stores with empty ones: the rollouts' of `bytes`, the
+    /// generations' of [`GENERATIONS_BUDGET_FACTOR`] times as many (0 = off).
     #[doc(hidden)]
     fn set_prefix_budget(&mut self, bytes: usize);
 
@@ -272,4 +284,26 @@ pub trait Backend: Send + Sync {
 
     /// The backend as its own type (tests reach the CPU fast path's model).
     fn as_any(&self) -> &dyn Any;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (the README demo): reflection prompts of ~2,600 tokens alternate between the
+    /// decision and the ops pass; in a store of the rollouts' budget the latest of one pass
+    /// evicted the other's, which the next call of that pass would have reused.
+    #[test]
+    fn the_generations_store_holds_twice_the_rollouts_budget_and_zero_turns_both_off() {
+        let mut stores = PromptStores::<()>::new(256 << 20);
+        assert_eq!(stores.of(Reuse::Rollouts).unwrap().budget(), 256 << 20);
+        assert_eq!(stores.of(Reuse::Generations).unwrap().budget(), 512 << 20);
+        assert_eq!(stores.budget(), 768 << 20);
+        assert!(stores.of(Reuse::Off).is_none());
+        stores.clear();
+        assert_eq!(stores.budget(), 768 << 20, "clearing keeps the budgets");
+        let mut off = PromptStores::<()>::new(0);
+        assert!(off.of(Reuse::Rollouts).is_none() && off.of(Reuse::Generations).is_none());
+        assert_eq!(off.bytes(), None);
+    }
 }

@@ -136,9 +136,9 @@ impl std::fmt::Debug for ModelEngine {
 }
 
 impl ModelEngine {
-    /// Replaces both prompt-prefix stores (rollouts', generations') with empty ones of `bytes`
-    /// each (0 = off). The CPU fast path reuses any prefix; the candle backend whole
-    /// [`PREFILL_CHUNK`]s of it.
+    /// Replaces both prompt-prefix stores with empty ones: the rollouts' of `bytes`, the
+    /// generations' (reflection calls) of twice as many (0 = off). The CPU fast path reuses
+    /// any prefix; the candle backend whole [`PREFILL_CHUNK`]s of it.
     pub fn set_prefix_cache_bytes(&mut self, bytes: usize) {
         self.backend.set_prefix_budget(bytes);
         self.size_kv_pool();

@@ -124,8 +124,8 @@ pub struct EngineOptions {
     pub max_context: Option<usize>,
     /// GGUF only: keep the file's quantization or dequantize at load.
     pub weight_format: WeightFormat,
-    /// Bytes of recent rollout prompts' KV kept for prefix reuse (0 = off; the candle backend
-    /// reuses whole prefill chunks only).
+    /// Bytes of recent rollout prompts' KV kept for prefix reuse, and twice as many of recent
+    /// reflection prompts' (0 = off; the candle backend reuses whole prefill chunks only).
     pub prefix_cache_bytes: usize,
     /// The arithmetic ([`Numerics`]; recorded in the fingerprint's dtype).
     pub numerics: Numerics,
