@@ -18,7 +18,10 @@
 //! the heads of a GQA group of a block of prompt positions (prefill), or of every candidate row
 //! (decode: all rows attend to the same prompt). Keys go in tiles of 16 that every group of 4
 //! queries meets while they are in L1, values in tiles of [`VALUE_TILE`] likewise, so the cache
-//! is read once per call rather than once per query.
+//! is read once per call rather than once per query. A run is one 32-position block of the KV
+//! pool (8 KiB of keys, 8 KiB of values per head at d = 64): too short for the hardware
+//! prefetcher to ramp up on, so the 16-lane copy asks for the next run's lines itself while it
+//! computes one (the `prefetch` engine switch).
 
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
