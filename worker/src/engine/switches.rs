@@ -11,7 +11,7 @@
 //! | flash_prefill | auto, on, off | auto    | the prefill's attention read from and written to the paged KV pool (no host mask, no score matrix) |
 //! | graphs        | on, off       | off     | CUDA graphs for the decode step |
 //! | draft         | auto, on, off | auto    | draft tokens by prompt lookup fed after each row's token, checked by its own draws (changes no bit; where rows take several tokens a call: the CPU fast path) |
-//! | prefetch      | on, off       | on      | the CPU fast path's 16-lane attention asks for the next KV block's lines while it computes one (a cache hint: changes no bit) |
+//! | prefetch      | on, off       | on      | the CPU fast path's vector attention asks for the next KV block's lines while it computes one (a cache hint: changes no bit) |
 //!
 //! `auto` is on for a model on CUDA and off on the CPU ([`EngineSwitches::kernels_on`]), so the
 //! CPU candle path stays what it was unless asked. With any of the three on, the candle

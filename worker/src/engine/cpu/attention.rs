@@ -20,8 +20,8 @@
 //! queries meets while they are in L1, values in tiles of [`VALUE_TILE`] likewise, so the cache
 //! is read once per call rather than once per query. A run is one 32-position block of the KV
 //! pool (8 KiB of keys, 8 KiB of values per head at d = 64): too short for the hardware
-//! prefetcher to ramp up on, so the 16-lane copy asks for the next run's lines itself while it
-//! computes one (the `prefetch` engine switch).
+//! prefetcher to ramp up on, so the vector copies ask for the next run's lines themselves while
+//! they compute one (the `prefetch` engine switch).
 
 // Kernels index lanes and rows explicitly: the order of operations is the contract.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
@@ -34,7 +34,7 @@ use super::kernels::{self, LANES};
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Whether the 16-lane copy prefetches the next run's keys and values (the `prefetch` engine
+/// Whether the vector copies prefetch the next run's keys and values (the `prefetch` engine
 /// switch; on unless turned off). A cache hint only: the bits are the same either way.
 static PREFETCH: AtomicBool = AtomicBool::new(true);
 
@@ -238,6 +238,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{KvRun, LANES, Own, VALUE_TILE, avx512};
+    use avx512::prefetch_row;
 
     /// `o += Σ_t e[t]·v_t` for keys `t0..t1` (see [`accumulate`]), 16 or 8 lanes a register.
     ///
@@ -252,21 +253,22 @@ mod avx2 {
         t0: usize,
         t1: usize,
         o: &mut [f32],
+        ahead: *const u8,
     ) {
         // SAFETY: the contract.
         unsafe {
             match (wide, o.len()) {
-                (true, 64) => avx512::accumulate::<4>(e, run, t0, t1, o),
-                (true, _) => avx512::accumulate::<8>(e, run, t0, t1, o),
-                (false, 64) => accumulate::<8>(e, run, t0, t1, o),
-                (false, _) => accumulate::<16>(e, run, t0, t1, o),
+                (true, 64) => avx512::accumulate::<4>(e, run, t0, t1, o, ahead),
+                (true, _) => avx512::accumulate::<8>(e, run, t0, t1, o, ahead),
+                (false, 64) => accumulate::<8>(e, run, t0, t1, o, ahead),
+                (false, _) => accumulate::<16>(e, run, t0, t1, o, ahead),
             }
         }
     }
 
     /// [`accumulate_any`] for `g` consecutive queries over the same keys `t0..t1`: query `k`'s
-    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`). In groups,
-    /// `ahead` (the next run's values, or null) is prefetched along.
+    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`). `ahead` (the
+    /// next run's values, or null) is prefetched along.
     ///
     /// # Safety
     /// As [`accumulate_any`] per query; `g` is 1, or 2 to 4 with `wide` (2 at most for d = 128);
@@ -290,7 +292,7 @@ mod avx2 {
         // SAFETY: the contract; `accumulate_many` is the AVX-512 copy (`wide`).
         unsafe {
             match (g, d) {
-                (1, _) => accumulate_any(wide, e, run, t0, t1, o),
+                (1, _) => accumulate_any(wide, e, run, t0, t1, o, ahead),
                 (2, 64) => avx512::accumulate_many::<4, 2>(ep, stride, run, t0, t1, o, ahead),
                 (3, 64) => avx512::accumulate_many::<4, 3>(ep, stride, run, t0, t1, o, ahead),
                 (4, 64) => avx512::accumulate_many::<4, 4>(ep, stride, run, t0, t1, o, ahead),
@@ -311,10 +313,13 @@ mod avx2 {
         run: &KvRun,
         j: usize,
         d: usize,
+        ahead: *const u8,
+        ahead_row: usize,
     ) -> [[__m256; V]; Q] {
         let mut acc = [[_mm256_setzero_ps(); V]; Q];
         let kt = run.kt.as_ptr();
         for dd in 0..d {
+            prefetch_row(ahead, dd, ahead_row);
             let mut kv = [_mm256_setzero_ps(); V];
             for (t, k) in kv.iter_mut().enumerate() {
                 // SAFETY: dd < d and j + 8t + 8 <= cap: in bounds of `kt` (d × cap).
@@ -333,8 +338,8 @@ mod avx2 {
 
     /// Scores of queries `q0..q0+nq` for every key of `run`, into `s[i·stride + at + j]`: keys
     /// in tiles of 16 (then 8, then one by one), each tile met by every group of up to 4
-    /// queries while it is in L1. In 16 lanes, the first group's pass over the first tile
-    /// prefetches the keys of `ahead` (the run read next).
+    /// queries while it is in L1. The first group's pass over the first tile prefetches the
+    /// keys of `ahead` (the run read next).
     ///
     /// # Safety
     /// `q` holds the queries (`d` each); `s` holds `(q0+nq)·stride` with `at + run.len <=
@@ -362,7 +367,13 @@ mod avx2 {
                     macro_rules! put {
                         ($g:expr) => {{
                             // SAFETY: keys j..j+8·$v <= len <= cap; queries in bounds.
-                            let a = unsafe { scores::<$g, $v>(qp, run, j, d) };
+                            let (pf, row) = match ahead {
+                                Some(next) if qg == 0 && j == 0 => {
+                                    (next.kt.as_ptr() as *const u8, next.cap * 4)
+                                }
+                                _ => (std::ptr::null(), 0),
+                            };
+                            let a = unsafe { scores::<$g, $v>(qp, run, j, d, pf, row) };
                             for (i, row) in a.iter().enumerate() {
                                 for t in 0..$v {
                                     let o = (q0 + qg + i) * stride + at + j + t * LANES;
@@ -455,7 +466,8 @@ mod avx2 {
         }
     }
 
-    /// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D8·8 = d` floats).
+    /// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D8·8 = d` floats); with
+    /// key `t`, row `t` of `ahead` (the next run's values, or null) is prefetched.
     ///
     /// # Safety
     /// `t1 <= run.len`, `e` holds `t1` weights, `o` holds `d`; the run holds `cap × d` values.
@@ -467,6 +479,7 @@ mod avx2 {
         t0: usize,
         t1: usize,
         o: &mut [f32],
+        ahead: *const u8,
     ) {
         let d = D8 * LANES;
         let v = run.v.as_ptr();
@@ -476,6 +489,7 @@ mod avx2 {
             *a = unsafe { _mm256_loadu_ps(o.as_ptr().add(u * LANES)) };
         }
         for t in t0..t1 {
+            prefetch_row(ahead, t, d * 4);
             let ev = _mm256_set1_ps(e[t]);
             for (u, a) in acc.iter_mut().enumerate() {
                 // SAFETY: t < len <= cap, u·8 + 8 <= d: in bounds of `v` (cap × d).
@@ -545,9 +559,7 @@ mod avx2 {
                     let o = &mut out[i * d..(i + g) * d];
                     let e = &s[i * stride + base..];
                     unsafe { accumulate_group(wide, g, e, stride, run, t0, end, o, ahead) };
-                    if g > 1 {
-                        ahead = std::ptr::null();
-                    }
+                    ahead = std::ptr::null();
                     i += g;
                 }
                 t0 = t1;
@@ -561,7 +573,7 @@ mod avx2 {
                 let e = &s[i * stride + at..];
                 // SAFETY: as above.
                 let o = &mut out[i * d..(i + 1) * d];
-                unsafe { accumulate_any(wide, e, run, 0, end, o) };
+                unsafe { accumulate_any(wide, e, run, 0, end, o, std::ptr::null()) };
                 at += run.len;
             }
         }

@@ -73,7 +73,8 @@ pub unsafe fn score_tile<const Q: usize, const V: usize>(
     }
 }
 
-/// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D16·16 = d` floats).
+/// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D16·16 = d` floats); with
+/// key `t`, row `t` of `ahead` (the next run's values, or null) is prefetched.
 ///
 /// # Safety
 /// AVX-512F available; `t1 <= run.len`, `e` holds `t1` weights, `o` holds `d`; the run holds
@@ -85,6 +86,7 @@ pub unsafe fn accumulate<const D16: usize>(
     t0: usize,
     t1: usize,
     o: &mut [f32],
+    ahead: *const u8,
 ) {
     let d = D16 * WIDE;
     let v = run.v.as_ptr();
@@ -94,6 +96,7 @@ pub unsafe fn accumulate<const D16: usize>(
         *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(u * WIDE)) };
     }
     for t in t0..t1 {
+        prefetch_row(ahead, t, d * 4);
         let ev = _mm512_set1_ps(e[t]);
         for (u, a) in acc.iter_mut().enumerate() {
             // SAFETY: t < len <= cap, u·16 + 16 <= d: in bounds of `v` (cap × d).
