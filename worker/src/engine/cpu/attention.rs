@@ -43,6 +43,60 @@ pub fn set_prefetch(on: bool) {
     PREFETCH.store(on, Ordering::Relaxed);
 }
 
+/// The run a kernel's loop prefetches along (the next run's keys or values): with its own row
+/// `i` (a dimension of the keys, a key of the values), the loop asks for row `i` of `at`, `row`
+/// bytes long. A run is one block of the KV pool, too short for the hardware prefetcher to ramp
+/// up on. A hint: it reads nothing and changes no bit; [`Ahead::NONE`] asks for nothing.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Ahead {
+    at: *const u8,
+    row: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Ahead {
+    const NONE: Ahead = Ahead {
+        at: std::ptr::null(),
+        row: 0,
+    };
+
+    /// The keys of `run` (`d × cap`: a row is `cap` floats).
+    fn keys(run: &KvRun) -> Ahead {
+        Ahead {
+            at: run.kt.as_ptr().cast(),
+            row: run.cap * 4,
+        }
+    }
+
+    /// The values of `run` (`cap × d`: a row is `d` floats).
+    fn values(run: &KvRun, d: usize) -> Ahead {
+        Ahead {
+            at: run.v.as_ptr().cast(),
+            row: d * 4,
+        }
+    }
+
+    /// Asks for the cache lines of row `i` to be fetched into L1.
+    #[inline(always)]
+    fn fetch(self, i: usize) {
+        if self.at.is_null() {
+            return;
+        }
+        let p = self.at.wrapping_add(i * self.row);
+        let mut o = 0;
+        while o < self.row {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(o).cast(),
+                )
+            };
+            o += 64;
+        }
+    }
+}
+
 /// Which copy of the recipe runs: every one gives the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lanes {
@@ -237,8 +291,7 @@ mod avx2 {
 
     use std::arch::x86_64::*;
 
-    use super::{KvRun, LANES, Own, VALUE_TILE, avx512};
-    use avx512::prefetch_row;
+    use super::{Ahead, KvRun, LANES, Own, VALUE_TILE, avx512};
 
     /// `o += Σ_t e[t]·v_t` for keys `t0..t1` (see [`accumulate`]), 16 or 8 lanes a register.
     ///
@@ -253,7 +306,7 @@ mod avx2 {
         t0: usize,
         t1: usize,
         o: &mut [f32],
-        ahead: *const u8,
+        ahead: Ahead,
     ) {
         // SAFETY: the contract.
         unsafe {
@@ -267,8 +320,8 @@ mod avx2 {
     }
 
     /// [`accumulate_any`] for `g` consecutive queries over the same keys `t0..t1`: query `k`'s
-    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`). `ahead` (the
-    /// next run's values, or null) is prefetched along.
+    /// weights are `e[k·stride ..]`, its sums `o[k·d ..]` (`d = o.len() / g`); `ahead` is
+    /// prefetched along.
     ///
     /// # Safety
     /// As [`accumulate_any`] per query; `g` is 1, or 2 to 4 with `wide` (2 at most for d = 128);
@@ -284,7 +337,7 @@ mod avx2 {
         t0: usize,
         t1: usize,
         o: &mut [f32],
-        ahead: *const u8,
+        ahead: Ahead,
     ) {
         let d = o.len() / g;
         assert!(g == 1 || (e.len() >= (g - 1) * stride + t1));
@@ -313,13 +366,12 @@ mod avx2 {
         run: &KvRun,
         j: usize,
         d: usize,
-        ahead: *const u8,
-        ahead_row: usize,
+        ahead: Ahead,
     ) -> [[__m256; V]; Q] {
         let mut acc = [[_mm256_setzero_ps(); V]; Q];
         let kt = run.kt.as_ptr();
         for dd in 0..d {
-            prefetch_row(ahead, dd, ahead_row);
+            ahead.fetch(dd);
             let mut kv = [_mm256_setzero_ps(); V];
             for (t, k) in kv.iter_mut().enumerate() {
                 // SAFETY: dd < d and j + 8t + 8 <= cap: in bounds of `kt` (d × cap).
@@ -338,8 +390,8 @@ mod avx2 {
 
     /// Scores of queries `q0..q0+nq` for every key of `run`, into `s[i·stride + at + j]`: keys
     /// in tiles of 16 (then 8, then one by one), each tile met by every group of up to 4
-    /// queries while it is in L1. The first group's pass over the first tile prefetches the
-    /// keys of `ahead` (the run read next).
+    /// queries while it is in L1. The first group's pass over the first tile prefetches
+    /// `ahead` (the keys of the run read next).
     ///
     /// # Safety
     /// `q` holds the queries (`d` each); `s` holds `(q0+nq)·stride` with `at + run.len <=
@@ -351,12 +403,19 @@ mod avx2 {
         q0: usize,
         nq: usize,
         run: &KvRun,
-        ahead: Option<&KvRun>,
+        ahead: Ahead,
         d: usize,
         s: &mut [f32],
         stride: usize,
         at: usize,
     ) {
+        let first = |qg: usize, j: usize| {
+            if qg == 0 && j == 0 {
+                ahead
+            } else {
+                Ahead::NONE
+            }
+        };
         let mut j = 0;
         macro_rules! tile {
             ($v:expr) => {
@@ -367,13 +426,7 @@ mod avx2 {
                     macro_rules! put {
                         ($g:expr) => {{
                             // SAFETY: keys j..j+8·$v <= len <= cap; queries in bounds.
-                            let (pf, row) = match ahead {
-                                Some(next) if qg == 0 && j == 0 => {
-                                    (next.kt.as_ptr() as *const u8, next.cap * 4)
-                                }
-                                _ => (std::ptr::null(), 0),
-                            };
-                            let a = unsafe { scores::<$g, $v>(qp, run, j, d, pf, row) };
+                            let a = unsafe { scores::<$g, $v>(qp, run, j, d, first(qg, j)) };
                             for (i, row) in a.iter().enumerate() {
                                 for t in 0..$v {
                                     let o = (q0 + qg + i) * stride + at + j + t * LANES;
@@ -400,42 +453,21 @@ mod avx2 {
                     let mut qg = 0;
                     while qg < nq {
                         let g = (nq - qg).min(8);
-                        let (pf, row) = match ahead {
-                            Some(next) if qg == 0 && j == 0 => {
-                                (next.kt.as_ptr() as *const u8, next.cap * 4)
-                            }
-                            _ => (std::ptr::null(), 0),
-                        };
+                        let pf = first(qg, j);
                         // SAFETY: queries q0+qg..q0+qg+g hold d floats each; keys
                         // j..j+16·$v <= len <= cap; `s` row q0+qg+i holds at + len <= stride.
                         unsafe {
                             let qp = q.as_ptr().add((q0 + qg) * d);
                             let sp = s.as_mut_ptr().add((q0 + qg) * stride + at + j);
                             match g {
-                                8 => {
-                                    avx512::score_tile::<8, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                7 => {
-                                    avx512::score_tile::<7, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                6 => {
-                                    avx512::score_tile::<6, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                5 => {
-                                    avx512::score_tile::<5, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                4 => {
-                                    avx512::score_tile::<4, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                3 => {
-                                    avx512::score_tile::<3, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                2 => {
-                                    avx512::score_tile::<2, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
-                                _ => {
-                                    avx512::score_tile::<1, $v>(qp, run, j, d, sp, stride, pf, row)
-                                }
+                                8 => avx512::score_tile::<8, $v>(qp, run, j, d, sp, stride, pf),
+                                7 => avx512::score_tile::<7, $v>(qp, run, j, d, sp, stride, pf),
+                                6 => avx512::score_tile::<6, $v>(qp, run, j, d, sp, stride, pf),
+                                5 => avx512::score_tile::<5, $v>(qp, run, j, d, sp, stride, pf),
+                                4 => avx512::score_tile::<4, $v>(qp, run, j, d, sp, stride, pf),
+                                3 => avx512::score_tile::<3, $v>(qp, run, j, d, sp, stride, pf),
+                                2 => avx512::score_tile::<2, $v>(qp, run, j, d, sp, stride, pf),
+                                _ => avx512::score_tile::<1, $v>(qp, run, j, d, sp, stride, pf),
                             }
                         }
                         qg += g;
@@ -479,7 +511,7 @@ mod avx2 {
         t0: usize,
         t1: usize,
         o: &mut [f32],
-        ahead: *const u8,
+        ahead: Ahead,
     ) {
         let d = D8 * LANES;
         let v = run.v.as_ptr();
@@ -489,7 +521,7 @@ mod avx2 {
             *a = unsafe { _mm256_loadu_ps(o.as_ptr().add(u * LANES)) };
         }
         for t in t0..t1 {
-            prefetch_row(ahead, t, d * 4);
+            ahead.fetch(t);
             let ev = _mm256_set1_ps(e[t]);
             for (u, a) in acc.iter_mut().enumerate() {
                 // SAFETY: t < len <= cap, u·8 + 8 <= d: in bounds of `v` (cap × d).
@@ -533,8 +565,8 @@ mod avx2 {
         for (k, run) in common.iter().enumerate() {
             // The first call over a run's first tile prefetches the next run's values.
             let mut ahead = match common.get(k + 1) {
-                Some(next) if prefetch => next.v.as_ptr().cast(),
-                _ => std::ptr::null(),
+                Some(next) if prefetch => Ahead::values(next, d),
+                _ => Ahead::NONE,
             };
             let mut t0 = 0;
             while t0 < run.len {
@@ -559,7 +591,7 @@ mod avx2 {
                     let o = &mut out[i * d..(i + g) * d];
                     let e = &s[i * stride + base..];
                     unsafe { accumulate_group(wide, g, e, stride, run, t0, end, o, ahead) };
-                    ahead = std::ptr::null();
+                    ahead = Ahead::NONE;
                     i += g;
                 }
                 t0 = t1;
@@ -573,7 +605,7 @@ mod avx2 {
                 let e = &s[i * stride + at..];
                 // SAFETY: as above.
                 let o = &mut out[i * d..(i + 1) * d];
-                unsafe { accumulate_any(wide, e, run, 0, end, o, std::ptr::null()) };
+                unsafe { accumulate_any(wide, e, run, 0, end, o, Ahead::NONE) };
                 at += run.len;
             }
         }
@@ -604,7 +636,10 @@ mod avx2 {
         let mut base = 0;
         let prefetch = super::PREFETCH.load(super::Ordering::Relaxed);
         for (k, run) in common.iter().enumerate() {
-            let ahead = common.get(k + 1).filter(|_| prefetch);
+            let ahead = match common.get(k + 1) {
+                Some(next) if prefetch => Ahead::keys(next),
+                _ => Ahead::NONE,
+            };
             // SAFETY: `s` holds nq·stride, base + len <= common_len <= stride.
             unsafe { score_run(wide, q, 0, nq, run, ahead, d, s, stride, base) };
             base += run.len;
@@ -614,7 +649,7 @@ mod avx2 {
             for run in own.of(i) {
                 // SAFETY: as above for query i alone; at + len <= common_len + own.len_of(i)
                 // <= stride.
-                unsafe { score_run(wide, q, i, 1, run, None, d, s, stride, at) };
+                unsafe { score_run(wide, q, i, 1, run, Ahead::NONE, d, s, stride, at) };
                 at += run.len;
             }
         }

@@ -6,33 +6,14 @@
 
 use std::arch::x86_64::*;
 
-use super::KvRun;
+use super::{Ahead, KvRun};
 
 /// Keys per register.
 pub const WIDE: usize = 16;
 
-/// Asks for the cache lines of `ahead`'s row `row` (`bytes` long) to be fetched into L1: the
-/// next run's keys or values while this one is computed (runs are blocks of the KV pool, too
-/// short for the hardware prefetcher to ramp up on). A hint: it reads nothing, changes no bit,
-/// and a null `ahead` asks for nothing.
-#[inline(always)]
-pub fn prefetch_row(ahead: *const u8, row: usize, bytes: usize) {
-    if ahead.is_null() {
-        return;
-    }
-    let p = ahead.wrapping_add(row * bytes);
-    let mut o = 0;
-    while o < bytes {
-        // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8) };
-        o += 64;
-    }
-}
-
 /// Scores of `Q` queries (rows of `q`, each `d`) against 16·`V` keys from `j` of `run`, stored at
-/// `s[i·stride + 16t ..]` for query `i` and register `t`. Row `dd` of the keys read, each
-/// `ahead_row` bytes of `ahead` (the next run's keys, or null) is prefetched with the row `dd`
-/// of this one.
+/// `s[i·stride + 16t ..]` for query `i` and register `t`; row `dd` of `ahead` is prefetched
+/// with row `dd` of these keys.
 ///
 /// # Safety
 /// AVX-512F available; `q` holds `Q·d`; keys `j..j+16V` are below `run.cap`; `run.kt` holds
@@ -45,13 +26,12 @@ pub unsafe fn score_tile<const Q: usize, const V: usize>(
     d: usize,
     s: *mut f32,
     stride: usize,
-    ahead: *const u8,
-    ahead_row: usize,
+    ahead: Ahead,
 ) {
     let mut acc = [[_mm512_setzero_ps(); V]; Q];
     let kt = run.kt.as_ptr();
     for dd in 0..d {
-        prefetch_row(ahead, dd, ahead_row);
+        ahead.fetch(dd);
         let mut kv = [_mm512_setzero_ps(); V];
         for (t, k) in kv.iter_mut().enumerate() {
             // SAFETY: dd < d and j + 16t + 16 <= cap: in bounds of `kt` (d × cap).
@@ -74,7 +54,7 @@ pub unsafe fn score_tile<const Q: usize, const V: usize>(
 }
 
 /// `o += Σ_t e[t]·v_t` for keys `t0..t1` of `run`, in key order (`D16·16 = d` floats); with
-/// key `t`, row `t` of `ahead` (the next run's values, or null) is prefetched.
+/// key `t`, row `t` of `ahead` is prefetched.
 ///
 /// # Safety
 /// AVX-512F available; `t1 <= run.len`, `e` holds `t1` weights, `o` holds `d`; the run holds
@@ -86,7 +66,7 @@ pub unsafe fn accumulate<const D16: usize>(
     t0: usize,
     t1: usize,
     o: &mut [f32],
-    ahead: *const u8,
+    ahead: Ahead,
 ) {
     let d = D16 * WIDE;
     let v = run.v.as_ptr();
@@ -96,7 +76,7 @@ pub unsafe fn accumulate<const D16: usize>(
         *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(u * WIDE)) };
     }
     for t in t0..t1 {
-        prefetch_row(ahead, t, d * 4);
+        ahead.fetch(t);
         let ev = _mm512_set1_ps(e[t]);
         for (u, a) in acc.iter_mut().enumerate() {
             // SAFETY: t < len <= cap, u·16 + 16 <= d: in bounds of `v` (cap × d).
@@ -116,8 +96,7 @@ pub unsafe fn accumulate<const D16: usize>(
 /// not change; the `G·D16` independent chains (and each value loaded once for all `G`) keep both
 /// FMA ports busy where one query's `D16 = 4` chains wait on the FMA latency.
 ///
-/// With key `t`, row `t` of `ahead` (the next run's values, `d` floats a row, or null) is
-/// prefetched.
+/// With key `t`, row `t` of `ahead` is prefetched.
 ///
 /// # Safety
 /// AVX-512F available; `t1 <= run.len`; `e` is valid for `(G−1)·e_stride + t1` reads; `o` holds
@@ -130,7 +109,7 @@ pub unsafe fn accumulate_many<const D16: usize, const G: usize>(
     t0: usize,
     t1: usize,
     o: &mut [f32],
-    ahead: *const u8,
+    ahead: Ahead,
 ) {
     let d = D16 * WIDE;
     assert!(o.len() >= G * d);
@@ -143,7 +122,7 @@ pub unsafe fn accumulate_many<const D16: usize, const G: usize>(
         }
     }
     for t in t0..t1 {
-        prefetch_row(ahead, t, d * 4);
+        ahead.fetch(t);
         let mut vv = [_mm512_setzero_ps(); D16];
         for (u, x) in vv.iter_mut().enumerate() {
             // SAFETY: t < len <= cap, u·16 + 16 <= d: in bounds of `v` (cap × d).
