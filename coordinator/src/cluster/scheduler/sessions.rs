@@ -132,10 +132,14 @@ impl Scheduler {
     /// idle-ratio gauge (0 before any worker time is measured, as `summary.json` says), so a
     /// scrape finds it however short the run.
     pub(super) fn sample_worker_time(&self, g: &mut Inner, now: Instant) {
-        let Some(last) = g.last_time_sample.replace(now) else {
-            metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(0.0);
-            return;
-        };
+        if let Some(last) = g.last_time_sample.replace(now) {
+            self.add_worker_time(g, now, last);
+        }
+        metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(g.stats.idle_fraction());
+    }
+
+    /// Adds the worker time since the sample at `last` (see [`Self::sample_worker_time`]).
+    fn add_worker_time(&self, g: &mut Inner, now: Instant, last: Instant) {
         let ms = u64::try_from(now.saturating_duration_since(last).as_millis()).unwrap_or(u64::MAX);
         let live = self.live_count(g, now) as u64;
         let holding: HashSet<&str> = g.leases.values().map(|l| l.session.as_str()).collect();
@@ -145,7 +149,6 @@ impl Scheduler {
             .stats
             .worker_busy_ms
             .saturating_add(ms.saturating_mul(busy));
-        metrics::gauge!(observe::WORKERS_IDLE_RATIO).set(g.stats.idle_fraction());
     }
 
     /// How many more jobs `session` may lease now: the work outstanding (queued, ahead and leased)
