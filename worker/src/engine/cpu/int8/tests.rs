@@ -208,24 +208,36 @@ fn tile_groups_and_offsets_match_the_recipe_in_every_slice() {
 }
 
 #[test]
-fn tasks_of_many_groups_match_the_recipe() {
+fn tasks_of_many_groups_match_the_recipe_with_a_whole_or_a_partial_last_group() {
     // 40 groups: `matmul` hands each task several (the tiles lay each group out once per task,
-    // then run every row tile over it).
-    let (n, k, m) = (640, 96, 35);
-    for w in [q4_1(n, k), q8_0(n, k)] {
-        let w = interleave(&w);
-        let PackedMatrix::Interleaved(iw) = &w else {
-            unreachable!()
-        };
-        let x = activations(m, k, 11);
-        let mut y = vec![0f32; m * n];
-        matmul(&x, m, &w, &mut y, &mut Int8Workspace::default());
-        let mut a = QuantizedRows::default();
-        a.quantize(&x, m, k);
-        for r in 0..m {
-            for c in 0..n {
-                let want = dot_scalar(&a, r, iw, c);
-                assert_eq!(y[r * n + c].to_bits(), want.to_bits(), "r{r} c{c}");
+    // then run every row tile over it). With 632 outputs a row the last group is partial (its
+    // sums go back to rows by slice). One row (decode), 5 (vectors only) and 35 (two row tiles
+    // and 3 rows left). `y` starts as NaN, and one workspace serves every shape in turn, so a
+    // float the kernels did not write, or one left from a larger matrix, shows.
+    let k = 96;
+    let mut ws = Int8Workspace::default();
+    for n in [640, 632] {
+        for m in [1, 5, 35] {
+            for w in [q4_1(n, k), q8_0(n, k)] {
+                let w = interleave(&w);
+                let PackedMatrix::Interleaved(iw) = &w else {
+                    unreachable!()
+                };
+                let x = activations(m, k, 11);
+                let mut y = vec![f32::NAN; m * n];
+                matmul(&x, m, &w, &mut y, &mut ws);
+                let mut a = QuantizedRows::default();
+                a.quantize(&x, m, k);
+                for r in 0..m {
+                    for c in 0..n {
+                        let want = dot_scalar(&a, r, iw, c);
+                        assert_eq!(
+                            y[r * n + c].to_bits(),
+                            want.to_bits(),
+                            "n{n} m{m} r{r} c{c}"
+                        );
+                    }
+                }
             }
         }
     }
