@@ -20,9 +20,10 @@
 //!
 //! # SIMD
 //!
-//! Elementwise kernels are written once as plain Rust and compiled twice: with AVX2+FMA and
-//! without extra features; [`f32_isa`] picks one at run time with `is_x86_feature_detected!`. The
-//! only `unsafe` is calling the `#[target_feature]` copies after that check. The matmul tiles are
+//! Elementwise kernels are written once as plain Rust and compiled three times: with
+//! AVX-512F+AVX2+FMA, with AVX2+FMA, and without extra features; [`F32Copy::in_use`] picks one
+//! at run time from `is_x86_feature_detected!` and `--kernels`. The only `unsafe` is calling
+//! the `#[target_feature]` copies after that check. The matmul tiles are
 //! written with AVX2/FMA intrinsics in [`avx2`] (8 lanes = one `__m256`, `_mm256_fmadd_ps` is
 //! the same fused operation as `f32::mul_add`); the generic bodies are their scalar reference,
 //! and the tests check the two agree bit for bit.
@@ -32,7 +33,7 @@
 
 use rayon::prelude::*;
 
-use super::isa::{F32Isa, f32_isa};
+use super::isa::{F32Isa, f32_isa, f32_wide};
 use super::weights::{PackedMatrix, dequant_rows_impl};
 
 /// Lanes of the dot-product accumulators (one AVX2 register of f32).
@@ -46,25 +47,82 @@ const TASK_OUTPUTS: usize = 12;
 /// registers; above it (prefill) once per task into f32. Same bits either way.
 const FUSED_MAX_ROWS: usize = 16;
 
-/// Defines `$name` as a run-time dispatch over AVX2 / scalar copies of the
-/// `#[inline(always)]` generic body `$imp` (auto-vectorized elementwise kernels).
+/// Which compiled copy of an elementwise kernel runs. Every copy is the same Rust code, and
+/// target features change the instructions, never the IEEE operations, so all give the same
+/// bits (the tests compare them anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F32Copy {
+    Scalar,
+    /// Compiled with AVX2 and FMA: 8 lanes.
+    Avx2,
+    /// Compiled with AVX-512F too: 16 lanes where the loops vectorize.
+    Avx512,
+}
+
+impl F32Copy {
+    /// The copy this process runs: AVX-512 where the 16-lane kernels run ([`f32_wide`]; not
+    /// under `--kernels avx2`), else as [`f32_isa`].
+    pub fn in_use() -> F32Copy {
+        match f32_isa() {
+            F32Isa::Avx2 if f32_wide() => F32Copy::Avx512,
+            F32Isa::Avx2 => F32Copy::Avx2,
+            F32Isa::Scalar => F32Copy::Scalar,
+        }
+    }
+
+    /// Every copy this CPU can run, whatever `--kernels` says (the tests' list).
+    #[cfg(test)]
+    pub fn available() -> Vec<F32Copy> {
+        let mut all = vec![F32Copy::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            all.push(F32Copy::Avx2);
+            if is_x86_feature_detected!("avx512f") {
+                all.push(F32Copy::Avx512);
+            }
+        }
+        all
+    }
+}
+
+/// Defines `$name`, which runs the copy in use ([`F32Copy::in_use`]) of the
+/// `#[inline(always)]` generic body `$imp` (auto-vectorized elementwise kernels), and
+/// `$copies`, which runs a given copy (for the tests).
 macro_rules! dispatch {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? => $imp:ident) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)?
+     => $imp:ident; copies $copies:ident) => {
         $(#[$m])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: `in_use` returns a copy only after `is_x86_feature_detected!` confirmed
+            // the features it is compiled with.
+            unsafe { $copies(F32Copy::in_use(), $($arg),*) }
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] by the given copy.")]
+        ///
+        /// # Safety
+        /// The CPU has the features `copy` is compiled with.
+        #[cfg_attr(not(test), allow(dead_code))]
+        unsafe fn $copies(copy: F32Copy, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $imp($($arg),*)
                 }
-                match f32_isa() {
-                    // SAFETY: `f32_isa()` returns `Avx2` only after `is_x86_feature_detected!`
-                    // confirmed `avx2` and `fma`, the features this copy is compiled with.
-                    F32Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    F32Isa::Scalar => {}
+                #[target_feature(enable = "avx2,fma,avx512f")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $imp($($arg),*)
+                }
+                match copy {
+                    // SAFETY: the caller's contract.
+                    F32Copy::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: the caller's contract.
+                    F32Copy::Avx2 => return unsafe { avx2($($arg),*) },
+                    F32Copy::Scalar => {}
                 }
             }
+            let _ = copy;
             $imp($($arg),*)
         }
     };
@@ -90,7 +148,8 @@ pub fn reduce(a: &[f32; LANES]) -> f32 {
 
 dispatch! {
     /// Rows `r0..r0+n` of `m` as f32 into `out[..n*cols]` (exact).
-    pub fn dequant_rows(m: &PackedMatrix, r0: usize, n: usize, out: &mut [f32]) => dequant_rows_impl
+    pub fn dequant_rows(m: &PackedMatrix, r0: usize, n: usize, out: &mut [f32]) => dequant_rows_impl;
+    copies dequant_rows_in
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,7 +377,8 @@ fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 dispatch! {
     /// Row-wise RMS norm of `x` (rows of `w.len()`) into `out`: `x · (1/√(mean(x²)+eps)) · w`.
-    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_impl
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_impl;
+    copies rms_norm_in
 }
 
 #[inline(always)]
@@ -333,7 +393,8 @@ fn silu_mul_impl(gate_up: &[f32], ffn: usize, out: &mut [f32]) {
 
 dispatch! {
     /// `silu(gate) · up` per row, rows laid out `[gate (ffn) | up (ffn)]`.
-    pub fn silu_mul(gate_up: &[f32], ffn: usize, out: &mut [f32]) => silu_mul_impl
+    pub fn silu_mul(gate_up: &[f32], ffn: usize, out: &mut [f32]) => silu_mul_impl;
+    copies silu_mul_in
 }
 
 #[inline(always)]
@@ -358,29 +419,8 @@ fn exp_sub_impl(s: &mut [f32], max: f32) -> f32 {
 
 dispatch! {
     /// `s[j] = e^(s[j]-max)` in place; returns `Σ s[j]` (8 lanes, then [`reduce`]).
-    fn exp_sub_narrow(s: &mut [f32], max: f32) -> f32 => exp_sub_impl
-}
-
-/// [`exp_sub_impl`] compiled for AVX-512: the same operations on each element (the `exp` map
-/// runs 16 a register) and the same 8-lane sum, so the same bits.
-///
-/// # Safety
-/// AVX-512F, AVX2 and FMA available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f")]
-unsafe fn exp_sub_wide(s: &mut [f32], max: f32) -> f32 {
-    exp_sub_impl(s, max)
-}
-
-/// `s[j] = e^(s[j]-max)` in place; returns `Σ s[j]` (8 lanes, then [`reduce`]). The AVX-512
-/// copy where the 16-lane f32 kernels run ([`super::isa::f32_wide`]), else as [`dispatch!`].
-pub fn exp_sub(s: &mut [f32], max: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::isa::f32_wide() {
-        // SAFETY: `f32_wide` is true only where AVX-512F, AVX2 and FMA were detected.
-        return unsafe { exp_sub_wide(s, max) };
-    }
-    exp_sub_narrow(s, max)
+    pub fn exp_sub(s: &mut [f32], max: f32) -> f32 => exp_sub_impl;
+    copies exp_sub_in
 }
 
 #[inline(always)]
@@ -407,7 +447,8 @@ fn scale_max_impl(s: &mut [f32], scale: f32) -> f32 {
 
 dispatch! {
     /// `s[j] *= scale` in place; returns the largest (NaN ignored; `−∞` for none).
-    pub fn scale_max(s: &mut [f32], scale: f32) -> f32 => scale_max_impl
+    pub fn scale_max(s: &mut [f32], scale: f32) -> f32 => scale_max_impl;
+    copies scale_max_in
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -463,6 +504,64 @@ mod tests {
             acc[i % LANES] = x[i].mul_add(w[i], acc[i % LANES]);
         }
         reduce(&acc)
+    }
+
+    #[test]
+    fn every_compiled_copy_of_the_elementwise_kernels_gives_the_same_bits() {
+        // Scalar, AVX2 and (where the CPU has it) AVX-512 copies of one body: odd lengths leave
+        // remainders; NaN, infinities and huge values go through exp and the comparisons.
+        let mut x = rnd(3 * 577, 5)
+            .iter()
+            .map(|v| v * 30.0)
+            .collect::<Vec<f32>>();
+        for (i, v) in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e30,
+            -1e30,
+            0.0,
+            -0.0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            x[100 * i + 3] = v;
+        }
+        let w = rnd(577, 6);
+        let mut bytes = Vec::new();
+        for b in 0..24 * 64 / 32 {
+            bytes.extend_from_slice(&[0x66, 0x2e, (b % 7) as u8, 0xa4]);
+            bytes.extend((0..16).map(|j| ((b * 31 + j * 7) % 256) as u8));
+        }
+        let q = PackedMatrix::from_q4_1(&bytes, 24, 64).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+        let mut want_norm = vec![0f32; x.len()];
+        rms_norm_impl(&x, &w, 1e-5, &mut want_norm);
+        let mut want_silu = vec![0f32; x.len() / 2];
+        silu_mul_impl(&x[..2 * 865], 865, &mut want_silu[..865]);
+        let mut want_scaled = x.clone();
+        let want_max = scale_max_impl(&mut want_scaled, 0.125);
+        let mut want_rows = vec![0f32; 5 * 64];
+        dequant_rows_impl(&q, 3, 5, &mut want_rows);
+        for copy in F32Copy::available() {
+            // SAFETY: `available` lists only copies whose features were detected.
+            unsafe {
+                let mut got = vec![0f32; x.len()];
+                rms_norm_in(copy, &x, &w, 1e-5, &mut got);
+                assert_eq!(bits(&got), bits(&want_norm), "rms_norm {copy:?}");
+                let mut got = vec![0f32; x.len() / 2];
+                silu_mul_in(copy, &x[..2 * 865], 865, &mut got[..865]);
+                assert_eq!(bits(&got), bits(&want_silu), "silu_mul {copy:?}");
+                let mut got = x.clone();
+                let max = scale_max_in(copy, &mut got, 0.125);
+                assert_eq!(max.to_bits(), want_max.to_bits(), "scale_max {copy:?}");
+                assert_eq!(bits(&got), bits(&want_scaled), "scale_max {copy:?}");
+                let mut got = vec![0f32; 5 * 64];
+                dequant_rows_in(copy, &q, 3, 5, &mut got);
+                assert_eq!(bits(&got), bits(&want_rows), "dequant_rows {copy:?}");
+            }
+        }
     }
 
     #[test]
@@ -539,25 +638,17 @@ mod tests {
         let zr = exp_sub_impl(&mut r, 0.0);
         assert_eq!(v, r);
         assert_eq!(z.to_bits(), zr.to_bits());
-        // Each copy this CPU runs: the 8-lane one and, where AVX-512F is, the 16-lane one;
-        // odd lengths leave a remainder for both.
+        // Each copy this CPU runs: scalar, AVX2 and, where AVX-512F is, AVX-512; odd lengths
+        // leave a remainder for the vector ones.
         for n in [4000, 3999, 17, 1] {
             let mut want = xs[..n].to_vec();
             let zw = exp_sub_impl(&mut want, -3.0);
-            let mut narrow = xs[..n].to_vec();
-            assert_eq!(exp_sub_narrow(&mut narrow, -3.0).to_bits(), zw.to_bits());
-            assert_eq!(narrow, want);
-            #[cfg(target_arch = "x86_64")]
-            if super::super::isa::f32_wide() {
-                let mut wide = xs[..n].to_vec();
-                // SAFETY: `f32_wide` says AVX-512F, AVX2 and FMA are there.
-                assert_eq!(
-                    unsafe { exp_sub_wide(&mut wide, -3.0) }.to_bits(),
-                    zw.to_bits()
-                );
-                assert_eq!(wide, want);
-            } else {
-                eprintln!("no AVX-512 here: the 16-lane exp_sub is not checked");
+            for copy in F32Copy::available() {
+                let mut got = xs[..n].to_vec();
+                // SAFETY: `available` lists only copies whose features were detected.
+                let z = unsafe { exp_sub_in(copy, &mut got, -3.0) };
+                assert_eq!(z.to_bits(), zw.to_bits(), "{copy:?} n={n}");
+                assert_eq!(got, want, "{copy:?} n={n}");
             }
         }
         for (x, y) in xs.iter().zip(&v) {
