@@ -28,8 +28,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::isa::{F32Isa, f32_isa, f32_wide};
-use super::kernels::{self, LANES};
+use super::kernels::{self, F32Copy, LANES};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -97,27 +96,14 @@ impl Ahead {
     }
 }
 
-/// Which copy of the recipe runs: every one gives the same bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lanes {
-    Scalar,
-    /// AVX2: 8 keys or dimensions a register.
-    Avx2,
-    /// AVX-512: 16 a register (the rest as AVX2).
-    Avx512,
-}
-
-/// The fastest copy this process runs (`--kernels avx2` keeps 8 lanes, `scalar` none).
-fn copy_in_use(d: usize) -> Lanes {
-    match f32_isa() {
-        F32Isa::Avx2 if d == 64 || d == 128 => {
-            if f32_wide() {
-                Lanes::Avx512
-            } else {
-                Lanes::Avx2
-            }
-        }
-        _ => Lanes::Scalar,
+/// The copy of the recipe this process runs for head size `d`: the elementwise kernels' copy
+/// ([`F32Copy::in_use`]: 16 keys or dimensions a register with AVX-512, 8 with AVX2) where the
+/// vector copies take `d`, else the scalar one. Every copy gives the same bits.
+fn copy_in_use(d: usize) -> F32Copy {
+    if d == 64 || d == 128 {
+        F32Copy::in_use()
+    } else {
+        F32Copy::Scalar
     }
 }
 
@@ -248,7 +234,7 @@ pub fn attend(
 
 /// [`attend`] by a given copy (`copy` runs on this CPU and, unless scalar, `d` is 64 or 128).
 fn attend_with(
-    copy: Lanes,
+    copy: F32Copy,
     q: &[f32],
     nq: usize,
     limits: &[usize],
@@ -270,11 +256,11 @@ fn attend_with(
         assert!(r.kt.len() >= d * r.cap && r.v.len() >= r.cap * d && r.len <= r.cap);
     }
     #[cfg(target_arch = "x86_64")]
-    if copy != Lanes::Scalar {
+    if copy != F32Copy::Scalar {
         assert!(d == 64 || d == 128, "the vector copies take d = 64 or 128");
-        let wide = copy == Lanes::Avx512;
-        // SAFETY: AVX2 and FMA (and AVX-512F when `wide`) were detected at run time (`f32_isa`,
-        // `f32_wide`, or the tests' `copies`); every run holds `d × cap` keys and `cap × d`
+        let wide = copy == F32Copy::Avx512;
+        // SAFETY: AVX2 and FMA (and AVX-512F when `wide`) were detected at run time
+        // (`F32Copy::in_use`, or the tests' `copies`); every run holds `d × cap` keys and `cap × d`
         // values with `len ≤ cap`, `q`/`out` hold `nq × d` and `own` has runs for every query
         // or none (asserted above): the bounds the kernel relies on.
         unsafe { avx2::attend(wide, q, nq, limits, common, own, d, scale, s, out) };

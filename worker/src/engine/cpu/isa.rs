@@ -144,8 +144,9 @@ pub fn f32_isa() -> F32Isa {
     *F32.get_or_init(detect_f32)
 }
 
-/// Whether the f32 kernels that have a 16-lane copy (attention) run it: AVX-512F is there and
-/// the choice allows AVX-512 (`--kernels avx2` keeps 8 lanes). Every choice gives the same bits.
+/// Whether the f32 kernels run their 16-lane copies (attention, and the elementwise kernels'
+/// AVX-512 copy, [`super::kernels::F32Copy`]): AVX-512F is there and the choice allows AVX-512
+/// (`--kernels avx2` keeps 8 lanes). Every choice gives the same bits.
 pub fn f32_wide() -> bool {
     f32_isa() == F32Isa::Avx2 && int8_isa() >= Isa::Avx512Bw
 }

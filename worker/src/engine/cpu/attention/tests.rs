@@ -170,20 +170,15 @@ fn a_prefill_block_gives_each_position_its_own_causal_result() {
 
 /// The vector copies this host runs (AVX-512 where it has AVX-512F, AVX2 where AVX2+FMA);
 /// the others are named as skipped.
-fn copies() -> Vec<Lanes> {
-    let mut v = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            v.push(Lanes::Avx2);
-            if is_x86_feature_detected!("avx512f") {
-                v.push(Lanes::Avx512);
-            } else {
-                eprintln!("skipped: this host has no AVX-512 attention");
-            }
-        } else {
-            eprintln!("skipped: this host has no AVX2 attention");
-        }
+fn copies() -> Vec<F32Copy> {
+    let v: Vec<F32Copy> = F32Copy::available()
+        .into_iter()
+        .filter(|c| *c != F32Copy::Scalar)
+        .collect();
+    if !v.contains(&F32Copy::Avx2) {
+        eprintln!("skipped: this host has no AVX2 attention");
+    } else if !v.contains(&F32Copy::Avx512) {
+        eprintln!("skipped: this host has no AVX-512 attention");
     }
     v
 }
