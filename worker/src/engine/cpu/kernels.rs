@@ -102,7 +102,6 @@ macro_rules! dispatch {
         ///
         /// # Safety
         /// The CPU has the features `copy` is compiled with.
-        #[cfg_attr(not(test), allow(dead_code))]
         unsafe fn $copies(copy: F32Copy, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
@@ -506,6 +505,16 @@ mod tests {
         reduce(&acc)
     }
 
+    /// Q4_1 weights of `n` rows of `k`: scale ≈ 0.1, a negative minimum, nibbles in a pattern.
+    fn q4_1(n: usize, k: usize) -> PackedMatrix {
+        let mut bytes = Vec::new();
+        for b in 0..n * k / 32 {
+            bytes.extend_from_slice(&[0x66, 0x2e, (b % 7) as u8, 0xa4]);
+            bytes.extend((0..16).map(|j| ((b * 31 + j * 7) % 256) as u8));
+        }
+        PackedMatrix::from_q4_1(&bytes, n, k).unwrap()
+    }
+
     #[test]
     fn every_compiled_copy_of_the_elementwise_kernels_gives_the_same_bits() {
         // Scalar, AVX2 and (where the CPU has it) AVX-512 copies of one body: odd lengths leave
@@ -529,17 +538,12 @@ mod tests {
             x[100 * i + 3] = v;
         }
         let w = rnd(577, 6);
-        let mut bytes = Vec::new();
-        for b in 0..24 * 64 / 32 {
-            bytes.extend_from_slice(&[0x66, 0x2e, (b % 7) as u8, 0xa4]);
-            bytes.extend((0..16).map(|j| ((b * 31 + j * 7) % 256) as u8));
-        }
-        let q = PackedMatrix::from_q4_1(&bytes, 24, 64).unwrap();
+        let q = q4_1(24, 64);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
         let mut want_norm = vec![0f32; x.len()];
         rms_norm_impl(&x, &w, 1e-5, &mut want_norm);
-        let mut want_silu = vec![0f32; x.len() / 2];
-        silu_mul_impl(&x[..2 * 865], 865, &mut want_silu[..865]);
+        let mut want_silu = vec![0f32; 865];
+        silu_mul_impl(&x[..2 * 865], 865, &mut want_silu);
         let mut want_scaled = x.clone();
         let want_max = scale_max_impl(&mut want_scaled, 0.125);
         let mut want_rows = vec![0f32; 5 * 64];
@@ -550,8 +554,8 @@ mod tests {
                 let mut got = vec![0f32; x.len()];
                 rms_norm_in(copy, &x, &w, 1e-5, &mut got);
                 assert_eq!(bits(&got), bits(&want_norm), "rms_norm {copy:?}");
-                let mut got = vec![0f32; x.len() / 2];
-                silu_mul_in(copy, &x[..2 * 865], 865, &mut got[..865]);
+                let mut got = vec![0f32; 865];
+                silu_mul_in(copy, &x[..2 * 865], 865, &mut got);
                 assert_eq!(bits(&got), bits(&want_silu), "silu_mul {copy:?}");
                 let mut got = x.clone();
                 let max = scale_max_in(copy, &mut got, 0.125);
@@ -568,14 +572,7 @@ mod tests {
     fn matmul_matches_reference_bit_for_bit_at_any_batch() {
         // Q4_1 weights: 40 outputs × 96 inputs.
         let (n, k) = (40, 96);
-        let mut bytes = Vec::new();
-        for b in 0..n * k / 32 {
-            bytes.extend_from_slice(&[0x66, 0x2e, (b % 7) as u8, 0xa4]); // d≈0.1, m<0
-            for j in 0..16 {
-                bytes.push(((b * 31 + j * 7) % 256) as u8);
-            }
-        }
-        let w = PackedMatrix::from_q4_1(&bytes, n, k).unwrap();
+        let w = q4_1(n, k);
         let wf = w.to_f32();
         let x = rnd(9 * k, 1);
         let mut yt = Vec::new();
