@@ -398,20 +398,31 @@ dispatch! {
 
 #[inline(always)]
 fn exp_sub_impl(s: &mut [f32], max: f32) -> f32 {
-    for v in s.iter_mut() {
-        *v = exp(*v - max);
-    }
     // Summed in 8 lanes (element j into lane j mod 8, in order), then the fixed tree of
-    // `reduce`: it vectorizes, and every copy adds the same numbers in the same order.
+    // `reduce`: every copy adds the same numbers in the same order. One loop for both, 16
+    // elements at a time: the AVX-512 copy takes `exp` a register at a time while the lanes'
+    // additions (a chain of one 8-lane add per 8 elements) run beside it, where a second pass
+    // for the sum waited on that chain alone.
     let mut lanes = [0f32; LANES];
-    let mut chunks = s.chunks_exact(LANES);
-    for c in &mut chunks {
+    let mut pairs = s.chunks_exact_mut(2 * LANES);
+    for c in &mut pairs {
+        let c: &mut [f32; 2 * LANES] = c.try_into().expect("a whole pair of lanes");
+        for v in c.iter_mut() {
+            *v = exp(*v - max);
+        }
         for l in 0..LANES {
             lanes[l] += c[l];
         }
+        for l in 0..LANES {
+            lanes[l] += c[LANES + l];
+        }
     }
-    for (l, v) in chunks.remainder().iter().enumerate() {
-        lanes[l] += v;
+    let rest = pairs.into_remainder();
+    for v in rest.iter_mut() {
+        *v = exp(*v - max);
+    }
+    for (i, v) in rest.iter().enumerate() {
+        lanes[i % LANES] += v;
     }
     reduce(&lanes)
 }
@@ -422,13 +433,20 @@ dispatch! {
     copies exp_sub_in
 }
 
+/// Lanes of [`scale_max`]'s maximum: 16, a register of the AVX-512 copy (the order of the
+/// comparisons does not matter, see there).
+const MAX_LANES: usize = 16;
+
 #[inline(always)]
 fn scale_max_impl(s: &mut [f32], scale: f32) -> f32 {
-    // `v > m ? v : m` per lane: a NaN never wins; the maximum itself is exact in any order.
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = s.chunks_exact_mut(LANES);
+    // `v > m ? v : m` per lane: a NaN never wins, and the maximum is the same number whatever
+    // the order of the comparisons (only the sign of a zero maximum can depend on it, and
+    // `exp_sub` gives the same bits for either: `v − (±0)` is `v` but for `v = ±0`, whose
+    // `exp` is 1 either way; the tests check it).
+    let mut lanes = [f32::NEG_INFINITY; MAX_LANES];
+    let mut chunks = s.chunks_exact_mut(MAX_LANES);
     for c in &mut chunks {
-        for l in 0..LANES {
+        for l in 0..MAX_LANES {
             c[l] *= scale;
             lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
         }
@@ -494,6 +512,71 @@ mod tests {
         for (x, y) in xs.iter().zip(&v) {
             assert_eq!(y.to_bits(), exp_saturating(*x).to_bits(), "exp_sub at {x}");
         }
+    }
+
+    #[test]
+    fn exp_sub_adds_element_j_into_lane_j_mod_8_in_order_on_every_copy() {
+        // The recipe plainly: every `exp` first, then element j into lane j mod 8 in order,
+        // then `reduce`. The kernel does both in one loop, 16 elements at a time; lengths
+        // around multiples of 8 and 16 leave every kind of remainder.
+        for n in (0..=48).chain([577, 2085]) {
+            // Values of one order of magnitude, so that every addition rounds (an order
+            // of the additions other than the recipe's shows in `z`).
+            let x = rnd(n, 9);
+            let max = 0.5;
+            let want: Vec<f32> = x.iter().map(|v| exp(v - max)).collect();
+            let mut lanes = [0f32; LANES];
+            for (j, e) in want.iter().enumerate() {
+                lanes[j % LANES] += e;
+            }
+            let want_z = reduce(&lanes);
+            for copy in F32Copy::available() {
+                let mut got = x.clone();
+                // SAFETY: `available` lists only copies whose features were detected.
+                let z = unsafe { exp_sub_in(copy, &mut got, max) };
+                assert_eq!(z.to_bits(), want_z.to_bits(), "z, n = {n}, {copy:?}");
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "e, n = {n}, {copy:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn scale_max_in_16_lanes_is_the_sequential_maximum_and_exp_sub_cannot_tell_a_zero_sign() {
+        // The plain recipe compares in element order; the kernel in 16 lanes. The maximum is
+        // the same number (NaN never wins)...
+        for n in [1, 7, 8, 15, 16, 17, 33, 577] {
+            let mut x: Vec<f32> = rnd(n, 11).iter().map(|v| v * 9.0).collect();
+            x[n / 2] = f32::NAN;
+            let mut want = f32::NEG_INFINITY;
+            for v in &x {
+                let v = v * 0.125;
+                want = if v > want { v } else { want };
+            }
+            for copy in F32Copy::available() {
+                let mut got = x.clone();
+                // SAFETY: `available` lists only copies whose features were detected.
+                let max = unsafe { scale_max_in(copy, &mut got, 0.125) };
+                assert_eq!(max, want, "n = {n}, {copy:?}");
+            }
+        }
+        // ...but for the sign of a zero maximum: +0 and −0 both present, the lane order picks
+        // one. `exp_sub` gives the same bits after either.
+        let mut s = vec![-1.5f32; 37];
+        s[3] = -0.0;
+        s[20] = 0.0;
+        assert_eq!(scale_max(&mut s.clone(), 1.0), 0.0);
+        let (mut plus, mut minus) = (s.clone(), s.clone());
+        let (zp, zm) = (exp_sub(&mut plus, 0.0), exp_sub(&mut minus, -0.0));
+        assert_eq!(zp.to_bits(), zm.to_bits());
+        let same = plus
+            .iter()
+            .zip(&minus)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "exp(±0 − ±0) and the rest");
     }
 
     /// The recipe of the module docs, written as plainly as possible.
