@@ -15,9 +15,11 @@
 //! # Blocking
 //! A pass ([`pass`]) is one tile of 16 input rows times one group of 16 weight rows over every
 //! block: the 16×16 float accumulators stay in `zmm` registers from the first block to the last,
-//! and each block's sums go through a 4 KiB, 64-byte aligned scratch in L1. Block `b + 2`'s tile
-//! product is issued before block `b`'s float steps; the tile slots rotate over `tmm0..3` (sums)
-//! and `tmm4..7` (operands) so that consecutive blocks never wait on each other's tile registers.
+//! and each block's sums go through a 4 KiB, 64-byte aligned scratch in L1. Block `b`'s tile
+//! product, block `b − 2`'s store of its sums and block `b − 3`'s float steps share an
+//! iteration, so a store never waits on the product just issued; the tile slots rotate over
+//! `tmm0..3` (sums) and `tmm4..7` (operands) so that consecutive blocks never wait on each
+//! other's tile registers.
 //!
 //! # The OS
 //! Linux hands out the tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
@@ -263,9 +265,14 @@ struct Pass {
     nb: usize,
 }
 
-/// Blocks whose tile products are issued before the float steps of a block run.
-const LAG: usize = 2;
-/// Buffers of sums: more than [`LAG`], a power of two.
+/// Blocks whose tile products are issued before a block's sums are stored from their tile:
+/// the store waits for its product, and a product just issued kept it (and with it every
+/// vector instruction behind it) waiting.
+const STORE_LAG: usize = 2;
+/// Blocks whose tile products are issued before the float steps of a block run: one more than
+/// [`STORE_LAG`], so that the steps read sums stored an iteration earlier.
+const LAG: usize = STORE_LAG + 1;
+/// Buffers of sums (and sum tiles): more than [`LAG`], a power of two.
 const SLOTS: usize = 4;
 
 /// The integer sums of a block, one slot per block in flight.
@@ -274,9 +281,10 @@ struct Sums([[i32; 256]; SLOTS]);
 
 /// [`Pass`]: per block in order, the block's exact integer sums by one tile product, then per
 /// output `acc = fma(dw·dx, sum, acc)` and for Q4_1 `acc = fma(mw, sx, acc)`, the 16×16
-/// accumulators held in registers from the first block to the last. The tile product of block
-/// `b + LAG` is issued before the float steps of block `b`, so a block's sums are stored long
-/// before they are read; each output still takes its blocks in order.
+/// accumulators held in registers from the first block to the last. In the iteration that
+/// issues block `b`'s tile product, block `b − STORE_LAG`'s sums are stored from their tile
+/// and block `b − LAG`'s float steps run on the sums stored the iteration before; each output
+/// still takes its blocks in order.
 ///
 /// # Safety
 /// The tiles are configured on this thread; `p` points at what it names; `out` holds 256 floats.
@@ -285,17 +293,17 @@ unsafe fn pass<const Q4: bool>(p: &Pass, out: &mut [f32], sums: &mut Sums) {
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
     for b in 0..p.nb + LAG {
         if b < p.nb {
-            // SAFETY: block b's input tile and weights are in bounds (the contract); the slot
-            // holds 16 rows of 64 bytes.
-            unsafe {
-                let slot = sums.0[b % SLOTS].as_mut_ptr();
-                tile_block::<Q4>(b % SLOTS, p.x.add(b * 32), p.k, p.w.add(b * 512), slot)
-            };
+            // SAFETY: block b's input tile and weights are in bounds (the contract).
+            unsafe { tile_product::<Q4>(b % SLOTS, p.x.add(b * 32), p.k, p.w.add(b * 512)) };
         }
-        if b >= LAG {
-            let e = b - LAG;
-            // SAFETY: block e's scales are in bounds (the contract); its slot was written by
-            // the tile store LAG blocks ago.
+        if let Some(e) = b.checked_sub(STORE_LAG).filter(|e| *e < p.nb) {
+            // SAFETY: block e's product went to sum tile e % SLOTS (STORE_LAG < SLOTS: not
+            // reused since); the slot holds 16 rows of 64 bytes.
+            unsafe { tile_store(e % SLOTS, sums.0[e % SLOTS].as_mut_ptr()) };
+        }
+        if let Some(e) = b.checked_sub(LAG) {
+            // SAFETY: block e's scales are in bounds (the contract); its slot was stored in
+            // the iteration before.
             unsafe { float_steps::<Q4>(p, e, &sums.0[e % SLOTS], &mut acc) };
         }
     }
@@ -332,46 +340,63 @@ unsafe fn float_steps<const Q4: bool>(
     }
 }
 
-/// One block's tile product into a slot of sums: loads the input tile (16 rows at stride `k`)
-/// and the weight tile (8 rows of 64 bytes), zeroes the sums, multiplies (`tdpbsud` for Q4_1,
-/// `tdpbssd` for Q8_0) and stores them (16 rows of 64 bytes). Slot `i` uses sums tile `tmm{i}`
-/// and the input and weight tiles `tmm{4 + i % 2}`, `tmm{6 + i % 2}`, so consecutive blocks
-/// never wait on each other's tiles.
+/// One block's tile product into sum tile `tmm{slot}`: loads the input tile (16 rows at stride
+/// `k`) and the weight tile (8 rows of 64 bytes), zeroes the sums and multiplies (`tdpbsud` for
+/// Q4_1, `tdpbssd` for Q8_0). Slot `i` uses the input and weight tiles `tmm{4 + i % 2}`,
+/// `tmm{6 + i % 2}`, so consecutive blocks never wait on each other's tiles.
 ///
 /// # Safety
-/// The tiles are configured on this thread; the pointers hold what the tiles read and write.
+/// The tiles are configured on this thread; the pointers hold what the tiles read.
 #[inline(always)]
-unsafe fn tile_block<const Q4: bool>(
-    slot: usize,
-    x: *const i8,
-    k: usize,
-    w: *const u8,
-    sums: *mut i32,
-) {
-    macro_rules! block {
+unsafe fn tile_product<const Q4: bool>(slot: usize, x: *const i8, k: usize, w: *const u8) {
+    macro_rules! product {
         ($c:literal, $a:literal, $b:literal, $op:literal) => {
             asm!(
                 concat!("tileloadd tmm", $a, ", [{x} + {k}*1]"),
                 concat!("tileloadd tmm", $b, ", [{w} + {s}*1]"),
                 concat!("tilezero tmm", $c),
                 concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $b),
-                concat!("tilestored [{o} + {s}*1], tmm", $c),
-                x = in(reg) x, k = in(reg) k, w = in(reg) w, o = in(reg) sums,
-                s = in(reg) 64usize, options(nostack)
+                x = in(reg) x, k = in(reg) k, w = in(reg) w, s = in(reg) 64usize,
+                options(nostack)
             )
         };
     }
     // SAFETY: the caller's contract.
     unsafe {
         match (Q4, slot) {
-            (true, 0) => block!("0", "4", "6", "tdpbsud"),
-            (true, 1) => block!("1", "5", "7", "tdpbsud"),
-            (true, 2) => block!("2", "4", "6", "tdpbsud"),
-            (true, _) => block!("3", "5", "7", "tdpbsud"),
-            (false, 0) => block!("0", "4", "6", "tdpbssd"),
-            (false, 1) => block!("1", "5", "7", "tdpbssd"),
-            (false, 2) => block!("2", "4", "6", "tdpbssd"),
-            (false, _) => block!("3", "5", "7", "tdpbssd"),
+            (true, 0) => product!("0", "4", "6", "tdpbsud"),
+            (true, 1) => product!("1", "5", "7", "tdpbsud"),
+            (true, 2) => product!("2", "4", "6", "tdpbsud"),
+            (true, _) => product!("3", "5", "7", "tdpbsud"),
+            (false, 0) => product!("0", "4", "6", "tdpbssd"),
+            (false, 1) => product!("1", "5", "7", "tdpbssd"),
+            (false, 2) => product!("2", "4", "6", "tdpbssd"),
+            (false, _) => product!("3", "5", "7", "tdpbssd"),
+        }
+    }
+}
+
+/// Sum tile `tmm{slot}` (16 rows of 16 `i32`) into `sums`, 64 bytes a row.
+///
+/// # Safety
+/// The tiles are configured on this thread; `sums` holds 256 `i32`.
+#[inline(always)]
+unsafe fn tile_store(slot: usize, sums: *mut i32) {
+    macro_rules! store {
+        ($c:literal) => {
+            asm!(
+                concat!("tilestored [{o} + {s}*1], tmm", $c),
+                o = in(reg) sums, s = in(reg) 64usize, options(nostack)
+            )
+        };
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        match slot {
+            0 => store!("0"),
+            1 => store!("1"),
+            2 => store!("2"),
+            _ => store!("3"),
         }
     }
 }
