@@ -180,12 +180,28 @@ fn quantize_row_impl(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &
 
 /// One row's blocks quantized (see [`QuantizedRows`]).
 fn quantize_row(x: &[f32], q: &mut [i8], qu: &mut [u8], d: &mut [f32], s: &mut [f32]) {
+    quantize_row_with(int8_isa(), x, q, qu, d, s)
+}
+
+/// [`quantize_row`] by the copy for `isa` (at most what the CPU has: the tests run each).
+fn quantize_row_with(
+    isa: Isa,
+    x: &[f32],
+    q: &mut [i8],
+    qu: &mut [u8],
+    d: &mut [f32],
+    s: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
-    if int8_isa() >= Isa::Avx2 {
-        // SAFETY: `int8_isa()` is at least Avx2 only after `is_x86_feature_detected!` confirmed
-        // avx2 and fma; the slices are one row (k values, k bytes twice, k/32 blocks).
-        return unsafe { x86::quantize_row(x, q, qu, d, s) };
+    {
+        // SAFETY: `isa` is at most `detected()` (callers pass `int8_isa()` or, in tests, a
+        // level the CPU has), and Avx2 and above mean avx2 and fma; the slices are one row (k
+        // values, k bytes twice, k/32 blocks).
+        if isa >= Isa::Avx2 {
+            return unsafe { x86::quantize_row(x, q, qu, d, s) };
+        }
     }
+    let _ = isa;
     quantize_row_impl(x, q, qu, d, s)
 }
 

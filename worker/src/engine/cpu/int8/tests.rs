@@ -49,6 +49,11 @@ fn activations(m: usize, k: usize, seed: u64) -> Vec<f32> {
     x
 }
 
+/// The bit patterns of `v` (NaN payloads and zero signs included).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
 /// The instruction sets this host runs; the others are named as skipped.
 fn isas() -> Vec<Isa> {
     let all = [
@@ -106,20 +111,17 @@ fn every_copy_quantizes_alike_including_ties_zeros_and_non_finite_values() {
         let n = m * k;
         let (mut q, mut qu) = (vec![0i8; n], vec![0u8; n]);
         let (mut d, mut s) = (vec![0f32; n / 32], vec![0f32; n / 32]);
-        let (mut q2, mut qu2) = (q.clone(), qu.clone());
-        let (mut d2, mut s2) = (d.clone(), s.clone());
         quantize_row_impl(&x[..n], &mut q, &mut qu, &mut d, &mut s);
-        quantize_row(&x[..n], &mut q2, &mut qu2, &mut d2, &mut s2);
-        assert_eq!(q, q2);
-        assert_eq!(qu, qu2);
-        assert_eq!(
-            d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            d2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            s2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
+        for isa in isas() {
+            // Every output starts as something the copy must overwrite.
+            let (mut q2, mut qu2) = (vec![99i8; n], vec![99u8; n]);
+            let (mut d2, mut s2) = (vec![f32::NAN; n / 32], vec![f32::NAN; n / 32]);
+            quantize_row_with(isa, &x[..n], &mut q2, &mut qu2, &mut d2, &mut s2);
+            assert_eq!(q, q2, "{isa:?}");
+            assert_eq!(qu, qu2, "{isa:?}");
+            assert_eq!(bits(&d), bits(&d2), "{isa:?}");
+            assert_eq!(bits(&s), bits(&s2), "{isa:?}");
+        }
     }
 }
 
