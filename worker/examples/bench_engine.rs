@@ -135,7 +135,7 @@ fn main() {
         model.display(),
         t.elapsed().as_secs_f64(),
         engine.fingerprint().dtype,
-        stageb_worker::engine::cpu::isa::f32_isa(),
+        stageb_worker::engine::cpu::kernels::F32Copy::in_use(),
         stageb_worker::engine::cpu::isa::int8_isa().name(),
         args.threads
     );

@@ -298,7 +298,7 @@ fn main() {
     println!(
         "engine kernels: int8 {} (m >= 16 on tiles when amx), f32 {:?}",
         path.name(),
-        isa::f32_isa()
+        kernels::F32Copy::in_use()
     );
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
