@@ -33,6 +33,27 @@ use crate::engine::transformer::{RopeStyle, TransformerConfig};
 /// query heads per KV head, 48 queries per pass over a KV head's cache.
 const PREFILL_ATTENTION_BLOCK: usize = 16;
 
+/// Rows per task of the row-wise steps (norms, SiLU, residual adds, RoPE) of a forward call of
+/// at least [`PAR_MIN_ROWS`] rows (a prefill chunk); smaller calls run them on the calling
+/// thread. Each row is computed alone, so the split changes no bit.
+const ROW_TASK: usize = 16;
+/// Rows from which the row-wise steps run in parallel.
+const PAR_MIN_ROWS: usize = 64;
+
+/// `f` over `a` and `b` in matching chunks of [`ROW_TASK`] rows (`na` and `nb` values a row),
+/// in parallel where `a` has at least [`PAR_MIN_ROWS`] rows.
+fn rows_mut<T: Sync, F>(a: &mut [f32], na: usize, b: &[T], nb: usize, f: F)
+where
+    F: Fn(&mut [f32], &[T]) + Sync,
+{
+    if a.len() < PAR_MIN_ROWS * na {
+        return f(a, b);
+    }
+    a.par_chunks_mut(ROW_TASK * na)
+        .zip(b.par_chunks(ROW_TASK * nb))
+        .for_each(|(a, b)| f(a, b));
+}
+
 /// The attention output of a forward call while its tasks fill it: each (block of positions,
 /// KV head) task writes its own heads' slices.
 struct HeadsOut {
@@ -607,7 +628,10 @@ impl CpuModel {
             act,
             mm,
         } = ws;
-        kernels::rms_norm(x, &layer.attn_norm, eps, h);
+        let hid = cfg.hidden;
+        rows_mut(h, hid, x, hid, |h, x| {
+            kernels::rms_norm(x, &layer.attn_norm, eps, h)
+        });
         self.matmul(h, m, &layer.qkv, qkv, mm);
         let mut o = 0;
         for (p, place) in parts.iter_mut().zip(places) {
@@ -627,19 +651,19 @@ impl CpuModel {
             o += mi;
         }
         self.matmul(att, m, &layer.wo, tmp, mm);
-        for (a, b) in x.iter_mut().zip(tmp.iter()) {
-            *a += *b;
-        }
-        kernels::rms_norm(x, &layer.ffn_norm, eps, h);
+        rows_mut(x, hid, tmp, hid, add);
+        rows_mut(h, hid, x, hid, |h, x| {
+            kernels::rms_norm(x, &layer.ffn_norm, eps, h)
+        });
         let ffn = layer.gate_up.rows() / 2;
         gu.resize(m * 2 * ffn, 0.0);
         act.resize(m * ffn, 0.0);
         self.matmul(h, m, &layer.gate_up, gu, mm);
-        kernels::silu_mul(gu, ffn, act);
+        rows_mut(act, ffn, gu, 2 * ffn, |act, gu| {
+            kernels::silu_mul(gu, ffn, act)
+        });
         self.matmul(act, m, &layer.down, tmp, mm);
-        for (a, b) in x.iter_mut().zip(tmp.iter()) {
-            *a += *b;
-        }
+        rows_mut(x, hid, tmp, hid, add);
     }
 
     /// Per position of layer `li`'s projections `qkv` (`m × (n_head + 2·n_kv)·d`): the bias,
@@ -658,24 +682,14 @@ impl CpuModel {
         let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
         let qkv_n = (nh + 2 * nkv) * d;
         let eps = cfg.rms_eps as f32;
+        rows_mut(qkv, qkv_n, &place.positions, 1, |rows, pos| {
+            for (row, &p) in rows.chunks_exact_mut(qkv_n).zip(pos) {
+                self.project_row(layer, row, p, eps);
+            }
+        });
         for (i, row) in qkv.chunks_exact_mut(qkv_n).enumerate() {
-            if let Some(b) = &layer.qkv_bias {
-                for (a, b) in row.iter_mut().zip(b) {
-                    *a += *b;
-                }
-            }
-            let (q, kv) = row.split_at_mut(nh * d);
+            let (_, kv) = row.split_at_mut(nh * d);
             let (k, v) = kv.split_at_mut(nkv * d);
-            if let Some(w) = &layer.q_norm {
-                let src = q.to_vec();
-                kernels::rms_norm(&src, w, eps, q);
-            }
-            if let Some(w) = &layer.k_norm {
-                let src = k.to_vec();
-                kernels::rms_norm(&src, w, eps, k);
-            }
-            self.rope(q, place.positions[i]);
-            self.rope(k, place.positions[i]);
             // Store k (transposed) and v at this position's slot (`make_room` made its block
             // present and this cache's alone: `forward_parts` calls it before any layer).
             let slot = match slots[i] {
@@ -695,6 +709,30 @@ impl CpuModel {
         }
     }
 
+    /// One position's projections `row` (`(n_head + 2·n_kv)·d`) at position `pos`: the bias,
+    /// the query and key norms and RoPE, in place.
+    fn project_row(&self, layer: &CpuLayer, row: &mut [f32], pos: usize, eps: f32) {
+        let cfg = &self.config;
+        let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        if let Some(b) = &layer.qkv_bias {
+            for (a, b) in row.iter_mut().zip(b) {
+                *a += *b;
+            }
+        }
+        let (q, kv) = row.split_at_mut(nh * d);
+        let k = &mut kv[..nkv * d];
+        if let Some(w) = &layer.q_norm {
+            let src = q.to_vec();
+            kernels::rms_norm(&src, w, eps, q);
+        }
+        if let Some(w) = &layer.k_norm {
+            let src = k.to_vec();
+            kernels::rms_norm(&src, w, eps, k);
+        }
+        self.rope(q, pos);
+        self.rope(k, pos);
+    }
+
     /// The logits of positions `at` of the residual stream `x`: the final norm, then the head
     /// (`at.len() × vocab`).
     fn head_logits(&self, x: &[f32], at: &[usize], mm: &mut MatmulBuffers) -> Vec<f32> {
@@ -710,5 +748,12 @@ impl CpuModel {
         let mut logits = vec![0f32; nl * head.rows()];
         self.matmul(&last, nl, head, &mut logits, mm);
         logits
+    }
+}
+
+/// `x += y`, element by element (a residual add).
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += *b;
     }
 }
