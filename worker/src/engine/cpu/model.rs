@@ -687,9 +687,8 @@ impl CpuModel {
                 self.project_row(layer, row, p, eps);
             }
         });
-        for (i, row) in qkv.chunks_exact_mut(qkv_n).enumerate() {
-            let (_, kv) = row.split_at_mut(nh * d);
-            let (k, v) = kv.split_at_mut(nkv * d);
+        for (i, row) in qkv.chunks_exact(qkv_n).enumerate() {
+            let (k, v) = row[nh * d..].split_at(nkv * d);
             // Store k (transposed) and v at this position's slot (`make_room` made its block
             // present and this cache's alone: `forward_parts` calls it before any layer).
             let slot = match slots[i] {
@@ -715,9 +714,7 @@ impl CpuModel {
         let cfg = &self.config;
         let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
         if let Some(b) = &layer.qkv_bias {
-            for (a, b) in row.iter_mut().zip(b) {
-                *a += *b;
-            }
+            add(row, b);
         }
         let (q, kv) = row.split_at_mut(nh * d);
         let k = &mut kv[..nkv * d];
@@ -751,7 +748,7 @@ impl CpuModel {
     }
 }
 
-/// `x += y`, element by element (a residual add).
+/// `x += y`, element by element (a residual add, a bias).
 fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += *b;
