@@ -53,6 +53,9 @@
 #   --stageb-jobs N    tickets stageb keeps in flight in one continuous batch (`probe rollout
 #                      --jobs`, as a worker's --max-jobs; default 1)
 #   --reps N           timed passes per side, best reported (default 3)
+#   --hf-batches L     the transformers side's batch sizes in tickets: auto (default: a search
+#                      1, 2, 4, ... until out of memory or slower per ticket) or a list, e.g. 8
+#                      (the best on the H100 of 2026-11-27) to skip the search in a short window
 #   --budget-s S       the whole command's time (default 570: a 10-minute command); a step
 #                      that no longer fits is skipped, each gets what is left at most
 #   --binary PATH      run this stageb instead of the one reassembled from dist/cuda
@@ -97,7 +100,7 @@ die() { echo "gpu-check: $*" >&2; exit 2; }
 
 only="" quick=0 tiny=0 device=cuda:0 tickets="" stageb_tickets="" reps="" budget=570
 stageb_jobs=1 binary="" stageb_numerics=auto mission_numerics=auto cases="" throughput_sides="stageb transformers" work=dist/gpu-work out=${OUT:-} python=${PYTHON:-python3}
-spreads="flat peaked" split_runs="" split_new_tokens="" split_run_s=150
+hf_batches=auto spreads="flat peaked" split_runs="" split_new_tokens="" split_run_s=150
 dist=dist/cuda carry=dist/gpu-carry
 while (($#)); do
   case $1 in
@@ -108,6 +111,7 @@ while (($#)); do
     --tickets) tickets=$2; shift 2 ;;
     --stageb-tickets) stageb_tickets=$2; shift 2 ;;
     --stageb-jobs) stageb_jobs=$2; shift 2 ;;
+    --hf-batches) hf_batches=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --budget-s) budget=$2; shift 2 ;;
     --binary) binary=$2; shift 2 ;;
@@ -136,6 +140,7 @@ for s in $spreads; do
   [[ $s == flat || $s == peaked ]] || die "--spreads: flat or peaked, not $s"
 done
 [[ $split_run_s =~ ^[0-9]+$ ]] || die "--split-run-s $split_run_s: seconds"
+[[ $hf_batches == auto || $hf_batches =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--hf-batches $hf_batches: auto or a list of ticket counts"
 steps=()
 for s in "${ALL_STEPS[@]}"; do
   if [[ -z $only || ,$only, == *",$s,"* ]]; then steps+=("$s"); fi
@@ -484,7 +489,7 @@ EOF
 # the plan runs them as two (--throughput-sides).
 step_throughput() {
   rollout_pair "$throughput_sides" "$prompt_tokens" "$tickets" "$stageb_tickets" \
-    "$candidates" "$new_tokens" "$reps" auto "$jitter" "$spreads"
+    "$candidates" "$new_tokens" "$reps" "$hf_batches" "$jitter" "$spreads"
 }
 
 # split: where a decode step's time goes, engine switch by engine switch. One probe process per

@@ -8,7 +8,7 @@
 //! compare as the same numerics.
 //!
 //! The error is `max |kernel - reference| / max(1, max |reference|)`. Tolerances: f32 1e-4
-//! (summation order and `exp` differ, nothing else), bf16 1.6e-2 (four bf16 ulps at 1.0: the
+//! (summation order and `exp` differ, nothing else), bf16 1.6e-2 (two bf16 ulps at 1.0: the
 //! kernels round once where the compositions round after every op).
 
 use candle_core::{DType, Device, Tensor};
@@ -200,12 +200,24 @@ struct Input<'a> {
     shift: f64,
 }
 
-/// `max |a - b| / max(1, max |b|)`.
-fn error(a: &Tensor, b: &Tensor) -> candle_core::Result<f32> {
-    let a = a.to_dtype(DType::F32)?;
-    let b = b.to_dtype(DType::F32)?;
-    let diff = (a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
-    let scale = b.abs()?.max_all()?.to_scalar::<f32>()?.max(1.0);
+/// `max |a - b| / max(1, max |b|)`, on the host: a non-finite value on either side is an
+/// infinite error. (A device-side `max` drops NaN, so a kernel that writes NaN, or leaves
+/// an element of its uninitialised output unwritten, would otherwise pass.)
+pub(crate) fn error(a: &Tensor, b: &Tensor) -> candle_core::Result<f32> {
+    let a = a.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let b = b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    if a.len() != b.len() {
+        candle_core::bail!("self-check: {} values against {}", a.len(), b.len());
+    }
+    let (mut diff, mut scale) = (0f32, 1f32);
+    for (x, y) in a.iter().zip(&b) {
+        let d = (x - y).abs();
+        if !d.is_finite() {
+            return Ok(f32::INFINITY);
+        }
+        diff = diff.max(d);
+        scale = scale.max(y.abs());
+    }
     Ok(diff / scale)
 }
 
@@ -245,19 +257,28 @@ impl Input<'_> {
         Ok(error(&(s + self.shift)?, &rs)?.max(error(&n, &rn)?))
     }
 
+    /// With the q/k norms (Qwen3: 2 query heads a KV head) and without (Llama, SmolLM2: 3).
     fn qk_rope_kv(&self, rng: &mut Rng) -> candle_core::Result<f32> {
         let d = self.head_dim;
-        let (n_head, n_kv, ctx) = (4, 2, 64);
         let w_q = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
         let w_k = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
-        let spec = QkvSpec {
-            n_head,
-            n_kv,
-            head_dim: d,
-            q_norm: Some(&w_q),
-            k_norm: Some(&w_k),
-            eps: 1e-6,
-        };
+        let mut worst = 0f32;
+        for (n_head, norms) in [(4, true), (6, false)] {
+            let spec = QkvSpec {
+                n_head,
+                n_kv: 2,
+                head_dim: d,
+                q_norm: norms.then_some(&w_q),
+                k_norm: norms.then_some(&w_k),
+                eps: 1e-6,
+            };
+            worst = worst.max(self.qk_rope_kv_with(rng, &spec)?);
+        }
+        Ok(worst)
+    }
+
+    fn qk_rope_kv_with(&self, rng: &mut Rng, spec: &QkvSpec) -> candle_core::Result<f32> {
+        let (d, n_kv, ctx) = (spec.head_dim, spec.n_kv, 64);
         let angles: Vec<f32> = (0..ctx * d / 2)
             .map(|i| (i / (d / 2)) as f32 / 10000f32.powf((2 * (i % (d / 2))) as f32 / d as f32))
             .collect();
@@ -283,11 +304,11 @@ impl Input<'_> {
                 num_blocks: 4,
             };
             let pool = PagedKvPool::new(shape, self.dtype, self.device).map_err(to_candle)?;
-            let q = qkv_rope::q_norm_rope(&qkv, &spec, &rope, &positions)?;
-            qkv_rope::kv_norm_rope_write(pool.layer(0), &qkv, &spec, &rope, &positions, &slots)?;
+            let q = qkv_rope::q_norm_rope(&qkv, spec, &rope, &positions)?;
+            qkv_rope::kv_norm_rope_write(pool.layer(0), &qkv, spec, &rope, &positions, &slots)?;
             let (k, v) = reference::gather_slots(pool.layer(0), &slots)?;
-            let (rk, rv) = reference::kv_norm_rope(&qkv, &spec, &rope, &positions)?;
-            let rq = reference::q_norm_rope(&qkv, &spec, &rope, &positions)?;
+            let (rk, rv) = reference::kv_norm_rope(&qkv, spec, &rope, &positions)?;
+            let rq = reference::q_norm_rope(&qkv, spec, &rope, &positions)?;
             worst = worst
                 .max(error(&q, &rq)?)
                 .max(error(&(k + self.shift)?, &rk)?)

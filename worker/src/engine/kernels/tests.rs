@@ -17,27 +17,22 @@ fn rand(rng: &mut Rng, dims: &[usize], dtype: DType) -> Tensor {
         .unwrap()
 }
 
-/// `max |a - b| / max(1, max |b|)`, the self-check's measure.
+/// `max |a - b| / max(1, max |b|)`, the self-check's measure (non-finite: infinite).
 fn max_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_dtype(DType::F32).unwrap();
-    let b = b.to_dtype(DType::F32).unwrap();
-    let scale = b
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        .max(1.0);
-    let diff: f32 = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap();
-    diff / scale
+    super::self_check::error(a, b).unwrap()
+}
+
+#[test]
+fn self_check_error_is_infinite_where_a_kernel_wrote_nan_which_a_device_max_drops() {
+    let cpu = Device::Cpu;
+    let want = Tensor::new(&[1f32, 2.0, 3.0], &cpu).unwrap();
+    let nan = Tensor::new(&[1f32, f32::NAN, 3.0], &cpu).unwrap();
+    let inf = Tensor::new(&[1f32, 2.0, f32::INFINITY], &cpu).unwrap();
+    assert_eq!(max_err(&nan, &want), f32::INFINITY);
+    assert_eq!(max_err(&inf, &want), f32::INFINITY);
+    assert_eq!(max_err(&want, &nan), f32::INFINITY);
+    let close = Tensor::new(&[1f32, 2.0, 3.5], &cpu).unwrap();
+    assert_eq!(max_err(&close, &want), 0.5 / 3.0);
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
