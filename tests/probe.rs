@@ -166,3 +166,72 @@ fn probe_ids_and_rollout_write_what_the_gpu_check_reads() {
     assert!(r["best"].is_u64());
     assert_eq!(r["budget_exhausted"], false);
 }
+
+/// The GPU check of 2026-11-29 asked for 8 tickets in flight and got about 3: the probe left
+/// the engine at the CPU's 2 GiB KV budget instead of the device's default, as a worker sets
+/// it. Now the probe sets it as a worker does (`--kv-cache-mib`, else the device's default),
+/// reports it, and the tickets in flight are those the budget holds.
+#[test]
+fn regression_the_probe_s_tickets_in_flight_are_those_its_kv_budget_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = fixture();
+    let ids = tmp.path().join("ids.json");
+    let (model, ids_arg) = (model.to_str().unwrap(), ids.to_str().unwrap());
+    // 1,200-token prompts: 75 KV blocks of 16 positions (8 KiB each in f32 at the fixture's
+    // shape) and a few a row, so 1 MiB (128 blocks) holds one ticket and not two.
+    probe(&[
+        "ids",
+        "--model",
+        model,
+        "--tickets",
+        "2",
+        "--tokens",
+        "1200",
+        "--out",
+        ids_arg,
+    ]);
+    let rollout = |jobs: &str, kv: Option<&str>, name: &str| {
+        let out = tmp.path().join(name);
+        let mut args = vec![
+            "rollout",
+            "--model",
+            model,
+            "--ids",
+            ids_arg,
+            "--jobs",
+            jobs,
+            "--candidates",
+            "2",
+            "--new-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--numerics",
+            "f32",
+            "--out",
+        ];
+        args.push(out.to_str().unwrap());
+        if let Some(mib) = kv {
+            args.extend(["--kv-cache-mib", mib]);
+        }
+        let status = Command::new(env!("CARGO_BIN_EXE_stageb"))
+            .arg("probe")
+            .args(&args)
+            .env_remove("STAGEB_DEVICE")
+            .env_remove("STAGEB_NUMERICS")
+            .env("STAGEB_ENGINE_SWITCHES", "paged=on")
+            .status()
+            .unwrap();
+        assert!(status.success(), "stageb probe {args:?}");
+        let r = read(&out);
+        let held = |k: &str| r[k].as_u64().unwrap();
+        (held("kv_budget_bytes"), held("kv_peak_bytes"))
+    };
+    // What one ticket holds at its peak, alone.
+    let (_, one) = rollout("1", None, "alone.json");
+    assert!(one > 0);
+    // A budget for one ticket: the second waits for the first, whatever --jobs says.
+    assert_eq!(rollout("2", Some("1"), "one.json"), (1 << 20, one));
+    // The device's default (the CPU's 2 GiB): both are held at once.
+    assert_eq!(rollout("2", None, "default.json"), (2 << 30, 2 * one));
+}

@@ -26,7 +26,7 @@ use tokenizers::Tokenizer;
 
 use crate::engine::gguf::model_err;
 use crate::engine::step_split::StepSplit;
-use crate::engine::{DecodeRequest, EngineError, ModelEngine, tokenizer};
+use crate::engine::{DecodeRequest, Engine, EngineError, ModelEngine, tokenizer};
 
 /// The tokenizer of a model (a GGUF file or a safetensors directory), without its weights.
 pub fn load_tokenizer(model: &Path) -> Result<Tokenizer, EngineError> {
@@ -161,6 +161,11 @@ pub struct RolloutSpec {
     /// Tickets in flight at once: 1 runs them one after another (`Engine::rollout`); more
     /// runs them in one continuous batch (`admit`/`step`), as a worker with `--max-jobs`.
     pub jobs: usize,
+    /// The KV-cache budget the tickets in flight share (`--kv-cache-mib`); `None` is the
+    /// device's default ([`Engine::default_kv_budget`]), as a worker given none. (Until
+    /// 2026-11-29 the probe left the engine at the CPU's 2 GiB, so on a GPU only about three
+    /// 2,000-token tickets of 8 x 256 tokens fitted in flight whatever `jobs` said.)
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// One ticket of a pass.
@@ -252,6 +257,8 @@ pub struct RolloutProbe {
     pub passes: Vec<PassReport>,
     /// Index in `passes` of the best pass (most tickets per minute, complete passes first).
     pub best: Option<usize>,
+    /// The KV-cache budget the tickets in flight shared ([`RolloutSpec::kv_cache_bytes`]).
+    pub kv_budget_bytes: u64,
     /// KV-cache bytes a ticket held at its peak, as the engine counts them (keys and values
     /// of every layer in the cache's dtype: the prompt once, then each row's own).
     pub kv_cache_bytes: u64,
@@ -282,6 +289,10 @@ pub fn rollout(
         ));
     }
     engine.set_ignore_eos(true);
+    let kv_budget = spec
+        .kv_cache_bytes
+        .unwrap_or_else(|| Engine::default_kv_budget(engine));
+    Engine::set_kv_budget(engine, kv_budget);
     // Candidate `c` of ticket `i` draws with seed `1000 * i + c`; the warm-up with its own.
     let decode = |seed_base: u64, max_new: u32| DecodeRequest {
         decode_index: 0,
@@ -338,9 +349,9 @@ pub fn rollout(
         passes,
         best,
         jobs: spec.jobs.max(1),
-        kv_cache_bytes: crate::engine::Engine::last_kv_cache_bytes(engine),
-        kv_peak_bytes: crate::engine::Engine::kv_blocks(engine)
-            .map_or(0, |p| (p.peak * p.block_bytes) as u64),
+        kv_budget_bytes: kv_budget,
+        kv_cache_bytes: Engine::last_kv_cache_bytes(engine),
+        kv_peak_bytes: Engine::kv_blocks(engine).map_or(0, |p| (p.peak * p.block_bytes) as u64),
         budget_exhausted,
         sample_text,
         switches: engine.switches().to_string(),
