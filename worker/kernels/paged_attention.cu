@@ -81,6 +81,112 @@ __device__ void partial(const T* q, const T* pool, const uint32_t* table, int wi
     }
 }
 
+// The partial step again with more loads in flight, computing the same bits: every score is
+// the same lanes' shares summed in the same order and the same butterfly, every weighted sum
+// the same products added in ascending position (`a += w * v`), so `partial` and
+// `partial_v2` agree bit for bit (a device test holds it). What changes is how the work
+// meets the memory: a warp loads UNROLL keys before it sums any, each block's table entry is
+// read once for its 16 positions, and a thread keeps one accumulator per query head of its
+// KV head, so each value is read once per thread instead of once per query head.
+#define UNROLL 4
+#define MAX_REP 16
+
+template <typename T>
+__device__ void partial_v2(const T* q, const T* pool, const uint32_t* table, int width,
+                           int n_head, int n_kv, int d, float scale, int max_parts, float* acc,
+                           float* ml) {
+    extern __shared__ float smem[];
+    const int kvh = blockIdx.x, row = blockIdx.y, part = blockIdx.z;
+    const int n_rep = n_head / n_kv;
+    const uint32_t* trow = table + (size_t)row * width;
+    const int len = (int)trow[0];
+    const int parts = (len + PARTITION - 1) / PARTITION;
+    if (part >= parts) return;  // the same for every thread of the block
+    float* qs = smem;
+    float* sc = qs + n_rep * d;
+    float* scratch = sc + n_rep * PARTITION;
+    for (int i = threadIdx.x; i < n_rep * d; i += blockDim.x)
+        qs[i] = to_f32(q[((size_t)row * n_head + (size_t)kvh * n_rep) * d + i]);
+    __syncthreads();
+    const int start = part * PARTITION;  // a multiple of BLOCK and of UNROLL
+    const int n = min(len - start, PARTITION);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int per = d / 32;
+    const size_t kstride = (size_t)n_kv * d;  // from one position of a block to the next
+    // Scores: a warp takes UNROLL consecutive positions (in one block of the pool), loads
+    // their keys, then sums each as `partial` does.
+    for (int i0 = warp * UNROLL; i0 < n; i0 += warps * UNROLL) {
+        const int pos0 = start + i0;
+        const size_t b = trow[1 + pos0 / BLOCK];
+        const T* k0 = pool + ((b * 2 * BLOCK + pos0 % BLOCK) * n_kv + kvh) * d;
+        const int m = min(UNROLL, n - i0);
+        float kr[UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                kr[u][e] = (u < m && e < per) ? to_f32(k0[u * kstride + lane + 32 * e]) : 0.0f;
+        for (int r = 0; r < n_rep; ++r) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                float s = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (e < per) s += qs[r * d + lane + 32 * e] * kr[u][e];
+                s = warp_sum(s);
+                if (lane == 0 && u < m) sc[r * PARTITION + i0 + u] = s * scale;
+            }
+        }
+    }
+    __syncthreads();
+    for (int r = 0; r < n_rep; ++r) {
+        float mx = -INFINITY;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, sc[r * PARTITION + i]);
+        mx = block_reduce<true>(mx, scratch);
+        float l = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float e = expf(sc[r * PARTITION + i] - mx);
+            sc[r * PARTITION + i] = e;
+            l += e;
+        }
+        l = block_reduce<false>(l, scratch);
+        if (threadIdx.x == 0) {
+            const size_t at = ((size_t)row * n_head + (size_t)kvh * n_rep + r) * max_parts + part;
+            ml[2 * at] = mx;
+            ml[2 * at + 1] = l;
+        }
+    }
+    __syncthreads();
+    // Weighted values: one thread per dim, an accumulator per query head, positions in
+    // ascending order, a block's table entry read once.
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float a[MAX_REP];
+#pragma unroll
+        for (int r = 0; r < MAX_REP; ++r) a[r] = 0.0f;
+        for (int i0 = 0; i0 < n; i0 += BLOCK) {
+            const int pos0 = start + i0;
+            const size_t b = trow[1 + pos0 / BLOCK];
+            const T* v0 = pool + (((b * 2 + 1) * BLOCK) * n_kv + kvh) * d + j;
+            const int m = min(BLOCK, n - i0);
+#pragma unroll 4
+            for (int o = 0; o < m; ++o) {
+                const float v = to_f32(v0[o * kstride]);
+#pragma unroll
+                for (int r = 0; r < MAX_REP; ++r)
+                    if (r < n_rep) a[r] += sc[r * PARTITION + i0 + o] * v;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MAX_REP; ++r) {
+            if (r < n_rep) {
+                const size_t at =
+                    ((size_t)row * n_head + (size_t)kvh * n_rep + r) * max_parts + part;
+                acc[at * d + j] = a[r];
+            }
+        }
+    }
+}
+
 template <typename T>
 __device__ void combine(const float* acc, const float* ml, const uint32_t* table, int width,
                         int n_head, int d, int max_parts, T* out) {
@@ -104,6 +210,11 @@ __device__ void combine(const float* acc, const float* ml, const uint32_t* table
         const T* q, const T* pool, const uint32_t* table, int width, int n_head, int n_kv,    \
         int d, float scale, int max_parts, float* acc, float* ml) {                           \
         partial<T>(q, pool, table, width, n_head, n_kv, d, scale, max_parts, acc, ml);        \
+    }                                                                                         \
+    extern "C" __global__ void paged_attn_partial_v2_##NAME(                                  \
+        const T* q, const T* pool, const uint32_t* table, int width, int n_head, int n_kv,    \
+        int d, float scale, int max_parts, float* acc, float* ml) {                           \
+        partial_v2<T>(q, pool, table, width, n_head, n_kv, d, scale, max_parts, acc, ml);     \
     }                                                                                         \
     extern "C" __global__ void paged_attn_combine_##NAME(const float* acc, const float* ml,   \
                                                          const uint32_t* table, int width,   \

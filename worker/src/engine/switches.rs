@@ -12,9 +12,13 @@
 //! | graphs        | on, off       | off     | CUDA graphs for the decode step |
 //! | draft         | auto, on, off | auto    | draft tokens by prompt lookup fed after each row's token, checked by its own draws (changes no bit; where rows take several tokens a call: the CPU fast path) |
 //! | prefetch      | on, off       | on      | the CPU fast path's vector attention asks for the next KV block's lines while it computes one (a cache hint: changes no bit) |
+//! | decode_attn   | v1, v2        | v2      | the CUDA decode attention's partial kernel: v2 computes v1's bits with more loads in flight |
 //!
 //! `auto` is on for a model on CUDA and off on the CPU ([`EngineSwitches::kernels_on`]), so the
-//! CPU candle path stays what it was unless asked. With any of the three on, the candle
+//! CPU candle path stays what it was unless asked; `flash_prefill=auto` is off on both: on an
+//! H200 (the GPU check of 2026-11-29) a 512-token prefill chunk of Qwen3-8B's shape took 161 ms
+//! a step with the flash kernel (CUDA cores, one thread per row for the softmax step) against
+//! 58 ms through cuBLAS with the score matrix. With any of the three on, the candle
 //! backend runs on the paged KV pool, each kernel only where the device's self-check passed
 //! it: the decode step batched (`paged`, `fused`), the prefill through the flash prefill
 //! kernel (`flash_prefill`; where that kernel did not pass, the prefill runs as before).
@@ -64,6 +68,9 @@ pub struct EngineSwitches {
     /// `prefetch`: software prefetch of the next KV block in the CPU fast path's attention;
     /// `None` is the default (on).
     pub prefetch: Option<bool>,
+    /// `decode_attn`: the CUDA decode attention's partial kernel, `v2` (the default) or the
+    /// first one, `v1` (kept to A/B them on a GPU; they compute the same bits).
+    pub decode_attn_v1: bool,
 }
 
 /// A switch list that names an unknown switch or value, or names one twice.
@@ -78,7 +85,7 @@ impl SwitchError {
     }
 }
 
-const NAMES: [&str; 8] = [
+const NAMES: [&str; 9] = [
     "events",
     "readback",
     "paged",
@@ -87,6 +94,7 @@ const NAMES: [&str; 8] = [
     "graphs",
     "draft",
     "prefetch",
+    "decode_attn",
 ];
 
 /// The kernel switches in force on one device (`auto` resolved): which kernels the candle
@@ -172,6 +180,17 @@ impl EngineSwitches {
                 "graphs" => s.graphs = on_off(name, value)?,
                 "draft" => s.draft = auto_on_off(name, value)?,
                 "prefetch" => s.prefetch = Some(on_off(name, value)?),
+                "decode_attn" => {
+                    s.decode_attn_v1 = match value {
+                        "v1" => true,
+                        "v2" => false,
+                        _ => {
+                            return Err(SwitchError(format!(
+                                "`decode_attn={value}`: decode_attn is `v1` or `v2`"
+                            )));
+                        }
+                    }
+                }
                 _ => {
                     return Err(SwitchError(format!(
                         "unknown switch `{name}` (switches: {})",
@@ -184,12 +203,13 @@ impl EngineSwitches {
         Ok(s)
     }
 
-    /// The kernel switches for a model on CUDA (`cuda`) or on the CPU: `auto` is on on CUDA.
+    /// The kernel switches for a model on CUDA (`cuda`) or on the CPU: `auto` is on on CUDA,
+    /// but for the flash prefill, which `auto` leaves off (see the module header).
     pub fn kernels_on(&self, cuda: bool) -> KernelsOn {
         KernelsOn {
             paged: self.paged.unwrap_or(cuda),
             fused: self.fused.unwrap_or(cuda),
-            flash_prefill: self.flash_prefill.unwrap_or(cuda),
+            flash_prefill: self.flash_prefill.unwrap_or(false),
         }
     }
 
@@ -207,7 +227,7 @@ impl EngineSwitches {
 
 impl fmt::Display for EngineSwitches {
     /// The canonical list: every switch, in a fixed order, e.g.
-    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto,prefetch=on`.
+    /// `events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto,prefetch=on,decode_attn=v2`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let oo = |b: bool| if b { "on" } else { "off" };
         let auto = |b: Option<bool>| b.map_or("auto", oo);
@@ -218,14 +238,15 @@ impl fmt::Display for EngineSwitches {
         write!(
             f,
             "events={},readback={readback},paged={},fused={},flash_prefill={},graphs={},draft={},\
-             prefetch={}",
+             prefetch={},decode_attn={}",
             oo(self.events),
             auto(self.paged),
             auto(self.fused),
             auto(self.flash_prefill),
             oo(self.graphs),
             auto(self.draft),
-            oo(self.prefetch.unwrap_or(true))
+            oo(self.prefetch.unwrap_or(true)),
+            if self.decode_attn_v1 { "v1" } else { "v2" }
         )
     }
 }
@@ -241,9 +262,17 @@ mod tests {
         assert_eq!(
             d.to_string(),
             "events=off,readback=once,paged=auto,fused=auto,flash_prefill=auto,graphs=off,draft=auto,\
-             prefetch=on"
+             prefetch=on,decode_attn=v2"
         );
-        assert_eq!(d.kernels_on(true), KernelsOn::ALL, "auto is on on CUDA");
+        let cuda_default = KernelsOn {
+            flash_prefill: false,
+            ..KernelsOn::ALL
+        };
+        assert_eq!(
+            d.kernels_on(true),
+            cuda_default,
+            "auto is on on CUDA, flash prefill aside"
+        );
         assert_eq!(
             d.kernels_on(false),
             KernelsOn::default(),
@@ -256,11 +285,7 @@ mod tests {
             ..KernelsOn::default()
         };
         assert_eq!(s.kernels_on(false), paged_only);
-        let flash_on_cuda = KernelsOn {
-            flash_prefill: true,
-            ..paged_only
-        };
-        assert_eq!(s.kernels_on(true), flash_on_cuda);
+        assert_eq!(s.kernels_on(true), paged_only);
         let s = EngineSwitches::parse("flash_prefill=on").unwrap();
         let on = s.kernels_on(false);
         assert!(on.flash_prefill && !on.paged && !on.fused && on.any());
@@ -270,17 +295,19 @@ mod tests {
 
     #[test]
     fn named_switches_change_and_the_canonical_list_reads_back() {
-        let s =
-            EngineSwitches::parse(" readback=per-job , events=on,graphs=on,draft=off,prefetch=off")
-                .unwrap();
+        let s = EngineSwitches::parse(
+            " readback=per-job , events=on,graphs=on,draft=off,prefetch=off,decode_attn=v1",
+        )
+        .unwrap();
         assert_eq!(s.readback, Readback::PerJob);
+        assert!(s.decode_attn_v1);
         assert!(s.events && s.graphs && s.paged.is_none() && s.fused.is_none());
         assert_eq!((s.draft, s.prefetch), (Some(false), Some(false)));
         let canonical = s.to_string();
         assert_eq!(
             canonical,
             "events=on,readback=per-job,paged=auto,fused=auto,flash_prefill=auto,graphs=on,draft=off,\
-             prefetch=off"
+             prefetch=off,decode_attn=v1"
         );
         assert_eq!(EngineSwitches::parse(&canonical).unwrap(), s);
     }
@@ -294,6 +321,7 @@ mod tests {
             "fused=yes",
             "paged=maybe",
             "flash_prefill=yes",
+            "decode_attn=v3",
             "draft=4",
             "prefetch=auto",
             "events=on,events=off",

@@ -137,7 +137,10 @@ fn attention_t<T: CudaDType + DeviceRepr>(
             "paged attention kernel: {n_rep} heads per KV head of {d} need {shared} bytes of shared memory (48 KiB at most)"
         )
     }
-    let partial = load!(dev, true, "paged_attn_partial", s1.dtype());
+    let partial = match super::params::decode_attn_v1() {
+        true => load!(dev, true, "paged_attn_partial", s1.dtype()),
+        false => load!(dev, true, "paged_attn_partial_v2", s1.dtype()),
+    };
     let mut b = partial.builder();
     b.arg(&q)
         .arg(&pool)

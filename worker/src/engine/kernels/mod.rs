@@ -44,7 +44,9 @@ pub use paged_attention::paged_decode_attention;
 pub use params::{KEY_TILE, PARTITION, QkvSpec, Rope, RopePairs};
 pub use pool::{BLOCK, BlockTable, PAD_SLOT, PagedKvPool, PoolError, PoolShape, row_table_tensor};
 pub use qkv_rope::{kv_norm_rope_write, q_norm_rope};
-pub use self_check::{KernelCheck, KernelId, SelfCheckReport, self_check, suffix_known};
+pub use self_check::{
+    AttnShape, KernelCheck, KernelId, SelfCheckReport, self_check, self_check_for, suffix_known,
+};
 
 fn shape_err(msg: String) -> candle_core::Error {
     candle_core::Error::Msg(msg)

@@ -18,6 +18,9 @@
 //! Inputs: `q` `(rows, n_head, head_dim)`, the pool layer
 //! `(num_blocks, 2, BLOCK, n_kv, head_dim)` in the same dtype (f32 or bf16), and the row table
 //! of [`super::pool::row_table_tensor`]. Output `(rows, n_head, head_dim)` in `q`'s dtype.
+//!
+//! The CUDA partial step has two kernels computing the same bits (`decode_attn=v1|v2`,
+//! [`set_decode_attn_v1`](super::params::set_decode_attn_v1)); v2, the default, keeps more loads in flight.
 
 use candle_core::{CpuStorage, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;

@@ -1,5 +1,6 @@
 //! The kernels' parameter types and shape checks, shared by the ops, their CUDA launches and
-//! the reference compositions.
+//! the reference compositions; and which partial kernel the CUDA decode attention launches
+//! (`decode_attn`, set from the engine's switches at load).
 
 use candle_core::{DType, Layout, Shape, Tensor};
 
@@ -175,4 +176,18 @@ pub(super) fn silu_mul_shape(l: &Layout) -> candle_core::Result<(usize, usize)> 
         return Err(shape_err(format!("silu_mul: odd width {w}")));
     }
     Ok((rows, w / 2))
+}
+
+static DECODE_ATTN_V1: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs the first partial kernel (`decode_attn=v1`) instead of v2, from now on, in this process
+/// (the switches are the process's: the engine sets this when it loads a model).
+pub fn set_decode_attn_v1(v1: bool) {
+    DECODE_ATTN_V1.store(v1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the CUDA decode attention runs the first partial kernel.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(super) fn decode_attn_v1() -> bool {
+    DECODE_ATTN_V1.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -1,7 +1,10 @@
 //! The kernels' self-check: on the first model load on a device, each kernel runs on a small
 //! random input (a fixed host-side generator, so every device sees the same numbers) and is
 //! compared with its composition from plain candle ops ([`super::reference`]) on that device,
-//! in f32 and bf16, head dims 64 and 128. A kernel whose error exceeds its dtype's tolerance,
+//! in f32 and bf16, head dims 64 and 128, and at the model's own attention shape (its head
+//! dim and heads per KV head: a kernel whose launcher does not take that shape, e.g. head dim
+//! 16 for the q/k rope kernel, fails its check there instead of failing the model's first
+//! step). A kernel whose error exceeds its dtype's tolerance,
 //! or that fails to run, is marked unusable and logged loudly with the measured error: the
 //! caller then runs the reference path for it. The report renders into a short fingerprint
 //! suffix naming the kernels in use, so results of workers using different kernels never
@@ -126,24 +129,48 @@ pub fn suffix_known(suffix: &str) -> bool {
     !names.is_empty() && names.split('+').all(|n| rest.any(|k| k == n))
 }
 
-/// Checks every kernel on `device` (see the module header).
+/// A model's attention shape, which the self-check runs every kernel at besides its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    pub head_dim: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+}
+
+/// Checks every kernel on `device` at the fixed shapes (see the module header).
 pub fn self_check(device: &Device) -> SelfCheckReport {
-    check_all(device, None)
+    check_all(device, None, None)
+}
+
+/// Checks every kernel on `device` at the fixed shapes and at `model`'s.
+pub fn self_check_for(device: &Device, model: AttnShape) -> SelfCheckReport {
+    check_all(device, None, Some(model))
 }
 
 /// The self-check with `perturb`'s output shifted before it is compared (tests only: a kernel
 /// forced to disagree).
-pub(crate) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheckReport {
+pub(crate) fn check_all(
+    device: &Device,
+    perturb: Option<KernelId>,
+    model: Option<AttnShape>,
+) -> SelfCheckReport {
+    // (head dim, the heads of the checks that take the model's): the fixed shapes, then the
+    // model's.
+    let mut shapes: Vec<(usize, Option<(usize, usize)>)> = vec![(64, None), (128, None)];
+    if let Some(m) = model {
+        shapes.push((m.head_dim, Some((m.n_head, m.n_kv))));
+    }
     let mut checks = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         let tolerance = if dtype == DType::F32 { 1e-4 } else { 1.6e-2 };
-        for head_dim in [64, 128] {
+        for &(head_dim, heads) in &shapes {
             for kernel in KernelId::ALL {
                 let shift = if perturb == Some(kernel) { 0.5 } else { 0.0 };
                 let run = Input {
                     device,
                     dtype,
                     head_dim,
+                    heads,
                     shift,
                 };
                 let (error, failure) = match run.check(kernel) {
@@ -159,22 +186,26 @@ pub(crate) fn check_all(device: &Device, perturb: Option<KernelId>) -> SelfCheck
                     failure,
                 };
                 if !check.passed() {
-                    tracing::error!(
-                        kernel = kernel.name(),
-                        ?dtype,
-                        head_dim,
-                        error,
-                        tolerance,
-                        failure = check.failure.as_deref().unwrap_or(""),
-                        "KERNEL SELF-CHECK FAILED on {device:?}: the kernel disagrees with its \
-                         reference composition and will not be used; the reference path runs"
-                    );
+                    log_failure(device, &check);
                 }
                 checks.push(check);
             }
         }
     }
     SelfCheckReport { checks }
+}
+
+fn log_failure(device: &Device, check: &KernelCheck) {
+    tracing::error!(
+        kernel = check.kernel.name(),
+        dtype = ?check.dtype,
+        head_dim = check.head_dim,
+        error = check.error,
+        tolerance = check.tolerance,
+        failure = check.failure.as_deref().unwrap_or(""),
+        "KERNEL SELF-CHECK FAILED on {device:?}: the kernel disagrees with its reference \
+         composition or does not take this shape, and will not be used; the reference path runs"
+    );
 }
 
 /// A small deterministic generator (xorshift), so every device checks the same inputs.
@@ -197,6 +228,8 @@ struct Input<'a> {
     device: &'a Device,
     dtype: DType,
     head_dim: usize,
+    /// `(n_head, n_kv)` for the attention checks at a model's shape; `None`: each check's own.
+    heads: Option<(usize, usize)>,
     shift: f64,
 }
 
@@ -263,10 +296,14 @@ impl Input<'_> {
         let w_q = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
         let w_k = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
         let mut worst = 0f32;
-        for (n_head, norms) in [(4, true), (6, false)] {
+        let variants = match self.heads {
+            Some((h, kv)) => [(h, kv, true), (h, kv, false)],
+            None => [(4, 2, true), (6, 2, false)],
+        };
+        for (n_head, n_kv, norms) in variants {
             let spec = QkvSpec {
                 n_head,
-                n_kv: 2,
+                n_kv,
                 head_dim: d,
                 q_norm: norms.then_some(&w_q),
                 k_norm: norms.then_some(&w_k),
@@ -319,7 +356,7 @@ impl Input<'_> {
 
     fn paged_attention(&self, rng: &mut Rng) -> candle_core::Result<f32> {
         let d = self.head_dim;
-        let (n_head, n_kv, blocks) = (8, 2, 48);
+        let ((n_head, n_kv), blocks) = (self.heads.unwrap_or((8, 2)), 48);
         let shape = PoolShape {
             n_layer: 1,
             n_kv_head: n_kv,
@@ -352,7 +389,7 @@ impl Input<'_> {
     /// shared with the first job (a partial block copied on write), crossing key tiles.
     fn flash_prefill(&self, rng: &mut Rng) -> candle_core::Result<f32> {
         let d = self.head_dim;
-        let (n_head, n_kv, blocks) = (8, 2, 16);
+        let ((n_head, n_kv), blocks) = (self.heads.unwrap_or((8, 2)), 16);
         let shape = PoolShape {
             n_layer: 1,
             n_kv_head: n_kv,

@@ -372,6 +372,34 @@ fn decoding_rows_alone_or_together_with_a_job_joining_gives_the_same_bits() {
     }
 }
 
+/// The GPU check of 2026-11-29: the q/k rope kernel passed its checks at head dims 64 and 128,
+/// then refused the parity fixture's head dim 16 at the model's first step, and the model
+/// failed to load. The self-check now runs every kernel at the model's own attention shape
+/// too, so a shape a kernel's launcher does not take fails its check and the reference runs.
+#[test]
+fn regression_the_self_check_runs_every_kernel_at_the_model_s_own_head_dim_and_heads() {
+    let model = AttnShape {
+        head_dim: 16,
+        n_head: 6,
+        n_kv: 2,
+    };
+    let report = self_check_for(&CPU, model);
+    assert_eq!(report.checks.len(), 2 * 3 * KernelId::ALL.len());
+    for kernel in KernelId::ALL {
+        for dtype in [DType::F32, DType::BF16] {
+            let at_16 = |c: &&KernelCheck| c.kernel == kernel && c.dtype == dtype;
+            assert!(
+                report.checks.iter().filter(at_16).any(|c| c.head_dim == 16),
+                "{kernel:?} {dtype:?} not checked at the model's head dim"
+            );
+        }
+    }
+    // The CPU references take any shape.
+    for c in &report.checks {
+        assert!(c.passed(), "{c:?}");
+    }
+}
+
 #[test]
 fn the_self_check_passes_on_the_cpu_and_names_the_kernels_in_use() {
     let report = self_check(&CPU);
@@ -416,7 +444,7 @@ fn the_self_check_passes_on_the_cpu_and_names_the_kernels_in_use() {
 #[test]
 fn a_kernel_forced_to_disagree_is_not_used() {
     for bad in KernelId::ALL {
-        let report = check_all(&CPU, Some(bad));
+        let report = check_all(&CPU, Some(bad), None);
         assert!(!report.usable(bad), "{bad:?} passed while perturbed");
         let failed = report.checks.iter().filter(|c| !c.passed());
         assert!(
@@ -592,6 +620,14 @@ fn on_a_cuda_device_every_kernel_passes_its_self_check_and_rows_are_batch_invari
     for c in &report.checks {
         assert!(c.passed(), "{c:?}");
     }
+    // Shapes the launchers do not take fail their check (the model then runs the reference).
+    let tiny = AttnShape {
+        head_dim: 16,
+        n_head: 4,
+        n_kv: 2,
+    };
+    let at_16 = self_check_for(&dev, tiny);
+    assert!(!at_16.usable(KernelId::QkNormRopeKv) && !at_16.usable(KernelId::PagedAttention));
     for dtype in [DType::F32, DType::BF16] {
         let (d, n_head, n_kv) = (128, 8, 2);
         let mut rng = Rng(3);
@@ -634,6 +670,52 @@ fn on_a_cuda_device_every_kernel_passes_its_self_check_and_rows_are_batch_invari
             );
         }
     }
+}
+
+/// `decode_attn=v2` computes `v1`'s bits: the same sums in the same order, only with more loads
+/// in flight (lengths that end mid-group and mid-block, 3 and 4 query heads a KV head).
+#[test]
+fn on_a_cuda_device_the_two_decode_attention_kernels_compute_the_same_bits() {
+    let Ok(dev) = Device::new_cuda(0) else {
+        eprintln!("no CUDA device: the decode attention kernels were not compared");
+        return;
+    };
+    use super::params::set_decode_attn_v1;
+    for dtype in [DType::F32, DType::BF16] {
+        for (d, n_head, n_kv) in [(128, 32, 8), (64, 9, 3)] {
+            let mut rng = Rng(11);
+            let shape = PoolShape {
+                n_layer: 1,
+                n_kv_head: n_kv,
+                head_dim: d,
+                num_blocks: 200,
+            };
+            let mut pool = PagedKvPool::new(shape, dtype, &dev).unwrap();
+            let fill = rand(&mut rng, &[200, 2, BLOCK, n_kv, d], dtype);
+            pool.layer(0)
+                .slice_set(&fill.to_device(&dev).unwrap(), 0, 0)
+                .unwrap();
+            let lens = [1, 3, 17, 301, PARTITION, PARTITION + 5, 1999];
+            let tables = tables_of(&mut pool, &lens);
+            let q = rand(&mut rng, &[lens.len(), n_head, d], dtype)
+                .to_device(&dev)
+                .unwrap();
+            let rows: Vec<&BlockTable> = tables.iter().collect();
+            let table = row_table_tensor(&rows, &dev).unwrap();
+            let scale = 1.0 / (d as f32).sqrt();
+            let run = |v1: bool| {
+                set_decode_attn_v1(v1);
+                paged_decode_attention(&q, pool.layer(0), &table, scale).unwrap()
+            };
+            let (first, second) = (run(true), run(false));
+            assert_eq!(
+                bits(&first),
+                bits(&second),
+                "{dtype:?} d {d}, {n_head}/{n_kv} heads"
+            );
+        }
+    }
+    set_decode_attn_v1(false);
 }
 
 mod flash;

@@ -57,8 +57,11 @@ fn prefill(b: &mut CandleBackend, prompt: &[u32]) -> (Vec<f32>, bool) {
 fn a_flash_prefill_kernel_failing_its_self_check_falls_back_to_the_old_prefill() {
     let prompt: Vec<u32> = (0..700u32).map(|i| (i * 7919) % 1000 + 3).collect();
     let good = self_check(&Device::Cpu);
-    let bad =
-        crate::engine::kernels::self_check::check_all(&Device::Cpu, Some(KernelId::FlashPrefill));
+    let bad = crate::engine::kernels::self_check::check_all(
+        &Device::Cpu,
+        Some(KernelId::FlashPrefill),
+        None,
+    );
     assert!(
         !bad.usable(KernelId::FlashPrefill),
         "the forced disagreement is caught"

@@ -20,8 +20,8 @@ use super::{CandleBackend, me};
 use crate::engine::EngineError;
 use crate::engine::cpu::kv_pool::PoolStats;
 use crate::engine::kernels::{
-    BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, SelfCheckReport, reference,
-    self_check,
+    AttnShape, BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, SelfCheckReport,
+    reference, self_check_for,
 };
 use crate::engine::switches::{EngineSwitches, KernelsOn};
 use crate::engine::transformer::{KvCache, ops};
@@ -128,7 +128,7 @@ pub(super) struct PagedJob {
 
 impl CandleBackend {
     /// Turns the paged path on when the switches ask for it on this device (`auto`: on CUDA):
-    /// runs the kernels' self-check, concatenates the projections for `fused`, and returns the
+    /// runs the kernels' self-check (at the model's attention shape too), concatenates the projections for `fused`, and returns the
     /// kernels in use for the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
     /// every kernel switch off nothing changes, the fingerprint included (`None`).
     pub(super) fn enable_paging(
@@ -139,7 +139,14 @@ impl CandleBackend {
         if !on.any() {
             return Ok(None);
         }
-        let report = self_check(self.model.device());
+        crate::engine::kernels::params::set_decode_attn_v1(switches.decode_attn_v1);
+        let c = &self.model.config;
+        let shape = AttnShape {
+            head_dim: c.head_dim,
+            n_head: c.n_head,
+            n_kv: c.n_kv_head,
+        };
+        let report = self_check_for(self.model.device(), shape);
         self.enable_paging_checked(on, &report).map(Some)
     }
 
