@@ -15,7 +15,7 @@
 # One entry builds as candle does alone: 90 and up become the arch-specific sm_90a, sm_100a
 # (that GPU generation only, with its own instructions).
 #
-# Five timed phases (docs/GPU-BUILD.md explains each):
+# Six timed phases (docs/GPU-BUILD.md explains each):
 #   1. toolkit  CUDA 13.x from PyPI wheels (scripts/gpu/cuda-toolkit-from-pypi.sh; no system CUDA,
 #               no GPU needed); the build refuses any nvcc that is not 13.x.
 #   2. lint     cargo clippy --release --locked --features cuda --all-targets -- -D warnings, on
@@ -30,6 +30,11 @@
 #   5. package  strip, compress (xz -9, or zstd -19), split into pieces of at most 64 MiB, with
 #               sha256 files and BUILD-INFO.txt, into dist/cuda/ (git-ignored). The last lines
 #               printed are the commands that reassemble and verify the binary.
+#   6. tests    the worker's unit tests with the feature (`cargo test --release --features cuda
+#               -p stageb-worker --lib --no-run`), stripped and compressed beside the binary
+#               (kernel-tests.xz, ~7 MiB): the GPU check's `kernels` step runs their device
+#               half (every kernel against its reference, batch invariance) before anything
+#               else. CUDA_KERNEL_TESTS=0 skips it.
 #
 # Idempotent: the toolkit is reused when present, cargo rebuilds only what changed (a changed
 # CUDA_ARCHS rebuilds candle's kernels), and the dist folder's previous pieces are replaced.
@@ -39,6 +44,7 @@
 #                      "80 86 89 90 100"); several need the lowest below 90 (its PTX must run
 #                      on the others). CUDA_COMPUTE_CAP alone, as before, means that one
 #   CUDA_CLIPPY        0 skips the lint phase (default 1)
+#   CUDA_KERNEL_TESTS  0 skips the tests phase (default 1)
 #   CUDA_TARGET_DIR    cargo target dir                 (default <repo>/target/cuda)
 #   CUDA_DIST_DIR      where the pieces go              (default <repo>/dist/cuda)
 #   CUDA_PIECE_SIZE    split -b size of one piece       (default 64M; at most 64M)
@@ -241,6 +247,25 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
   echo "reassemble: $reassemble"
 } > "$dist/BUILD-INFO.txt"
 phase_done package "$t"
+
+# --- 6. tests -------------------------------------------------------------------------------------
+rm -f "$dist"/kernel-tests.{xz,zst} "$dist"/kernel-tests.sha256
+if [[ ${CUDA_KERNEL_TESTS:-1} != 0 ]]; then
+  t=$SECONDS
+  tests_cmd="cargo test --release --locked --features cuda -p stageb-worker --lib --no-run --message-format json"
+  log "phase tests: $tests_cmd"
+  test_bin=$($tests_cmd | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])' | tail -n1)
+  [[ -x $test_bin ]] || die "the worker's test binary was not built"
+  strip -o "$tmp/kernel-tests" "$test_bin"
+  (cd "$tmp" && sha256sum kernel-tests) >"$dist/kernel-tests.sha256"
+  "${compress_cmd[@]}" "$tmp/kernel-tests" >"$dist/kernel-tests.$ext"
+  echo "kernel tests: kernel-tests.$ext, $(stat -c %s "$dist/kernel-tests.$ext") bytes (the worker's unit tests, --features cuda)" >>"$dist/BUILD-INFO.txt"
+  phase_done tests "$t"
+fi
 
 echo "== packed: $(numfmt --to=iec-i "$unstripped")B unstripped -> $(numfmt --to=iec-i "$stripped")B stripped -> $(numfmt --to=iec-i "$packed")B $compress, ${#pieces[@]} piece(s) in $dist:"
 (cd "$dist" && ls -l stageb."$ext".part-* stageb.sha256 pieces.sha256 BUILD-INFO.txt | sed 's/^/   /')

@@ -87,8 +87,8 @@ call() { # N, carry list, command
 # and measures what needs no model (the environment, the checkpoints, the step split); the
 # pieces left travel together where they fit (a call in between only carries), and the call
 # that brings the last one runs the mission and throughput.
-first_cmd="scripts/gpu/gpu-check.sh --quick --only env,checkpoints,split --split-runs new@8,old@8,new@16,per-job@8,unfused@8,unpaged@8,old-prefill@8,new@8:peaked --budget-s 390"
-last_cmd="scripts/gpu/gpu-check.sh --quick --only mission,throughput --engine-switches events=off,readback=once,paged=on,fused=on --stageb-jobs 8 --stageb-tickets 16 --budget-s 360"
+first_cmd="scripts/gpu/gpu-check.sh --quick --only env,kernels,checkpoints,split --split-runs default@8,attn-v1@8,new@8,default@16,default@8:peaked,old@8 --budget-s 330"
+last_cmd="scripts/gpu/gpu-check.sh --quick --only mission,throughput --stageb-jobs 16 --stageb-tickets 16 --tickets 16 --hf-batches 8 --budget-s 330"
 if ((${#pieces[@]} == 1)); then
   call 1 "dist/cuda,${pieces[0]}" "${first_cmd/--only env,checkpoints,split/--only env,checkpoints,split,mission}"
 else
@@ -104,5 +104,5 @@ else
   done
   call $n "$(IFS=,; echo "${group[*]}")" "$last_cmd"
 fi
-echo "(each command: timeout_s 600; the next call right after the last one returns, the machine is given back ~30 s after a call)"
+echo "(each command: timeout_s 400; the next call right after the last one returns, the machine is given back ~30 s after a call; then give_back)"
 ((ok)) || die "a call would carry more than 64 MiB: lower --piece-mib"

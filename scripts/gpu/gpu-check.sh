@@ -11,6 +11,10 @@
 #                folders of the Python `nvidia` packages (LD_LIBRARY_PATH), ldd, --version and
 #                `probe` of the binary, and a smoke test: `probe logits` on the committed Qwen3
 #                fixture on the device against transformers' reference in its reference.json
+#   kernels      the worker's unit tests built with the feature (dist/cuda/kernel-tests.xz,
+#                scripts/gpu/build-cuda.sh's last phase), `engine::kernels` with
+#                CUDA_LAUNCH_BLOCKING=1: every kernel's self-check on the device, rows alone =
+#                batched, the decode attention's two kernels bit for bit (~20 s)
 #   checkpoints  random-weight Qwen3 checkpoints written by torch on the device
 #                (scripts/gpu/gpu_check/make_checkpoint.py): qwen3-8b (16.4 GB) and qwen3-0.6b
 #   parity       per checkpoint: `stageb probe logits` in bf16 and f32 against transformers
@@ -76,6 +80,8 @@
 #                      flash_prefill=on: every engine change on), old (events=on,
 #                      readback=per-job,paged=off,fused=off,flash_prefill=off: none), or new
 #                      with one change undone: per-job, events, unpaged, unfused, old-prefill;
+#                      default (the binary's defaults: no switch set), attn-v1 (the defaults
+#                      with the first decode attention kernel, decode_attn=v1);
 #                      or a literal switch list in quotes with = signs
 #   --engine-switches L  STAGEB_ENGINE_SWITCHES for every step but split (which sets its own
 #                      per run), e.g. events=off,readback=once,paged=on,fused=on; default: the
@@ -92,7 +98,7 @@ set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo_root"
-ALL_STEPS=(env checkpoints parity mission split throughput reflection)
+ALL_STEPS=(env kernels checkpoints parity mission split throughput reflection)
 GC=scripts/gpu/gpu_check
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -510,6 +516,8 @@ switches_of() { # STATE -> the STAGEB_ENGINE_SWITCHES list (SWITCHES.md)
     unpaged) echo "events=off,readback=once,paged=off,fused=on,flash_prefill=on" ;;
     unfused) echo "events=off,readback=once,paged=on,fused=off,flash_prefill=on" ;;
     old-prefill) echo "events=off,readback=once,paged=on,fused=on,flash_prefill=off" ;;
+    default) echo "" ;;
+    attn-v1) echo "decode_attn=v1" ;;
     *=*) echo "$1" ;;
     *) return 1 ;;
   esac
@@ -569,9 +577,31 @@ step_reflection() {
   rollout_pair "stageb transformers" "$refl_prompt" 1 1 1 "$refl_new" 1 1 0
 }
 
+# kernels: the worker's unit tests (engine::kernels) on the device, one at a time, each launch
+# waited for (CUDA_LAUNCH_BLOCKING=1: a fault names its kernel). ~20 s on an H200.
+step_kernels() {
+  local packed
+  packed=$(ls "$dist"/kernel-tests.xz "$dist"/kernel-tests.zst 2>/dev/null | head -n1)
+  if [[ -z $packed ]]; then
+    say "no kernel tests in $dist (scripts/gpu/build-cuda.sh with CUDA_KERNEL_TESTS=1)"
+    echo "no kernel tests carried" >"$step_dir/missing"
+    return 1
+  fi
+  mkdir -p "$work/bin"
+  echo "{\"device\": \"$device\"}" >"$step_dir/meta.json"
+  case $packed in
+    *.xz) xz -dc "$packed" >"$work/bin/kernel-tests" ;;
+    *.zst) zstd -dc "$packed" >"$work/bin/kernel-tests" ;;
+  esac
+  (cd "$work/bin" && sha256sum -c --quiet "$repo_root/$dist/kernel-tests.sha256") || { say "kernel tests: sha256 mismatch"; return 1; }
+  chmod +x "$work/bin/kernel-tests"
+  measure tests env CUDA_LAUNCH_BLOCKING=1 "$work/bin/kernel-tests" engine::kernels \
+    --test-threads 1 --nocapture
+}
+
 # Step limits (seconds) and the least each needs to be worth starting.
-declare -A limit=([env]=60 [checkpoints]=300 [parity]=420 [mission]=300 [split]=560 [throughput]=560 [reflection]=300)
-declare -A minimum=([env]=10 [checkpoints]=60 [parity]=120 [mission]=90 [split]=60 [throughput]=150 [reflection]=100)
+declare -A limit=([env]=60 [kernels]=90 [checkpoints]=300 [parity]=420 [mission]=300 [split]=560 [throughput]=560 [reflection]=300)
+declare -A minimum=([env]=10 [kernels]=20 [checkpoints]=60 [parity]=120 [mission]=90 [split]=60 [throughput]=150 [reflection]=100)
 for s in "${steps[@]}"; do
   run_step "$s" "${limit[$s]}" "${minimum[$s]}"
 done

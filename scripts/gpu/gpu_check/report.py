@@ -27,7 +27,7 @@ import struct
 import sys
 import time
 
-STEPS = ["env", "checkpoints", "parity", "mission", "split", "throughput", "reflection"]
+STEPS = ["env", "kernels", "checkpoints", "parity", "mission", "split", "throughput", "reflection"]
 SPLIT_PHASES = ["sampling", "forward_issued", "forward_done", "readback", "prefill"]
 TOL = {"f32": 1e-4, "bf16": 6e-2}
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
@@ -129,6 +129,32 @@ def smoke_test(d):
     gr = compare_greedy(got["greedy"], ref, TOL["f32"])
     return dict(logits=lg, greedy=gr, fingerprint=got.get("fingerprint"),
                 ok=lg["rel"] <= TOL["f32"] and gr["ok"] and lg["vocab"][0] == lg["vocab"][1])
+
+
+# ---- kernels ------------------------------------------------------------------------------
+
+def kernels(d):
+    """The worker's unit tests on the device: libtest's summary, the failed tests, and whether
+    the device half ran (a test without a device says so and returns)."""
+    log = text(os.path.join(d, "tests.log")) or ""
+    m = measured(d, "tests") or {}
+    summary = re.search(r"test result: (\w+)\. (\d+) passed; (\d+) failed", log)
+    failed = re.findall(r"^test (\S+) \.\.\. FAILED", log, re.M)
+    no_device = "no CUDA device" in log
+    on_cpu = (load(os.path.join(d, "meta.json"), {}) or {}).get("device") == "cpu"
+    if os.path.exists(os.path.join(d, "missing")):
+        return dict(status=status(d), ok=False), ["KERNELS no kernel tests carried (dist/cuda/kernel-tests.xz) -> FAIL"]
+    if not summary:
+        rc = m.get("rc")
+        return dict(status=status(d), ok=False, rc=rc), [
+            f"KERNELS device tests: no result (exit {rc}; see steps/kernels/tests.log) -> FAIL"]
+    passed, nfail = int(summary.group(2)), int(summary.group(3))
+    ok = summary.group(1) == "ok" and nfail == 0 and (on_cpu or not no_device)
+    where = "not on the device (no CUDA device)" if no_device else "on the device"
+    line = (f"KERNELS engine::kernels tests {where}, CUDA_LAUNCH_BLOCKING=1: {passed} passed, "
+            f"{nfail} failed{' (' + ', '.join(failed) + ')' if failed else ''}"
+            f" in {m.get('wall_s', 0):.1f} s -> {'PASS' if ok else 'FAIL'}")
+    return dict(status=status(d), ok=ok, passed=passed, failed=failed, on_device=not no_device), [line]
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
@@ -510,6 +536,8 @@ def main():
             r, lines = dict(status=status(d)), [f"{step.upper()} {status(d)}"]
         elif step == "env":
             r, lines = env(d)
+        elif step == "kernels":
+            r, lines = kernels(d)
         elif step == "checkpoints":
             r, lines = checkpoints(d, a.work)
         elif step == "parity":
