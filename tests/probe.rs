@@ -203,7 +203,7 @@ fn regression_the_probe_s_tickets_in_flight_are_those_its_kv_budget_holds() {
             "--candidates",
             "2",
             "--new-tokens",
-            "6",
+            "16",
             "--device",
             "cpu",
             "--numerics",
@@ -219,6 +219,8 @@ fn regression_the_probe_s_tickets_in_flight_are_those_its_kv_budget_holds() {
             .args(&args)
             .env_remove("STAGEB_DEVICE")
             .env_remove("STAGEB_NUMERICS")
+            .env_remove("STAGEB_KV_CACHE_MIB")
+            .env_remove("STAGEB_MAX_JOBS")
             .env("STAGEB_ENGINE_SWITCHES", "paged=on")
             .status()
             .unwrap();

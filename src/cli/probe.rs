@@ -103,11 +103,6 @@ pub(crate) struct ProbeRolloutArgs {
     /// `--max-jobs`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub(crate) jobs: u64,
-    /// The KV-cache budget the tickets in flight share, in MiB; unset: the device's default,
-    /// as a worker given no `--kv-cache-mib` (on a GPU a share of the memory left after
-    /// loading, on the CPU 2 GiB).
-    #[arg(long)]
-    pub(crate) kv_cache_mib: Option<u64>,
     #[arg(long)]
     pub(crate) out: PathBuf,
     #[command(flatten)]

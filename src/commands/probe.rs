@@ -81,7 +81,11 @@ fn rollout(args: ProbeRolloutArgs) -> Result<u8> {
         budget,
         warmup_tokens: args.warmup_tokens,
         jobs: args.jobs as usize,
-        kv_cache_bytes: args.kv_cache_mib.map(|m| m.saturating_mul(1 << 20)),
+        // The worker's `--kv-cache-mib` (in the model arguments): unset, the device's default.
+        kv_cache_bytes: args
+            .model_args
+            .kv_cache_mib
+            .map(|m| m.saturating_mul(1 << 20)),
     };
     let (mut engine, mut out) = load(&args.model, &args.model_args, "rollout")?;
     let p = probe::rollout(&mut engine, &prompts, &spec)?;

@@ -13,24 +13,72 @@
 #define BLOCK 16
 #define PARTITION 512
 
+// A partial block's partition: its KV head, row and partition, the row's table, the first
+// position and how many, and its shared memory (the queries, the scores, the reductions'
+// scratch).
+struct Partition {
+    int kvh, row, part, n_rep, start, n;
+    const uint32_t* trow;
+    float *qs, *sc, *scratch;
+};
+
+// Sets `p` up for this block and loads its n_rep queries into shared memory; false, for every
+// thread of the block alike, when the row has no such partition.
+template <typename T>
+__device__ bool begin_partition(const T* q, const uint32_t* table, int width, int n_head,
+                                int n_kv, int d, Partition& p) {
+    extern __shared__ float smem[];
+    p.kvh = blockIdx.x, p.row = blockIdx.y, p.part = blockIdx.z;
+    p.n_rep = n_head / n_kv;
+    p.trow = table + (size_t)p.row * width;
+    const int len = (int)p.trow[0];
+    const int parts = (len + PARTITION - 1) / PARTITION;
+    if (p.part >= parts) return false;
+    p.qs = smem;
+    p.sc = p.qs + p.n_rep * d;
+    p.scratch = p.sc + p.n_rep * PARTITION;
+    const size_t q0 = ((size_t)p.row * n_head + (size_t)p.kvh * p.n_rep) * d;
+    for (int i = threadIdx.x; i < p.n_rep * d; i += blockDim.x) p.qs[i] = to_f32(q[q0 + i]);
+    __syncthreads();
+    p.start = p.part * PARTITION;
+    p.n = min(len - p.start, PARTITION);
+    return true;
+}
+
+// A partition's softmax statistics for each of the n_rep query heads of a block: the maximum
+// score m and l = sum exp(s - m) (each a fixed block tree), written to `ml` at `at0 + r *
+// max_parts`; the scores in `sc` are replaced by their weights exp(s - m). Both partial kernels
+// run this, so their statistics are the same bits.
+__device__ void partition_softmax(float* sc, int n, int n_rep, float* scratch, float* ml,
+                                  size_t at0, int max_parts) {
+    for (int r = 0; r < n_rep; ++r) {
+        float m = -INFINITY;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, sc[r * PARTITION + i]);
+        m = block_reduce<true>(m, scratch);
+        float l = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float e = expf(sc[r * PARTITION + i] - m);
+            sc[r * PARTITION + i] = e;
+            l += e;
+        }
+        l = block_reduce<false>(l, scratch);
+        if (threadIdx.x == 0) {
+            const size_t at = at0 + (size_t)r * max_parts;
+            ml[2 * at] = m;
+            ml[2 * at + 1] = l;
+        }
+    }
+}
+
 template <typename T>
 __device__ void partial(const T* q, const T* pool, const uint32_t* table, int width, int n_head,
                         int n_kv, int d, float scale, int max_parts, float* acc, float* ml) {
-    extern __shared__ float smem[];
-    const int kvh = blockIdx.x, row = blockIdx.y, part = blockIdx.z;
-    const int n_rep = n_head / n_kv;
-    const uint32_t* trow = table + (size_t)row * width;
-    const int len = (int)trow[0];
-    const int parts = (len + PARTITION - 1) / PARTITION;
-    if (part >= parts) return;  // the same for every thread of the block
-    float* qs = smem;
-    float* sc = qs + n_rep * d;
-    float* scratch = sc + n_rep * PARTITION;
-    for (int i = threadIdx.x; i < n_rep * d; i += blockDim.x)
-        qs[i] = to_f32(q[((size_t)row * n_head + (size_t)kvh * n_rep) * d + i]);
-    __syncthreads();
-    const int start = part * PARTITION;
-    const int n = min(len - start, PARTITION);
+    Partition p;
+    if (!begin_partition(q, table, width, n_head, n_kv, d, p)) return;  // the whole block
+    const int kvh = p.kvh, row = p.row, part = p.part, n_rep = p.n_rep;
+    const int start = p.start, n = p.n;
+    const uint32_t* trow = p.trow;
+    float *qs = p.qs, *sc = p.sc, *scratch = p.scratch;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int per = d / 32;
     // Scores: one warp per position, each lane a fixed strided share of the dot product.
@@ -48,23 +96,8 @@ __device__ void partial(const T* q, const T* pool, const uint32_t* table, int wi
         }
     }
     __syncthreads();
-    for (int r = 0; r < n_rep; ++r) {
-        float m = -INFINITY;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, sc[r * PARTITION + i]);
-        m = block_reduce<true>(m, scratch);
-        float l = 0.0f;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float e = expf(sc[r * PARTITION + i] - m);
-            sc[r * PARTITION + i] = e;
-            l += e;
-        }
-        l = block_reduce<false>(l, scratch);
-        if (threadIdx.x == 0) {
-            const size_t at = ((size_t)row * n_head + (size_t)kvh * n_rep + r) * max_parts + part;
-            ml[2 * at] = m;
-            ml[2 * at + 1] = l;
-        }
-    }
+    const size_t at0 = ((size_t)row * n_head + (size_t)kvh * n_rep) * max_parts + part;
+    partition_softmax(sc, n, n_rep, scratch, ml, at0, max_parts);
     __syncthreads();
     // Weighted values: one thread per (head, dim), positions in ascending order.
     for (int t = threadIdx.x; t < n_rep * d; t += blockDim.x) {
@@ -95,21 +128,12 @@ template <typename T>
 __device__ void partial_v2(const T* q, const T* pool, const uint32_t* table, int width,
                            int n_head, int n_kv, int d, float scale, int max_parts, float* acc,
                            float* ml) {
-    extern __shared__ float smem[];
-    const int kvh = blockIdx.x, row = blockIdx.y, part = blockIdx.z;
-    const int n_rep = n_head / n_kv;
-    const uint32_t* trow = table + (size_t)row * width;
-    const int len = (int)trow[0];
-    const int parts = (len + PARTITION - 1) / PARTITION;
-    if (part >= parts) return;  // the same for every thread of the block
-    float* qs = smem;
-    float* sc = qs + n_rep * d;
-    float* scratch = sc + n_rep * PARTITION;
-    for (int i = threadIdx.x; i < n_rep * d; i += blockDim.x)
-        qs[i] = to_f32(q[((size_t)row * n_head + (size_t)kvh * n_rep) * d + i]);
-    __syncthreads();
-    const int start = part * PARTITION;  // a multiple of BLOCK and of UNROLL
-    const int n = min(len - start, PARTITION);
+    Partition p;
+    if (!begin_partition(q, table, width, n_head, n_kv, d, p)) return;  // the whole block
+    const int kvh = p.kvh, row = p.row, part = p.part, n_rep = p.n_rep;
+    const int start = p.start, n = p.n;  // start: a multiple of BLOCK and of UNROLL
+    const uint32_t* trow = p.trow;
+    float *qs = p.qs, *sc = p.sc, *scratch = p.scratch;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int per = d / 32;
     const size_t kstride = (size_t)n_kv * d;  // from one position of a block to the next
@@ -139,23 +163,8 @@ __device__ void partial_v2(const T* q, const T* pool, const uint32_t* table, int
         }
     }
     __syncthreads();
-    for (int r = 0; r < n_rep; ++r) {
-        float mx = -INFINITY;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, sc[r * PARTITION + i]);
-        mx = block_reduce<true>(mx, scratch);
-        float l = 0.0f;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float e = expf(sc[r * PARTITION + i] - mx);
-            sc[r * PARTITION + i] = e;
-            l += e;
-        }
-        l = block_reduce<false>(l, scratch);
-        if (threadIdx.x == 0) {
-            const size_t at = ((size_t)row * n_head + (size_t)kvh * n_rep + r) * max_parts + part;
-            ml[2 * at] = mx;
-            ml[2 * at + 1] = l;
-        }
-    }
+    const size_t at0 = ((size_t)row * n_head + (size_t)kvh * n_rep) * max_parts + part;
+    partition_softmax(sc, n, n_rep, scratch, ml, at0, max_parts);
     __syncthreads();
     // Weighted values: one thread per dim, an accumulator per query head, positions in
     // ascending order, a block's table entry read once.

@@ -64,8 +64,9 @@ fn dim(x: usize) -> candle_core::Result<i32> {
     i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("{x} does not fit a kernel")))
 }
 
+/// `kernel`: the scale, and whether to run the first partial kernel (`decode_attn=v1`).
 pub(super) fn paged_attention(
-    scale: f32,
+    kernel: (f32, bool),
     dims: AttnDims,
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
@@ -73,10 +74,10 @@ pub(super) fn paged_attention(
 ) -> candle_core::Result<CudaStorage> {
     match (&s1.slice, &s2.slice) {
         (CudaStorageSlice::F32(_), CudaStorageSlice::F32(_)) => {
-            attention_t::<f32>(scale, dims, (s1, l1), (s2, l2), (s3, l3))
+            attention_t::<f32>(kernel, dims, (s1, l1), (s2, l2), (s3, l3))
         }
         (CudaStorageSlice::BF16(q), CudaStorageSlice::BF16(_)) => {
-            attention_like(q, scale, dims, (s1, l1), (s2, l2), (s3, l3))
+            attention_like(q, kernel, dims, (s1, l1), (s2, l2), (s3, l3))
         }
         _ => candle_core::bail!("paged attention: f32 or bf16 inputs of one dtype"),
     }
@@ -85,17 +86,17 @@ pub(super) fn paged_attention(
 /// [`attention_t`] for the element type of `_witness` (names bf16 without the `half` crate).
 fn attention_like<T: CudaDType + DeviceRepr>(
     _witness: &CudaSlice<T>,
-    scale: f32,
+    kernel: (f32, bool),
     dims: AttnDims,
     a: (&CudaStorage, &Layout),
     b: (&CudaStorage, &Layout),
     c: (&CudaStorage, &Layout),
 ) -> candle_core::Result<CudaStorage> {
-    attention_t::<T>(scale, dims, a, b, c)
+    attention_t::<T>(kernel, dims, a, b, c)
 }
 
 fn attention_t<T: CudaDType + DeviceRepr>(
-    scale: f32,
+    (scale, v1): (f32, bool),
     dims: AttnDims,
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
@@ -137,7 +138,7 @@ fn attention_t<T: CudaDType + DeviceRepr>(
             "paged attention kernel: {n_rep} heads per KV head of {d} need {shared} bytes of shared memory (48 KiB at most)"
         )
     }
-    let partial = match super::params::decode_attn_v1() {
+    let partial = match v1 {
         true => load!(dev, true, "paged_attn_partial", s1.dtype()),
         false => load!(dev, true, "paged_attn_partial_v2", s1.dtype()),
     };

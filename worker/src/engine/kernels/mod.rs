@@ -40,7 +40,7 @@ mod tests;
 pub use dispatch::KernelUse;
 pub use flash_prefill::flash_prefill_attention;
 pub use fused::{add_rms_norm, silu_mul};
-pub use paged_attention::paged_decode_attention;
+pub use paged_attention::{paged_decode_attention, paged_decode_attention_with};
 pub use params::{KEY_TILE, PARTITION, QkvSpec, Rope, RopePairs};
 pub use pool::{BLOCK, BlockTable, PAD_SLOT, PagedKvPool, PoolError, PoolShape, row_table_tensor};
 pub use qkv_rope::{kv_norm_rope_write, q_norm_rope};

@@ -33,14 +33,29 @@ use super::pool::BLOCK;
 #[derive(Debug, Clone, Copy)]
 pub struct PagedDecodeAttention {
     pub scale: f32,
+    /// On CUDA, the first partial kernel (`decode_attn=v1`) rather than v2 (the same bits).
+    pub v1: bool,
 }
 
-/// Batched paged decode attention over `pool_layer` (see the module header).
+/// Batched paged decode attention over `pool_layer` (see the module header), on CUDA with the
+/// partial kernel the engine's `decode_attn` switch chose.
 pub fn paged_decode_attention(
     q: &Tensor,
     pool_layer: &Tensor,
     table: &Tensor,
     scale: f32,
+) -> candle_core::Result<Tensor> {
+    let v1 = super::params::decode_attn_v1();
+    paged_decode_attention_with(q, pool_layer, table, scale, v1)
+}
+
+/// [`paged_decode_attention`] with the partial kernel named: `v1` or v2 (CUDA; the CPU has one).
+pub fn paged_decode_attention_with(
+    q: &Tensor,
+    pool_layer: &Tensor,
+    table: &Tensor,
+    scale: f32,
+    v1: bool,
 ) -> candle_core::Result<Tensor> {
     if q.dtype() != pool_layer.dtype() || table.dtype() != DType::U32 {
         candle_core::bail!(
@@ -53,7 +68,7 @@ pub fn paged_decode_attention(
     q.contiguous()?.apply_op3_no_bwd(
         &pool_layer.contiguous()?,
         &table.contiguous()?,
-        &PagedDecodeAttention { scale },
+        &PagedDecodeAttention { scale, v1 },
     )
 }
 
@@ -213,7 +228,8 @@ impl candle_core::CustomOp3 for PagedDecodeAttention {
         l3: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let dims = attn_dims(l1.shape(), l2.shape(), l3.shape())?;
-        let out = super::cuda::paged_attention(self.scale, dims, (s1, l1), (s2, l2), (s3, l3))?;
+        let kernel = (self.scale, self.v1);
+        let out = super::cuda::paged_attention(kernel, dims, (s1, l1), (s2, l2), (s3, l3))?;
         Ok((out, l1.shape().clone()))
     }
 }

@@ -186,8 +186,8 @@ pub fn set_decode_attn_v1(v1: bool) {
     DECODE_ATTN_V1.store(v1, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether the CUDA decode attention runs the first partial kernel.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// Whether the CUDA decode attention runs the first partial kernel (the engine's choice; the
+/// last model loaded in a process sets it for all, as the switches are the process's).
 pub(super) fn decode_attn_v1() -> bool {
     DECODE_ATTN_V1.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -135,6 +135,8 @@ pub struct AttnShape {
     pub head_dim: usize,
     pub n_head: usize,
     pub n_kv: usize,
+    /// The hidden size (the residual add + RMS norm's width).
+    pub hidden: usize,
 }
 
 /// Checks every kernel on `device` at the fixed shapes (see the module header).
@@ -154,23 +156,24 @@ pub(crate) fn check_all(
     perturb: Option<KernelId>,
     model: Option<AttnShape>,
 ) -> SelfCheckReport {
-    // (head dim, the heads of the checks that take the model's): the fixed shapes, then the
-    // model's.
-    let mut shapes: Vec<(usize, Option<(usize, usize)>)> = vec![(64, None), (128, None)];
+    // The fixed shapes, then the model's.
+    let mut shapes: Vec<Option<AttnShape>> = vec![None, None];
+    let mut dims = vec![64, 128];
     if let Some(m) = model {
-        shapes.push((m.head_dim, Some((m.n_head, m.n_kv))));
+        shapes.push(Some(m));
+        dims.push(m.head_dim);
     }
     let mut checks = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         let tolerance = if dtype == DType::F32 { 1e-4 } else { 1.6e-2 };
-        for &(head_dim, heads) in &shapes {
+        for (&model, &head_dim) in shapes.iter().zip(&dims) {
             for kernel in KernelId::ALL {
                 let shift = if perturb == Some(kernel) { 0.5 } else { 0.0 };
                 let run = Input {
                     device,
                     dtype,
                     head_dim,
-                    heads,
+                    model,
                     shift,
                 };
                 let (error, failure) = match run.check(kernel) {
@@ -228,8 +231,8 @@ struct Input<'a> {
     device: &'a Device,
     dtype: DType,
     head_dim: usize,
-    /// `(n_head, n_kv)` for the attention checks at a model's shape; `None`: each check's own.
-    heads: Option<(usize, usize)>,
+    /// A model's shape for its pass (heads, hidden size); `None`: each check's own.
+    model: Option<AttnShape>,
     shift: f64,
 }
 
@@ -281,10 +284,16 @@ impl Input<'_> {
         }
     }
 
+    fn heads(&self) -> Option<(usize, usize)> {
+        self.model.map(|m| (m.n_head, m.n_kv))
+    }
+
+    /// At 256 wide, and at the model's hidden size in its pass.
     fn add_rms_norm(&self, rng: &mut Rng) -> candle_core::Result<f32> {
-        let x = self.tensor(rng, &[3, 256], -1.0, 1.0)?;
-        let r = self.tensor(rng, &[3, 256], -1.0, 1.0)?;
-        let w = Tensor::from_vec(rng.uniform(256, 0.5, 1.5), 256, self.device)?;
+        let h = self.model.map_or(256, |m| m.hidden);
+        let x = self.tensor(rng, &[3, h], -1.0, 1.0)?;
+        let r = self.tensor(rng, &[3, h], -1.0, 1.0)?;
+        let w = Tensor::from_vec(rng.uniform(h, 0.5, 1.5), h, self.device)?;
         let (s, n) = fused::add_rms_norm(&x, &r, &w, 1e-6)?;
         let (rs, rn) = reference::add_rms_norm(&x, &r, &w, 1e-6)?;
         Ok(error(&(s + self.shift)?, &rs)?.max(error(&n, &rn)?))
@@ -296,8 +305,8 @@ impl Input<'_> {
         let w_q = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
         let w_k = Tensor::from_vec(rng.uniform(d, 0.5, 1.5), d, self.device)?;
         let mut worst = 0f32;
-        let variants = match self.heads {
-            Some((h, kv)) => [(h, kv, true), (h, kv, false)],
+        let variants = match self.model {
+            Some(m) => [(m.n_head, m.n_kv, true), (m.n_head, m.n_kv, false)],
             None => [(4, 2, true), (6, 2, false)],
         };
         for (n_head, n_kv, norms) in variants {
@@ -356,7 +365,7 @@ impl Input<'_> {
 
     fn paged_attention(&self, rng: &mut Rng) -> candle_core::Result<f32> {
         let d = self.head_dim;
-        let ((n_head, n_kv), blocks) = (self.heads.unwrap_or((8, 2)), 48);
+        let ((n_head, n_kv), blocks) = (self.heads().unwrap_or((8, 2)), 48);
         let shape = PoolShape {
             n_layer: 1,
             n_kv_head: n_kv,
@@ -389,7 +398,7 @@ impl Input<'_> {
     /// shared with the first job (a partial block copied on write), crossing key tiles.
     fn flash_prefill(&self, rng: &mut Rng) -> candle_core::Result<f32> {
         let d = self.head_dim;
-        let ((n_head, n_kv), blocks) = (self.heads.unwrap_or((8, 2)), 16);
+        let ((n_head, n_kv), blocks) = (self.heads().unwrap_or((8, 2)), 16);
         let shape = PoolShape {
             n_layer: 1,
             n_kv_head: n_kv,

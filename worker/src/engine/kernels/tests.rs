@@ -382,6 +382,7 @@ fn regression_the_self_check_runs_every_kernel_at_the_model_s_own_head_dim_and_h
         head_dim: 16,
         n_head: 6,
         n_kv: 2,
+        hidden: 96,
     };
     let report = self_check_for(&CPU, model);
     assert_eq!(report.checks.len(), 2 * 3 * KernelId::ALL.len());
@@ -625,6 +626,7 @@ fn on_a_cuda_device_every_kernel_passes_its_self_check_and_rows_are_batch_invari
         head_dim: 16,
         n_head: 4,
         n_kv: 2,
+        hidden: 1024,
     };
     let at_16 = self_check_for(&dev, tiny);
     assert!(!at_16.usable(KernelId::QkNormRopeKv) && !at_16.usable(KernelId::PagedAttention));
@@ -673,29 +675,36 @@ fn on_a_cuda_device_every_kernel_passes_its_self_check_and_rows_are_batch_invari
 }
 
 /// `decode_attn=v2` computes `v1`'s bits: the same sums in the same order, only with more loads
-/// in flight (lengths that end mid-group and mid-block, 3 and 4 query heads a KV head).
+/// in flight (lengths that end mid-group and mid-block, 1 to 16 query heads a KV head, head
+/// dims 64 to 256).
 #[test]
 fn on_a_cuda_device_the_two_decode_attention_kernels_compute_the_same_bits() {
     let Ok(dev) = Device::new_cuda(0) else {
         eprintln!("no CUDA device: the decode attention kernels were not compared");
         return;
     };
-    use super::params::set_decode_attn_v1;
+    let lens = [1, 3, 17, 301, PARTITION, PARTITION + 5, 1999];
+    let blocks: usize = lens.iter().map(|n| n.div_ceil(BLOCK)).sum();
     for dtype in [DType::F32, DType::BF16] {
-        for (d, n_head, n_kv) in [(128, 32, 8), (64, 9, 3)] {
+        for (d, n_head, n_kv) in [
+            (128, 32, 8),
+            (64, 9, 3),
+            (128, 32, 2),
+            (256, 16, 2),
+            (64, 2, 2),
+        ] {
             let mut rng = Rng(11);
             let shape = PoolShape {
                 n_layer: 1,
                 n_kv_head: n_kv,
                 head_dim: d,
-                num_blocks: 200,
+                num_blocks: blocks,
             };
             let mut pool = PagedKvPool::new(shape, dtype, &dev).unwrap();
-            let fill = rand(&mut rng, &[200, 2, BLOCK, n_kv, d], dtype);
+            let fill = rand(&mut rng, &[blocks, 2, BLOCK, n_kv, d], dtype);
             pool.layer(0)
                 .slice_set(&fill.to_device(&dev).unwrap(), 0, 0)
                 .unwrap();
-            let lens = [1, 3, 17, 301, PARTITION, PARTITION + 5, 1999];
             let tables = tables_of(&mut pool, &lens);
             let q = rand(&mut rng, &[lens.len(), n_head, d], dtype)
                 .to_device(&dev)
@@ -703,19 +712,15 @@ fn on_a_cuda_device_the_two_decode_attention_kernels_compute_the_same_bits() {
             let rows: Vec<&BlockTable> = tables.iter().collect();
             let table = row_table_tensor(&rows, &dev).unwrap();
             let scale = 1.0 / (d as f32).sqrt();
-            let run = |v1: bool| {
-                set_decode_attn_v1(v1);
-                paged_decode_attention(&q, pool.layer(0), &table, scale).unwrap()
-            };
-            let (first, second) = (run(true), run(false));
+            let run =
+                |v1| paged_decode_attention_with(&q, pool.layer(0), &table, scale, v1).unwrap();
             assert_eq!(
-                bits(&first),
-                bits(&second),
+                bits(&run(true)),
+                bits(&run(false)),
                 "{dtype:?} d {d}, {n_head}/{n_kv} heads"
             );
         }
     }
-    set_decode_attn_v1(false);
 }
 
 mod flash;

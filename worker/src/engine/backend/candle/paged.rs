@@ -145,6 +145,7 @@ impl CandleBackend {
             head_dim: c.head_dim,
             n_head: c.n_head,
             n_kv: c.n_kv_head,
+            hidden: c.hidden,
         };
         let report = self_check_for(self.model.device(), shape);
         self.enable_paging_checked(on, &report).map(Some)
