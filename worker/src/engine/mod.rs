@@ -419,9 +419,31 @@ pub const DEFAULT_KV_CACHE_BYTES: u64 = 2 << 30;
 /// takes for it: the rest is left for activations, logits and the allocator's slack.
 pub const GPU_KV_SHARE: f64 = 0.6;
 
+/// The KV budget of a GPU worker given none: [`GPU_KV_SHARE`] of the memory free to it, which
+/// is the device's free memory and the KV pool it holds now (its own to size again: a worker
+/// registering a second time still holds its first session's pool when it asks), less what
+/// the prefix stores may take.
+pub fn gpu_kv_budget(free: u64, own_pool: u64, prefix_budget: u64) -> u64 {
+    let usable = free.saturating_add(own_pool) as f64 * GPU_KV_SHARE;
+    (usable as u64).saturating_sub(prefix_budget)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found in review (2026-11-29): a GPU worker re-registering measured the free memory with
+    /// its first session's pool still allocated, and took 0.6 of the 0.4 left: 0.24 of it.
+    #[test]
+    fn regression_a_gpu_worker_s_second_session_counts_its_own_pool_as_free() {
+        let gib = 1u64 << 30;
+        let first = gpu_kv_budget(100 * gib, 0, gib);
+        assert_eq!(first, 59 * gib);
+        // The pool made for the first session (its budget and the stores') is still held.
+        let second = gpu_kv_budget(100 * gib - (first + gib), first + gib, gib);
+        assert_eq!(second, first);
+        assert_eq!(gpu_kv_budget(gib, 0, 2 * gib), 0, "never below zero");
+    }
 
     #[test]
     fn only_numerics_this_build_produces_are_known() {

@@ -461,13 +461,17 @@ impl Engine for ModelEngine {
         self.backend.kv_bytes_per_position()
     }
 
-    /// On a GPU the share of its free memory, less what the prefix stores may hold there.
+    /// On a GPU the share of its free memory and its own pool, less what the prefix stores may
+    /// hold there ([`super::gpu_kv_budget`]).
     fn default_kv_budget(&self) -> u64 {
-        match self.backend.device_free_bytes() {
-            Some(free) => ((free as f64 * super::GPU_KV_SHARE) as u64)
-                .saturating_sub(self.backend.prefix_budget()),
-            None => super::DEFAULT_KV_CACHE_BYTES,
-        }
+        let Some(free) = self.backend.device_free_bytes() else {
+            return super::DEFAULT_KV_CACHE_BYTES;
+        };
+        let own = self
+            .backend
+            .kv_stats()
+            .map_or(0, |p| (p.capacity * p.block_bytes) as u64);
+        super::gpu_kv_budget(free, own, self.backend.prefix_budget())
     }
 
     fn kv_block_positions(&self) -> u64 {
