@@ -118,11 +118,12 @@ __device__ void partial(const T* q, const T* pool, const uint32_t* table, int wi
 // the same lanes' shares summed in the same order and the same butterfly, every weighted sum
 // the same products added in ascending position (`a += w * v`), so `partial` and
 // `partial_v2` agree bit for bit (a device test holds it). What changes is how the work
-// meets the memory: a warp loads UNROLL keys before it sums any, each block's table entry is
-// read once for its 16 positions, and a thread keeps one accumulator per query head of its
-// KV head, so each value is read once per thread instead of once per query head.
+// meets the memory: a warp loads UNROLL keys before it sums any, a thread loads a block's 16
+// values before it adds any, each block's table entry is read once for its positions, and a
+// thread keeps an accumulator for each of up to REP_GROUP query heads of its KV head, so a
+// value is read once per group instead of once per query head (n_rep 4, Qwen3-8B's: once).
 #define UNROLL 4
-#define MAX_REP 16
+#define REP_GROUP 4
 
 template <typename T>
 __device__ void partial_v2(const T* q, const T* pool, const uint32_t* table, int width,
@@ -166,30 +167,36 @@ __device__ void partial_v2(const T* q, const T* pool, const uint32_t* table, int
     const size_t at0 = ((size_t)row * n_head + (size_t)kvh * n_rep) * max_parts + part;
     partition_softmax(sc, n, n_rep, scratch, ml, at0, max_parts);
     __syncthreads();
-    // Weighted values: one thread per dim, an accumulator per query head, positions in
-    // ascending order, a block's table entry read once.
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float a[MAX_REP];
+    // Weighted values: one thread per (dim, group of REP_GROUP query heads), an accumulator
+    // per query head, positions in ascending order, a block's table entry read once.
+    for (int t = threadIdx.x; t < d * ((n_rep + REP_GROUP - 1) / REP_GROUP); t += blockDim.x) {
+        const int j = t % d, r0 = t / d * REP_GROUP, nr = min(REP_GROUP, n_rep - r0);
+        float a[REP_GROUP];
 #pragma unroll
-        for (int r = 0; r < MAX_REP; ++r) a[r] = 0.0f;
+        for (int r = 0; r < REP_GROUP; ++r) a[r] = 0.0f;
         for (int i0 = 0; i0 < n; i0 += BLOCK) {
             const int pos0 = start + i0;
             const size_t b = trow[1 + pos0 / BLOCK];
             const T* v0 = pool + (((b * 2 + 1) * BLOCK) * n_kv + kvh) * d + j;
             const int m = min(BLOCK, n - i0);
-#pragma unroll 4
-            for (int o = 0; o < m; ++o) {
-                const float v = to_f32(v0[o * kstride]);
+            // The block's values loaded first, then added in ascending position.
+            float vv[BLOCK];
 #pragma unroll
-                for (int r = 0; r < MAX_REP; ++r)
-                    if (r < n_rep) a[r] += sc[r * PARTITION + i0 + o] * v;
+            for (int o = 0; o < BLOCK; ++o) vv[o] = o < m ? to_f32(v0[o * kstride]) : 0.0f;
+#pragma unroll
+            for (int o = 0; o < BLOCK; ++o) {
+                if (o < m) {
+#pragma unroll
+                    for (int r = 0; r < REP_GROUP; ++r)
+                        if (r < nr) a[r] += sc[(r0 + r) * PARTITION + i0 + o] * vv[o];
+                }
             }
         }
 #pragma unroll
-        for (int r = 0; r < MAX_REP; ++r) {
-            if (r < n_rep) {
+        for (int r = 0; r < REP_GROUP; ++r) {
+            if (r < nr) {
                 const size_t at =
-                    ((size_t)row * n_head + (size_t)kvh * n_rep + r) * max_parts + part;
+                    ((size_t)row * n_head + (size_t)kvh * n_rep + r0 + r) * max_parts + part;
                 acc[at * d + j] = a[r];
             }
         }
