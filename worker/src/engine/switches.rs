@@ -22,6 +22,9 @@
 //! backend runs on the paged KV pool, each kernel only where the device's self-check passed
 //! it: the decode step batched (`paged`, `fused`), the prefill through the flash prefill
 //! kernel (`flash_prefill`; where that kernel did not pass, the prefill runs as before).
+//! On CUDA the pool also needs the paged attention kernel (`paged` on and passed): without it
+//! the attention's composition took over a second a step on an H200, so the backend then
+//! decodes on its plain path, as with every kernel switch off.
 //!
 //! An unknown name or value is an error ([`SwitchError`], stable code [`SWITCH_ERROR_CODE`]),
 //! never ignored: a typo must not silently measure the default. [`EngineSwitches`]' `Display`

@@ -101,3 +101,35 @@ fn a_flash_prefill_kernel_failing_its_self_check_falls_back_to_the_old_prefill()
         assert!(worst < tol, "{dtype:?}: logits {worst} apart");
     }
 }
+
+/// On an H200 the paged pool without its attention kernel (`unpaged@8`) did not finish 63
+/// decode steps in 88 s: on CUDA the pool now needs the kernel, switched on and passed.
+#[test]
+fn regression_on_cuda_the_paged_pool_is_used_only_with_its_attention_kernel() {
+    use super::paged::paging_pays;
+    let good = self_check(&Device::Cpu);
+    let bad = crate::engine::kernels::self_check::check_all(
+        &Device::Cpu,
+        Some(KernelId::PagedAttention),
+        None,
+    );
+    let unpaged = KernelsOn {
+        paged: false,
+        ..KernelsOn::ALL
+    };
+    assert!(paging_pays(true, KernelsOn::ALL, &good));
+    assert!(
+        !paging_pays(true, KernelsOn::ALL, &bad),
+        "the kernel failed its check"
+    );
+    assert!(
+        !paging_pays(true, unpaged, &good),
+        "the kernel switched off"
+    );
+    for on in [KernelsOn::ALL, unpaged] {
+        assert!(
+            paging_pays(false, on, &bad),
+            "the CPU keeps every combination"
+        );
+    }
+}

@@ -20,8 +20,8 @@ use super::{CandleBackend, me};
 use crate::engine::EngineError;
 use crate::engine::cpu::kv_pool::PoolStats;
 use crate::engine::kernels::{
-    AttnShape, BLOCK, BlockTable, KernelUse, PagedKvPool, PoolError, PoolShape, SelfCheckReport,
-    reference, self_check_for,
+    AttnShape, BLOCK, BlockTable, KernelId, KernelUse, PagedKvPool, PoolError, PoolShape,
+    SelfCheckReport, reference, self_check_for,
 };
 use crate::engine::switches::{EngineSwitches, KernelsOn};
 use crate::engine::transformer::{KvCache, ops};
@@ -126,10 +126,20 @@ pub(super) struct PagedJob {
     pub(super) rows: Vec<Held>,
 }
 
+/// Whether the paged KV pool is worth running with the kernels `on` selects and `report`
+/// passed: on CUDA only with the paged attention kernel, since its composition (a few
+/// operations a row and layer, and a host round trip a layer) took over a second a decode
+/// step on an H200 (the GPU check of 2026-11-29, `unpaged@8`: it did not finish 63 steps in 88
+/// s), several times the plain path's 265 ms. On the CPU every combination stays available
+/// (the compositions are the kernels' references there).
+pub(super) fn paging_pays(cuda: bool, on: KernelsOn, report: &SelfCheckReport) -> bool {
+    !cuda || (on.paged && report.usable(KernelId::PagedAttention))
+}
+
 impl CandleBackend {
     /// Turns the paged path on when the switches ask for it on this device (`auto`: on CUDA):
-    /// runs the kernels' self-check (at the model's attention shape too), concatenates the projections for `fused`, and returns the
-    /// kernels in use for the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
+    /// runs the kernels' self-check (at the model's attention shape too), concatenates the
+    /// projections for `fused`, and returns the kernels in use for the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
     /// every kernel switch off nothing changes, the fingerprint included (`None`).
     pub(super) fn enable_paging(
         &mut self,
@@ -148,11 +158,22 @@ impl CandleBackend {
             hidden: c.hidden,
         };
         let report = self_check_for(self.model.device(), shape);
+        if !paging_pays(self.model.device().is_cuda(), on, &report) {
+            tracing::error!(
+                paged_attention_passed = report.usable(KernelId::PagedAttention),
+                "on CUDA the paged KV pool needs the paged attention kernel (switched off or \
+                 failed its self-check): the candle backend decodes on its plain path, as with \
+                 every kernel switch off"
+            );
+            return Ok(None);
+        }
         self.enable_paging_checked(on, &report).map(Some)
     }
 
     /// The paged path with the kernels `report` passed that `on` selects; the fingerprint
     /// suffix naming them.
+    ///
+    /// (On CUDA, [`paging_pays`] decides first whether the pool is worth it.)
     pub(super) fn enable_paging_checked(
         &mut self,
         on: KernelsOn,
