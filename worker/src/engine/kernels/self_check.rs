@@ -156,17 +156,15 @@ pub(crate) fn check_all(
     perturb: Option<KernelId>,
     model: Option<AttnShape>,
 ) -> SelfCheckReport {
-    // The fixed shapes, then the model's.
-    let mut shapes: Vec<Option<AttnShape>> = vec![None, None];
-    let mut dims = vec![64, 128];
+    // (head dim, model): the fixed shapes, then the model's.
+    let mut shapes = vec![(64, None), (128, None)];
     if let Some(m) = model {
-        shapes.push(Some(m));
-        dims.push(m.head_dim);
+        shapes.push((m.head_dim, Some(m)));
     }
     let mut checks = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         let tolerance = if dtype == DType::F32 { 1e-4 } else { 1.6e-2 };
-        for (&model, &head_dim) in shapes.iter().zip(&dims) {
+        for &(head_dim, model) in &shapes {
             for kernel in KernelId::ALL {
                 let shift = if perturb == Some(kernel) { 0.5 } else { 0.0 };
                 let run = Input {

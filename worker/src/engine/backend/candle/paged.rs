@@ -139,8 +139,9 @@ pub(super) fn paging_pays(cuda: bool, on: KernelsOn, report: &SelfCheckReport) -
 impl CandleBackend {
     /// Turns the paged path on when the switches ask for it on this device (`auto`: on CUDA):
     /// runs the kernels' self-check (at the model's attention shape too), concatenates the
-    /// projections for `fused`, and returns the kernels in use for the fingerprint's dtype (`cuda-bf16;kernels=paged-attn+...`). With
-    /// every kernel switch off nothing changes, the fingerprint included (`None`).
+    /// projections for `fused`, and returns the kernels in use for the fingerprint's dtype
+    /// (`cuda-bf16;kernels=paged-attn+...`). With every kernel switch off nothing changes, the
+    /// fingerprint included (`None`).
     pub(super) fn enable_paging(
         &mut self,
         switches: &EngineSwitches,
