@@ -550,11 +550,7 @@ struct KvSetup {
 /// default).
 fn kv_setup<E: Engine>(engine: &Mutex<E>, opts: &WorkerOptions) -> KvSetup {
     let mut e = engine.lock().unwrap_or_else(|e| e.into_inner());
-    let budget = opts
-        .limits
-        .kv_cache_bytes
-        .unwrap_or_else(|| e.default_kv_budget());
-    e.set_kv_budget(budget);
+    let budget = e.use_kv_budget(opts.limits.kv_cache_bytes);
     let given = opts.limits.kv_cache_bytes.is_some();
     tracing::debug!(budget, given, "KV-cache budget");
     let batches = e.batches();

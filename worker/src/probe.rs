@@ -162,7 +162,7 @@ pub struct RolloutSpec {
     /// runs them in one continuous batch (`admit`/`step`), as a worker with `--max-jobs`.
     pub jobs: usize,
     /// The KV-cache budget the tickets in flight share (`--kv-cache-mib`); `None` is the
-    /// device's default ([`Engine::default_kv_budget`]), as a worker given none. (Until
+    /// device's default, as a worker given none ([`Engine::use_kv_budget`]). (Until
     /// 2026-11-29 the probe left the engine at the CPU's 2 GiB, so on a GPU only about three
     /// 2,000-token tickets of 8 x 256 tokens fitted in flight whatever `jobs` said.)
     pub kv_cache_bytes: Option<u64>,
@@ -289,10 +289,7 @@ pub fn rollout(
         ));
     }
     engine.set_ignore_eos(true);
-    let kv_budget = spec
-        .kv_cache_bytes
-        .unwrap_or_else(|| Engine::default_kv_budget(engine));
-    Engine::set_kv_budget(engine, kv_budget);
+    let kv_budget = Engine::use_kv_budget(engine, spec.kv_cache_bytes);
     // Candidate `c` of ticket `i` draws with seed `1000 * i + c`; the warm-up with its own.
     let decode = |seed_base: u64, max_new: u32| DecodeRequest {
         decode_index: 0,

@@ -388,6 +388,13 @@ pub trait Engine: Send {
     /// The worker's KV budget from now on (what its jobs in hand may take at their worst):
     /// sizes the engine's pool of KV blocks.
     fn set_kv_budget(&mut self, _bytes: u64) {}
+    /// Sets the KV budget a worker (and the probe, measuring as one) runs with: `given`
+    /// (`--kv-cache-mib`), else [`Self::default_kv_budget`]; returns it.
+    fn use_kv_budget(&mut self, given: Option<u64>) -> u64 {
+        let budget = given.unwrap_or_else(|| self.default_kv_budget());
+        self.set_kv_budget(budget);
+        budget
+    }
     /// The engine's pool of KV blocks now (a metric); `None` where it keeps no pool.
     fn kv_blocks(&self) -> Option<PoolStats> {
         None
