@@ -14,6 +14,7 @@
 //!   AVX-512 VNNI, AVX-512BW, AVX2 (`int8/x86.rs`) or scalar code.
 //! - [`attention`]: attention over the transposed KV cache, many queries of one KV head per call.
 //! - [`isa`]: the instruction sets the kernels run with, chosen once per process (`--kernels`).
+//! - [`tasks`]: tasks of uneven cost over the threads, heaviest first (attention's blocks).
 //!
 //! Imports run one way: `model` → `cache` → `kv_pool`, `attention` → `kernels`; `model`, `kernels` and `int8` →
 //! `weights` and `isa`, which import neither.
@@ -25,6 +26,7 @@ pub mod isa;
 pub mod kernels;
 pub mod kv_pool;
 pub mod model;
+pub mod tasks;
 pub mod weights;
 
 #[cfg(test)]

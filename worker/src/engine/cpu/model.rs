@@ -26,6 +26,7 @@ use super::int8::{self, Int8Workspace};
 use super::kernels;
 use super::kv_pool::BLOCK_POSITIONS as B;
 pub use super::kv_pool::{KvPool, PoolStats};
+use super::tasks;
 use super::weights::{Interleaved, PackedMatrix};
 use crate::engine::transformer::{RopeStyle, TransformerConfig};
 
@@ -376,13 +377,15 @@ impl CpuModel {
             att: att.as_mut_ptr(),
             len: att.len(),
         };
-        (0..blocks * nkv).into_par_iter().for_each_init(
+        // The last blocks of a prefill see the most keys: they go first.
+        tasks::heaviest_first(
+            blocks * nkv,
             || {
                 let b = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 (b, Vec::new(), Vec::new(), Vec::new())
             },
             |((s, qbuf, obuf, limits), common, own, ends), task| {
-                let (bi, g) = (task / nkv, task % nkv);
+                let (bi, g) = (blocks - 1 - task / nkv, task % nkv);
                 let i0 = bi * block;
                 let nb = block.min(m - i0);
                 // Prefill: keys up to the block's last position; decode: the whole prompt.
