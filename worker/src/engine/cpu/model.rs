@@ -293,6 +293,32 @@ impl CpuModel {
         }
     }
 
+    /// `f(rows of x·wᵀ, the same rows of out)` (`out_n` floats a row of `out`), as
+    /// [`Self::matmul`] into `y` then [`rows_mut`] would: on the int8 path the matmul's rows go
+    /// to `f` from its sums as they are turned back into rows ([`int8::matmul_into`]), and `y`
+    /// is not used.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_then<F>(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &PackedMatrix,
+        y: &mut [f32],
+        ws: &mut MatmulBuffers,
+        out: &mut [f32],
+        out_n: usize,
+        f: F,
+    ) where
+        F: Fn(&[f32], &mut [f32]) + Sync,
+    {
+        if self.numerics == CpuNumerics::Int8 && int8::supports(w) {
+            int8::matmul_into(x, m, w, out, out_n, &mut ws.int8, f);
+        } else {
+            self.matmul(x, m, w, y, ws);
+            rows_mut(out, out_n, y, w.rows(), |o, y| f(y, o));
+        }
+    }
+
     /// Weight bytes held in memory.
     pub fn weight_bytes(&self) -> usize {
         let l: usize = self
@@ -653,20 +679,17 @@ impl CpuModel {
             );
             o += mi;
         }
-        self.matmul(att, m, &layer.wo, tmp, mm);
-        rows_mut(x, hid, tmp, hid, add);
+        self.matmul_then(att, m, &layer.wo, tmp, mm, x, hid, |y, x| add(x, y));
         rows_mut(h, hid, x, hid, |h, x| {
             kernels::rms_norm(x, &layer.ffn_norm, eps, h)
         });
         let ffn = layer.gate_up.rows() / 2;
         gu.resize(m * 2 * ffn, 0.0);
         act.resize(m * ffn, 0.0);
-        self.matmul(h, m, &layer.gate_up, gu, mm);
-        rows_mut(act, ffn, gu, 2 * ffn, |act, gu| {
+        self.matmul_then(h, m, &layer.gate_up, gu, mm, act, ffn, |gu, act| {
             kernels::silu_mul(gu, ffn, act)
         });
-        self.matmul(act, m, &layer.down, tmp, mm);
-        rows_mut(x, hid, tmp, hid, add);
+        self.matmul_then(act, m, &layer.down, tmp, mm, x, hid, |y, x| add(x, y));
     }
 
     /// Per position of layer `li`'s projections `qkv` (`m × (n_head + 2·n_kv)·d`): the bias,

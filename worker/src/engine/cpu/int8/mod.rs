@@ -268,12 +268,80 @@ pub struct Int8Workspace {
 /// ([`PackedMatrix::Interleaved`]), `y` is `m × n`. Parallel over groups of output rows on the
 /// current rayon pool.
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int8Workspace) {
+    let n = sums(x, m, w, ws);
+    assert_eq!(y.len(), m * n, "matmul output shape");
+    let yt = &ws.yt[..m * n.div_ceil(GROUP) * GROUP];
+    // Back to rows, 16 at a time: per group, the 16 rows' sums are one contiguous KiB of `yt`
+    // (row by row, the reads jumped `m·64` bytes from group to group). Tasks own whole rows, so
+    // no two share a cache line of `y`.
+    y.par_chunks_mut(TRANSPOSE_ROWS * n)
+        .enumerate()
+        .for_each(|(rb, rows)| to_rows(yt, m, n, rb * TRANSPOSE_ROWS, rows));
+}
+
+/// [`matmul`] whose rows go straight to `f` instead of into a `y`: `f(rows, out)` for up to
+/// [`TRANSPOSE_ROWS`] rows of `x · wᵀ` at a time (`n` floats each, in a thread's own buffer)
+/// and the same rows of `out` (`out_n` floats each). What a layer does next to the matmul's
+/// rows (SiLU·up, the residual add) then reads them from the core's cache, where a `y` of a
+/// prefill chunk (6 MB for SmolLM2's gate/up) went out to memory and came back. Each row's
+/// values are those [`matmul`] writes, so `f` sees the same numbers.
+pub fn matmul_into<F>(
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    out: &mut [f32],
+    out_n: usize,
+    ws: &mut Int8Workspace,
+    f: F,
+) where
+    F: Fn(&[f32], &mut [f32]) + Sync,
+{
+    let n = sums(x, m, w, ws);
+    assert_eq!(out.len(), m * out_n, "matmul_into output shape");
+    let yt = &ws.yt[..m * n.div_ceil(GROUP) * GROUP];
+    out.par_chunks_mut(TRANSPOSE_ROWS * out_n)
+        .enumerate()
+        .for_each(|(rb, outs)| {
+            ROWS.with_borrow_mut(|rows| {
+                let nr = outs.len() / out_n;
+                rows.resize(nr * n, 0.0);
+                to_rows(yt, m, n, rb * TRANSPOSE_ROWS, &mut rows[..nr * n]);
+                f(&rows[..nr * n], outs);
+            })
+        });
+}
+
+thread_local! {
+    /// A task's rows of [`matmul_into`], reused call after call.
+    static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Rows `r0..` of the group-major sums `yt` (`m` rows, `n` outputs) into `rows` (`n` floats
+/// each, as many rows as it holds).
+fn to_rows(yt: &[f32], m: usize, n: usize, r0: usize, rows: &mut [f32]) {
+    for g in 0..n.div_ceil(GROUP) {
+        let width = GROUP.min(n - g * GROUP);
+        for (i, row) in rows.chunks_mut(n).enumerate() {
+            let at = (g * m + r0 + i) * GROUP;
+            let dst = &mut row[g * GROUP..g * GROUP + width];
+            // A whole group as a fixed-size copy (inlined, where a `memcpy` call per
+            // 64 bytes was 3% of a prefill), a last partial group by slice.
+            match <&mut [f32; GROUP]>::try_from(&mut *dst) {
+                Ok(d) => *d = yt[at..at + GROUP].try_into().expect("a whole group"),
+                Err(_) => dst.copy_from_slice(&yt[at..at + width]),
+            }
+        }
+    }
+}
+
+/// Quantizes `x` (`m × k`) and leaves every dot product with `w`'s rows in `ws.yt`, group-major
+/// (see [`dots`]); returns `n`, `w`'s rows.
+fn sums(x: &[f32], m: usize, w: &PackedMatrix, ws: &mut Int8Workspace) -> usize {
     let PackedMatrix::Interleaved(w) = w else {
         panic!("integer matmul of weights that are not interleaved");
     };
-    let (n, k) = (w.rows, w.cols);
+    let k = w.cols;
     assert_eq!(x.len(), m * k, "matmul input shape");
-    assert_eq!(y.len(), m * n, "matmul output shape");
     ws.acts.quantize(x, m, k);
     let isa = int8_isa();
     // Decode steps and tiles: about 8 tasks per thread (a tile task's weights are laid out once
@@ -296,28 +364,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int
         .par_chunks_mut(per_task * m * GROUP)
         .enumerate()
         .for_each(|(ci, out)| dots(isa, acts, w, ci * per_task, out.len() / (m * GROUP), out));
-    let yt = &ws.yt[..need];
-    // Back to rows, 16 at a time: per group, the 16 rows' sums are one contiguous KiB of `yt`
-    // (row by row, the reads jumped `m·64` bytes from group to group). Tasks own whole rows, so
-    // no two share a cache line of `y`.
-    y.par_chunks_mut(TRANSPOSE_ROWS * n)
-        .enumerate()
-        .for_each(|(rb, rows)| {
-            let r0 = rb * TRANSPOSE_ROWS;
-            for g in 0..n.div_ceil(GROUP) {
-                let width = GROUP.min(n - g * GROUP);
-                for (i, row) in rows.chunks_mut(n).enumerate() {
-                    let at = (g * m + r0 + i) * GROUP;
-                    let dst = &mut row[g * GROUP..g * GROUP + width];
-                    // A whole group as a fixed-size copy (inlined, where a `memcpy` call per
-                    // 64 bytes was 3% of a prefill), a last partial group by slice.
-                    match <&mut [f32; GROUP]>::try_from(&mut *dst) {
-                        Ok(d) => *d = yt[at..at + GROUP].try_into().expect("a whole group"),
-                        Err(_) => dst.copy_from_slice(&yt[at..at + width]),
-                    }
-                }
-            }
-        });
+    w.rows
 }
 
 /// Output rows per task of [`matmul`]'s transposition back to rows.

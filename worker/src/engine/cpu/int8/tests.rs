@@ -313,3 +313,42 @@ fn rounding_error_stays_within_a_fraction_of_the_exact_dot_product() {
         }
     }
 }
+
+#[test]
+fn matmul_into_hands_its_function_the_rows_matmul_writes() {
+    // 632 outputs (a partial last group), batches of one row to two row blocks and a part;
+    // `f` gets every row once, with the matching rows of `out` (here 3 floats a row, to show
+    // the two widths are kept apart), and sees the bits `matmul` writes.
+    let (n, k) = (632, 96);
+    let mut ws = Int8Workspace::default();
+    for m in [1, 5, 16, 17, 35] {
+        for w in [q4_1(n, k), q8_0(n, k)] {
+            let w = interleave(&w);
+            let x = activations(m, k, 13);
+            let mut y = vec![f32::NAN; m * n];
+            matmul(&x, m, &w, &mut y, &mut ws);
+            let mut out = vec![f32::NAN; m * 3];
+            let seen = std::sync::Mutex::new(vec![None; m]);
+            matmul_into(&x, m, &w, &mut out, 3, &mut ws, |rows, outs| {
+                assert_eq!(rows.len() / n, outs.len() / 3, "rows and outs in step");
+                for (row, o) in rows.chunks(n).zip(outs.chunks_mut(3)) {
+                    // Which row this is: found among y's rows by its bits.
+                    o.fill(0.0);
+                    o[0] = row.iter().map(|v| f64::from(*v)).sum::<f64>() as f32;
+                    let r = (0..m)
+                        .find(|&r| bits(&y[r * n..(r + 1) * n]) == bits(row))
+                        .expect("a row of matmul's output");
+                    seen.lock().unwrap()[r] = Some(o[0]);
+                }
+            });
+            let seen = seen.into_inner().unwrap();
+            for r in 0..m {
+                assert_eq!(
+                    seen[r],
+                    Some(out[r * 3]),
+                    "m{m} row {r} seen once, in its place"
+                );
+            }
+        }
+    }
+}
