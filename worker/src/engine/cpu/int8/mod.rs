@@ -56,8 +56,15 @@ pub struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantizes `m` rows of `k` values (`k % 32 == 0`), reusing the buffers.
+    /// Quantizes `m` rows of `k` values (`k % 32 == 0`), reusing the buffers, the tiles' copy
+    /// of the scales included.
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
+        self.quantize_for(true, x, m, k)
+    }
+
+    /// [`Self::quantize`], the tiles' copy of the scales only when `tiles` (a serial pass over
+    /// every row and block that only the AMX kernel reads).
+    fn quantize_for(&mut self, tiles: bool, x: &[f32], m: usize, k: usize) {
         assert!(k.is_multiple_of(32) && x.len() == m * k, "quantize shape");
         let nb = k / 32;
         (self.rows, self.k, self.nb) = (m, k, nb);
@@ -73,7 +80,7 @@ impl QuantizedRows {
             .zip(self.s.par_chunks_mut(nb))
             .zip(x.par_chunks(k));
         rows.for_each(|((((q, qu), d), s), x)| quantize_row(x, q, qu, d, s));
-        let full = m - m % 16;
+        let full = if tiles { m - m % 16 } else { 0 };
         self.d_tiles.resize(full * nb, 0.0);
         self.s_tiles.resize(full * nb, 0.0);
         for r in 0..full {
@@ -342,8 +349,8 @@ fn sums(x: &[f32], m: usize, w: &PackedMatrix, ws: &mut Int8Workspace) -> usize 
     };
     let k = w.cols;
     assert_eq!(x.len(), m * k, "matmul input shape");
-    ws.acts.quantize(x, m, k);
     let isa = int8_isa();
+    ws.acts.quantize_for(isa == Isa::Amx, x, m, k);
     // Decode steps and tiles: about 8 tasks per thread (a tile task's weights are laid out once
     // for all its rows); prefill on vectors: one group per task (its weights stay in L1 while
     // every input row passes).
