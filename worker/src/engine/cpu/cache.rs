@@ -180,6 +180,21 @@ impl CpuCache {
         Some((b, p % B))
     }
 
+    /// The blocks prompt positions `from..to` are written to, each with the first of those
+    /// positions it holds: `None` unless [`Self::make_room`] made every one this cache's alone.
+    pub(super) fn prompt_blocks_mut(
+        &mut self,
+        from: usize,
+        to: usize,
+    ) -> Option<Vec<(usize, &mut Block)>> {
+        let b0 = from / B;
+        let blocks = self.prompt.get_mut(b0..to.div_ceil(B))?.iter_mut();
+        blocks
+            .enumerate()
+            .map(|(j, a)| Arc::get_mut(a).map(|b| (((b0 + j) * B).max(from), b)))
+            .collect()
+    }
+
     /// The block and offset row `r`'s own position `p` is written to.
     pub(super) fn row_slot(&mut self, r: usize, p: usize) -> Option<(&mut Block, usize)> {
         Some((self.rows.get_mut(r)?.get_mut(p / B)?, p % B))

@@ -13,7 +13,8 @@
 //! keys/values are stored once, each candidate row has its own short suffix; keys are stored
 //! transposed (`d × B` per KV head and block) so 16 keys load as one vector. A finished job's
 //! prompt blocks can seed the next job's cache ([`CpuCache::on_prefix`], the engine's prefix
-//! store: shared, not copied).
+//! store: shared, not copied). What a layer does per position before attention (bias, q/k
+//! norms, RoPE, the cache writes) is in `positions`.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
@@ -24,11 +25,13 @@ use super::attention::{self, Own};
 pub use super::cache::{CpuCache, Slot};
 use super::int8::{self, Int8Workspace};
 use super::kernels;
-use super::kv_pool::BLOCK_POSITIONS as B;
+use super::kv_pool::{BLOCK_POSITIONS as B, Block};
 pub use super::kv_pool::{KvPool, PoolStats};
 use super::tasks;
 use super::weights::{Interleaved, PackedMatrix};
-use crate::engine::transformer::{RopeStyle, TransformerConfig};
+use crate::engine::transformer::TransformerConfig;
+
+mod positions;
 
 /// Prompt positions whose attention shares each tile of keys and values (prefill): with 3
 /// query heads per KV head, 48 queries per pass over a KV head's cache.
@@ -338,24 +341,6 @@ impl CpuModel {
     /// The pool of this model's KV blocks.
     pub fn kv_pool(&self) -> &Arc<KvPool> {
         &self.pool
-    }
-
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let d = self.config.head_dim;
-        let half = d / 2;
-        let cos = &self.cos[pos * half..(pos + 1) * half];
-        let sin = &self.sin[pos * half..(pos + 1) * half];
-        for head in x.chunks_exact_mut(d) {
-            for i in 0..half {
-                let (a, b) = match self.config.rope_style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::Neox => (i, i + half),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos[i] - x1 * sin[i];
-                head[b] = x0 * sin[i] + x1 * cos[i];
-            }
-        }
     }
 
     /// Attention of layer `li` for every position of a forward call, into `att` (`m × n_head·d`).
@@ -690,70 +675,6 @@ impl CpuModel {
             kernels::silu_mul(gu, ffn, act)
         });
         self.matmul_then(act, m, &layer.down, tmp, mm, x, hid, |y, x| add(x, y));
-    }
-
-    /// Per position of layer `li`'s projections `qkv` (`m × (n_head + 2·n_kv)·d`): the bias,
-    /// the query and key norms and RoPE, in place; then its key (transposed) and value stored
-    /// at its slot of `cache`.
-    fn store_kv(
-        &self,
-        li: usize,
-        layer: &CpuLayer,
-        slots: &[Slot],
-        place: &Placement,
-        qkv: &mut [f32],
-        cache: &mut CpuCache,
-    ) {
-        let cfg = &self.config;
-        let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
-        let qkv_n = (nh + 2 * nkv) * d;
-        let eps = cfg.rms_eps as f32;
-        rows_mut(qkv, qkv_n, &place.positions, 1, |rows, pos| {
-            for (row, &p) in rows.chunks_exact_mut(qkv_n).zip(pos) {
-                self.project_row(layer, row, p, eps);
-            }
-        });
-        for (i, row) in qkv.chunks_exact(qkv_n).enumerate() {
-            let (k, v) = row[nh * d..].split_at(nkv * d);
-            // Store k (transposed) and v at this position's slot (`make_room` made its block
-            // present and this cache's alone: `forward_parts` calls it before any layer).
-            let slot = match slots[i] {
-                Slot::Shared => cache.prompt_slot(cache.shared_len + i),
-                Slot::Row(r) => cache.row_slot(r, place.row_pos[i]),
-            };
-            let Some((block, at)) = slot else {
-                unreachable!("make_room gives every written position a block of its own");
-            };
-            let (kt, vs) = block.layer_mut(li);
-            for g in 0..nkv {
-                for dd in 0..d {
-                    kt[(g * d + dd) * B + at] = k[g * d + dd];
-                }
-                vs[(g * B + at) * d..(g * B + at + 1) * d].copy_from_slice(&v[g * d..(g + 1) * d]);
-            }
-        }
-    }
-
-    /// One position's projections `row` (`(n_head + 2·n_kv)·d`) at position `pos`: the bias,
-    /// the query and key norms and RoPE, in place.
-    fn project_row(&self, layer: &CpuLayer, row: &mut [f32], pos: usize, eps: f32) {
-        let cfg = &self.config;
-        let (d, nh, nkv) = (cfg.head_dim, cfg.n_head, cfg.n_kv_head);
-        if let Some(b) = &layer.qkv_bias {
-            add(row, b);
-        }
-        let (q, kv) = row.split_at_mut(nh * d);
-        let k = &mut kv[..nkv * d];
-        if let Some(w) = &layer.q_norm {
-            let src = q.to_vec();
-            kernels::rms_norm(&src, w, eps, q);
-        }
-        if let Some(w) = &layer.k_norm {
-            let src = k.to_vec();
-            kernels::rms_norm(&src, w, eps, k);
-        }
-        self.rope(q, pos);
-        self.rope(k, pos);
     }
 
     /// The logits of positions `at` of the residual stream `x`: the final norm, then the head
