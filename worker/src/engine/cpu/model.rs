@@ -296,29 +296,31 @@ impl CpuModel {
         }
     }
 
-    /// `f(rows of x·wᵀ, the same rows of out)` (`out_n` floats a row of `out`), as
-    /// [`Self::matmul`] into `y` then [`rows_mut`] would: on the int8 path the matmul's rows go
-    /// to `f` from its sums as they are turned back into rows ([`int8::matmul_into`]), and `y`
-    /// is not used.
+    /// `f(rows, out)` for each [`int8::ROWS_PER_CALL`] rows of `x·wᵀ` and the matching item
+    /// of `outs`, as [`Self::matmul`] into `y` and then `f` over `y`'s rows would: on the int8
+    /// path the matmul's rows go to `f` as they are turned back into rows from its sums
+    /// ([`int8::matmul_into`]), and `y` is not used.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_then<F>(
+    fn matmul_then<T, O, F>(
         &self,
         x: &[f32],
         m: usize,
         w: &PackedMatrix,
         y: &mut [f32],
         ws: &mut MatmulBuffers,
-        out: &mut [f32],
-        out_n: usize,
+        outs: O,
         f: F,
     ) where
-        F: Fn(&[f32], &mut [f32]) + Sync,
+        T: Send,
+        O: IndexedParallelIterator<Item = T>,
+        F: Fn(&[f32], T) + Sync,
     {
         if self.numerics == CpuNumerics::Int8 && int8::supports(w) {
-            int8::matmul_into(x, m, w, out, out_n, &mut ws.int8, f);
+            int8::matmul_into(x, m, w, &mut ws.int8, outs, f);
         } else {
             self.matmul(x, m, w, y, ws);
-            rows_mut(out, out_n, y, w.rows(), |o, y| f(y, o));
+            let rows = y.par_chunks(int8::ROWS_PER_CALL * w.rows());
+            outs.zip(rows).for_each(|(out, y)| f(y, out));
         }
     }
 
@@ -664,17 +666,22 @@ impl CpuModel {
             );
             o += mi;
         }
-        self.matmul_then(att, m, &layer.wo, tmp, mm, x, hid, |y, x| add(x, y));
-        rows_mut(h, hid, x, hid, |h, x| {
+        // Each matmul's rows go straight on: the residual add and the next norm, SiLU·up.
+        let r = int8::ROWS_PER_CALL;
+        let (xs, hs) = (x.par_chunks_mut(r * hid), h.par_chunks_mut(r * hid));
+        self.matmul_then(att, m, &layer.wo, tmp, mm, xs.zip(hs), |y, (x, h)| {
+            add(x, y);
             kernels::rms_norm(x, &layer.ffn_norm, eps, h)
         });
         let ffn = layer.gate_up.rows() / 2;
         gu.resize(m * 2 * ffn, 0.0);
         act.resize(m * ffn, 0.0);
-        self.matmul_then(h, m, &layer.gate_up, gu, mm, act, ffn, |gu, act| {
+        let acts = act.par_chunks_mut(r * ffn);
+        self.matmul_then(h, m, &layer.gate_up, gu, mm, acts, |gu, act| {
             kernels::silu_mul(gu, ffn, act)
         });
-        self.matmul_then(act, m, &layer.down, tmp, mm, x, hid, |y, x| add(x, y));
+        let xs = x.par_chunks_mut(r * hid);
+        self.matmul_then(act, m, &layer.down, tmp, mm, xs, |y, x| add(x, y));
     }
 
     /// The logits of positions `at` of the residual stream `x`: the final norm, then the head

@@ -286,36 +286,43 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int
         .for_each(|(rb, rows)| to_rows(yt, m, n, rb * TRANSPOSE_ROWS, rows));
 }
 
-/// [`matmul`] whose rows go straight to `f` instead of into a `y`: `f(rows, out)` for up to
-/// [`TRANSPOSE_ROWS`] rows of `x · wᵀ` at a time (`n` floats each, in a thread's own buffer)
-/// and the same rows of `out` (`out_n` floats each). What a layer does next to the matmul's
-/// rows (SiLU·up, the residual add) then reads them from the core's cache, where a `y` of a
+/// Rows of `x · wᵀ` each call of [`matmul_into`]'s function gets (fewer in the last call).
+pub const ROWS_PER_CALL: usize = TRANSPOSE_ROWS;
+
+/// [`matmul`] whose rows go straight to `f` instead of into a `y`: `f(rows, out)` for each
+/// [`ROWS_PER_CALL`] rows of `x · wᵀ` (`n` floats each, in a thread's own buffer), in
+/// parallel, with the matching item of `outs` (one per [`ROWS_PER_CALL`] rows: chunks of the
+/// buffers the rows go on to). What a layer does next to the matmul's rows (SiLU·up, the
+/// residual add and the norm after it) then reads them from the core's cache, where a `y` of a
 /// prefill chunk (6 MB for SmolLM2's gate/up) went out to memory and came back. Each row's
 /// values are those [`matmul`] writes, so `f` sees the same numbers.
-pub fn matmul_into<F>(
+pub fn matmul_into<T, O, F>(
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
-    out: &mut [f32],
-    out_n: usize,
     ws: &mut Int8Workspace,
+    outs: O,
     f: F,
 ) where
-    F: Fn(&[f32], &mut [f32]) + Sync,
+    T: Send,
+    O: IndexedParallelIterator<Item = T>,
+    F: Fn(&[f32], T) + Sync,
 {
     let n = sums(x, m, w, ws);
-    assert_eq!(out.len(), m * out_n, "matmul_into output shape");
+    assert_eq!(
+        outs.len(),
+        m.div_ceil(ROWS_PER_CALL),
+        "matmul_into: one output per 16 rows"
+    );
     let yt = &ws.yt[..m * n.div_ceil(GROUP) * GROUP];
-    out.par_chunks_mut(TRANSPOSE_ROWS * out_n)
-        .enumerate()
-        .for_each(|(rb, outs)| {
-            ROWS.with_borrow_mut(|rows| {
-                let nr = outs.len() / out_n;
-                rows.resize(nr * n, 0.0);
-                to_rows(yt, m, n, rb * TRANSPOSE_ROWS, &mut rows[..nr * n]);
-                f(&rows[..nr * n], outs);
-            })
-        });
+    outs.enumerate().for_each(|(rb, out)| {
+        ROWS.with_borrow_mut(|rows| {
+            let nr = ROWS_PER_CALL.min(m - rb * ROWS_PER_CALL);
+            rows.resize(nr * n, 0.0);
+            to_rows(yt, m, n, rb * ROWS_PER_CALL, &mut rows[..nr * n]);
+            f(&rows[..nr * n], out);
+        })
+    });
 }
 
 thread_local! {

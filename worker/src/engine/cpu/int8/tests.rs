@@ -329,7 +329,8 @@ fn matmul_into_hands_its_function_the_rows_matmul_writes() {
             matmul(&x, m, &w, &mut y, &mut ws);
             let mut out = vec![f32::NAN; m * 3];
             let seen = std::sync::Mutex::new(vec![None; m]);
-            matmul_into(&x, m, &w, &mut out, 3, &mut ws, |rows, outs| {
+            let outs = out.par_chunks_mut(ROWS_PER_CALL * 3);
+            matmul_into(&x, m, &w, &mut ws, outs, |rows, outs: &mut [f32]| {
                 assert_eq!(rows.len() / n, outs.len() / 3, "rows and outs in step");
                 for (row, o) in rows.chunks(n).zip(outs.chunks_mut(3)) {
                     // Which row this is: found among y's rows by its bits.
