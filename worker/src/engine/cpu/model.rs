@@ -297,16 +297,16 @@ impl CpuModel {
     }
 
     /// `f(rows, out)` for each [`int8::ROWS_PER_CALL`] rows of `x·wᵀ` and the matching item
-    /// of `outs`, as [`Self::matmul`] into `y` and then `f` over `y`'s rows would: on the int8
-    /// path the matmul's rows go to `f` as they are turned back into rows from its sums
-    /// ([`int8::matmul_into`]), and `y` is not used.
+    /// of `outs`, as [`Self::matmul`] into `y` (sized here) and then `f` over `y`'s rows would:
+    /// on the int8 path the matmul's rows go to `f` as they are turned back into rows from its
+    /// sums ([`int8::matmul_into`]), and `y` is neither sized nor used.
     #[allow(clippy::too_many_arguments)]
     fn matmul_then<T, O, F>(
         &self,
         x: &[f32],
         m: usize,
         w: &PackedMatrix,
-        y: &mut [f32],
+        y: &mut Vec<f32>,
         ws: &mut MatmulBuffers,
         outs: O,
         f: F,
@@ -318,6 +318,7 @@ impl CpuModel {
         if self.numerics == CpuNumerics::Int8 && int8::supports(w) {
             int8::matmul_into(x, m, w, &mut ws.int8, outs, f);
         } else {
+            y.resize(m * w.rows(), 0.0);
             self.matmul(x, m, w, y, ws);
             let rows = y.par_chunks(int8::ROWS_PER_CALL * w.rows());
             outs.zip(rows).for_each(|(out, y)| f(y, out));
@@ -601,7 +602,6 @@ impl CpuModel {
         ws.h.resize(m * hid, 0.0);
         ws.qkv.resize(m * qkv_n, 0.0);
         ws.att.resize(m * nh * d, 0.0);
-        ws.tmp.resize(m * hid, 0.0);
         for (i, &t) in tokens.iter().enumerate() {
             if t as usize >= self.embedding.rows() {
                 return Err(format!("token {t} out of the vocabulary"));
@@ -674,7 +674,6 @@ impl CpuModel {
             kernels::rms_norm(x, &layer.ffn_norm, eps, h)
         });
         let ffn = layer.gate_up.rows() / 2;
-        gu.resize(m * 2 * ffn, 0.0);
         act.resize(m * ffn, 0.0);
         let acts = act.par_chunks_mut(r * ffn);
         self.matmul_then(h, m, &layer.gate_up, gu, mm, acts, |gu, act| {

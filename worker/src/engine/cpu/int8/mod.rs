@@ -275,8 +275,8 @@ pub struct Int8Workspace {
 /// ([`PackedMatrix::Interleaved`]), `y` is `m × n`. Parallel over groups of output rows on the
 /// current rayon pool.
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32], ws: &mut Int8Workspace) {
+    assert_eq!(y.len(), m * w.rows(), "matmul output shape");
     let n = sums(x, m, w, ws);
-    assert_eq!(y.len(), m * n, "matmul output shape");
     let yt = &ws.yt[..m * n.div_ceil(GROUP) * GROUP];
     // Back to rows, 16 at a time: per group, the 16 rows' sums are one contiguous KiB of `yt`
     // (row by row, the reads jumped `m·64` bytes from group to group). Tasks own whole rows, so
